@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# One entry point for people and CI. Creates (or reuses) ./.venv, installs the project
+# with the pinned CPU-friendly torch, then runs what you ask for.
+#
+#   ./dev.sh demo        a local swarm demo on the bundled corpus
+#   ./dev.sh test        the default test suite (slow tests excluded)
+#   ./dev.sh test-slow   only the slow tests (long convergence runs)
+#   ./dev.sh shell       a shell inside the virtual environment
+set -euo pipefail
+cd "$(dirname "$0")"
+
+TORCH_VERSION="${SWARM_TORCH_VERSION:-2.13.0}"
+VENV="${SWARM_VENV:-.venv}"
+
+find_python() {
+    for candidate in python3.11 python3 python; do
+        if command -v "$candidate" >/dev/null 2>&1 &&
+           "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then
+            echo "$candidate"; return 0
+        fi
+    done
+    echo "dev.sh: Python 3.11 is required (python3.11 not found on PATH)" >&2
+    return 1
+}
+
+ensure_venv() {
+    if [[ ! -x "$VENV/bin/python" ]]; then
+        echo "dev.sh: creating $VENV" >&2
+        "$(find_python)" -m venv "$VENV"
+    fi
+    # Reinstall only when the package metadata changed since the last install.
+    local stamp="$VENV/.swarm-install-stamp"
+    local want
+    want="$(cat pyproject.toml | sha256sum | cut -d' ' -f1)-torch$TORCH_VERSION"
+    if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
+        echo "dev.sh: installing swarm-node and its dependencies into $VENV (about 2 minutes)" >&2
+        # torch is named with an exact version so pip takes the CPU wheel these machines
+        # carry instead of resolving the newest CUDA build (several GB).
+        "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
+            "torch==$TORCH_VERSION" -e ".[test]" 2> >(grep -v "is ignored: it is neither" >&2)
+        echo "$want" > "$stamp"
+    fi
+}
+
+cmd="${1:-help}"
+shift || true
+case "$cmd" in
+    demo)
+        ensure_venv
+        mkdir -p runs/demo
+        exec "$VENV/bin/swarm-node" sim --method noloco --replicas 4 --stages 2 --model debug \
+            --data corpus --seq-len 128 --batch-size 8 --steps 300 --inner-steps 50 \
+            --json-out runs/demo/summary.json --plot runs/demo/loss.png "$@"
+        ;;
+    test)
+        ensure_venv
+        exec "$VENV/bin/python" -m pytest -q "$@"
+        ;;
+    test-slow)
+        ensure_venv
+        exec "$VENV/bin/python" -m pytest -q -m slow "$@"
+        ;;
+    shell)
+        ensure_venv
+        exec bash --rcfile <(echo "source $VENV/bin/activate")
+        ;;
+    *)
+        sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'
+        [[ "$cmd" == help || "$cmd" == -h || "$cmd" == --help ]] || exit 2
+        ;;
+esac

@@ -1,0 +1,120 @@
+"""The ``swarm-node`` command line. It only parses arguments and hands them on."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from swarm_node import __version__
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _add_sim_parser(sub) -> None:
+    p = sub.add_parser("sim", help="train an in-process swarm (R replicas x S stages) in one process",
+                       description="Simulate a swarm in one process: random routing between stages, "
+                                   "the real inner and outer optimizers, fresh random pairs every round.")
+    p.add_argument("--method", choices=("noloco", "diloco", "ddp", "local"), default="noloco")
+    p.add_argument("--replicas", type=_positive_int, default=4, help="workers per stage (R)")
+    p.add_argument("--stages", type=_positive_int, default=2, help="pipeline stages (S)")
+    p.add_argument("--model", default="debug", help="debug | tiny | small | medium | large")
+    p.add_argument("--layers-per-stage", type=_int_list, default=None, help="explicit split, e.g. 5,7")
+    p.add_argument("--data", default="corpus",
+                   help="synthetic[:alphabet=16,order=2,...] | corpus | text:PATH | bin:PATH | PATH")
+    p.add_argument("--tokenizer", default=None, help="Hugging Face tokenizer.json (default: bytes)")
+    p.add_argument("--seq-len", type=_positive_int, default=64)
+    p.add_argument("--batch-size", type=_positive_int, default=8, help="sequences per worker per step")
+    p.add_argument("--steps", type=_positive_int, default=1000, help="inner optimizer steps per worker")
+    p.add_argument("--inner-steps", type=_positive_int, default=None, help="H (default: 50 noloco, 100 diloco)")
+    p.add_argument("--lr", type=float, default=None, help="peak inner lr (default depends on --model)")
+    p.add_argument("--warmup-steps", type=int, default=None, help="default: 4%% of --steps")
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--alpha", type=float, default=None, help="outer momentum")
+    p.add_argument("--beta", type=float, default=None, help="outer learning rate")
+    p.add_argument("--gamma", type=float, default=None, help="NoLoCo pull towards the group mean")
+    p.add_argument("--nesterov", action="store_true", help="Nesterov outer momentum instead of heavy-ball")
+    p.add_argument("--group-size", type=int, default=2, help="NoLoCo group size")
+    p.add_argument("--routing", choices=("random", "fixed"), default="random")
+    p.add_argument("--wire-dtype", choices=("fp32", "fp16", "bf16"), default="fp32",
+                   help="precision of activations/gradients between stages")
+    p.add_argument("--eval-every", type=_positive_int, default=None, help="steps between evaluations")
+    p.add_argument("--eval-batches", type=_positive_int, default=8)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", help="cpu | cuda | auto")
+    p.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads")
+    p.add_argument("--json-out", type=Path, default=None)
+    p.add_argument("--plot", type=Path, default=None, help="write a PNG of the loss curves")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(handler=_run_sim)
+
+
+def _run_sim(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    import torch
+
+    from swarm_node.config import default_warmup_steps, resolve_device, suggested_lr
+    from swarm_node.data.spec import DataSpec
+    from swarm_node.optim import InnerHyper, default_method
+    from swarm_node.sim.config import SimConfig
+    from swarm_node.sim.run import run_simulation
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    data = DataSpec.parse(args.data)
+    if args.tokenizer:
+        data = dataclasses.replace(data, tokenizer_path=args.tokenizer)
+    method = default_method(args.method, inner_steps=args.inner_steps, alpha=args.alpha, beta=args.beta,
+                            gamma=args.gamma, nesterov=args.nesterov, group_size=args.group_size)
+    inner = InnerHyper(lr=args.lr or suggested_lr(args.model),
+                       warmup_steps=default_warmup_steps(args.steps) if args.warmup_steps is None
+                       else args.warmup_steps,
+                       total_steps=args.steps, weight_decay=args.weight_decay)
+    config = SimConfig(method=method, inner=inner, data=data, replicas=args.replicas, stages=args.stages,
+                       model_size=args.model, layers_per_stage=args.layers_per_stage, seq_len=args.seq_len,
+                       batch_size=args.batch_size, steps=args.steps, seed=args.seed, routing=args.routing,
+                       wire_dtype=args.wire_dtype, eval_every_steps=args.eval_every or max(1, args.steps // 20),
+                       eval_batches=args.eval_batches, device=resolve_device(args.device))
+    run_simulation(config, json_out=args.json_out, plot=args.plot, progress=not args.no_progress)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="swarm-node", description="Peer-to-peer swarm training with NoLoCo.")
+    parser.add_argument("--version", action="version", version=f"swarm-node {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_sim_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from swarm_node.obs.logs import setup_logging
+
+    args = build_parser().parse_args(argv)
+    setup_logging(args.verbose)
+    try:
+        return args.handler(args)
+    except (ValueError, FileNotFoundError, ImportError) as exc:
+        print(f"swarm-node {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"swarm-node {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""Token windows: load a source into one flat token array, cut it into windows of
+seq_len + 1 tokens (inputs and shifted targets), and hold the last windows out for
+validation."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import math
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from swarm_node.data.markov import MarkovChain, MarkovSpec
+from swarm_node.data.spec import DataSpec
+from swarm_node.data.tokenizer import AlphabetTokenizer, Tokenizer, load_tokenizer
+
+log = logging.getLogger(__name__)
+
+TEXT_SUFFIXES = {".txt", ".md", ".rst", ".text"}
+CORPUS_FILE = "stdlib_docstrings.txt.gz"
+
+
+@dataclass
+class TokenWindows:
+    tokens: np.ndarray  # flat token ids; may be a read-only memmap
+    vocab_size: int
+    seq_len: int
+    num_val_windows: int
+    tokenizer: Tokenizer
+    entropy_floor: float | None = None  # best achievable loss (synthetic data only)
+
+    @property
+    def window_len(self) -> int:
+        return self.seq_len + 1
+
+    @property
+    def num_windows(self) -> int:
+        return len(self.tokens) // self.window_len
+
+    @property
+    def num_train_windows(self) -> int:
+        return self.num_windows - self.num_val_windows
+
+    def batch(self, window_indices: np.ndarray | list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inputs and targets, both (B, seq_len) int64."""
+        idx = np.asarray(window_indices, dtype=np.int64)
+        offsets = idx[:, None] * self.window_len + np.arange(self.window_len)[None, :]
+        windows = torch.from_numpy(np.asarray(self.tokens[offsets], dtype=np.int64))
+        return windows[:, :-1], windows[:, 1:]
+
+    def val_batches(self, batch_size: int, max_batches: int | None = None):
+        first = self.num_train_windows
+        starts = range(first, self.num_windows, batch_size)
+        for n, start in enumerate(starts):
+            if max_batches is not None and n >= max_batches:
+                return
+            yield self.batch(np.arange(start, min(start + batch_size, self.num_windows)))
+
+
+def load_windows(spec: DataSpec, seq_len: int, *, min_train_windows: int = 0) -> TokenWindows:
+    """Load the data of ``spec`` cut for ``seq_len``. For synthetic data, at least
+    ``min_train_windows`` training windows are generated so a run never repeats data."""
+    if seq_len < 2:
+        raise ValueError(f"seq_len must be at least 2, got {seq_len}")
+    if spec.kind == "synthetic":
+        return _synthetic(spec, seq_len, min_train_windows)
+    tokenizer = load_tokenizer(spec.tokenizer_path)
+    if spec.kind == "bin":
+        tokens, vocab_size = _read_bin(Path(spec.path))
+    else:
+        text = _read_corpus() if spec.kind == "corpus" else _read_text(Path(spec.path))
+        ids = tokenizer.encode(text)
+        tokens = np.asarray(ids, dtype=np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32)
+        vocab_size = tokenizer.vocab_size
+    windows = len(tokens) // (seq_len + 1)
+    num_val = max(spec.min_val_windows, math.ceil(spec.val_fraction * windows))
+    if windows - num_val < 1:
+        raise ValueError(f"{spec.describe()} has {len(tokens)} tokens: too few for seq_len {seq_len}")
+    return TokenWindows(tokens=tokens, vocab_size=vocab_size, seq_len=seq_len, num_val_windows=num_val,
+                        tokenizer=tokenizer)
+
+
+def _synthetic(spec: DataSpec, seq_len: int, min_train_windows: int) -> TokenWindows:
+    chain = MarkovChain(MarkovSpec(spec.alphabet, spec.order, spec.concentration, spec.data_seed))
+    window_len = seq_len + 1
+    num_val = max(spec.min_val_windows, math.ceil(spec.val_fraction * spec.num_tokens / window_len))
+    num_train = max(spec.num_tokens // window_len - num_val, min_train_windows, 1)
+    train = chain.sample_windows(num_train, window_len, seed=1)
+    val = chain.sample_windows(num_val, window_len, seed=2)  # separate stream: never seen in training
+    tokens = np.concatenate([train.ravel(), val.ravel()])
+    return TokenWindows(tokens=tokens, vocab_size=spec.alphabet, seq_len=seq_len, num_val_windows=num_val,
+                        tokenizer=AlphabetTokenizer(spec.alphabet), entropy_floor=chain.loss_floor(seq_len))
+
+
+def _read_corpus() -> str:
+    blob = resources.files("swarm_node.data").joinpath("corpus", CORPUS_FILE).read_bytes()
+    return gzip.decompress(blob).decode("utf-8")
+
+
+def _read_text(path: Path) -> str:
+    if path.is_file():
+        files = [path]
+    elif path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES)
+    else:
+        raise FileNotFoundError(f"text data not found: {path}")
+    if not files:
+        raise FileNotFoundError(f"no {'/'.join(sorted(TEXT_SUFFIXES))} files under {path}")
+    return "\n\n".join(f.read_text(encoding="utf-8", errors="replace") for f in files)
+
+
+def _read_bin(path: Path) -> tuple[np.ndarray, int]:
+    """A flat array of token ids (nanoGPT layout). A sidecar ``<file>.json`` may give
+    ``dtype`` (default uint16) and ``vocab_size`` (default: max id + 1, found by a scan)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"token file not found: {path}")
+    meta_path = path.with_name(path.name + ".json")
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    dtype = np.dtype(meta.get("dtype", "uint16"))
+    if dtype.kind != "u":
+        raise ValueError(f"{path}: token dtype must be unsigned, got {dtype}")
+    tokens = np.memmap(path, dtype=dtype, mode="r")
+    vocab_size = meta.get("vocab_size")
+    if vocab_size is None:
+        log.info("%s has no %s; scanning for the largest token id", path.name, meta_path.name)
+        chunk = 1 << 24
+        vocab_size = 1 + max(int(tokens[i:i + chunk].max()) for i in range(0, len(tokens), chunk))
+    return tokens, int(vocab_size)

@@ -1,0 +1,135 @@
+"""Cutting the decoder into pipeline stages.
+
+Stage 0 holds the token embedding and its blocks; the last stage holds the final norm,
+the LM head and the loss. Initialisation is seeded per parameter *name*, so a stage
+built alone has exactly the weights that the same layers have in the unsplit model,
+and every peer of a stage starts from the same point without talking.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from swarm_node.model.config import ModelConfig
+from swarm_node.model.llama import DecoderLayer, RMSNorm, RotaryEmbedding
+
+
+def split_layers(num_layers: int, num_stages: int,
+                 layers_per_stage: Sequence[int] | None = None) -> tuple[range, ...]:
+    """Global layer indices held by each stage: an even split (earlier stages take the
+    remainder) or an explicit list. First and last stages may hold no blocks (embedding-
+    or head-only stages); middle stages must hold at least one."""
+    if num_stages < 1:
+        raise ValueError(f"num_stages must be >= 1, got {num_stages}")
+    if layers_per_stage is None:
+        if num_stages > num_layers and num_stages > 2:
+            raise ValueError(f"cannot split {num_layers} layers evenly into {num_stages} stages")
+        base, extra = divmod(num_layers, num_stages)
+        counts = [base + (1 if s < extra else 0) for s in range(num_stages)]
+    else:
+        counts = list(layers_per_stage)
+        if len(counts) != num_stages:
+            raise ValueError(f"layers_per_stage has {len(counts)} entries for {num_stages} stages")
+        if sum(counts) != num_layers or any(c < 0 for c in counts):
+            raise ValueError(f"layers_per_stage {counts} must be non-negative and sum to {num_layers}")
+        if any(c == 0 for c in counts[1:-1]):
+            raise ValueError(f"middle stages need at least one layer: {counts}")
+    bounds = [0]
+    for count in counts:
+        bounds.append(bounds[-1] + count)
+    return tuple(range(bounds[s], bounds[s + 1]) for s in range(num_stages))
+
+
+class _Body(nn.Module):
+    """Container whose attribute names give Hugging Face's ``model.*`` prefix."""
+
+
+class PipelineStage(nn.Module):
+    """One stage. ``forward(token_ids_or_hidden, targets=None)`` returns hidden states
+    (B, T, H) for non-last stages, logits (B, T, V) for the last stage without
+    targets, and the mean cross-entropy loss with them."""
+
+    def __init__(self, config: ModelConfig, stage_index: int, num_stages: int, layer_indices: range):
+        super().__init__()
+        if not 0 <= stage_index < num_stages:
+            raise ValueError(f"stage_index {stage_index} out of range for {num_stages} stages")
+        self.config = config
+        self.stage_index = stage_index
+        self.num_stages = num_stages
+        self.layer_indices = layer_indices
+        self.model = _Body()
+        if self.is_first:
+            self.model.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.model.layers = nn.ModuleDict({str(i): DecoderLayer(config) for i in layer_indices})
+        if self.is_last:
+            self.model.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.rotary = RotaryEmbedding(config.head_dim, config.max_seq_len, config.rope_theta)
+
+    @property
+    def is_first(self) -> bool:
+        return self.stage_index == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.stage_index == self.num_stages - 1
+
+    def forward(self, inputs: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        if self.is_first:
+            if inputs.dtype not in (torch.int32, torch.int64):
+                raise TypeError(f"stage 0 expects token ids, got {inputs.dtype}")
+            hidden = self.model.embed_tokens(inputs)  # (B, T, H)
+        else:
+            hidden = inputs
+        if hidden.shape[1] > self.config.max_seq_len:
+            raise ValueError(f"sequence length {hidden.shape[1]} exceeds max_seq_len {self.config.max_seq_len}")
+        for layer in self.model.layers.values():
+            hidden = layer(hidden, self.rotary)
+        if not self.is_last:
+            return hidden
+        logits = self.lm_head(self.model.norm(hidden))  # (B, T, V)
+        return logits if targets is None else lm_loss(logits, targets)
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def _name_seed(seed: int, name: str) -> int:
+    return int.from_bytes(hashlib.sha256(f"{seed}/{name}".encode()).digest()[:8], "little") & (2**63 - 1)
+
+
+@torch.no_grad()
+def init_weights(stage: PipelineStage, seed: int) -> None:
+    """Deterministic, name-keyed init: normal(0, init_std), residual output projections
+    scaled by 1/sqrt(2 * num_layers) (GPT-2), norms at one."""
+    config = stage.config
+    residual_std = config.init_std / math.sqrt(2 * config.num_layers)
+    for name, param in stage.named_parameters():
+        if name.endswith("norm.weight"):
+            param.fill_(1.0)
+            continue
+        std = residual_std if name.endswith(("o_proj.weight", "down_proj.weight")) else config.init_std
+        generator = torch.Generator().manual_seed(_name_seed(seed, name))
+        values = torch.randn(param.shape, generator=generator, dtype=torch.float32) * std
+        param.copy_(values.to(param.dtype))
+
+
+def build_stage(config: ModelConfig, *, num_stages: int, stage_index: int, seed: int,
+                layers_per_stage: Sequence[int] | None = None,
+                device: torch.device | str | None = None) -> PipelineStage:
+    layers = split_layers(config.num_layers, num_stages, layers_per_stage)[stage_index]
+    stage = PipelineStage(config, stage_index, num_stages, layers)
+    init_weights(stage, seed)
+    return stage.to(device) if device is not None else stage
+
+
+def build_model(config: ModelConfig, *, seed: int, device: torch.device | str | None = None) -> PipelineStage:
+    """The unsplit model: a single stage holding everything."""
+    return build_stage(config, num_stages=1, stage_index=0, seed=seed, device=device)

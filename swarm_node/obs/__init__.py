@@ -1,0 +1,1 @@
+"""Observability: logging set-up and progress display."""

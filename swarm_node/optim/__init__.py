@@ -1,0 +1,9 @@
+"""Optimizer math in pure torch: the inner AdamW loop and the NoLoCo/DiLoCo outer step."""
+
+from swarm_node.optim.ddp import average_gradients
+from swarm_node.optim.inner import InnerHyper, InnerOptimizer, lr_at
+from swarm_node.optim.methods import METHODS, MethodSpec, default_method
+from swarm_node.optim.outer import OuterHyper, SlowWeights, group_mean, outer_update
+
+__all__ = ["METHODS", "average_gradients", "InnerHyper", "InnerOptimizer", "MethodSpec", "OuterHyper", "SlowWeights",
+           "default_method", "group_mean", "lr_at", "outer_update"]

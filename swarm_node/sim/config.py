@@ -1,0 +1,47 @@
+"""Simulator settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from swarm_node.data.spec import DataSpec
+from swarm_node.optim.inner import InnerHyper
+from swarm_node.optim.methods import MethodSpec
+
+ROUTINGS = ("random", "fixed")
+WIRE_DTYPES = ("fp32", "fp16", "bf16")
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    method: MethodSpec
+    inner: InnerHyper
+    data: DataSpec
+    replicas: int = 4
+    stages: int = 2
+    model_size: str = "debug"
+    layers_per_stage: tuple[int, ...] | None = None
+    seq_len: int = 64
+    batch_size: int = 8  # sequences per micro-batch; one micro-batch per worker per step
+    steps: int = 1000  # inner optimizer steps per worker
+    seed: int = 0
+    routing: str = "random"  # fresh random path per micro-batch, or replica r always uses worker r
+    wire_dtype: str = "fp32"  # precision activations and gradients cross stage boundaries in
+    eval_every_steps: int = 50
+    eval_batches: int = 8
+    eval_batch_size: int = 64
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1 or self.stages < 1:
+            raise ValueError("replicas and stages must be >= 1")
+        if self.steps < 1 or self.batch_size < 1:
+            raise ValueError("steps and batch_size must be >= 1")
+        if self.routing not in ROUTINGS:
+            raise ValueError(f"routing must be one of {ROUTINGS}")
+        if self.wire_dtype not in WIRE_DTYPES:
+            raise ValueError(f"wire_dtype must be one of {WIRE_DTYPES}")
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.replicas * self.batch_size * self.seq_len

@@ -1,0 +1,224 @@
+"""An in-process swarm: R workers per stage x S stages, trained with the real inner and
+outer optimizers and the same per-micro-batch random routing the networked swarm uses.
+
+Every step, each stage-0 worker draws one micro-batch from its own data shard; at every
+stage boundary the micro-batches are dealt to a fresh random permutation of the next
+stage's workers (each worker serves one, as in the NoLoCo reference), with the target
+ids travelling along. Activations and gradients cross the boundary detached (and cast
+to the wire dtype), exactly as they would between processes, and gradients return
+along the same path.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from swarm_node.data.dataset import TokenWindows, load_windows
+from swarm_node.data.shards import ShardedBatches
+from swarm_node.model.config import model_config
+from swarm_node.model.stages import PipelineStage, build_stage
+from swarm_node.optim.ddp import average_gradients
+from swarm_node.optim.inner import InnerOptimizer
+from swarm_node.optim.outer import SlowWeights
+from swarm_node.sim.config import SimConfig
+from swarm_node.sim.grouping import random_groups
+
+WIRE = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass
+class Worker:
+    stage: PipelineStage
+    inner: InnerOptimizer
+    slow: SlowWeights | None
+
+
+@dataclass
+class StepReport:
+    step: int
+    tokens: int
+    train_loss: float
+    val_loss: float | None
+    elapsed_s: float
+
+
+@dataclass
+class SimResult:
+    config: SimConfig
+    final_val_loss: float
+    final_consensus_val_loss: float
+    val_loss_curve: list[tuple[int, float]]
+    train_loss_curve: list[tuple[int, float]]
+    replica_weight_std: list[float]
+    tokens: int
+    wall_s: float
+    entropy_floor: float | None
+    num_parameters: int
+    outer_rounds: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+class Simulator:
+    def __init__(self, config: SimConfig):
+        self.config = config
+        self.device = torch.device(config.device)
+        self.rng = np.random.default_rng([config.seed, 0x73696D])
+        needed = config.steps * config.batch_size * config.replicas
+        self.data: TokenWindows = load_windows(config.data, config.seq_len, min_train_windows=needed)
+        self.model_config = model_config(config.model_size, vocab_size=self.data.vocab_size,
+                                         max_seq_len=config.seq_len)
+        self.workers = [[self._build_worker(s) for _ in range(config.replicas)] for s in range(config.stages)]
+        self.loaders = [ShardedBatches(self.data, batch_size=config.batch_size, seed=config.seed,
+                                       shard_id=r, num_shards=config.replicas) for r in range(config.replicas)]
+        self.outer_rounds = 0
+
+    def _build_worker(self, stage_index: int) -> Worker:
+        cfg = self.config
+        stage = build_stage(self.model_config, num_stages=cfg.stages, stage_index=stage_index, seed=cfg.seed,
+                            layers_per_stage=cfg.layers_per_stage, device=self.device)
+        params = list(stage.parameters())
+        slow = SlowWeights(params, cfg.method.outer) if cfg.method.has_outer_step else None
+        return Worker(stage=stage, inner=InnerOptimizer(params, cfg.inner), slow=slow)
+
+    # -- one step ---------------------------------------------------------------
+    def _paths(self) -> list[list[int]]:
+        """paths[s][m]: the worker of stage s that serves micro-batch m."""
+        r = self.config.replicas
+        identity = list(range(r))
+        if self.config.routing == "fixed":
+            return [identity] * self.config.stages
+        return [identity] + [[int(i) for i in self.rng.permutation(r)] for _ in range(1, self.config.stages)]
+
+    def _cross_boundary(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.detach().to(WIRE[self.config.wire_dtype]).to(tensor.dtype)
+
+    def _train_micro_batch(self, path: list[int], inputs: torch.Tensor, targets: torch.Tensor) -> float:
+        boundary: list[tuple[torch.Tensor, torch.Tensor]] = []  # (stage input, stage output) per stage
+        hidden = inputs.to(self.device)
+        targets = targets.to(self.device)
+        for s, w in enumerate(path):
+            stage = self.workers[s][w].stage
+            stage_input = hidden if s == 0 else self._cross_boundary(hidden).requires_grad_(True)
+            output = stage(stage_input, targets if stage.is_last else None)
+            boundary.append((stage_input, output))
+            hidden = output
+        loss = hidden
+        loss.backward()
+        for s in range(len(path) - 2, -1, -1):
+            upstream_grad = self._cross_boundary(boundary[s + 1][0].grad)
+            boundary[s][1].backward(upstream_grad)
+        return float(loss.detach())
+
+    def train_step(self) -> float:
+        cfg = self.config
+        paths = self._paths()
+        losses = []
+        for m in range(cfg.replicas):
+            inputs, targets = self.loaders[m].next_batch()
+            losses.append(self._train_micro_batch([paths[s][m] for s in range(cfg.stages)], inputs, targets))
+        if cfg.method.name == "ddp":
+            for stage_workers in self.workers:
+                average_gradients([list(w.stage.parameters()) for w in stage_workers])
+        for stage_workers in self.workers:
+            for w in stage_workers:
+                w.inner.step()
+        return float(np.mean(losses))
+
+    def outer_round(self) -> None:
+        cfg = self.config
+        for stage_workers in self.workers:
+            if cfg.method.name == "diloco":
+                groups = [list(range(len(stage_workers)))]
+            else:
+                groups = random_groups(len(stage_workers), cfg.method.group_size, self.rng)
+            phis = [w.slow.phi for w in stage_workers]
+            deltas = [w.slow.deltas() for w in stage_workers]
+            for group in groups:
+                for i in group:  # each member lists itself first, then the others
+                    order = [i] + [j for j in group if j != i]
+                    stage_workers[i].slow.apply([phis[j] for j in order], [deltas[j] for j in order])
+        self.outer_rounds += 1
+
+    # -- evaluation -------------------------------------------------------------
+    @torch.no_grad()
+    def _eval_path(self, stages: list[PipelineStage]) -> float:
+        cfg = self.config
+        total, count = 0.0, 0
+        for inputs, targets in self.data.val_batches(cfg.eval_batch_size, cfg.eval_batches):
+            hidden = inputs.to(self.device)
+            for stage in stages:
+                hidden = stage(hidden, targets.to(self.device) if stage.is_last else None)
+            total += float(hidden) * len(inputs)
+            count += len(inputs)
+        return total / count
+
+    def evaluate(self) -> float:
+        """Mean validation loss over the fixed paths 'worker r at every stage'."""
+        for stage_workers in self.workers:
+            for w in stage_workers:
+                w.stage.eval()
+        try:
+            return float(np.mean([self._eval_path([self.workers[s][r].stage for s in range(self.config.stages)])
+                                  for r in range(self.config.replicas)]))
+        finally:
+            for stage_workers in self.workers:
+                for w in stage_workers:
+                    w.stage.train()
+
+    @torch.no_grad()
+    def consensus_stages(self) -> list[PipelineStage]:
+        """One model whose every stage is the mean of its workers' weights."""
+        stages = []
+        for s, stage_workers in enumerate(self.workers):
+            merged = build_stage(self.model_config, num_stages=self.config.stages, stage_index=s,
+                                 seed=self.config.seed, layers_per_stage=self.config.layers_per_stage,
+                                 device=self.device)
+            for name, param in merged.named_parameters():
+                param.copy_(torch.stack([dict(w.stage.named_parameters())[name] for w in stage_workers]).mean(0))
+            stages.append(merged.eval())
+        return stages
+
+    @torch.no_grad()
+    def replica_weight_std(self) -> list[float]:
+        """Per stage: RMS over all parameter elements of the std across workers."""
+        result = []
+        for stage_workers in self.workers:
+            sq_sum, numel = 0.0, 0
+            for group in zip(*(w.stage.parameters() for w in stage_workers)):
+                stacked = torch.stack([p.float() for p in group])
+                sq_sum += float(stacked.var(dim=0, unbiased=False).sum())
+                numel += stacked[0].numel()
+            result.append((sq_sum / numel) ** 0.5)
+        return result
+
+    # -- the run ----------------------------------------------------------------
+    def run(self, on_step: Callable[[StepReport], None] | None = None) -> SimResult:
+        cfg = self.config
+        start = time.perf_counter()
+        val_curve = [(0, self.evaluate())]
+        train_curve: list[tuple[int, float]] = []
+        for step in range(1, cfg.steps + 1):
+            train_loss = self.train_step()
+            if cfg.method.has_outer_step and step % cfg.method.inner_steps == 0:
+                self.outer_round()
+            tokens = step * cfg.tokens_per_step
+            train_curve.append((tokens, train_loss))
+            val_loss = None
+            if step % cfg.eval_every_steps == 0 or step == cfg.steps:
+                val_loss = self.evaluate()
+                val_curve.append((tokens, val_loss))
+            if on_step is not None:
+                on_step(StepReport(step, tokens, train_loss, val_loss, time.perf_counter() - start))
+        consensus = self._eval_path(self.consensus_stages())
+        return SimResult(
+            config=cfg, final_val_loss=val_curve[-1][1], final_consensus_val_loss=consensus,
+            val_loss_curve=val_curve, train_loss_curve=train_curve,
+            replica_weight_std=self.replica_weight_std(), tokens=cfg.steps * cfg.tokens_per_step,
+            wall_s=time.perf_counter() - start, entropy_floor=self.data.entropy_floor,
+            num_parameters=sum(p.numel() for sw in self.workers for p in sw[0].stage.parameters()),
+            outer_rounds=self.outer_rounds)

@@ -1,0 +1,112 @@
+"""The simulator end to end on small problems (seconds each)."""
+
+import json
+
+import pytest
+import torch
+
+from swarm_node.cli import main
+from swarm_node.data import DataSpec
+from swarm_node.optim import InnerHyper, default_method
+from swarm_node.sim import SimConfig, Simulator
+
+SYNTHETIC = DataSpec(kind="synthetic", num_tokens=100_000)
+
+
+def small_config(method: str, steps: int = 200, **overrides) -> SimConfig:
+    inner_steps = overrides.pop("inner_steps", 20)
+    base = dict(method=default_method(method, inner_steps=inner_steps),
+                inner=InnerHyper(lr=3e-3, warmup_steps=10, total_steps=steps), data=SYNTHETIC, replicas=2,
+                stages=2, seq_len=32, batch_size=8, steps=steps, eval_every_steps=steps // 4, eval_batches=4)
+    base.update(overrides)
+    return SimConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def results():
+    return {m: Simulator(small_config(m)).run() for m in ("noloco", "diloco", "ddp", "local")}
+
+
+@pytest.mark.parametrize("method", ["noloco", "diloco", "ddp", "local"])
+def test_every_method_drives_loss_towards_the_entropy_floor(results, method):
+    r = results[method]
+    initial = r.val_loss_curve[0][1]
+    assert r.entropy_floor is not None and initial > r.entropy_floor
+    excess = (r.final_val_loss - r.entropy_floor) / (initial - r.entropy_floor)
+    assert excess < 0.5, f"{method}: excess loss still {excess:.0%} of its initial value"
+    assert r.tokens == 200 * 2 * 8 * 32
+
+
+def test_ddp_replicas_stay_identical(results):
+    assert results["ddp"].replica_weight_std == [0.0, 0.0]
+
+
+def test_averaging_shrinks_the_spread_of_replicas(results):
+    for stage in range(2):
+        assert results["noloco"].replica_weight_std[stage] < results["local"].replica_weight_std[stage]
+        assert results["diloco"].replica_weight_std[stage] < results["local"].replica_weight_std[stage]
+
+
+def test_diloco_outer_round_leaves_every_worker_on_the_same_weights():
+    sim = Simulator(small_config("diloco", steps=20, replicas=3, inner_steps=20))
+    for _ in range(20):
+        sim.train_step()
+    assert min(sim.replica_weight_std()) > 0
+    sim.outer_round()
+    assert sim.replica_weight_std() == [0.0, 0.0]
+
+
+def test_noloco_pair_round_with_odd_count_runs_and_pulls_together():
+    sim = Simulator(small_config("noloco", steps=10, replicas=3))
+    for _ in range(10):
+        sim.train_step()
+    before = sim.replica_weight_std()
+    sim.outer_round()
+    after = sim.replica_weight_std()
+    assert all(a < b for a, b in zip(after, before))
+
+
+def test_random_routing_sends_micro_batches_to_different_workers():
+    sim = Simulator(small_config("local", steps=1, replicas=4))
+    seen = {tuple(sim._paths()[1]) for _ in range(20)}
+    assert len(seen) > 1 and all(sorted(p) == [0, 1, 2, 3] for p in seen)
+    fixed = Simulator(small_config("local", steps=1, replicas=4, routing="fixed"))
+    assert fixed._paths()[1] == [0, 1, 2, 3]
+
+
+def test_runs_are_reproducible_for_a_seed():
+    a = Simulator(small_config("noloco", steps=30, inner_steps=10)).run()
+    b = Simulator(small_config("noloco", steps=30, inner_steps=10)).run()
+    assert a.final_val_loss == b.final_val_loss and a.train_loss_curve == b.train_loss_curve
+
+
+def test_wire_dtype_fp16_still_trains():
+    r = Simulator(small_config("noloco", steps=60, wire_dtype="fp16")).run()
+    assert r.final_val_loss < r.val_loss_curve[0][1] - 0.1
+
+
+def test_single_stage_single_replica():
+    r = Simulator(small_config("noloco", steps=20, replicas=1, stages=1)).run()
+    assert r.replica_weight_std == [0.0] and torch.isfinite(torch.tensor(r.final_val_loss))
+
+
+def test_cli_writes_json_and_plot(tmp_path):
+    out, png = tmp_path / "out.json", tmp_path / "loss.png"
+    code = main(["sim", "--method", "noloco", "--replicas", "2", "--stages", "2", "--model", "debug",
+                 "--data", "synthetic:tokens=50000", "--seq-len", "16", "--batch-size", "4", "--steps", "20",
+                 "--inner-steps", "10", "--json-out", str(out), "--plot", str(png), "--no-progress"])
+    assert code == 0
+    data = json.loads(out.read_text())
+    for key in ("method", "final_val_loss", "val_loss_curve", "train_loss_curve", "replica_weight_std",
+                "tokens", "wall_s", "entropy_floor"):
+        assert key in data, key
+    assert data["method"] == "noloco" and data["tokens"] == 20 * 2 * 4 * 16
+    assert len(data["replica_weight_std"]) == 2 and data["outer_rounds"] == 2
+    assert all(len(point) == 2 for point in data["val_loss_curve"])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_reports_bad_settings_in_one_line(capsys):
+    code = main(["sim", "--model", "enormous", "--steps", "1", "--no-progress"])
+    assert code == 2
+    assert "unknown model size" in capsys.readouterr().err
