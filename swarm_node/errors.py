@@ -1,0 +1,37 @@
+"""The project's error taxonomy. A peer's misbehaviour is data (log one line, go on);
+a bug is a crash."""
+
+from __future__ import annotations
+
+
+class SwarmError(Exception):
+    """Base of every error this package raises on purpose."""
+
+
+class ConfigError(SwarmError, ValueError):
+    """A setting is wrong; the message says what to change."""
+
+
+class PeerError(SwarmError):
+    """Something went wrong with one remote peer; retry elsewhere."""
+
+
+class PeerTimeout(PeerError):
+    """A remote call ran past its deadline."""
+
+
+class ProtocolError(PeerError):
+    """A peer sent bytes that do not parse as a valid message (size, type, dtype, shape,
+    finiteness, version or run-spec hash)."""
+
+
+class PeerRefused(PeerError):
+    """A peer answered but declined (busy, banned us, wrong stage)."""
+
+
+class RoundFailed(SwarmError):
+    """An outer round could not complete with a partner; the caller goes local-only."""
+
+
+class NotEnoughPeers(SwarmError):
+    """No live peer could be found where one is needed."""

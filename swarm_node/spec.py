@@ -1,0 +1,104 @@
+"""The run spec: everything every peer of a run must agree on (model, stages, data,
+method and optimizer schedule). It is hashed; peers compare hashes on contact and
+ignore peers whose hash differs. Peer-local settings (device, ports, identity, paths
+of local files) are not part of it."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from swarm_node import __version__
+from swarm_node.config import default_warmup_steps, suggested_lr
+from swarm_node.data.spec import DataSpec
+from swarm_node.errors import ConfigError
+from swarm_node.optim.inner import InnerHyper
+from swarm_node.optim.methods import MethodSpec, default_method
+from swarm_node.optim.outer import OuterHyper
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    run_id: str = "local"
+    model_size: str = "debug"
+    num_stages: int = 2
+    layers_per_stage: tuple[int, ...] | None = None
+    seq_len: int = 64
+    batch_size: int = 8  # sequences per micro-batch
+    samples_per_step: int = 8  # a node steps its inner optimizer after this many samples' gradients
+    total_steps: int = 1000  # length of the lr schedule, in inner steps
+    seed: int = 0
+    data: DataSpec = field(default_factory=DataSpec)
+    method: MethodSpec = field(default_factory=MethodSpec)
+    inner: InnerHyper = field(default_factory=InnerHyper)
+    min_version: str = "0.1.0"
+
+    def __post_init__(self) -> None:
+        if self.num_stages < 1 or self.seq_len < 2 or self.batch_size < 1 or self.samples_per_step < 1:
+            raise ConfigError("num_stages, seq_len, batch_size and samples_per_step must be positive")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def canonical_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    def spec_hash(self) -> str:
+        """Short stable hash of the canonical JSON form (16 hex digits)."""
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()[:16]
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "RunSpec":
+        raw = dict(raw)
+        try:
+            data = DataSpec(**raw.pop("data", {}))
+            method_raw = dict(raw.pop("method", {}))
+            outer_raw = method_raw.pop("outer", None)
+            name = method_raw.pop("name", "noloco")
+            method = default_method(name, inner_steps=method_raw.pop("inner_steps", None),
+                                    group_size=method_raw.pop("group_size", 2),
+                                    **({k: outer_raw[k] for k in ("alpha", "beta", "gamma", "nesterov")
+                                        if k in outer_raw} if outer_raw else {}))
+            if method_raw:
+                raise TypeError(f"unknown method keys {sorted(method_raw)}")
+            inner_raw = dict(raw.pop("inner", {}))
+            if "betas" in inner_raw:
+                inner_raw["betas"] = tuple(inner_raw["betas"])
+            if raw.get("layers_per_stage") is not None:
+                raw["layers_per_stage"] = tuple(raw["layers_per_stage"])
+            size = raw.get("model_size", "debug")
+            total = raw.get("total_steps", 1000)
+            inner_raw.setdefault("lr", suggested_lr(size))
+            inner_raw.setdefault("warmup_steps", default_warmup_steps(total))
+            inner_raw.setdefault("total_steps", total)
+            return cls(data=data, method=method, inner=InnerHyper(**inner_raw), **raw)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"invalid run spec: {exc}") from None
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> "RunSpec":
+        try:
+            raw = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"run spec file not found: {path}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+        return cls.from_dict(raw)
+
+    def compatible_version(self, version: str = __version__) -> bool:
+        return _version_tuple(version) >= _version_tuple(self.min_version)
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    parts = []
+    for piece in version.split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+__all__ = ["OuterHyper", "RunSpec"]

@@ -1,0 +1,114 @@
+"""Property tests for the tensor frame codec: round trips, and any bad bytes raise
+ProtocolError (never another exception, never a huge allocation)."""
+
+import struct
+
+import msgpack
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from swarm_node.errors import ProtocolError
+from swarm_node.wire import FrameLimits, decode_frame, encode_frame
+from swarm_node.wire.codec import DTYPES
+
+shapes = st.lists(st.integers(0, 5), min_size=0, max_size=4)
+
+
+@st.composite
+def tensors(draw):
+    dtype = draw(st.sampled_from(list(DTYPES.values())))
+    shape = draw(shapes)
+    seed = draw(st.integers(0, 2**31))
+    g = torch.Generator().manual_seed(seed)
+    if dtype.is_floating_point:
+        return (torch.randn(shape, generator=g) * 100).to(dtype)
+    high = 255 if dtype == torch.uint8 else 2**31 - 1
+    return torch.randint(0, high, shape, generator=g, dtype=dtype)
+
+
+headers = st.dictionaries(st.sampled_from(["kind", "id", "stage", "path", "note"]),
+                          st.one_of(st.integers(-2**40, 2**40), st.text(max_size=20), st.booleans(),
+                                    st.lists(st.integers(0, 99), max_size=5)), max_size=5)
+
+
+@given(headers, st.lists(tensors(), max_size=5))
+@settings(max_examples=300, deadline=None)
+def test_round_trip(header, ts):
+    got_header, got = decode_frame(encode_frame(header, ts))
+    assert got_header == {"v": 1, **header}
+    assert len(got) == len(ts)
+    for a, b in zip(ts, got):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert torch.equal(a.view(torch.int16) if a.dtype in (torch.float16, torch.bfloat16) else a,
+                           b.view(torch.int16) if b.dtype in (torch.float16, torch.bfloat16) else b)
+
+
+@given(st.binary(max_size=512))
+@settings(max_examples=2000, deadline=None)
+def test_random_bytes_raise_protocol_error(data):
+    with pytest.raises(ProtocolError):
+        decode_frame(data)
+
+
+@given(headers, st.lists(tensors(), min_size=1, max_size=3), st.data())
+@settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_mutated_frames_decode_or_raise_protocol_error(header, ts, data):
+    frame = bytearray(encode_frame(header, ts))
+    for _ in range(data.draw(st.integers(1, 4))):
+        choice = data.draw(st.integers(0, 2))
+        pos = data.draw(st.integers(0, len(frame) - 1))
+        if choice == 0:
+            frame[pos] = data.draw(st.integers(0, 255))
+        elif choice == 1:
+            del frame[pos:]
+            if not frame:
+                frame = bytearray(b"\0")
+        else:
+            frame[pos:pos] = data.draw(st.binary(min_size=1, max_size=8))
+    try:
+        decode_frame(bytes(frame))
+    except ProtocolError:
+        pass
+
+
+def _frame_with_specs(specs, payload=b""):
+    head = msgpack.packb({"v": 1, "tensors": specs})
+    return struct.pack("<I", len(head)) + head + payload
+
+
+def test_huge_declared_shapes_are_refused_before_allocation():
+    with pytest.raises(ProtocolError, match="cap"):
+        decode_frame(_frame_with_specs([["f32", [2**31 - 1, 2**31 - 1]]]), FrameLimits(max_payload_bytes=1 << 20))
+    with pytest.raises(ProtocolError, match="payload"):
+        decode_frame(_frame_with_specs([["f32", [1000]]], b"\0" * 16))
+
+
+@pytest.mark.parametrize("specs", [[["f64", [1]]], [["f32", [-1]]], [["f32", [1.5]]], [["f32"]], ["f32"],
+                                   [["f32", [1] * 9]]])
+def test_bad_tensor_specs(specs):
+    with pytest.raises(ProtocolError):
+        decode_frame(_frame_with_specs(specs, b"\0" * 4))
+
+
+def test_wrong_version_and_oversized_header():
+    head = msgpack.packb({"v": 99, "tensors": []})
+    with pytest.raises(ProtocolError, match="version"):
+        decode_frame(struct.pack("<I", len(head)) + head)
+    with pytest.raises(ProtocolError, match="header length"):
+        decode_frame(struct.pack("<I", 10**9) + b"\0" * 10)
+
+
+def test_reserved_keys_and_unsupported_dtypes_are_refused_on_encode():
+    with pytest.raises(ValueError):
+        encode_frame({"tensors": 1})
+    with pytest.raises(ValueError):
+        encode_frame({}, [torch.zeros(2, dtype=torch.float64)])
+
+
+def test_decoded_tensors_are_writable_copies():
+    frame = encode_frame({}, [torch.ones(4)])
+    _, (t,) = decode_frame(frame)
+    t.add_(1)  # must not raise or alias the frame
+    assert decode_frame(frame)[1][0].sum() == 4
