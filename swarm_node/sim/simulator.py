@@ -27,6 +27,7 @@ from swarm_node.optim.inner import InnerOptimizer
 from swarm_node.optim.outer import SlowWeights
 from swarm_node.sim.config import SimConfig
 from swarm_node.sim.grouping import random_groups
+from swarm_node.train.evaluate import average_into, path_val_loss, weight_spread
 
 WIRE = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -145,56 +146,26 @@ class Simulator:
         self.outer_rounds += 1
 
     # -- evaluation -------------------------------------------------------------
-    @torch.no_grad()
     def _eval_path(self, stages: list[PipelineStage]) -> float:
         cfg = self.config
-        total, count = 0.0, 0
-        for inputs, targets in self.data.val_batches(cfg.eval_batch_size, cfg.eval_batches):
-            hidden = inputs.to(self.device)
-            for stage in stages:
-                hidden = stage(hidden, targets.to(self.device) if stage.is_last else None)
-            total += float(hidden) * len(inputs)
-            count += len(inputs)
-        return total / count
+        return path_val_loss(stages, self.data, batch_size=cfg.eval_batch_size, max_batches=cfg.eval_batches,
+                             device=self.device)
 
     def evaluate(self) -> float:
         """Mean validation loss over the fixed paths 'worker r at every stage'."""
-        for stage_workers in self.workers:
-            for w in stage_workers:
-                w.stage.eval()
-        try:
-            return float(np.mean([self._eval_path([self.workers[s][r].stage for s in range(self.config.stages)])
-                                  for r in range(self.config.replicas)]))
-        finally:
-            for stage_workers in self.workers:
-                for w in stage_workers:
-                    w.stage.train()
+        return float(np.mean([self._eval_path([self.workers[s][r].stage for s in range(self.config.stages)])
+                              for r in range(self.config.replicas)]))
 
-    @torch.no_grad()
     def consensus_stages(self) -> list[PipelineStage]:
         """One model whose every stage is the mean of its workers' weights."""
-        stages = []
-        for s, stage_workers in enumerate(self.workers):
-            merged = build_stage(self.model_config, num_stages=self.config.stages, stage_index=s,
-                                 seed=self.config.seed, layers_per_stage=self.config.layers_per_stage,
-                                 device=self.device)
-            for name, param in merged.named_parameters():
-                param.copy_(torch.stack([dict(w.stage.named_parameters())[name] for w in stage_workers]).mean(0))
-            stages.append(merged.eval())
-        return stages
+        return [average_into(build_stage(self.model_config, num_stages=self.config.stages, stage_index=s,
+                                         seed=self.config.seed, layers_per_stage=self.config.layers_per_stage,
+                                         device=self.device), [w.stage for w in stage_workers])
+                for s, stage_workers in enumerate(self.workers)]
 
-    @torch.no_grad()
     def replica_weight_std(self) -> list[float]:
         """Per stage: RMS over all parameter elements of the std across workers."""
-        result = []
-        for stage_workers in self.workers:
-            sq_sum, numel = 0.0, 0
-            for group in zip(*(w.stage.parameters() for w in stage_workers)):
-                stacked = torch.stack([p.float() for p in group])
-                sq_sum += float(stacked.var(dim=0, unbiased=False).sum())
-                numel += stacked[0].numel()
-            result.append((sq_sum / numel) ** 0.5)
-        return result
+        return [weight_spread([w.stage for w in stage_workers]) for stage_workers in self.workers]
 
     # -- the run ----------------------------------------------------------------
     def run(self, on_step: Callable[[StepReport], None] | None = None) -> SimResult:

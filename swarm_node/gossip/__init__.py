@@ -1,0 +1,1 @@
+"""Pairing for NoLoCo outer rounds."""

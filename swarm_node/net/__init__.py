@@ -1,0 +1,1 @@
+"""The network layer: the only code that imports hivemind."""

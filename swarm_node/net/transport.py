@@ -1,0 +1,118 @@
+"""Request/response over libp2p binary streams: one stream per call, one
+length-prefixed frame each way.
+
+    frame := u64 length (big endian) | bytes
+
+The caller owns the deadline of every call; the server caps the request size before
+reading it, the number of concurrent streams overall and per peer, and the time a
+handler may take. Peer ids passed around are base58 strings (authenticated by the
+libp2p handshake)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from hivemind.p2p import P2P, P2PDaemonError, P2PHandlerError, PeerID
+
+from swarm_node.errors import PeerError, PeerRefused, PeerTimeout, ProtocolError
+
+log = logging.getLogger(__name__)
+
+LENGTH_BYTES = 8
+Handler = Callable[[str, bytes], Awaitable[bytes]]
+
+
+def short_id(peer_id: str) -> str:
+    """Logs show the tail of a peer id: the head is the same multihash prefix for everyone."""
+    return peer_id[-6:]
+
+
+async def read_frame(reader: asyncio.StreamReader, max_bytes: int) -> bytes:
+    try:
+        length = int.from_bytes(await reader.readexactly(LENGTH_BYTES), "big")
+        if length > max_bytes:
+            raise ProtocolError(f"frame of {length} bytes exceeds the cap of {max_bytes}")
+        return await reader.readexactly(length)
+    except asyncio.IncompleteReadError:
+        raise PeerError("stream closed mid-frame") from None
+
+
+async def write_frame(writer: asyncio.StreamWriter, data: bytes) -> None:
+    writer.write(len(data).to_bytes(LENGTH_BYTES, "big"))
+    writer.write(data)
+    await writer.drain()
+
+
+@dataclass(frozen=True)
+class ServeLimits:
+    max_request_bytes: int
+    max_concurrent: int = 16
+    max_per_peer: int = 4
+    handler_timeout_s: float = 60.0
+
+
+class Transport:
+    def __init__(self, p2p: P2P):
+        self.p2p = p2p
+        self.peer_id = str(p2p.peer_id)
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self._active_per_peer: dict[tuple[str, str], int] = defaultdict(int)
+
+    async def request(self, peer_id: str, protocol: str, payload: bytes, *, timeout_s: float,
+                      max_response_bytes: int) -> bytes:
+        """Send one frame to ``peer_id``'s ``protocol`` handler and return its answer."""
+        writer = None
+        try:
+            async with asyncio.timeout(timeout_s):
+                _, reader, writer = await self.p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), protocol)
+                await write_frame(writer, payload)
+                self.bytes_sent += len(payload) + LENGTH_BYTES
+                response = await read_frame(reader, max_response_bytes)
+                self.bytes_received += len(response) + LENGTH_BYTES
+                return response
+        except TimeoutError:
+            raise PeerTimeout(f"{protocol} to {short_id(peer_id)} timed out after {timeout_s:.1f}s") from None
+        except (P2PDaemonError, P2PHandlerError, ConnectionError, OSError) as exc:
+            raise PeerError(f"{protocol} to {short_id(peer_id)} failed: {exc}") from None
+        finally:
+            if writer is not None:
+                writer.close()
+
+    async def serve(self, protocol: str, handler: Handler, limits: ServeLimits) -> None:
+        gate = asyncio.Semaphore(limits.max_concurrent)
+
+        async def on_stream(info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            remote = str(info.peer_id)
+            key = (protocol, remote)
+            try:
+                if gate.locked() or self._active_per_peer[key] >= limits.max_per_peer:
+                    raise PeerRefused("too many concurrent streams")
+                self._active_per_peer[key] += 1
+                try:
+                    async with gate, asyncio.timeout(limits.handler_timeout_s):
+                        request = await read_frame(reader, limits.max_request_bytes)
+                        self.bytes_received += len(request) + LENGTH_BYTES
+                        response = await handler(remote, request)
+                        await write_frame(writer, response)
+                        self.bytes_sent += len(response) + LENGTH_BYTES
+                finally:
+                    self._active_per_peer[key] -= 1
+                    if not self._active_per_peer[key]:
+                        del self._active_per_peer[key]
+            except (PeerError, TimeoutError, ConnectionError, OSError) as exc:
+                log.debug("%s from %s: %s", protocol, short_id(remote), exc)
+            finally:
+                writer.close()
+
+        await self.p2p.add_binary_stream_handler(protocol, on_stream)
+
+    async def stop_serving(self, protocol: str) -> None:
+        try:
+            await self.p2p.remove_binary_stream_handler(protocol)
+        except (P2PDaemonError, P2PHandlerError, ConnectionError, OSError):
+            pass

@@ -1,0 +1,1 @@
+"""Choosing the next-stage peer for a micro-batch."""

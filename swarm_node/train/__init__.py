@@ -1,0 +1,1 @@
+"""Per-node training state: the stage, its optimizers, gradient accumulation and evaluation."""

@@ -1,0 +1,53 @@
+"""Evaluation shared by the simulator and the swarm: validation loss along fixed paths,
+a consensus model, and the spread of weights across the workers of a stage."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from swarm_node.data.dataset import TokenWindows
+from swarm_node.model.stages import PipelineStage
+
+
+@torch.no_grad()
+def path_val_loss(stages: Sequence[PipelineStage], data: TokenWindows, *, batch_size: int, max_batches: int,
+                  device: torch.device | str = "cpu") -> float:
+    was_training = [s.training for s in stages]
+    for s in stages:
+        s.eval()
+    total, count = 0.0, 0
+    try:
+        for inputs, targets in data.val_batches(batch_size, max_batches):
+            hidden = inputs.to(device)
+            for stage in stages:
+                hidden = stage(hidden, targets.to(device) if stage.is_last else None)
+            total += float(hidden) * len(inputs)
+            count += len(inputs)
+    finally:
+        for s, mode in zip(stages, was_training):
+            s.train(mode)
+    return total / count
+
+
+@torch.no_grad()
+def average_into(target: PipelineStage, sources: Sequence[PipelineStage]) -> PipelineStage:
+    """Set ``target``'s weights to the element-wise mean of ``sources``'."""
+    named = [dict(s.named_parameters()) for s in sources]
+    for name, param in target.named_parameters():
+        param.copy_(torch.stack([n[name].detach().float() for n in named]).mean(0).to(param.dtype))
+    return target
+
+
+@torch.no_grad()
+def weight_spread(stages: Sequence[PipelineStage]) -> float:
+    """RMS over all parameter elements of the standard deviation across ``stages``."""
+    if len(stages) < 2:
+        return 0.0
+    sq_sum, numel = 0.0, 0
+    for group in zip(*(s.parameters() for s in stages)):
+        stacked = torch.stack([p.detach().float() for p in group])
+        sq_sum += float(stacked.var(dim=0, unbiased=False).sum())
+        numel += stacked[0].numel()
+    return (sq_sum / numel) ** 0.5

@@ -1,0 +1,215 @@
+"""Everything torch does inside a node, in one object whose methods run on the node's
+single compute thread (so they never race each other and never block the event loop).
+
+Backward uses recomputation: a stage keeps only the *input* of each micro-batch in
+flight and, when the gradient comes back, re-runs its forward with autograd and
+backpropagates. A stashed autograd graph would be wrong here: the inner optimizer may
+step between a micro-batch's forward and its backward, and the graph would then hold
+the old weights (torch refuses it after in-place updates). Recomputation costs one
+extra forward per stage, needs no graph memory, and gives the gradient at the current
+weights, as the NoLoCo reference and SWARM do."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import math
+
+import torch
+
+from swarm_node.model.config import model_config
+from swarm_node.model.stages import PipelineStage, build_stage
+from swarm_node.optim.inner import InnerOptimizer
+from swarm_node.optim.outer import SlowWeights
+from swarm_node.spec import RunSpec
+
+WIRE_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+class StageWorker:
+    def __init__(self, spec: RunSpec, stage_index: int, vocab_size: int, device: str = "cpu"):
+        self.spec = spec
+        self.stage_index = stage_index
+        self.device = torch.device(device)
+        self.model_config = model_config(spec.model_size, vocab_size=vocab_size, max_seq_len=spec.seq_len)
+        self.stage: PipelineStage = build_stage(self.model_config, num_stages=spec.num_stages,
+                                                stage_index=stage_index, seed=spec.seed,
+                                                layers_per_stage=spec.layers_per_stage, device=self.device)
+        self.params = list(self.stage.parameters())
+        self.inner = InnerOptimizer(self.params, spec.inner)
+        self.slow = SlowWeights(self.params, spec.method.outer) if spec.method.has_outer_step else None
+        self.outer_round = 0
+        self.pending_samples = 0
+        self.pending_microbatches = 0
+        self.loss_ema: float | None = None
+
+    # -- shapes a peer may send us ------------------------------------------------
+    @property
+    def is_first(self) -> bool:
+        return self.stage.is_first
+
+    @property
+    def is_last(self) -> bool:
+        return self.stage.is_last
+
+    def _autocast(self):
+        if self.device.type == "cuda":
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    # -- the data path ------------------------------------------------------------
+    @torch.no_grad()
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        with self._autocast():
+            return self.stage(inputs.to(self.device)).float()
+
+    def forward_backward_last(self, hidden: torch.Tensor | None, targets: torch.Tensor,
+                              token_inputs: torch.Tensor | None = None) -> tuple[float, torch.Tensor | None]:
+        """Last stage: loss and its gradient in one pass. Returns (loss, grad wrt the
+        stage input), the gradient being None for a single-stage model."""
+        if self.is_first:
+            x = token_inputs.to(self.device)
+        else:
+            x = hidden.to(self.device, torch.float32).requires_grad_(True)
+        with self._autocast():
+            loss = self.stage(x, targets.to(self.device))
+        loss.backward()
+        self._accumulated(len(targets))
+        value = float(loss.detach())
+        self.loss_ema = value if self.loss_ema is None else 0.95 * self.loss_ema + 0.05 * value
+        return value, None if self.is_first else x.grad.detach()
+
+    def backward(self, inputs: torch.Tensor, grad_output: torch.Tensor) -> torch.Tensor | None:
+        """Recompute this stage's forward for ``inputs`` and backpropagate ``grad_output``."""
+        if self.is_first:
+            x = inputs.to(self.device)
+        else:
+            x = inputs.to(self.device, torch.float32).requires_grad_(True)
+        with self._autocast():
+            out = self.stage(x)
+        out.float().backward(grad_output.to(self.device, torch.float32))
+        self._accumulated(len(inputs))
+        return None if self.is_first else x.grad.detach()
+
+    def _accumulated(self, samples: int) -> None:
+        self.pending_samples += samples
+        self.pending_microbatches += 1
+
+    # -- optimizer steps ---------------------------------------------------------
+    def ready_to_step(self) -> bool:
+        return self.pending_samples >= self.spec.samples_per_step
+
+    def step(self) -> int:
+        """Average the accumulated gradients over micro-batches and take an inner step."""
+        if self.pending_microbatches > 1:
+            for p in self.params:
+                if p.grad is not None:
+                    p.grad.div_(self.pending_microbatches)
+        self.inner.step()
+        self.pending_samples = 0
+        self.pending_microbatches = 0
+        return self.inner.step_count
+
+    def drop_gradients(self) -> None:
+        for p in self.params:
+            p.grad = None
+        self.pending_samples = 0
+        self.pending_microbatches = 0
+
+    @property
+    def inner_step(self) -> int:
+        return self.inner.step_count
+
+    def outer_round_due(self) -> bool:
+        return self.slow is not None and self.inner_step >= (self.outer_round + 1) * self.spec.method.inner_steps
+
+    # -- the outer step -------------------------------------------------------------
+    @torch.no_grad()
+    def outer_payload(self, wire: str) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """(phi, Delta) as they go on the wire. Both partners use these *decoded*
+        values for the group means, so they agree on the means bit for bit."""
+        dtype = WIRE_DTYPES[wire]
+        phi = [_to_wire(t, dtype) for t in self.slow.phi]
+        delta = [_to_wire(t, dtype) for t in self.slow.deltas()]
+        return phi, delta
+
+    @torch.no_grad()
+    def apply_outer(self, own: tuple[list, list], other: tuple[list, list] | None) -> None:
+        """Outer step with a partner's (phi, Delta), or the local-only step."""
+        if other is None:
+            self.slow.apply([self.slow.phi], [self.slow.deltas()])
+        else:
+            # Group means come from the wire values, which both partners hold identically;
+            # the gamma pull acts on our exact phi (outer_update's first argument).
+            own_phi, own_delta = own
+            other_phi, other_delta = other
+            self.slow.apply([[t.float() for t in own_phi], [t.float() for t in other_phi]],
+                            [[t.float() for t in own_delta], [t.float() for t in other_delta]])
+        self.outer_round += 1
+
+    def check_partner_tensors(self, tensors: list[torch.Tensor]) -> str | None:
+        """Why a partner's (phi, Delta) list is unusable, or None when it fits this stage."""
+        expected = [p.shape for p in self.params] * 2
+        if len(tensors) != len(expected):
+            return f"expected {len(expected)} tensors, got {len(tensors)}"
+        for t, shape in zip(tensors, expected):
+            if t.shape != shape or not t.dtype.is_floating_point:
+                return f"tensor of shape {tuple(t.shape)} / {t.dtype} does not fit {tuple(shape)}"
+            if not bool(torch.isfinite(t).all()):
+                return "non-finite values"
+        return None
+
+    # -- state transfer for late joiners --------------------------------------------
+    @torch.no_grad()
+    def snapshot(self) -> dict:
+        theta = [p.detach().float().cpu().clone() for p in self.params]
+        phi = [t.cpu().clone() for t in self.slow.phi] if self.slow else []
+        momentum = [t.cpu().clone() for t in self.slow.momentum] if self.slow else []
+        tensors = theta + phi + momentum
+        return {"inner_step": self.inner_step, "outer_round": self.outer_round, "tensors": tensors,
+                "digest": tensor_digest(tensors)}
+
+    @torch.no_grad()
+    def load_snapshot(self, inner_step: int, outer_round: int, tensors: list[torch.Tensor]) -> None:
+        n = len(self.params)
+        groups = 3 if self.slow else 1
+        if len(tensors) != groups * n:
+            raise ValueError(f"state has {len(tensors)} tensors, this stage needs {groups * n}")
+        for p, t in zip(self.params, tensors[:n]):
+            if p.shape != t.shape:
+                raise ValueError(f"state tensor shape {tuple(t.shape)} does not fit {tuple(p.shape)}")
+            p.copy_(t.to(p.device, p.dtype))
+        if self.slow:
+            self.slow.load_state_dict({"phi": [t.to(self.device) for t in tensors[n:2 * n]],
+                                       "momentum": [t.to(self.device) for t in tensors[2 * n:]]})
+        self.inner.step_count = inner_step
+        self.outer_round = outer_round
+
+    def theta_digest(self) -> str:
+        return tensor_digest([p.detach().float().cpu() for p in self.params])
+
+
+def _to_wire(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    out = t.detach().to(dtype)
+    if dtype == torch.float16 and not bool(torch.isfinite(out).all()):
+        return t.detach().float()  # out of fp16 range: send this tensor in full precision
+    return out
+
+
+def tensor_digest(tensors: list[torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(str(tuple(t.shape)).encode())
+        h.update(t.detach().contiguous().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def finite(t: torch.Tensor) -> bool:
+    return bool(torch.isfinite(t).all())
+
+
+def throughput_ema(previous: float, samples: int, seconds: float, weight: float = 0.1) -> float:
+    if seconds <= 0 or not math.isfinite(seconds):
+        return previous
+    rate = samples / seconds
+    return rate if previous <= 0 else (1 - weight) * previous + weight * rate

@@ -1,0 +1,67 @@
+"""The per-stage registry record each node heartbeats into the DHT
+(key ``<run>/stage/<k>``, subkey = peer id). Small values only; parsed defensively
+because anyone can write one."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from swarm_node.errors import ProtocolError
+
+STATES = ("joining", "training", "finished", "leaving")
+MAX_FIELD_CHARS = 64
+
+
+@dataclass(frozen=True)
+class PeerRecord:
+    stage: int
+    spec_hash: str
+    version: str
+    state: str = "training"
+    throughput: float = 0.0  # samples/s EMA of this node's stage compute
+    queue: int = 0  # micro-batches waiting or in flight here
+    inner_step: int = 0
+    outer_round: int = 0
+    seeking: bool = False  # at an outer-round boundary, looking for a partner
+    loss: float | None = None  # last stage: EMA of the training loss
+    tokens: int = 0  # stage 0: tokens this node has fed into the pipeline
+
+    def to_wire(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_wire(cls, raw: object) -> "PeerRecord":
+        if not isinstance(raw, dict):
+            raise ProtocolError("registry record is not a map")
+        try:
+            record = cls(
+                stage=_int(raw["stage"], 0, 1024), spec_hash=_str(raw["spec_hash"]), version=_str(raw["version"]),
+                state=_str(raw.get("state", "training")), throughput=_float(raw.get("throughput", 0.0)),
+                queue=_int(raw.get("queue", 0), 0, 10**6), inner_step=_int(raw.get("inner_step", 0), 0, 10**12),
+                outer_round=_int(raw.get("outer_round", 0), 0, 10**12), seeking=bool(raw.get("seeking", False)),
+                loss=None if raw.get("loss") is None else _float(raw["loss"]),
+                tokens=_int(raw.get("tokens", 0), 0, 10**18))
+        except KeyError as exc:
+            raise ProtocolError(f"registry record lacks {exc}") from None
+        if record.state not in STATES:
+            raise ProtocolError(f"unknown peer state {record.state!r}")
+        return record
+
+
+def _int(value: object, low: int, high: int) -> int:
+    if type(value) is not int or not low <= value <= high:
+        raise ProtocolError(f"bad integer field {value!r}")
+    return value
+
+
+def _float(value: object) -> float:
+    if type(value) not in (int, float) or not math.isfinite(value) or abs(value) > 1e12:
+        raise ProtocolError(f"bad number field {value!r}")
+    return float(value)
+
+
+def _str(value: object) -> str:
+    if not isinstance(value, str) or len(value) > MAX_FIELD_CHARS:
+        raise ProtocolError("bad text field")
+    return value
