@@ -2,7 +2,7 @@
 # One entry point for people and CI. Creates (or reuses) ./.venv, installs the project
 # with the pinned CPU-friendly torch, then runs what you ask for.
 #
-#   ./dev.sh demo        a local swarm demo on the bundled corpus
+#   ./dev.sh demo        a local swarm (2 stages x 2 node processes) on the bundled corpus
 #   ./dev.sh test        the default test suite (slow tests excluded)
 #   ./dev.sh test-slow   only the slow tests (long convergence runs)
 #   ./dev.sh shell       a shell inside the virtual environment
@@ -48,9 +48,8 @@ case "$cmd" in
     demo)
         ensure_venv
         mkdir -p runs/demo
-        exec "$VENV/bin/swarm-node" sim --method noloco --replicas 4 --stages 2 --model debug \
-            --data corpus --seq-len 128 --batch-size 8 --steps 300 --inner-steps 50 \
-            --json-out runs/demo/summary.json --plot runs/demo/loss.png "$@"
+        exec "$VENV/bin/swarm-node" local --stages 2 --replicas 2 --model debug --data corpus \
+            --steps 300 --json-out runs/demo/summary.json "$@"
         ;;
     test)
         ensure_venv

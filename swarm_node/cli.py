@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from swarm_node import __version__
+from swarm_node.errors import SwarmError
 
 
 def _positive_int(text: str) -> int:
@@ -92,12 +93,133 @@ def _run_sim(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stage(text: str) -> int | None:
+    if text == "auto":
+        return None
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("stage must be auto or a non-negative integer")
+    return value
+
+
+def _shard(text: str) -> tuple[int, int]:
+    try:
+        shard, count = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected SHARD/COUNT, got {text!r}") from None
+    if not 0 <= shard < count:
+        raise argparse.ArgumentTypeError(f"shard {shard} is outside 0..{count - 1}")
+    return shard, count
+
+
+def _add_join_parser(sub) -> None:
+    p = sub.add_parser("join", help="run one swarm node", description="Join a swarm as one node.")
+    p.add_argument("--initial-peers", nargs="+", default=[], metavar="MADDR",
+                   help="multiaddrs of peers already in the swarm (e.g. a bootstrap peer)")
+    p.add_argument("--config", required=True, type=Path, help="run spec (.toml or .json) shared by all peers")
+    p.add_argument("--stage", type=_stage, default=None, help="auto (default) or a stage index")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
+    p.add_argument("--host-maddrs", nargs="+", default=["/ip4/127.0.0.1/tcp/0"], metavar="MADDR")
+    p.add_argument("--announce-maddrs", nargs="+", default=[], metavar="MADDR")
+    p.add_argument("--identity", default=None, help="private key file; keeps the peer id across restarts")
+    p.add_argument("--max-steps", type=_positive_int, default=None, help="stop after this many inner steps")
+    p.add_argument("--run-dir", type=Path, default=None, help="write the summary and final weights here")
+    p.add_argument("--data-shard", type=_shard, default=None, metavar="SHARD/COUNT",
+                   help="stage 0: read this shard of the data (default: derived from the peer id)")
+    p.add_argument("--round-timeout", type=float, default=20.0, help="seconds to seek a partner per round")
+    p.add_argument("--startup-timeout", type=float, default=60.0, help="seconds for the libp2p daemon to start")
+    p.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads")
+    p.add_argument("--no-state-download", action="store_true", help="start from the initial weights")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(handler=_run_join)
+
+
+def _run_join(args: argparse.Namespace) -> int:
+    import asyncio
+
+    import torch
+
+    from swarm_node.config import resolve_device
+    from swarm_node.node import Node
+    from swarm_node.node_config import NodeConfig
+    from swarm_node.spec import RunSpec
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    spec = RunSpec.from_file(args.config)
+    config = NodeConfig(initial_peers=tuple(args.initial_peers), host_maddrs=tuple(args.host_maddrs),
+                        announce_maddrs=tuple(args.announce_maddrs), identity_path=args.identity,
+                        stage=args.stage, device=resolve_device(args.device), max_steps=args.max_steps,
+                        run_dir=args.run_dir, data_shard=args.data_shard, round_timeout_s=args.round_timeout,
+                        startup_timeout_s=args.startup_timeout, download_state=not args.no_state_download,
+                        progress=not args.no_progress)
+    _use_uvloop()
+    asyncio.run(Node(spec, config).run())
+    return 0
+
+
+def _add_local_parser(sub) -> None:
+    p = sub.add_parser("local", help="run a whole swarm of node processes on this machine",
+                       description="Start a bootstrap DHT and S x R node processes on loopback, train, "
+                                   "evaluate, and shut everything down.")
+    p.add_argument("--stages", type=_positive_int, default=2)
+    p.add_argument("--replicas", type=_positive_int, default=2, help="nodes per stage")
+    p.add_argument("--model", default="debug")
+    p.add_argument("--data", default="corpus")
+    p.add_argument("--seq-len", type=_positive_int, default=64)
+    p.add_argument("--batch-size", type=_positive_int, default=8)
+    p.add_argument("--steps", type=_positive_int, default=200, help="inner steps of each stage-0 node")
+    p.add_argument("--method", choices=("noloco", "diloco", "local"), default="noloco",
+                   help="local: no weight exchange (the baseline)")
+    p.add_argument("--inner-steps", type=_positive_int, default=None, help="H (default: 50 noloco, 100 diloco)")
+    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--round-timeout", type=float, default=15.0)
+    p.add_argument("--run-dir", type=Path, default=None, help="keep logs, weights and summaries here")
+    p.add_argument("--json-out", type=Path, default=None)
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(handler=_run_local)
+
+
+def _run_local(args: argparse.Namespace) -> int:
+    import secrets
+
+    from swarm_node.config import default_warmup_steps, suggested_lr
+    from swarm_node.data.spec import DataSpec
+    from swarm_node.local import LocalConfig, run_local
+    from swarm_node.optim import InnerHyper, default_method
+    from swarm_node.spec import RunSpec
+
+    spec = RunSpec(run_id=f"local-{secrets.token_hex(4)}", model_size=args.model, num_stages=args.stages,
+                   seq_len=args.seq_len, batch_size=args.batch_size, samples_per_step=args.batch_size,
+                   total_steps=args.steps, seed=args.seed, data=DataSpec.parse(args.data),
+                   method=default_method(args.method, inner_steps=args.inner_steps),
+                   inner=InnerHyper(lr=args.lr or suggested_lr(args.model),
+                                    warmup_steps=default_warmup_steps(args.steps), total_steps=args.steps))
+    config = LocalConfig(replicas=args.replicas, steps=args.steps, device=args.device,
+                         round_timeout_s=args.round_timeout, run_dir=args.run_dir, progress=not args.no_progress)
+    summary = run_local(spec, config, args.json_out)
+    return 0 if summary["final_val_loss"] is not None else 1
+
+
+def _use_uvloop() -> None:
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:  # uvloop is a dependency, but the node runs on plain asyncio too
+        pass
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="swarm-node", description="Peer-to-peer swarm training with NoLoCo.")
     parser.add_argument("--version", action="version", version=f"swarm-node {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_sim_parser(sub)
+    _add_join_parser(sub)
+    _add_local_parser(sub)
     return parser
 
 
@@ -108,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.verbose)
     try:
         return args.handler(args)
-    except (ValueError, FileNotFoundError, ImportError) as exc:
+    except (ValueError, FileNotFoundError, ImportError, SwarmError) as exc:
         print(f"swarm-node {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -89,6 +89,21 @@ class RunSpec:
             raise ConfigError(f"{path} is not valid TOML: {exc}") from None
         return cls.from_dict(raw)
 
+    @classmethod
+    def from_file(cls, path: str | Path) -> "RunSpec":
+        """A run spec from ``.toml`` or ``.json``."""
+        if str(path).endswith(".json"):
+            try:
+                return cls.from_dict(json.loads(Path(path).read_text()))
+            except FileNotFoundError:
+                raise ConfigError(f"run spec file not found: {path}") from None
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{path} is not valid JSON: {exc}") from None
+        return cls.from_toml(path)
+
+    def write_json(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+
     def compatible_version(self, version: str = __version__) -> bool:
         return _version_tuple(version) >= _version_tuple(self.min_version)
 

@@ -1,0 +1,266 @@
+"""``swarm-node local``: a whole swarm on this machine.
+
+Starts a bootstrap DHT in this process, S x R node processes on loopback (each a real
+``swarm-node join``), shows one progress bar with the swarm's loss and tokens/s, and
+when the stage-0 nodes have done their steps stops the rest, collects every peer's
+final weights, evaluates, and writes a JSON summary. A node that dies is reported and
+the others carry on."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from swarm_node.data.dataset import load_windows
+from swarm_node.model.config import model_config
+from swarm_node.model.stages import build_stage
+from swarm_node.net.dht import SwarmDHT
+from swarm_node.node import stage_key
+from swarm_node.obs.progress import TrainingProgress
+from swarm_node.spec import RunSpec
+from swarm_node.train.evaluate import average_into, path_val_loss, weight_spread
+from swarm_node.wire.records import PeerRecord
+
+log = logging.getLogger("swarm_node.local")
+
+
+@dataclass(frozen=True)
+class LocalConfig:
+    replicas: int = 2
+    steps: int = 200
+    device: str = "cpu"
+    threads_per_node: int = 1
+    round_timeout_s: float = 15.0
+    eval_batches: int = 8
+    eval_batch_size: int = 64
+    run_dir: Path | None = None  # keep node logs, weights and summaries here (default: a temp dir, removed)
+    progress: bool = True
+    stop_grace_s: float = 30.0
+
+
+@dataclass
+class Child:
+    stage: int
+    replica: int
+    process: subprocess.Popen
+    log_path: Path
+    returncode: int | None = None
+    status: str = "running"
+
+
+@dataclass
+class SwarmResult:
+    summary: dict
+    children: list[Child] = field(default_factory=list)
+
+
+class LocalSwarm:
+    def __init__(self, spec: RunSpec, config: LocalConfig):
+        self.spec = spec
+        self.config = config
+        self.keep_dir = config.run_dir is not None
+        self.run_dir = Path(config.run_dir) if config.run_dir else Path(tempfile.mkdtemp(prefix="swarm-local-"))
+        self.children: list[Child] = []
+        self.loss_curve: list[tuple[int, float]] = []
+
+    async def run(self) -> dict:
+        started = time.perf_counter()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        spec_path = self.run_dir / "run-spec.json"
+        self.spec.write_json(spec_path)
+        dht = await SwarmDHT.start()
+        try:
+            maddrs = dht.visible_maddrs()
+            log.info("bootstrap DHT at %s; run dir %s", maddrs[0], self.run_dir)
+            self._spawn_all(spec_path, maddrs)
+            await self._watch(dht, started)
+        finally:
+            self._stop_all()
+            await dht.shutdown()
+        summary = await asyncio.to_thread(self._collect, time.perf_counter() - started)
+        if not self.keep_dir:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+        return summary
+
+    # -- processes ----------------------------------------------------------------
+    def _spawn_all(self, spec_path: Path, maddrs: list[str]) -> None:
+        env = dict(os.environ, OMP_NUM_THREADS=str(self.config.threads_per_node), PYTHONUNBUFFERED="1")
+        for stage in range(self.spec.num_stages):
+            for replica in range(self.config.replicas):
+                log_path = self.run_dir / f"node-s{stage}-r{replica}.log"
+                cmd = [sys.executable, "-m", "swarm_node", "join", "--initial-peers", *maddrs[:1],
+                       "--config", str(spec_path), "--stage", str(stage), "--device", self.config.device,
+                       "--threads", str(self.config.threads_per_node), "--run-dir", str(self.run_dir),
+                       "--round-timeout", str(self.config.round_timeout_s), "--no-progress",
+                       "--no-state-download"]
+                if stage == 0:
+                    cmd += ["--max-steps", str(self.config.steps),
+                            "--data-shard", f"{replica}/{self.config.replicas}"]
+                with open(log_path, "wb") as out:
+                    process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                               env=env)
+                self.children.append(Child(stage, replica, process, log_path))
+
+    def _poll_children(self) -> None:
+        for child in self.children:
+            if child.returncode is None:
+                code = child.process.poll()
+                if code is not None:
+                    child.returncode = code
+                    if code != 0:
+                        child.status = "lost"
+                        tail = child.log_path.read_text(errors="replace").strip().splitlines()[-1:] or [""]
+                        log.warning("node stage %d replica %d (pid %d) died with exit code %d: %s", child.stage,
+                                    child.replica, child.process.pid, code, tail[0][:200])
+                    else:
+                        child.status = "finished"
+
+    async def _watch(self, dht: SwarmDHT, started: float) -> None:
+        bar = TrainingProgress(self.config.steps, "swarm", enabled=self.config.progress)
+        try:
+            while True:
+                self._poll_children()
+                drivers = [c for c in self.children if c.stage == 0]
+                if all(c.returncode is not None for c in drivers):
+                    return
+                if all(c.returncode is not None and c.returncode != 0 for c in self.children if c.stage > 0) \
+                        and self.spec.num_stages > 1:
+                    log.error("every node of the later stages has died; stopping")
+                    return
+                records = await self._records(dht)
+                step = min((r.inner_step for r in records.get(0, []) if r.state == "training"), default=None)
+                tokens = sum(r.tokens for r in records.get(0, []))
+                losses = [r.loss for r in records.get(self.spec.num_stages - 1, []) if r.loss is not None]
+                if losses:
+                    self.loss_curve.append((tokens, float(np.mean(losses))))
+                if step is not None:
+                    bar.update(min(step, self.config.steps), tokens, self.loss_curve[-1][1] if losses else float("nan"),
+                               None, time.perf_counter() - started)
+                await asyncio.sleep(0.5)
+        finally:
+            bar.close()
+
+    async def _records(self, dht: SwarmDHT) -> dict[int, list[PeerRecord]]:
+        out = {}
+        for stage in range(self.spec.num_stages):
+            try:
+                async with asyncio.timeout(2):
+                    raw = await dht.get_subkeys(stage_key(self.spec.run_id, stage))
+            except TimeoutError:
+                continue
+            records = []
+            for value in raw.values():
+                try:
+                    records.append(PeerRecord.from_wire(value))
+                except Exception:  # a malformed record only costs its entry in the display
+                    continue
+            out[stage] = records
+        return out
+
+    def _stop_all(self) -> None:
+        """SIGTERM whoever is still running, then SIGKILL after the grace period."""
+        running = [c for c in self.children if c.process.poll() is None]
+        for child in running:
+            child.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.config.stop_grace_s
+        for child in running:
+            try:
+                child.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("node pid %d ignored SIGTERM; killing it", child.process.pid)
+                os.killpg(child.process.pid, signal.SIGKILL)
+                child.process.wait()
+        self._poll_children()
+        for child in self.children:
+            if child.returncode is not None and child.returncode != 0 and child.status != "lost":
+                child.status = "lost"
+
+    # -- results ------------------------------------------------------------------
+    def _collect(self, wall_s: float) -> dict:
+        summaries = {}
+        for path in self.run_dir.glob("summary-*.json"):
+            data = json.loads(path.read_text())
+            summaries[data["pid"]] = data
+        peers, stage_weights = [], {s: {} for s in range(self.spec.num_stages)}
+        for child in self.children:
+            info = summaries.get(child.process.pid)
+            status = child.status if info is None or child.status == "lost" else "finished"
+            entry = {"peer_id": None, "stage": child.stage, "pid": child.process.pid, "status": status,
+                     "inner_steps": 0, "outer_rounds": 0, "rounds_with_partner": 0, "local_only_rounds": 0,
+                     "bytes_sent": 0, "bytes_received": 0, "microbatches_done": 0, "microbatches_lost": 0,
+                     "retries": 0}
+            if info is not None:
+                entry.update({k: info[k] for k in entry if k in info and k not in ("status", "pid")})
+                weights = self.run_dir / info["weights_file"]
+                if weights.exists():
+                    stage_weights[child.stage][child.replica] = torch.load(weights, map_location="cpu")
+            peers.append(entry)
+        evaluation = self._evaluate(stage_weights)
+        tokens = sum(p["microbatches_done"] for p in peers if p["stage"] == 0) * self.spec.batch_size \
+            * self.spec.seq_len
+        final = evaluation["final_val_loss"]
+        return {**evaluation, "peers": peers, "wall_s": wall_s, "tokens": tokens,
+                "tokens_per_s": tokens / wall_s if wall_s > 0 else None,
+                # Validation needs every peer's weights, which are collected at the end; the
+                # curve during the run is the training loss of the last stage (below).
+                "val_loss_curve": [[0, evaluation["initial_val_loss"]]] + ([[tokens, final]] if final else []),
+                "train_loss_curve": [[int(t), v] for t, v in self.loss_curve],
+                "run_spec_hash": self.spec.spec_hash(), "method": self.spec.method.name}
+
+    def _evaluate(self, stage_weights: dict[int, dict[int, dict]]) -> dict:
+        data = load_windows(self.spec.data, self.spec.seq_len)
+        config = model_config(self.spec.model_size, vocab_size=data.vocab_size, max_seq_len=self.spec.seq_len)
+
+        def stage_module(stage: int, state: dict | None):
+            module = build_stage(config, num_stages=self.spec.num_stages, stage_index=stage, seed=self.spec.seed,
+                                 layers_per_stage=self.spec.layers_per_stage)
+            if state is not None:
+                module.load_state_dict(state)
+            return module
+
+        kwargs = dict(batch_size=self.config.eval_batch_size, max_batches=self.config.eval_batches)
+        initial = path_val_loss([stage_module(s, None) for s in range(self.spec.num_stages)], data, **kwargs)
+        modules = {s: {r: stage_module(s, w) for r, w in ws.items()} for s, ws in stage_weights.items()}
+        losses = []
+        for replica in range(self.config.replicas):
+            if all(replica in modules[s] for s in modules):
+                losses.append(path_val_loss([modules[s][replica] for s in sorted(modules)], data, **kwargs))
+        complete = all(modules[s] for s in modules)
+        consensus = path_val_loss([average_into(stage_module(s, None), list(modules[s].values()))
+                                   for s in sorted(modules)], data, **kwargs) if complete else None
+        final = float(np.mean(losses)) if losses else consensus
+        return {"initial_val_loss": initial, "final_val_loss": final, "final_consensus_val_loss": consensus,
+                "replica_weight_std": [weight_spread(list(modules[s].values())) for s in sorted(modules)],
+                "entropy_floor": data.entropy_floor}
+
+
+def run_local(spec: RunSpec, config: LocalConfig, json_out: Path | None) -> dict:
+    swarm = LocalSwarm(spec, config)
+    summary = asyncio.run(swarm.run())
+    lost = [p for p in summary["peers"] if p["status"] == "lost"]
+    log.info("swarm: final val loss %s, %s tokens in %.1f s (%.0f tok/s); %d of %d peers lost",
+             f"{summary['final_val_loss']:.4f}" if summary["final_val_loss"] is not None else "n/a",
+             f"{summary['tokens']:,}", summary["wall_s"], summary["tokens_per_s"] or 0, len(lost),
+             len(summary["peers"]))
+    for p in summary["peers"]:
+        log.info("  stage %d %s pid %d: %s, %d steps, %d rounds (%d with a partner), %d micro-batches, %d lost",
+                 p["stage"], (p["peer_id"] or "?")[-6:], p["pid"], p["status"], p["inner_steps"], p["outer_rounds"],
+                 p["rounds_with_partner"], p["microbatches_done"], p["microbatches_lost"])
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(summary, indent=2) + "\n")
+        log.info("wrote %s", json_out)
+    return summary

@@ -1,0 +1,636 @@
+"""One swarm node: joins the DHT, holds one pipeline stage, forwards micro-batches to
+random next-stage peers, and pairs with a random same-stage peer every H inner steps.
+
+Concurrency: one asyncio loop owns every task (a root TaskGroup); all torch work and
+all (de)serialisation of big tensors run on one dedicated compute thread, so the
+loop never blocks and torch state is never touched by two threads at once. Every
+remote call has a deadline; every queue and handler is capped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import random
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from swarm_node import __version__
+from swarm_node.data.dataset import TokenWindows, load_windows
+from swarm_node.data.shards import ShardedBatches
+from swarm_node.errors import NotEnoughPeers, PeerError, PeerRefused, ProtocolError, SwarmError
+from swarm_node.gossip.pairing import PairingCoordinator, Refused
+from swarm_node.net import protocols
+from swarm_node.net.dht import SwarmDHT
+from swarm_node.net.transport import ServeLimits, Transport, short_id
+from swarm_node.node_config import NodeConfig
+from swarm_node.routing.chooser import Candidate, PeerChooser
+from swarm_node.spec import RunSpec
+from swarm_node.train.worker import StageWorker, tensor_digest, throughput_ema
+from swarm_node.wire.codec import FrameLimits, decode_frame, encode_frame
+from swarm_node.wire.records import PeerRecord
+
+log = logging.getLogger("swarm_node.node")
+
+STATE_CHUNK_BYTES = 4 << 20
+SNAPSHOT_TTL_S = 120.0
+
+
+def stage_key(run_id: str, stage: int) -> str:
+    return f"{run_id}/stage/{stage}"
+
+
+@dataclass
+class NodeStats:
+    microbatches_done: int = 0
+    microbatches_lost: int = 0
+    retries: int = 0
+    rounds_with_partner: int = 0
+    local_only_rounds: int = 0
+    tokens: int = 0
+    partners: list[str] = field(default_factory=list)
+    downloaded_from: str | None = None
+    downloaded_digest: str | None = None
+    served_digests: list[str] = field(default_factory=list)
+
+
+class Node:
+    def __init__(self, spec: RunSpec, config: NodeConfig):
+        self.spec = spec
+        self.config = config
+        self.spec_hash = spec.spec_hash()
+        self.stats = NodeStats()
+        self.chooser = PeerChooser()
+        self.pairing = PairingCoordinator(round_timeout_s=config.round_timeout_s,
+                                          request_timeout_s=config.exchange_timeout_s)
+        self.peers: dict[int, dict[str, PeerRecord]] = {}
+        self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compute")
+        self._stop = asyncio.Event()
+        self._round_due = asyncio.Event()
+        self._round_idle = asyncio.Event()
+        self._round_idle.set()
+        self._queue = 0
+        self._in_flight = 0
+        self._throughput = 0.0
+        self._state = "joining"
+        self._ignored_peers: set[str] = set()
+        self._snapshots: dict[str, tuple[float, dict]] = {}
+        self._outer_reply: bytes | None = None
+        self.stage: int | None = None
+        self.worker: StageWorker | None = None
+        self.dht: SwarmDHT | None = None
+        self.transport: Transport | None = None
+        self.data: TokenWindows | None = None
+        self.status = "running"
+
+    # -- helpers -----------------------------------------------------------------
+    async def compute(self, fn, *args, **kwargs):
+        return await asyncio.get_running_loop().run_in_executor(self._compute, partial(fn, *args, **kwargs))
+
+    @property
+    def peer_id(self) -> str:
+        return self.dht.peer_id if self.dht else "?"
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _record(self) -> PeerRecord:
+        w = self.worker
+        return PeerRecord(stage=self.stage, spec_hash=self.spec_hash, version=__version__, state=self._state,
+                          throughput=round(self._throughput, 3), queue=self._queue,
+                          inner_step=w.inner_step if w else 0, outer_round=w.outer_round if w else 0,
+                          seeking=self.pairing.state.value == "seeking",
+                          loss=round(w.loss_ema, 5) if w and w.loss_ema is not None else None,
+                          tokens=self.stats.tokens)
+
+    # -- lifecycle -----------------------------------------------------------------
+    async def run(self) -> dict:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self.stop)
+        try:
+            await self._start()
+            async with asyncio.TaskGroup() as tg:
+                tasks = [tg.create_task(self._heartbeat_loop()), tg.create_task(self._registry_loop()),
+                         tg.create_task(self._outer_loop())]
+                if self.worker.is_first:
+                    tasks.append(tg.create_task(self._producer_loop()))
+                await self._stop.wait()
+                self._state = "leaving"
+                self.status = "finished"
+                for task in tasks:
+                    task.cancel()
+        finally:
+            await self._shutdown()
+        return self.summary()
+
+    async def _start(self) -> None:
+        cfg = self.config
+        self.dht = await SwarmDHT.start(initial_peers=cfg.initial_peers, host_maddrs=cfg.host_maddrs,
+                                        announce_maddrs=cfg.announce_maddrs, identity_path=cfg.identity_path,
+                                        client_mode=cfg.client_mode, startup_timeout_s=cfg.startup_timeout_s)
+        self.transport = Transport(await self.dht.replicate_p2p())
+        self.data = await self.compute(load_windows, self.spec.data, self.spec.seq_len)
+        await self._refresh_registry(all_stages=True)
+        self.stage = cfg.stage if cfg.stage is not None else self._choose_stage()
+        if not 0 <= self.stage < self.spec.num_stages:
+            raise SwarmError(f"stage {self.stage} does not exist: this run has {self.spec.num_stages} stages")
+        self.worker = await self.compute(StageWorker, self.spec, self.stage, self.data.vocab_size, cfg.device)
+        log.info("node %s: stage %d of %d, %d parameters, run %s (spec %s)", short_id(self.peer_id), self.stage,
+                 self.spec.num_stages, sum(p.numel() for p in self.worker.params), self.spec.run_id,
+                 self.spec_hash)
+        if cfg.download_state:
+            await self._download_state()
+        await self._serve()
+        self._state = "training"
+        await self._heartbeat()
+
+    def _choose_stage(self) -> int:
+        """The stage with the least total throughput (fewest peers while nothing is
+        measured yet); ties go to a random one so simultaneous joiners spread out."""
+        def load(stage: int) -> tuple[float, int]:
+            records = [r for r in self.peers.get(stage, {}).values() if r.state in ("joining", "training")]
+            return sum(r.throughput for r in records), len(records)
+
+        loads = {s: load(s) for s in range(self.spec.num_stages)}
+        best = min(loads.values())
+        return random.choice([s for s, v in loads.items() if v == best])
+
+    async def _serve(self) -> None:
+        per_activation = self.spec.batch_size * self.spec.seq_len * self.worker.model_config.hidden_size * 4
+        self.frame_limits = FrameLimits(max_payload_bytes=4 * per_activation + (1 << 20))
+        if not self.worker.is_first:
+            await self.transport.serve(protocols.FORWARD, self._handle_forward,
+                                       ServeLimits(max_request_bytes=4 * per_activation + (1 << 20),
+                                                   max_concurrent=self.config.max_queue,
+                                                   handler_timeout_s=self.config.hop_timeout_s * 2))
+        param_bytes = sum(p.numel() for p in self.worker.params) * 4
+        self.outer_limits = FrameLimits(max_payload_bytes=2 * param_bytes + (1 << 20))
+        await self.transport.serve(protocols.OUTER, self._handle_outer,
+                                   ServeLimits(max_request_bytes=2 * param_bytes + (1 << 20), max_concurrent=4,
+                                               max_per_peer=1, handler_timeout_s=self.config.exchange_timeout_s))
+        await self.transport.serve(protocols.STATE, self._handle_state,
+                                   ServeLimits(max_request_bytes=64 << 10, max_concurrent=4, max_per_peer=1,
+                                               handler_timeout_s=self.config.state_download_timeout_s))
+
+    async def _shutdown(self) -> None:
+        self._state = "leaving"
+        if self.transport is not None:
+            for name in (protocols.FORWARD, protocols.OUTER, protocols.STATE):
+                await self.transport.stop_serving(name)
+        if self.dht is not None and self.stage is not None:
+            try:  # a tombstone: peers stop routing to us at once instead of at record expiry
+                async with asyncio.timeout(3):
+                    await self.dht.store(stage_key(self.spec.run_id, self.stage), self.peer_id,
+                                         self._record().to_wire(), ttl_s=self.config.record_ttl_s)
+            except (TimeoutError, Exception) as exc:  # leaving is best effort
+                log.debug("could not publish the leaving record: %s", exc)
+        self._write_outputs()
+        if self.transport is not None:
+            await self.transport.p2p.shutdown()
+        if self.dht is not None:
+            await self.dht.shutdown()
+        self._compute.shutdown(wait=True, cancel_futures=True)
+
+    def _write_outputs(self) -> None:
+        run_dir = self.config.run_dir
+        if run_dir is None or self.worker is None:
+            return
+        run_dir.mkdir(parents=True, exist_ok=True)
+        tag = f"stage{self.stage}-{self.peer_id[-8:]}"
+        torch.save({k: v.detach().cpu() for k, v in self.worker.stage.state_dict().items()},
+                   run_dir / f"weights-{tag}.pt.tmp")
+        os.replace(run_dir / f"weights-{tag}.pt.tmp", run_dir / f"weights-{tag}.pt")
+        summary = self.summary()
+        summary["weights_file"] = f"weights-{tag}.pt"
+        (run_dir / f"summary-{tag}.json.tmp").write_text(json.dumps(summary, indent=2))
+        os.replace(run_dir / f"summary-{tag}.json.tmp", run_dir / f"summary-{tag}.json")
+
+    def summary(self) -> dict:
+        w = self.worker
+        return {
+            "peer_id": self.peer_id, "stage": self.stage, "pid": os.getpid(), "status": self.status,
+            "inner_steps": w.inner_step if w else 0, "outer_rounds": w.outer_round if w else 0,
+            "bytes_sent": self.transport.bytes_sent if self.transport else 0,
+            "bytes_received": self.transport.bytes_received if self.transport else 0,
+            "spec_hash": self.spec_hash, "final_theta_digest": w.theta_digest() if w else None,
+            **asdict(self.stats),
+        }
+
+    # -- registry ------------------------------------------------------------------
+    async def _heartbeat(self) -> None:
+        await self.dht.store(stage_key(self.spec.run_id, self.stage), self.peer_id, self._record().to_wire(),
+                             ttl_s=self.config.record_ttl_s)
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.heartbeat_s * random.uniform(0.8, 1.2))
+            try:
+                async with asyncio.timeout(self.config.heartbeat_s):
+                    await self._heartbeat()
+            except TimeoutError:
+                log.warning("registry heartbeat timed out")
+
+    async def _registry_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.registry_poll_s * random.uniform(0.8, 1.2))
+            try:
+                async with asyncio.timeout(max(2.0, self.config.registry_poll_s * 2)):
+                    await self._refresh_registry()
+            except TimeoutError:
+                log.warning("registry read timed out")
+
+    async def _refresh_registry(self, all_stages: bool = False) -> None:
+        if all_stages or self.stage is None:
+            stages = range(self.spec.num_stages)
+        else:
+            stages = {self.stage, min(self.stage + 1, self.spec.num_stages - 1)}
+        for stage in stages:
+            raw = await self.dht.get_subkeys(stage_key(self.spec.run_id, stage))
+            records = {}
+            for peer, value in raw.items():
+                if peer == self.peer_id:
+                    continue
+                try:
+                    record = PeerRecord.from_wire(value)
+                except ProtocolError as exc:
+                    self._ignore_once(peer, f"unreadable registry record ({exc})")
+                    continue
+                if record.spec_hash != self.spec_hash:
+                    self._ignore_once(peer, f"run-spec hash {record.spec_hash} differs from ours ({self.spec_hash})")
+                    continue
+                if record.stage == stage:
+                    records[peer] = record
+            self.peers[stage] = records
+
+    def _ignore_once(self, peer: str, why: str) -> None:
+        if peer not in self._ignored_peers:
+            self._ignored_peers.add(peer)
+            log.warning("ignoring peer %s: %s", short_id(peer), why)
+
+    def live_peers(self, stage: int) -> dict[str, PeerRecord]:
+        return {p: r for p, r in self.peers.get(stage, {}).items() if r.state == "training"}
+
+    # -- the data path -------------------------------------------------------------
+    async def _producer_loop(self) -> None:
+        """Stage 0: keep up to max_in_flight micro-batches in the pipeline."""
+        shard_id, num_shards = self.config.data_shard or (_shard_of(self.peer_id, 1024), 1024)
+        num_shards = min(num_shards, max(1, self.data.num_train_windows // self.spec.batch_size))
+        loader = ShardedBatches(self.data, batch_size=self.spec.batch_size, seed=self.spec.seed,
+                                shard_id=shard_id % num_shards, num_shards=num_shards)
+        slots = asyncio.Semaphore(self.config.max_in_flight)
+        async with asyncio.TaskGroup() as tg:
+            while not self._done():
+                await self._round_idle.wait()
+                await slots.acquire()
+                if self._done():
+                    slots.release()
+                    break
+                inputs, targets = await self.compute(loader.next_batch)
+                self._in_flight += 1
+                tg.create_task(self._run_microbatch(inputs, targets, slots))
+        log.info("node %s finished %d inner steps", short_id(self.peer_id), self.worker.inner_step)
+        self._state = "finished"
+        await self._heartbeat()
+        while self.pairing.state.value != "idle" or not self._round_idle.is_set():
+            await asyncio.sleep(0.05)
+        self.stop()
+
+    def _done(self) -> bool:
+        """Stage 0 has issued enough micro-batches for max_steps (counting those in flight)."""
+        limit = self.config.max_steps
+        if limit is None:
+            return self._stop.is_set()
+        in_flight_steps = self._in_flight * self.spec.batch_size / self.spec.samples_per_step
+        return self.worker.inner_step + in_flight_steps >= limit and not self.worker.outer_round_due()
+
+    async def _run_microbatch(self, inputs: torch.Tensor, targets: torch.Tensor, slots: asyncio.Semaphore) -> None:
+        try:
+            started = time.perf_counter()
+            if self.worker.is_last:  # a single-stage run
+                _, _, due = await self.compute(_last_stage_step, self.worker, None, targets, inputs)
+            else:
+                hidden = await self.compute(self.worker.forward, inputs)
+                try:
+                    grad, _ = await self._send_downstream(hidden, targets, self.config.hop_timeout_s)
+                except (PeerError, NotEnoughPeers, TimeoutError) as exc:
+                    self.stats.microbatches_lost += 1
+                    log.info("micro-batch lost: %s", exc)
+                    return
+                _, due = await self.compute(_backward_step, self.worker, inputs, grad)
+            self._throughput = throughput_ema(self._throughput, len(inputs), time.perf_counter() - started)
+            self.stats.microbatches_done += 1
+            self.stats.tokens += inputs.numel()
+            self._note_round_due(due)
+        finally:
+            self._in_flight -= 1
+            slots.release()
+
+    async def _send_downstream(self, hidden: torch.Tensor, targets: torch.Tensor,
+                               timeout_s: float) -> tuple[torch.Tensor, float]:
+        """Send activations to a next-stage peer; returns (grad wrt hidden, loss).
+        Retries other peers on failure, banning the failed one."""
+        next_stage = self.stage + 1
+        deadline = time.monotonic() + timeout_s
+        payload = await self.compute(encode_frame, {"kind": "fwd", "spec": self.spec_hash,
+                                                    "deadline_s": timeout_s},
+                                     [hidden.to(_wire(self.config.activation_wire)), targets.to(torch.int32)])
+        tried: set[str] = set()
+        attempts = 0
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or attempts > self.config.hop_retries:
+                raise NotEnoughPeers(f"no stage-{next_stage} peer completed the micro-batch "
+                                     f"after {attempts} attempts")
+            candidates = [Candidate(p, r.throughput, r.queue) for p, r in self.live_peers(next_stage).items()]
+            peer = self.chooser.choose(candidates, exclude=tried)
+            if peer is None:
+                await asyncio.sleep(min(0.5, remaining))  # wait for the registry to show someone
+                tried.clear()
+                await self._refresh_registry()
+                continue
+            attempts += 1
+            if attempts > 1:
+                self.stats.retries += 1
+            self.chooser.started(peer)
+            try:
+                raw = await self.transport.request(peer, protocols.FORWARD, payload, timeout_s=remaining,
+                                                   max_response_bytes=len(payload) + (1 << 16))
+                header, tensors = await self.compute(decode_frame, raw, self.frame_limits)
+                if not header.get("ok"):
+                    raise PeerRefused(str(header.get("error", "refused"))[:200])
+                if len(tensors) != 1 or tensors[0].shape != hidden.shape or not tensors[0].is_floating_point():
+                    raise ProtocolError("gradient does not match the activations sent")
+                grad = tensors[0].float()
+                if not bool(torch.isfinite(grad).all()):
+                    raise ProtocolError("non-finite gradient")
+                self.chooser.report_success(peer)
+                return grad, float(header.get("loss", float("nan")))
+            except PeerRefused as exc:
+                tried.add(peer)
+                log.debug("stage-%d peer %s refused: %s", next_stage, short_id(peer), exc)
+            except PeerError as exc:
+                tried.add(peer)
+                ban = self.chooser.report_failure(peer)
+                log.info("stage-%d peer %s failed (%s); banned for %.0fs", next_stage, short_id(peer), exc, ban)
+            finally:
+                self.chooser.finished(peer)
+
+    async def _handle_forward(self, remote: str, request: bytes) -> bytes:
+        """Activations + targets in; gradient wrt those activations + loss out."""
+        if self._stop.is_set() or self._queue >= self.config.max_queue:
+            return encode_frame({"ok": False, "error": "busy"})
+        self._queue += 1
+        try:
+            header, tensors = await self.compute(decode_frame, request, self.frame_limits)
+            hidden, targets = self._check_forward(header, tensors)
+            started = time.perf_counter()
+            budget = min(float(header.get("deadline_s", self.config.hop_timeout_s)), self.config.hop_timeout_s)
+            if self.worker.is_last:
+                loss, grad, due = await self.compute(_last_stage_step, self.worker, hidden, targets)
+            else:
+                out = await self.compute(self.worker.forward, hidden)
+                grad_out, loss = await self._send_downstream(out, targets, budget * 0.9)
+                grad, due = await self.compute(_backward_step, self.worker, hidden, grad_out)
+            self._throughput = throughput_ema(self._throughput, len(hidden), time.perf_counter() - started)
+            self.stats.microbatches_done += 1
+            self._note_round_due(due)
+            return await self.compute(encode_frame, {"ok": True, "loss": loss},
+                                      [grad.to(_wire(self.config.activation_wire))])
+        except ProtocolError as exc:
+            self._ignore_once(remote, f"bad forward request ({exc})")
+            return encode_frame({"ok": False, "error": f"protocol: {exc}"[:200]})
+        except (PeerError, NotEnoughPeers, TimeoutError) as exc:
+            self.stats.microbatches_lost += 1
+            return encode_frame({"ok": False, "error": f"downstream: {exc}"[:200]})
+        finally:
+            self._queue -= 1
+
+    def _check_forward(self, header: dict, tensors: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        if header.get("kind") != "fwd" or header.get("spec") != self.spec_hash:
+            raise ProtocolError("not a forward request of this run")
+        if len(tensors) != 2:
+            raise ProtocolError("forward request needs activations and targets")
+        hidden, targets = tensors
+        batch, seq = targets.shape if targets.dim() == 2 else (-1, -1)
+        hidden_size = self.worker.model_config.hidden_size
+        if (hidden.shape != (batch, seq, hidden_size) or not 0 < batch <= 4 * self.spec.batch_size
+                or not 0 < seq <= self.spec.seq_len or not hidden.is_floating_point()
+                or targets.dtype not in (torch.int32, torch.int64)):
+            raise ProtocolError(f"shapes {tuple(hidden.shape)}/{tuple(targets.shape)} do not fit this stage")
+        if not bool(torch.isfinite(hidden).all()):
+            raise ProtocolError("non-finite activations")
+        if int(targets.min()) < 0 or int(targets.max()) >= self.worker.model_config.vocab_size:
+            raise ProtocolError("target ids out of the vocabulary")
+        return hidden.float(), targets.long()
+
+    async def _after_accumulate(self) -> None:
+        _, due = await self.compute(_maybe_step, self.worker)
+        self._note_round_due(due)
+
+    def _note_round_due(self, due: bool) -> None:
+        if due and self._round_idle.is_set():
+            self._round_idle.clear()
+            self._round_due.set()
+
+    # -- outer rounds --------------------------------------------------------------
+    async def _outer_loop(self) -> None:
+        if self.worker.slow is None:
+            return
+        while True:
+            await self._round_due.wait()
+            self._round_due.clear()
+            try:
+                await self._outer_round()
+            finally:
+                self._round_idle.set()
+            # gradients that arrived during the round may complete a step now
+            await self._after_accumulate()
+
+    async def _outer_round(self) -> None:
+        round_no = self.worker.outer_round
+        own = await self.compute(self.worker.outer_payload, self.config.outer_wire)
+        header = {"kind": "outer", "spec": self.spec_hash, "round": round_no, "ok": True}
+        self._outer_reply = await self.compute(encode_frame, header, own[0] + own[1])
+        await self._heartbeat()  # announce `seeking` now rather than at the next beat
+        started = time.monotonic()
+        result = await self.pairing.run_round(
+            round_no, self._outer_reply,
+            candidates=lambda: [(p, r.seeking) for p, r in self.live_peers(self.stage).items()
+                                if not self.chooser.is_banned(p)],
+            send=self._send_outer, on_peer_failure=self.chooser.report_failure)
+        self._outer_reply = None
+        other = result.payload if result is not None else None
+        await self.compute(self.worker.apply_outer, own, other)
+        if result is None:
+            self.stats.local_only_rounds += 1
+            log.info("round %d: no partner within %.0fs, local-only step", round_no, self.config.round_timeout_s)
+        else:
+            self.stats.rounds_with_partner += 1
+            self.stats.partners.append(result.partner)
+            log.info("round %d: averaged with %s in %.2fs", round_no, short_id(result.partner),
+                     time.monotonic() - started)
+        await self._heartbeat()
+
+    async def _send_outer(self, peer: str, payload: bytes, timeout_s: float):
+        raw = await self.transport.request(peer, protocols.OUTER, payload, timeout_s=timeout_s,
+                                           max_response_bytes=self.outer_limits.max_payload_bytes + (1 << 16))
+        header, tensors = await self.compute(decode_frame, raw, self.outer_limits)
+        if not header.get("ok"):
+            raise Refused(str(header.get("error", "refused")))
+        return await self._check_outer(header, tensors)
+
+    async def _check_outer(self, header: dict, tensors: list[torch.Tensor]):
+        if header.get("kind") != "outer" or header.get("spec") != self.spec_hash:
+            raise ProtocolError("not an outer exchange of this run")
+        problem = await self.compute(self.worker.check_partner_tensors, tensors)
+        if problem:
+            raise ProtocolError(problem)
+        n = len(self.worker.params)
+        return tensors[:n], tensors[n:]
+
+    async def _handle_outer(self, remote: str, request: bytes) -> bytes:
+        try:
+            header, tensors = await self.compute(decode_frame, request, self.outer_limits)
+            partner_payload = await self._check_outer(header, tensors)
+            return self.pairing.on_request(remote, partner_payload)
+        except Refused as exc:
+            return encode_frame({"ok": False, "error": str(exc)})
+        except ProtocolError as exc:
+            self._ignore_once(remote, f"bad outer exchange ({exc})")
+            self.chooser.report_failure(remote)
+            return encode_frame({"ok": False, "error": "protocol"})
+
+    # -- state transfer for late joiners --------------------------------------------
+    async def _handle_state(self, remote: str, request: bytes) -> bytes:
+        """Chunk ``chunk`` of snapshot ``snapshot`` (a new snapshot when null)."""
+        try:
+            header, _ = decode_frame(request, FrameLimits(max_payload_bytes=0))
+            if header.get("kind") != "state" or header.get("spec") != self.spec_hash:
+                raise ProtocolError("not a state request of this run")
+            now = time.monotonic()
+            self._snapshots = {k: v for k, v in self._snapshots.items() if now - v[0] < SNAPSHOT_TTL_S}
+            snap_id = header.get("snapshot")
+            if snap_id is None:
+                if len(self._snapshots) >= 4:
+                    return encode_frame({"ok": False, "error": "busy"})
+                snapshot = await self.compute(self.worker.snapshot)
+                snap_id = snapshot["digest"]
+                self._snapshots[snap_id] = (now, snapshot)
+                self.stats.served_digests.append(snap_id)
+                log.info("serving state (step %d, digest %s) to %s", snapshot["inner_step"], snap_id, short_id(remote))
+            elif snap_id not in self._snapshots:
+                return encode_frame({"ok": False, "error": "snapshot expired"})
+            snapshot = self._snapshots[snap_id][1]
+            chunks = _chunk_indices(snapshot["tensors"])
+            index = header.get("chunk", 0)
+            if type(index) is not int or not 0 <= index < len(chunks):
+                raise ProtocolError("bad chunk index")
+            meta = {"ok": True, "snapshot": snap_id, "chunk": index, "num_chunks": len(chunks),
+                    "inner_step": snapshot["inner_step"], "outer_round": snapshot["outer_round"],
+                    "num_tensors": len(snapshot["tensors"])}
+            return await self.compute(encode_frame, meta, [snapshot["tensors"][i] for i in chunks[index]])
+        except ProtocolError as exc:
+            self._ignore_once(remote, f"bad state request ({exc})")
+            return encode_frame({"ok": False, "error": "protocol"})
+
+    async def _download_state(self) -> None:
+        donors = sorted(((r.inner_step, p) for p, r in self.live_peers(self.stage).items() if r.inner_step > 0),
+                        reverse=True)
+        if not donors:
+            return
+        for _, donor in donors[:3]:
+            try:
+                async with asyncio.timeout(self.config.state_download_timeout_s):
+                    await self._download_from(donor)
+                return
+            except (PeerError, TimeoutError, ValueError) as exc:
+                log.warning("state download from %s failed (%s); trying another donor", short_id(donor), exc)
+        log.warning("could not download state from any donor; starting from the run's initial weights")
+
+    async def _download_from(self, donor: str) -> None:
+        from tqdm import tqdm
+
+        limits = FrameLimits(max_payload_bytes=STATE_CHUNK_BYTES * 4)
+        snap_id, chunk, num_chunks, tensors, meta = None, 0, 1, [], {}
+        bar = tqdm(desc=f"state from {short_id(donor)}", unit="chunk", disable=not self.config.progress)
+        try:
+            while chunk < num_chunks:
+                request = encode_frame({"kind": "state", "spec": self.spec_hash, "snapshot": snap_id,
+                                        "chunk": chunk})
+                raw = await self.transport.request(donor, protocols.STATE, request, timeout_s=30.0,
+                                                   max_response_bytes=limits.max_payload_bytes + (1 << 16))
+                meta, part = await self.compute(decode_frame, raw, limits)
+                if not meta.get("ok"):
+                    raise PeerRefused(str(meta.get("error")))
+                snap_id, num_chunks = meta["snapshot"], int(meta["num_chunks"])
+                tensors.extend(part)
+                chunk += 1
+                bar.total = num_chunks
+                bar.update(1)
+        finally:
+            bar.close()
+        digest = await self.compute(tensor_digest, tensors)
+        if digest != snap_id:
+            raise ProtocolError(f"state digest {digest} does not match the donor's {snap_id}")
+        await self.compute(self.worker.load_snapshot, int(meta["inner_step"]), int(meta["outer_round"]), tensors)
+        self.stats.downloaded_from = donor
+        self.stats.downloaded_digest = digest
+        log.info("downloaded state from %s: step %d, round %d, digest %s", short_id(donor), meta["inner_step"],
+                 meta["outer_round"], digest)
+
+
+def _last_stage_step(worker: StageWorker, hidden, targets, token_inputs=None):
+    """On the compute thread: loss, backward and (when due) the inner step, as one unit."""
+    loss, grad = worker.forward_backward_last(hidden, targets, token_inputs)
+    _, due = _maybe_step(worker)
+    return loss, grad, due
+
+
+def _backward_step(worker: StageWorker, inputs, grad_output):
+    grad = worker.backward(inputs, grad_output)
+    _, due = _maybe_step(worker)
+    return grad, due
+
+
+def _maybe_step(worker: StageWorker) -> tuple[bool, bool]:
+    """On the compute thread: step if enough samples are in and no outer round is
+    pending; report whether a round is now due. Checking both in one call keeps two
+    queued calls from stepping past a round boundary."""
+    stepped = False
+    if not worker.outer_round_due() and worker.ready_to_step():
+        worker.step()
+        stepped = True
+    return stepped, worker.outer_round_due()
+
+
+def _chunk_indices(tensors: list[torch.Tensor]) -> list[list[int]]:
+    chunks, current, size = [], [], 0
+    for i, t in enumerate(tensors):
+        nbytes = t.numel() * t.element_size()
+        if current and size + nbytes > STATE_CHUNK_BYTES:
+            chunks.append(current)
+            current, size = [], 0
+        current.append(i)
+        size += nbytes
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def _shard_of(peer_id: str, num_shards: int) -> int:
+    import hashlib
+
+    return int.from_bytes(hashlib.sha256(peer_id.encode()).digest()[:8], "little") % num_shards
+
+
+def _wire(name: str) -> torch.dtype:
+    return {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[name]

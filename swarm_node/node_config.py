@@ -1,0 +1,39 @@
+"""Peer-local settings of a node: not shared, not hashed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    initial_peers: tuple[str, ...] = ()
+    host_maddrs: tuple[str, ...] = ("/ip4/127.0.0.1/tcp/0",)
+    announce_maddrs: tuple[str, ...] = ()
+    identity_path: str | None = None
+    client_mode: bool = False
+    stage: int | None = None  # None: choose automatically
+    device: str = "cpu"
+    data_shard: tuple[int, int] | None = None  # (shard id, shard count); default: from the peer id
+    max_steps: int | None = None  # stop after this many inner steps (stage 0 drives the run)
+    run_dir: Path | None = None  # where the summary and final weights are written
+    activation_wire: str = "fp16"  # activations and gradients between stages
+    outer_wire: str = "fp16"  # phi and Delta in outer rounds
+    max_in_flight: int = 4  # stage 0: micro-batches in the pipeline at once
+    max_queue: int = 32  # micro-batches a node accepts at once before answering busy
+    hop_timeout_s: float = 30.0  # deadline of one micro-batch through the rest of the pipeline
+    hop_retries: int = 3
+    round_timeout_s: float = 20.0  # how long to seek a partner before the local-only step
+    exchange_timeout_s: float = 30.0
+    heartbeat_s: float = 2.0
+    record_ttl_s: float = 15.0
+    registry_poll_s: float = 1.0
+    state_download_timeout_s: float = 120.0
+    startup_timeout_s: float = 60.0
+    download_state: bool = True
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.heartbeat_s * 3 > self.record_ttl_s:
+            raise ValueError("heartbeat_s must be well inside record_ttl_s (at most a third)")
