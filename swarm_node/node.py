@@ -27,7 +27,8 @@ from swarm_node import __version__
 from swarm_node.data.dataset import TokenWindows, load_windows
 from swarm_node.data.shards import ShardedBatches
 from swarm_node.errors import NotEnoughPeers, PeerError, PeerRefused, ProtocolError, SwarmError
-from swarm_node.gossip.pairing import PairingCoordinator, Refused
+from swarm_node.gossip.group import GroupRound
+from swarm_node.gossip.pairing import PairingCoordinator, PairResult, Refused
 from swarm_node.net import protocols
 from swarm_node.net.dht import SwarmDHT
 from swarm_node.net.transport import ServeLimits, Transport, short_id
@@ -69,14 +70,19 @@ class Node:
         self.spec_hash = spec.spec_hash()
         self.stats = NodeStats()
         self.chooser = PeerChooser()
-        self.pairing = PairingCoordinator(round_timeout_s=config.round_timeout_s,
-                                          request_timeout_s=config.exchange_timeout_s)
+        if spec.method.name == "diloco":  # every live peer of the stage
+            self.pairing = GroupRound(round_timeout_s=config.round_timeout_s,
+                                      request_timeout_s=config.exchange_timeout_s)
+        else:  # NoLoCo: one random partner
+            self.pairing = PairingCoordinator(round_timeout_s=config.round_timeout_s,
+                                              request_timeout_s=config.exchange_timeout_s)
         self.peers: dict[int, dict[str, PeerRecord]] = {}
         self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compute")
         self._stop = asyncio.Event()
         self._round_due = asyncio.Event()
         self._round_idle = asyncio.Event()
         self._round_idle.set()
+        self._round_requested = False  # the current round was started by a waiting partner
         self._queue = 0
         self._in_flight = 0
         self._throughput = 0.0
@@ -287,22 +293,30 @@ class Node:
         loader = ShardedBatches(self.data, batch_size=self.spec.batch_size, seed=self.spec.seed,
                                 shard_id=shard_id % num_shards, num_shards=num_shards)
         slots = asyncio.Semaphore(self.config.max_in_flight)
-        async with asyncio.TaskGroup() as tg:
-            while not self._done():
-                await self._round_idle.wait()
-                await slots.acquire()
-                if self._done():
-                    slots.release()
-                    break
-                inputs, targets = await self.compute(loader.next_batch)
-                self._in_flight += 1
-                tg.create_task(self._run_microbatch(inputs, targets, slots))
+        # Micro-batches that finish during an outer round merge into one step, so after
+        # draining the pipeline top up until the step count is really reached.
+        while not self._reached_max_steps():
+            async with asyncio.TaskGroup() as tg:
+                while not self._done():
+                    await self._round_idle.wait()
+                    await slots.acquire()
+                    if self._done():
+                        slots.release()
+                        break
+                    inputs, targets = await self.compute(loader.next_batch)
+                    self._in_flight += 1
+                    tg.create_task(self._run_microbatch(inputs, targets, slots))
+            await self._round_idle.wait()
         log.info("node %s finished %d inner steps", short_id(self.peer_id), self.worker.inner_step)
         self._state = "finished"
         await self._heartbeat()
         while self.pairing.state.value != "idle" or not self._round_idle.is_set():
             await asyncio.sleep(0.05)
         self.stop()
+
+    def _reached_max_steps(self) -> bool:
+        limit = self.config.max_steps
+        return self._stop.is_set() or (limit is not None and self.worker.inner_step >= limit)
 
     def _done(self) -> bool:
         """Stage 0 has issued enough micro-batches for max_steps (counting those in flight)."""
@@ -462,23 +476,49 @@ class Node:
         self._outer_reply = await self.compute(encode_frame, header, own[0] + own[1])
         await self._heartbeat()  # announce `seeking` now rather than at the next beat
         started = time.monotonic()
-        result = await self.pairing.run_round(
-            round_no, self._outer_reply,
-            candidates=lambda: [(p, r.seeking) for p, r in self.live_peers(self.stage).items()
-                                if not self.chooser.is_banned(p)],
-            send=self._send_outer, on_peer_failure=self.chooser.report_failure)
+        live = lambda: [p for p in self.live_peers(self.stage) if not self.chooser.is_banned(p)]  # noqa: E731
+        if isinstance(self.pairing, GroupRound):
+            gathered = await self.pairing.run_round(round_no, self._outer_reply, members=live,
+                                                    send=self._send_outer, on_peer_failure=self.chooser.report_failure,
+                                                    expect_request=self._round_requested)
+            partners = list(gathered)
+            others = list(gathered.values())
+        else:
+            result: PairResult | None = await self.pairing.run_round(
+                round_no, self._outer_reply,
+                candidates=lambda: [(p, self.peers[self.stage][p].seeking) for p in live()],
+                send=self._send_outer, on_peer_failure=self.chooser.report_failure,
+                expect_request=self._round_requested)
+            partners = [result.partner] if result else []
+            others = [result.payload] if result else []
         self._outer_reply = None
-        other = result.payload if result is not None else None
-        await self.compute(self.worker.apply_outer, own, other)
-        if result is None:
+        self._round_requested = False
+        await self.compute(self.worker.apply_outer, own, others)
+        if not others:
             self.stats.local_only_rounds += 1
-            log.info("round %d: no partner within %.0fs, local-only step", round_no, self.config.round_timeout_s)
+            log.info("round %d: no partner found in %.1fs, local-only step", round_no, time.monotonic() - started)
         else:
             self.stats.rounds_with_partner += 1
-            self.stats.partners.append(result.partner)
-            log.info("round %d: averaged with %s in %.2fs", round_no, short_id(result.partner),
+            self.stats.partners.extend(partners)
+            log.info("round %d: averaged with %s in %.2fs", round_no, ", ".join(short_id(p) for p in partners),
                      time.monotonic() - started)
         await self._heartbeat()
+
+    async def _maybe_round_early(self) -> None:
+        """A partner is at its boundary and we are past half of our round: start our
+        round now (steps stop at once), and let the request in when we are seeking."""
+        if not self._round_idle.is_set() or self._stop.is_set():
+            return
+        if not await self.compute(_force_round_if_ready, self.worker):
+            return
+        self._round_requested = True
+        self._round_idle.clear()
+        self._round_due.set()
+        try:
+            async with asyncio.timeout(5.0):
+                await self.pairing.seeking.wait()
+        except TimeoutError:
+            pass
 
     async def _send_outer(self, peer: str, payload: bytes, timeout_s: float):
         raw = await self.transport.request(peer, protocols.OUTER, payload, timeout_s=timeout_s,
@@ -501,6 +541,8 @@ class Node:
         try:
             header, tensors = await self.compute(decode_frame, request, self.outer_limits)
             partner_payload = await self._check_outer(header, tensors)
+            if self.pairing.state.value == "idle":
+                await self._maybe_round_early()
             return self.pairing.on_request(remote, partner_payload)
         except Refused as exc:
             return encode_frame({"ok": False, "error": str(exc)})
@@ -536,7 +578,7 @@ class Node:
                 raise ProtocolError("bad chunk index")
             meta = {"ok": True, "snapshot": snap_id, "chunk": index, "num_chunks": len(chunks),
                     "inner_step": snapshot["inner_step"], "outer_round": snapshot["outer_round"],
-                    "num_tensors": len(snapshot["tensors"])}
+                    "last_round_step": snapshot["last_round_step"], "num_tensors": len(snapshot["tensors"])}
             return await self.compute(encode_frame, meta, [snapshot["tensors"][i] for i in chunks[index]])
         except ProtocolError as exc:
             self._ignore_once(remote, f"bad state request ({exc})")
@@ -581,7 +623,8 @@ class Node:
         digest = await self.compute(tensor_digest, tensors)
         if digest != snap_id:
             raise ProtocolError(f"state digest {digest} does not match the donor's {snap_id}")
-        await self.compute(self.worker.load_snapshot, int(meta["inner_step"]), int(meta["outer_round"]), tensors)
+        await self.compute(self.worker.load_snapshot, int(meta["inner_step"]), int(meta["outer_round"]), tensors,
+                           int(meta.get("last_round_step", meta["inner_step"])))
         self.stats.downloaded_from = donor
         self.stats.downloaded_digest = digest
         log.info("downloaded state from %s: step %d, round %d, digest %s", short_id(donor), meta["inner_step"],
@@ -599,6 +642,13 @@ def _backward_step(worker: StageWorker, inputs, grad_output):
     grad = worker.backward(inputs, grad_output)
     _, due = _maybe_step(worker)
     return grad, due
+
+
+def _force_round_if_ready(worker: StageWorker) -> bool:
+    if worker.outer_round_due() or not worker.can_round_early():
+        return False
+    worker.force_round()
+    return True
 
 
 def _maybe_step(worker: StageWorker) -> tuple[bool, bool]:

@@ -15,7 +15,12 @@ The rule (symmetric, tolerant of joins, leaves and odd counts):
    both get ``busy`` and the random back-off separates them.
 5. At the round deadline a node that found nobody takes the local-only step. An odd
    node out therefore loses at most one deadline, and a node whose partner died
-   mid-exchange loses at most its request's timeout.
+   mid-exchange loses at most its request's timeout. A node with no live peer at all
+   takes the local-only step at once.
+6. (In the node) a peer that is not at its boundary but is past half of its round
+   accepts a request by taking its round early. Without this, two nodes whose
+   boundaries fall at alternating times would each wait out the deadline while the
+   other trains, and never meet.
 
 The coordinator does not do I/O itself: it is given ``send(peer, payload)`` and
 ``candidates()`` so it can run in-process under test.
@@ -32,9 +37,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from swarm_node.errors import PeerError
+from swarm_node.errors import PeerError, PeerTimeout
 
 log = logging.getLogger(__name__)
+
+MIN_REQUEST_S = 0.25  # do not start an exchange that could not finish anyway
 
 
 class PairState(enum.Enum):
@@ -63,6 +70,7 @@ class PairingCoordinator:
         self.rng = rng or random.Random()
         self.state = PairState.IDLE
         self.round = -1
+        self.seeking = asyncio.Event()  # set while a round is open for requests
         self._own_payload: Any = None
         self._accepted: PairResult | None = None
         self._accepted_event = asyncio.Event()
@@ -79,15 +87,21 @@ class PairingCoordinator:
     async def run_round(self, round_no: int, own_payload: Any,
                         candidates: Callable[[], list[tuple[str, bool]]],
                         send: Callable[[str, Any, float], Awaitable[Any]],
-                        on_peer_failure: Callable[[str], None] = lambda peer: None) -> PairResult | None:
+                        on_peer_failure: Callable[[str], None] = lambda peer: None,
+                        expect_request: bool = False) -> PairResult | None:
         """Seek a partner until the deadline. ``candidates()`` lists (peer, is_seeking);
         ``send(peer, payload, timeout)`` returns the partner's payload or raises
-        Refused / PeerError."""
+        Refused / PeerError. ``expect_request``: a peer is already waiting to pair with
+        us, so seek even if no candidate is known yet."""
         self.round = round_no
         self._own_payload = own_payload
         self._accepted = None
         self._accepted_event.clear()
+        if not expect_request and not candidates():
+            self._own_payload = None
+            return None
         self.state = PairState.SEEKING
+        self.seeking.set()
         deadline = time.monotonic() + self.round_timeout_s
         try:
             while True:
@@ -96,14 +110,19 @@ class PairingCoordinator:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return None
-                peer = self._pick(candidates())
+                peer = self._pick(candidates()) if remaining >= MIN_REQUEST_S else None
                 if peer is not None:
                     self.state = PairState.EXCHANGING
+                    timeout = min(self.request_timeout_s, remaining)
                     try:
-                        reply = await send(peer, own_payload, min(self.request_timeout_s, remaining))
+                        reply = await send(peer, own_payload, timeout)
                         return PairResult(peer, reply, initiated=True)
                     except Refused:
                         pass
+                    except PeerTimeout as exc:
+                        if timeout >= self.request_timeout_s:  # cut short by our own deadline: not its fault
+                            log.info("round %d: partner %s timed out: %s", round_no, peer[-6:], exc)
+                            on_peer_failure(peer)
                     except PeerError as exc:
                         log.info("round %d: partner %s failed: %s", round_no, peer[-6:], exc)
                         on_peer_failure(peer)
@@ -117,6 +136,7 @@ class PairingCoordinator:
                     pass
         finally:
             self.state = PairState.IDLE
+            self.seeking.clear()
             self._own_payload = None
 
     def _pick(self, candidates: list[tuple[str, bool]]) -> str | None:

@@ -39,6 +39,8 @@ class StageWorker:
         self.inner = InnerOptimizer(self.params, spec.inner)
         self.slow = SlowWeights(self.params, spec.method.outer) if spec.method.has_outer_step else None
         self.outer_round = 0
+        self.last_round_step = 0  # inner step at which the last outer round was applied
+        self.round_forced = False  # a partner asked us to take this round early
         self.pending_samples = 0
         self.pending_microbatches = 0
         self.loss_ema: float | None = None
@@ -121,7 +123,17 @@ class StageWorker:
         return self.inner.step_count
 
     def outer_round_due(self) -> bool:
-        return self.slow is not None and self.inner_step >= (self.outer_round + 1) * self.spec.method.inner_steps
+        if self.slow is None:
+            return False
+        return self.round_forced or self.inner_step - self.last_round_step >= self.spec.method.inner_steps
+
+    def can_round_early(self) -> bool:
+        """Past half of this round: joining a partner's round now keeps the pair in
+        phase, instead of both waiting out deadlines at alternating boundaries."""
+        return self.slow is not None and self.inner_step - self.last_round_step >= self.spec.method.inner_steps // 2
+
+    def force_round(self) -> None:
+        self.round_forced = True
 
     # -- the outer step -------------------------------------------------------------
     @torch.no_grad()
@@ -134,18 +146,20 @@ class StageWorker:
         return phi, delta
 
     @torch.no_grad()
-    def apply_outer(self, own: tuple[list, list], other: tuple[list, list] | None) -> None:
-        """Outer step with a partner's (phi, Delta), or the local-only step."""
-        if other is None:
+    def apply_outer(self, own: tuple[list, list], others: list[tuple[list, list]]) -> None:
+        """Outer step over our group: partners' (phi, Delta) as received; an empty list
+        is the local-only step."""
+        if not others:
             self.slow.apply([self.slow.phi], [self.slow.deltas()])
         else:
-            # Group means come from the wire values, which both partners hold identically;
+            # Group means come from the wire values, which every member holds identically;
             # the gamma pull acts on our exact phi (outer_update's first argument).
-            own_phi, own_delta = own
-            other_phi, other_delta = other
-            self.slow.apply([[t.float() for t in own_phi], [t.float() for t in other_phi]],
-                            [[t.float() for t in own_delta], [t.float() for t in other_delta]])
+            members = [own, *others]
+            self.slow.apply([[t.float() for t in phi] for phi, _ in members],
+                            [[t.float() for t in delta] for _, delta in members])
         self.outer_round += 1
+        self.last_round_step = self.inner_step
+        self.round_forced = False
 
     def check_partner_tensors(self, tensors: list[torch.Tensor]) -> str | None:
         """Why a partner's (phi, Delta) list is unusable, or None when it fits this stage."""
@@ -166,11 +180,13 @@ class StageWorker:
         phi = [t.cpu().clone() for t in self.slow.phi] if self.slow else []
         momentum = [t.cpu().clone() for t in self.slow.momentum] if self.slow else []
         tensors = theta + phi + momentum
-        return {"inner_step": self.inner_step, "outer_round": self.outer_round, "tensors": tensors,
+        return {"inner_step": self.inner_step, "outer_round": self.outer_round,
+                "last_round_step": self.last_round_step, "tensors": tensors,
                 "digest": tensor_digest(tensors)}
 
     @torch.no_grad()
-    def load_snapshot(self, inner_step: int, outer_round: int, tensors: list[torch.Tensor]) -> None:
+    def load_snapshot(self, inner_step: int, outer_round: int, tensors: list[torch.Tensor],
+                      last_round_step: int | None = None) -> None:
         n = len(self.params)
         groups = 3 if self.slow else 1
         if len(tensors) != groups * n:
@@ -184,6 +200,7 @@ class StageWorker:
                                        "momentum": [t.to(self.device) for t in tensors[2 * n:]]})
         self.inner.step_count = inner_step
         self.outer_round = outer_round
+        self.last_round_step = inner_step if last_round_step is None else min(last_round_step, inner_step)
 
     def theta_digest(self) -> str:
         return tensor_digest([p.detach().float().cpu() for p in self.params])

@@ -69,3 +69,40 @@ def test_refuses_when_not_seeking():
     node = PairingCoordinator(round_timeout_s=1, request_timeout_s=1)
     with pytest.raises(Refused, match="not-ready"):
         node.on_request("x", None)
+
+
+async def run_group(n: int, seed: int, dead: set[str] = frozenset()):
+    from swarm_node.gossip.group import GroupRound
+
+    rng = random.Random(seed)
+    names = [f"peer{i}" for i in range(n)]
+    nodes = {name: GroupRound(round_timeout_s=1.0, request_timeout_s=0.3, backoff_s=(0.001, 0.01),
+                              rng=random.Random(rng.random())) for name in names}
+
+    async def send_from(sender, peer, payload, timeout):
+        await asyncio.sleep(rng.uniform(0, 0.003))
+        if peer in dead:
+            raise PeerTimeout("dead")
+        return nodes[peer].on_request(sender, payload)
+
+    async def one(name):
+        await asyncio.sleep(rng.uniform(0, 0.05))  # members reach the boundary at different times
+        return await nodes[name].run_round(0, f"payload-of-{name}",
+                                           members=lambda: [p for p in names if p != name],
+                                           send=lambda peer, payload, t: send_from(name, peer, payload, t))
+
+    live = [name for name in names if name not in dead]
+    return dict(zip(live, await asyncio.gather(*(one(name) for name in live))))
+
+
+@pytest.mark.parametrize("n", [2, 3, 6])
+def test_group_round_gathers_every_members_contribution(n):
+    results = asyncio.run(run_group(n, seed=n))
+    for name, gathered in results.items():
+        assert set(gathered) == {p for p in results if p != name}
+        assert all(payload == f"payload-of-{peer}" for peer, payload in gathered.items())
+
+
+def test_group_round_goes_on_without_a_dead_member():
+    results = asyncio.run(run_group(4, seed=9, dead={"peer0"}))
+    assert all(set(g) == {p for p in results if p != name} for name, g in results.items())

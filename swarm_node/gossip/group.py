@@ -1,0 +1,92 @@
+"""DiLoCo's outer round without a central coordinator: every live peer of the stage
+contributes (phi, Delta) and every node averages over all contributions it holds.
+
+Each exchange is symmetric (a request carries the sender's payload, the answer the
+receiver's), so one successful call between two nodes gives both of them each other's
+contribution. A node keeps calling the live peers whose contribution it lacks until it
+holds everyone's or the round deadline passes; peers that are not at their boundary
+yet answer ``not-ready`` and are asked again. This is the all-reduce's global barrier
+that NoLoCo avoids: the round lasts as long as its slowest member."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from swarm_node.errors import PeerError
+from swarm_node.gossip.pairing import PairState, Refused
+
+log = logging.getLogger(__name__)
+
+
+class GroupRound:
+    def __init__(self, *, round_timeout_s: float, request_timeout_s: float, max_parallel: int = 4,
+                 backoff_s: tuple[float, float] = (0.05, 0.3), rng: random.Random | None = None):
+        self.round_timeout_s = round_timeout_s
+        self.request_timeout_s = request_timeout_s
+        self.max_parallel = max_parallel
+        self.backoff_s = backoff_s
+        self.rng = rng or random.Random()
+        self.state = PairState.IDLE
+        self.seeking = asyncio.Event()  # set while a round is open for requests
+        self._own_payload: Any = None
+        self.received: dict[str, Any] = {}
+        self._changed = asyncio.Event()
+
+    def on_request(self, remote: str, payload: Any) -> Any:
+        if self.state is PairState.IDLE:
+            raise Refused("not-ready")
+        self.received[remote] = payload
+        self._changed.set()
+        return self._own_payload
+
+    async def run_round(self, round_no: int, own_payload: Any, members: Callable[[], list[str]],
+                        send: Callable[[str, Any, float], Awaitable[Any]],
+                        on_peer_failure: Callable[[str], None] = lambda peer: None,
+                        expect_request: bool = False) -> dict[str, Any]:
+        """Returns the contributions gathered (peer -> payload), ours excluded."""
+        self._own_payload = own_payload
+        self.received = {}
+        self.state = PairState.SEEKING
+        self.seeking.set()
+        deadline = time.monotonic() + self.round_timeout_s
+        gate = asyncio.Semaphore(self.max_parallel)
+
+        async def ask(peer: str) -> None:
+            async with gate:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or peer in self.received:
+                    return
+                try:
+                    self.received[peer] = await send(peer, own_payload, min(self.request_timeout_s, remaining))
+                    self._changed.set()
+                except Refused:
+                    pass
+                except PeerError as exc:
+                    log.info("round %d: %s failed: %s", round_no, peer[-6:], exc)
+                    on_peer_failure(peer)
+
+        try:
+            while True:
+                missing = [p for p in members() if p not in self.received]
+                if not missing or time.monotonic() >= deadline:
+                    return dict(self.received)
+                self._changed.clear()
+                async with asyncio.TaskGroup() as tg:
+                    for peer in missing:
+                        tg.create_task(ask(peer))
+                if all(p in self.received for p in members()):
+                    continue
+                pause = min(self.rng.uniform(*self.backoff_s), max(0.0, deadline - time.monotonic()))
+                try:
+                    await asyncio.wait_for(self._changed.wait(), timeout=pause)
+                except TimeoutError:
+                    pass
+        finally:
+            self.state = PairState.IDLE
+            self.seeking.clear()
+            self._own_payload = None
