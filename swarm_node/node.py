@@ -19,7 +19,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from functools import partial
-from pathlib import Path
 
 import torch
 
@@ -153,6 +152,7 @@ class Node:
         log.info("node %s: stage %d of %d, %d parameters, run %s (spec %s)", short_id(self.peer_id), self.stage,
                  self.spec.num_stages, sum(p.numel() for p in self.worker.params), self.spec.run_id,
                  self.spec_hash)
+        log.info("others can join through this node with --initial-peers %s", " ".join(self.dht.visible_maddrs()))
         if cfg.download_state:
             await self._download_state()
         await self._serve()

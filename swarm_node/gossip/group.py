@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from swarm_node.errors import PeerError
-from swarm_node.gossip.pairing import PairState, Refused
+from swarm_node.gossip.pairing import PairState, Refused, backoff
 
 log = logging.getLogger(__name__)
 
@@ -81,11 +81,7 @@ class GroupRound:
                         tg.create_task(ask(peer))
                 if all(p in self.received for p in members()):
                     continue
-                pause = min(self.rng.uniform(*self.backoff_s), max(0.0, deadline - time.monotonic()))
-                try:
-                    await asyncio.wait_for(self._changed.wait(), timeout=pause)
-                except TimeoutError:
-                    pass
+                await backoff(self._changed, self.rng, self.backoff_s, deadline)
         finally:
             self.state = PairState.IDLE
             self.seeking.clear()

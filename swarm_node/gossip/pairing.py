@@ -61,6 +61,16 @@ class Refused(Exception):
     """The peer answered but would not pair now (busy or not ready)."""
 
 
+async def backoff(wake: asyncio.Event, rng: random.Random, bounds_s: tuple[float, float], deadline: float) -> None:
+    """A random pause before the next attempt, cut short when ``wake`` is set or the
+    round deadline comes."""
+    pause = min(rng.uniform(*bounds_s), max(0.0, deadline - time.monotonic()))
+    try:
+        await asyncio.wait_for(wake.wait(), timeout=pause)
+    except TimeoutError:
+        pass
+
+
 class PairingCoordinator:
     def __init__(self, *, round_timeout_s: float, request_timeout_s: float,
                  backoff_s: tuple[float, float] = (0.05, 0.3), rng: random.Random | None = None):
@@ -129,11 +139,7 @@ class PairingCoordinator:
                     self.state = PairState.SEEKING
                 if self._accepted is not None:
                     return self._accepted
-                pause = min(self.rng.uniform(*self.backoff_s), max(0.0, deadline - time.monotonic()))
-                try:
-                    await asyncio.wait_for(self._accepted_event.wait(), timeout=pause)
-                except TimeoutError:
-                    pass
+                await backoff(self._accepted_event, self.rng, self.backoff_s, deadline)
         finally:
             self.state = PairState.IDLE
             self.seeking.clear()

@@ -3,6 +3,9 @@ length-prefixed frame each way.
 
     frame := u64 length (big endian) | bytes
 
+An empty answer frame means "busy" (the server is at its stream cap): the caller gets
+PeerRefused and tries another peer without banning this one.
+
 The caller owns the deadline of every call; the server caps the request size before
 reading it, the number of concurrent streams overall and per peer, and the time a
 handler may take. Peer ids passed around are base58 strings (authenticated by the
@@ -74,6 +77,8 @@ class Transport:
                 self.bytes_sent += len(payload) + LENGTH_BYTES
                 response = await read_frame(reader, max_response_bytes)
                 self.bytes_received += len(response) + LENGTH_BYTES
+                if not response:
+                    raise PeerRefused(f"{short_id(peer_id)} is busy")
                 return response
         except TimeoutError:
             raise PeerTimeout(f"{protocol} to {short_id(peer_id)} timed out after {timeout_s:.1f}s") from None
@@ -91,6 +96,7 @@ class Transport:
             key = (protocol, remote)
             try:
                 if gate.locked() or self._active_per_peer[key] >= limits.max_per_peer:
+                    await write_frame(writer, b"")  # busy: see the module docstring
                     raise PeerRefused("too many concurrent streams")
                 self._active_per_peer[key] += 1
                 try:

@@ -8,7 +8,7 @@ from pathlib import Path
 from swarm_node.obs.progress import TrainingProgress
 from swarm_node.sim.config import SimConfig
 from swarm_node.sim.report import summary_lines, write_json, write_plot
-from swarm_node.sim.simulator import Simulator, SimResult
+from swarm_node.sim.simulator import SimResult, Simulator
 
 log = logging.getLogger("swarm_node.sim")
 

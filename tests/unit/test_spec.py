@@ -65,3 +65,12 @@ def test_version_gate():
     spec = RunSpec(min_version="0.2.0")
     assert not spec.compatible_version("0.1.9")
     assert spec.compatible_version("0.2.0") and spec.compatible_version("1.0.0rc1")
+
+
+def test_example_run_specs_parse():
+    from pathlib import Path
+
+    examples = sorted(Path(__file__).resolve().parents[2].joinpath("examples").glob("*.toml"))
+    assert examples
+    for path in examples:
+        RunSpec.from_toml(path)
