@@ -34,14 +34,12 @@ from swarm_node.net.transport import ServeLimits, Transport, short_id
 from swarm_node.node_config import NodeConfig
 from swarm_node.routing.chooser import Candidate, PeerChooser
 from swarm_node.spec import RunSpec
-from swarm_node.train.worker import StageWorker, tensor_digest, throughput_ema
+from swarm_node.statesync import StateSync
+from swarm_node.train.worker import StageWorker, throughput_ema
 from swarm_node.wire.codec import FrameLimits, decode_frame, encode_frame
 from swarm_node.wire.records import PeerRecord
 
 log = logging.getLogger("swarm_node.node")
-
-STATE_CHUNK_BYTES = 4 << 20
-SNAPSHOT_TTL_S = 120.0
 
 
 def stage_key(run_id: str, stage: int) -> str:
@@ -87,7 +85,6 @@ class Node:
         self._throughput = 0.0
         self._state = "joining"
         self._ignored_peers: set[str] = set()
-        self._snapshots: dict[str, tuple[float, dict]] = {}
         self._outer_reply: bytes | None = None
         self.stage: int | None = None
         self.worker: StageWorker | None = None
@@ -153,8 +150,9 @@ class Node:
                  self.spec.num_stages, sum(p.numel() for p in self.worker.params), self.spec.run_id,
                  self.spec_hash)
         log.info("others can join through this node with --initial-peers %s", " ".join(self.dht.visible_maddrs()))
+        self.state_sync = StateSync(self)
         if cfg.download_state:
-            await self._download_state()
+            await self.state_sync.download()
         await self._serve()
         self._state = "training"
         await self._heartbeat()
@@ -183,7 +181,7 @@ class Node:
         await self.transport.serve(protocols.OUTER, self._handle_outer,
                                    ServeLimits(max_request_bytes=2 * param_bytes + (1 << 20), max_concurrent=4,
                                                max_per_peer=1, handler_timeout_s=self.config.exchange_timeout_s))
-        await self.transport.serve(protocols.STATE, self._handle_state,
+        await self.transport.serve(protocols.STATE, self.state_sync.handle,
                                    ServeLimits(max_request_bytes=64 << 10, max_concurrent=4, max_per_peer=1,
                                                handler_timeout_s=self.config.state_download_timeout_s))
 
@@ -551,86 +549,6 @@ class Node:
             self.chooser.report_failure(remote)
             return encode_frame({"ok": False, "error": "protocol"})
 
-    # -- state transfer for late joiners --------------------------------------------
-    async def _handle_state(self, remote: str, request: bytes) -> bytes:
-        """Chunk ``chunk`` of snapshot ``snapshot`` (a new snapshot when null)."""
-        try:
-            header, _ = decode_frame(request, FrameLimits(max_payload_bytes=0))
-            if header.get("kind") != "state" or header.get("spec") != self.spec_hash:
-                raise ProtocolError("not a state request of this run")
-            now = time.monotonic()
-            self._snapshots = {k: v for k, v in self._snapshots.items() if now - v[0] < SNAPSHOT_TTL_S}
-            snap_id = header.get("snapshot")
-            if snap_id is None:
-                if len(self._snapshots) >= 4:
-                    return encode_frame({"ok": False, "error": "busy"})
-                snapshot = await self.compute(self.worker.snapshot)
-                snap_id = snapshot["digest"]
-                self._snapshots[snap_id] = (now, snapshot)
-                self.stats.served_digests.append(snap_id)
-                log.info("serving state (step %d, digest %s) to %s", snapshot["inner_step"], snap_id, short_id(remote))
-            elif snap_id not in self._snapshots:
-                return encode_frame({"ok": False, "error": "snapshot expired"})
-            snapshot = self._snapshots[snap_id][1]
-            chunks = _chunk_indices(snapshot["tensors"])
-            index = header.get("chunk", 0)
-            if type(index) is not int or not 0 <= index < len(chunks):
-                raise ProtocolError("bad chunk index")
-            meta = {"ok": True, "snapshot": snap_id, "chunk": index, "num_chunks": len(chunks),
-                    "inner_step": snapshot["inner_step"], "outer_round": snapshot["outer_round"],
-                    "last_round_step": snapshot["last_round_step"], "num_tensors": len(snapshot["tensors"])}
-            return await self.compute(encode_frame, meta, [snapshot["tensors"][i] for i in chunks[index]])
-        except ProtocolError as exc:
-            self._ignore_once(remote, f"bad state request ({exc})")
-            return encode_frame({"ok": False, "error": "protocol"})
-
-    async def _download_state(self) -> None:
-        donors = sorted(((r.inner_step, p) for p, r in self.live_peers(self.stage).items() if r.inner_step > 0),
-                        reverse=True)
-        if not donors:
-            return
-        for _, donor in donors[:3]:
-            try:
-                async with asyncio.timeout(self.config.state_download_timeout_s):
-                    await self._download_from(donor)
-                return
-            except (PeerError, TimeoutError, ValueError) as exc:
-                log.warning("state download from %s failed (%s); trying another donor", short_id(donor), exc)
-        log.warning("could not download state from any donor; starting from the run's initial weights")
-
-    async def _download_from(self, donor: str) -> None:
-        from tqdm import tqdm
-
-        limits = FrameLimits(max_payload_bytes=STATE_CHUNK_BYTES * 4)
-        snap_id, chunk, num_chunks, tensors, meta = None, 0, 1, [], {}
-        bar = tqdm(desc=f"state from {short_id(donor)}", unit="chunk", disable=not self.config.progress)
-        try:
-            while chunk < num_chunks:
-                request = encode_frame({"kind": "state", "spec": self.spec_hash, "snapshot": snap_id,
-                                        "chunk": chunk})
-                raw = await self.transport.request(donor, protocols.STATE, request, timeout_s=30.0,
-                                                   max_response_bytes=limits.max_payload_bytes + (1 << 16))
-                meta, part = await self.compute(decode_frame, raw, limits)
-                if not meta.get("ok"):
-                    raise PeerRefused(str(meta.get("error")))
-                snap_id, num_chunks = meta["snapshot"], int(meta["num_chunks"])
-                tensors.extend(part)
-                chunk += 1
-                bar.total = num_chunks
-                bar.update(1)
-        finally:
-            bar.close()
-        digest = await self.compute(tensor_digest, tensors)
-        if digest != snap_id:
-            raise ProtocolError(f"state digest {digest} does not match the donor's {snap_id}")
-        await self.compute(self.worker.load_snapshot, int(meta["inner_step"]), int(meta["outer_round"]), tensors,
-                           int(meta.get("last_round_step", meta["inner_step"])))
-        self.stats.downloaded_from = donor
-        self.stats.downloaded_digest = digest
-        log.info("downloaded state from %s: step %d, round %d, digest %s", short_id(donor), meta["inner_step"],
-                 meta["outer_round"], digest)
-
-
 def _last_stage_step(worker: StageWorker, hidden, targets, token_inputs=None):
     """On the compute thread: loss, backward and (when due) the inner step, as one unit."""
     loss, grad = worker.forward_backward_last(hidden, targets, token_inputs)
@@ -660,20 +578,6 @@ def _maybe_step(worker: StageWorker) -> tuple[bool, bool]:
         worker.step()
         stepped = True
     return stepped, worker.outer_round_due()
-
-
-def _chunk_indices(tensors: list[torch.Tensor]) -> list[list[int]]:
-    chunks, current, size = [], [], 0
-    for i, t in enumerate(tensors):
-        nbytes = t.numel() * t.element_size()
-        if current and size + nbytes > STATE_CHUNK_BYTES:
-            chunks.append(current)
-            current, size = [], 0
-        current.append(i)
-        size += nbytes
-    if current:
-        chunks.append(current)
-    return chunks
 
 
 def _shard_of(peer_id: str, num_shards: int) -> int:
