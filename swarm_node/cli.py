@@ -130,6 +130,8 @@ def _add_join_parser(sub) -> None:
     p.add_argument("--startup-timeout", type=float, default=60.0, help="seconds for the libp2p daemon to start")
     p.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads")
     p.add_argument("--no-state-download", action="store_true", help="start from the initial weights")
+    p.add_argument("--wire-dtype", choices=("fp16", "bf16", "fp32"), default="fp16",
+                   help="precision of activations/gradients sent to other stages, and of phi/Delta in rounds")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(handler=_run_join)
 
@@ -152,7 +154,7 @@ def _run_join(args: argparse.Namespace) -> int:
                         stage=args.stage, device=resolve_device(args.device), max_steps=args.max_steps,
                         run_dir=args.run_dir, data_shard=args.data_shard, round_timeout_s=args.round_timeout,
                         startup_timeout_s=args.startup_timeout, download_state=not args.no_state_download,
-                        progress=not args.no_progress)
+                        activation_wire=args.wire_dtype, outer_wire=args.wire_dtype, progress=not args.no_progress)
     _use_uvloop()
     asyncio.run(Node(spec, config).run())
     return 0

@@ -308,8 +308,7 @@ class Node:
         log.info("node %s finished %d inner steps", short_id(self.peer_id), self.worker.inner_step)
         self._state = "finished"
         await self._heartbeat()
-        while self.pairing.state.value != "idle" or not self._round_idle.is_set():
-            await asyncio.sleep(0.05)
+        await self._round_idle.wait()  # a round still open finishes before we leave
         self.stop()
 
     def _reached_max_steps(self) -> bool:

@@ -112,3 +112,28 @@ def test_decoded_tensors_are_writable_copies():
     _, (t,) = decode_frame(frame)
     t.add_(1)  # must not raise or alias the frame
     assert decode_frame(frame)[1][0].sum() == 4
+
+
+record_values = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True),
+                          st.text(max_size=100), st.lists(st.integers(), max_size=3))
+
+
+@given(st.one_of(record_values, st.dictionaries(
+    st.sampled_from(["stage", "spec_hash", "version", "state", "throughput", "queue", "inner_step",
+                     "outer_round", "seeking", "loss", "tokens", "junk"]), record_values, max_size=12)))
+@settings(max_examples=3000, deadline=None)
+def test_registry_records_parse_or_raise_protocol_error(raw):
+    from swarm_node.wire.records import PeerRecord
+
+    try:
+        record = PeerRecord.from_wire(raw)
+    except ProtocolError:
+        return
+    assert PeerRecord.from_wire(record.to_wire()) == record
+
+
+def test_registry_record_round_trip():
+    from swarm_node.wire.records import PeerRecord
+
+    record = PeerRecord(stage=1, spec_hash="abc", version="0.1.0", throughput=12.5, loss=2.0, seeking=True)
+    assert PeerRecord.from_wire(record.to_wire()) == record
