@@ -321,7 +321,7 @@ class Node:
         if limit is None:
             return self._stop.is_set()
         in_flight_steps = self._in_flight * self.spec.batch_size / self.spec.samples_per_step
-        return self.worker.inner_step + in_flight_steps >= limit and not self.worker.outer_round_due()
+        return self.worker.inner_step + in_flight_steps >= limit  # a last round is awaited before leaving
 
     async def _run_microbatch(self, inputs: torch.Tensor, targets: torch.Tensor, slots: asyncio.Semaphore) -> None:
         try:

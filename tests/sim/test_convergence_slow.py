@@ -7,7 +7,8 @@ import pytest
 
 from swarm_node.cli import main
 
-pytestmark = pytest.mark.slow
+# The module fixture runs all four methods inside the first test's setup (~6 minutes).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
 @pytest.fixture(scope="module")
@@ -16,7 +17,8 @@ def runs(tmp_path_factory):
     for method in ("ddp", "noloco", "diloco", "local"):
         path = tmp_path_factory.mktemp(method) / "out.json"
         assert main(["sim", "--method", method, "--replicas", "4", "--stages", "2", "--model", "debug",
-                     "--data", "synthetic", "--steps", "1000", "--json-out", str(path), "--no-progress"]) == 0
+                     "--data", "synthetic", "--steps", "1000", "--threads", "2", "--json-out", str(path),
+                     "--no-progress"]) == 0
         out[method] = json.loads(path.read_text())
     return out
 

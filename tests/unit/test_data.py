@@ -135,3 +135,27 @@ def test_too_little_data_is_a_clear_error(tmp_path):
     (tmp_path / "tiny.txt").write_text("x" * 10)
     with pytest.raises(ValueError, match="too few"):
         load_windows(DataSpec.parse(str(tmp_path / "tiny.txt")), seq_len=64)
+
+
+def test_hugging_face_tokenizer_file(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["the", "swarm", "trains", "a", "model", "[UNK]"]
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "text.txt").write_text("the swarm trains a model " * 200 + "zebra")
+
+    spec = DataSpec(kind="text", path=str(tmp_path / "text.txt"), tokenizer_path=str(tmp_path / "tokenizer.json"))
+    data = load_windows(spec, seq_len=8)
+    assert data.vocab_size == len(words)
+    assert data.tokens[:5].tolist() == [0, 1, 2, 3, 4]
+    assert data.tokens[-1] == words.index("[UNK]")
+    assert data.tokenizer.decode([1, 2]) == "swarm trains"
+
+
+def test_missing_tokenizer_file_is_a_clear_error(tmp_path):
+    from swarm_node.data import HFTokenizer
+
+    with pytest.raises(FileNotFoundError, match="tokenizer file not found"):
+        HFTokenizer(tmp_path / "nope.json")
