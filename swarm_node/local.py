@@ -120,6 +120,7 @@ class LocalSwarm:
                 code = child.process.poll()
                 if code is not None:
                     child.returncode = code
+                    _reap_group(child.process.pid)
                     if code != 0:
                         child.status = "lost"
                         tail = child.log_path.read_text(errors="replace").strip().splitlines()[-1:] or [""]
@@ -185,6 +186,7 @@ class LocalSwarm:
                 child.process.wait()
         self._poll_children()
         for child in self.children:
+            _reap_group(child.process.pid)
             if child.returncode is not None and child.returncode != 0 and child.status != "lost":
                 child.status = "lost"
 
@@ -245,6 +247,15 @@ class LocalSwarm:
         return {"initial_val_loss": initial, "final_val_loss": final, "final_consensus_val_loss": consensus,
                 "replica_weight_std": [weight_spread(list(modules[s].values())) for s in sorted(modules)],
                 "entropy_floor": data.entropy_floor}
+
+
+def _reap_group(pgid: int) -> None:
+    """A node killed hard cannot stop its DHT child or p2pd; each node runs in its own
+    session, so kill whatever is left of its process group."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def run_local(spec: RunSpec, config: LocalConfig, json_out: Path | None) -> dict:

@@ -1,8 +1,11 @@
 """`swarm-node local`: real node processes on loopback."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -52,3 +55,35 @@ def test_nothing_is_left_behind(runs):
     assert leftovers.strip() == ""
     daemons = subprocess.run(["pgrep", "-x", "p2pd"], capture_output=True, text=True).stdout
     assert daemons.strip() == ""
+
+
+def test_a_node_killed_hard_is_reported_lost_and_the_rest_finish(tmp_path):
+    run_dir = tmp_path / "run"
+    out = tmp_path / "out.json"
+    cmd = [sys.executable, "-m", "swarm_node", "local", "--stages", "2", "--replicas", "2", "--model", "debug",
+           "--data", "synthetic:order=1", "--steps", "200", "--inner-steps", "30", "--run-dir", str(run_dir),
+           "--round-timeout", "5", "--json-out", str(out), "--no-progress"]
+    swarm = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    victim_log = run_dir / "node-s1-r1.log"
+    victim = None
+    deadline = time.monotonic() + 120
+    while victim is None and time.monotonic() < deadline and swarm.poll() is None:
+        if victim_log.exists() and "round 0" in victim_log.read_text(errors="replace"):
+            # the node itself, not its forked DHT child (same command line): a direct child of `local`
+            found = subprocess.run(["pgrep", "-P", str(swarm.pid), "-f", f"{run_dir}/run-spec.json --stage 1"],
+                                   capture_output=True, text=True).stdout.split()
+            victim = int(found[-1]) if found else None
+        time.sleep(0.2)  # polling a log file for a condition
+    assert victim is not None, "the stage-1 nodes never got to their first round"
+    os.kill(victim, signal.SIGKILL)
+    _, stderr = swarm.communicate(timeout=240)
+    assert swarm.returncode == 0, stderr[-3000:]
+    assert "died with exit code -9" in stderr
+    summary = json.loads(out.read_text())
+    by_pid = {p["pid"]: p for p in summary["peers"]}
+    assert by_pid[victim]["status"] == "lost"
+    others = [p for p in summary["peers"] if p["pid"] != victim]
+    assert all(p["status"] == "finished" for p in others)
+    assert all(p["inner_steps"] == 200 for p in others if p["stage"] == 0)
+    assert summary["final_val_loss"] is not None
+    assert subprocess.run(["pgrep", "-x", "p2pd"], capture_output=True).stdout == b""
