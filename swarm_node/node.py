@@ -75,6 +75,7 @@ class Node:
                                               request_timeout_s=config.exchange_timeout_s)
         self.peers: dict[int, dict[str, PeerRecord]] = {}
         self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compute")
+        self._compute_closed = False
         self._stop = asyncio.Event()
         self._round_due = asyncio.Event()
         self._round_idle = asyncio.Event()
@@ -95,6 +96,8 @@ class Node:
 
     # -- helpers -----------------------------------------------------------------
     async def compute(self, fn, *args, **kwargs):
+        if self._compute_closed:  # a stream handler the daemon still runs while we shut down
+            raise PeerRefused("this node is shutting down")
         return await asyncio.get_running_loop().run_in_executor(self._compute, partial(fn, *args, **kwargs))
 
     @property
@@ -130,6 +133,13 @@ class Node:
                 self.status = "finished"
                 for task in tasks:
                     task.cancel()
+        except BaseExceptionGroup as group:
+            # A known failure inside a task (e.g. the DHT died) reaches the user as its
+            # one-line message, not as a task group traceback; anything else is a bug.
+            known, rest = group.split(SwarmError)
+            if known is not None and rest is None:
+                raise _first_leaf(known) from None
+            raise
         finally:
             await self._shutdown()
         return self.summary()
@@ -186,22 +196,20 @@ class Node:
                                                handler_timeout_s=self.config.state_download_timeout_s))
 
     async def _shutdown(self) -> None:
+        """Every step is bounded: a dead daemon or DHT process must not hang the exit."""
         self._state = "leaving"
         if self.transport is not None:
             for name in (protocols.FORWARD, protocols.OUTER, protocols.STATE):
-                await self.transport.stop_serving(name)
-        if self.dht is not None and self.stage is not None:
-            try:  # a tombstone: peers stop routing to us at once instead of at record expiry
-                async with asyncio.timeout(3):
-                    await self.dht.store(stage_key(self.spec.run_id, self.stage), self.peer_id,
-                                         self._record().to_wire(), ttl_s=self.config.record_ttl_s)
-            except (TimeoutError, Exception) as exc:  # leaving is best effort
-                log.debug("could not publish the leaving record: %s", exc)
+                await _bounded(self.transport.stop_serving(name), 3.0, f"removing the {name} handler")
+        if self.dht is not None and self.stage is not None and self.dht.is_alive():
+            # a `leaving` record: peers stop routing to us at once instead of at record expiry
+            await _bounded(self._heartbeat(), 3.0, "publishing the leaving record")
         self._write_outputs()
         if self.transport is not None:
-            await self.transport.p2p.shutdown()
+            await _bounded(self.transport.p2p.shutdown(), 5.0, "closing the p2p client")
         if self.dht is not None:
-            await self.dht.shutdown()
+            await _bounded(self.dht.shutdown(), 15.0, "stopping the DHT")
+        self._compute_closed = True
         self._compute.shutdown(wait=True, cancel_futures=True)
 
     def _write_outputs(self) -> None:
@@ -231,17 +239,20 @@ class Node:
 
     # -- registry ------------------------------------------------------------------
     async def _heartbeat(self) -> None:
-        await self.dht.store(stage_key(self.spec.run_id, self.stage), self.peer_id, self._record().to_wire(),
-                             ttl_s=self.config.record_ttl_s)
+        if not self.dht.is_alive():
+            raise SwarmError("the DHT process died, so this node can no longer find peers; "
+                             "restart it (if the machine is short of memory, that is the likely cause)")
+        try:
+            async with asyncio.timeout(self.config.heartbeat_s * 2):
+                await self.dht.store(stage_key(self.spec.run_id, self.stage), self.peer_id,
+                                     self._record().to_wire(), ttl_s=self.config.record_ttl_s)
+        except TimeoutError:
+            log.warning("registry heartbeat timed out")
 
     async def _heartbeat_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.heartbeat_s * random.uniform(0.8, 1.2))
-            try:
-                async with asyncio.timeout(self.config.heartbeat_s):
-                    await self._heartbeat()
-            except TimeoutError:
-                log.warning("registry heartbeat timed out")
+            await self._heartbeat()
 
     async def _registry_loop(self) -> None:
         while True:
@@ -541,12 +552,27 @@ class Node:
             if self.pairing.state.value == "idle":
                 await self._maybe_round_early()
             return self.pairing.on_request(remote, partner_payload)
-        except Refused as exc:
+        except (Refused, PeerRefused) as exc:
             return encode_frame({"ok": False, "error": str(exc)})
         except ProtocolError as exc:
             self._ignore_once(remote, f"bad outer exchange ({exc})")
             self.chooser.report_failure(remote)
             return encode_frame({"ok": False, "error": "protocol"})
+
+def _first_leaf(group: BaseExceptionGroup) -> BaseException:
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
+
+
+async def _bounded(awaitable, timeout_s: float, what: str) -> None:
+    try:
+        async with asyncio.timeout(timeout_s):
+            await awaitable
+    except TimeoutError:
+        log.warning("gave up %s after %.0fs", what, timeout_s)
+    except (SwarmError, OSError, ConnectionError) as exc:
+        log.debug("%s failed: %s", what, exc)
+
 
 def _last_stage_step(worker: StageWorker, hidden, targets, token_inputs=None):
     """On the compute thread: loss, backward and (when due) the inner step, as one unit."""

@@ -15,8 +15,8 @@ The rule (symmetric, tolerant of joins, leaves and odd counts):
    both get ``busy`` and the random back-off separates them.
 5. At the round deadline a node that found nobody takes the local-only step. An odd
    node out therefore loses at most one deadline, and a node whose partner died
-   mid-exchange loses at most its request's timeout. A node with no live peer at all
-   takes the local-only step at once.
+   mid-exchange loses at most its request's timeout. A node with no live (unbanned)
+   peer left takes the local-only step at once.
 6. (In the node) a peer that is not at its boundary but is past half of its round
    accepts a request by taking its round early. Without this, two nodes whose
    boundaries fall at alternating times would each wait out the deadline while the
@@ -120,7 +120,10 @@ class PairingCoordinator:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return None
-                peer = self._pick(candidates()) if remaining >= MIN_REQUEST_S else None
+                live = candidates()
+                if not live and not expect_request:
+                    return None  # everyone left or is banned: waiting cannot help
+                peer = self._pick(live) if remaining >= MIN_REQUEST_S else None
                 if peer is not None:
                     self.state = PairState.EXCHANGING
                     timeout = min(self.request_timeout_s, remaining)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Sequence
 
 from hivemind import DHT
@@ -40,6 +41,10 @@ class SwarmDHT:
             raise _explain_start_failure(exc, initial_peers, startup_timeout_s) from None
         return cls(dht)
 
+    def is_alive(self) -> bool:
+        """hivemind runs the DHT in a child process; it can die under us (OOM killer, kill)."""
+        return self.dht.is_alive()
+
     def visible_maddrs(self) -> list[str]:
         return [str(m) for m in self.dht.get_visible_maddrs()]
 
@@ -57,7 +62,19 @@ class SwarmDHT:
         return {str(sub): entry.value for sub, entry in found.value.items() if hasattr(entry, "value")}
 
     async def shutdown(self) -> None:
-        await asyncio.to_thread(self.dht.shutdown)
+        """Stop the DHT process. Runs on a daemon thread: if the child is wedged and the
+        caller gives up waiting, the thread must not keep this process from exiting."""
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+
+        def stop() -> None:
+            try:
+                self.dht.shutdown()
+            finally:
+                loop.call_soon_threadsafe(lambda: done.done() or done.set_result(None))
+
+        threading.Thread(target=stop, name="dht-shutdown", daemon=True).start()
+        await done
 
 
 def _explain_start_failure(exc: Exception, initial_peers: Sequence[str], timeout_s: float) -> SwarmError:
