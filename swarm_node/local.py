@@ -36,6 +36,9 @@ from swarm_node.wire.records import PeerRecord
 
 log = logging.getLogger("swarm_node.local")
 
+SOCKET_DIR = Path("/tmp")  # where hivemind puts its p2pd control sockets
+SOCKET_GLOB = "hivemind-*.sock"
+
 
 @dataclass(frozen=True)
 class LocalConfig:
@@ -79,21 +82,24 @@ class LocalSwarm:
     async def run(self) -> dict:
         started = time.perf_counter()
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        spec_path = self.run_dir / "run-spec.json"
-        self.spec.write_json(spec_path)
-        dht = await SwarmDHT.start()
+        sockets_before = set(SOCKET_DIR.glob(SOCKET_GLOB))
         try:
-            maddrs = dht.visible_maddrs()
-            log.info("bootstrap DHT at %s; run dir %s", maddrs[0], self.run_dir)
-            self._spawn_all(spec_path, maddrs)
-            await self._watch(dht, started)
+            spec_path = self.run_dir / "run-spec.json"
+            self.spec.write_json(spec_path)
+            dht = await SwarmDHT.start()
+            try:
+                maddrs = dht.visible_maddrs()
+                log.info("bootstrap DHT at %s; run dir %s", maddrs[0], self.run_dir)
+                self._spawn_all(spec_path, maddrs)
+                await self._watch(dht, started)
+            finally:  # also on Ctrl-C: no node outlives the swarm
+                self._stop_all()
+                await dht.shutdown()
+            return await asyncio.to_thread(self._collect, time.perf_counter() - started)
         finally:
-            self._stop_all()
-            await dht.shutdown()
-        summary = await asyncio.to_thread(self._collect, time.perf_counter() - started)
-        if not self.keep_dir:
-            shutil.rmtree(self.run_dir, ignore_errors=True)
-        return summary
+            _remove_stale_sockets(sockets_before)
+            if not self.keep_dir:
+                shutil.rmtree(self.run_dir, ignore_errors=True)
 
     # -- processes ----------------------------------------------------------------
     def _spawn_all(self, spec_path: Path, maddrs: list[str]) -> None:
@@ -249,6 +255,20 @@ class LocalSwarm:
                 "entropy_floor": data.entropy_floor}
 
 
+def _remove_stale_sockets(existing_before: set[Path]) -> None:
+    """A node killed hard leaves its daemon's unix sockets behind. Remove those created
+    during this run that no live process has bound (anything still listening, such as
+    another swarm on this machine, is left alone)."""
+    try:
+        bound = {line.split()[-1] for line in Path("/proc/net/unix").read_text().splitlines()[1:]
+                 if len(line.split()) >= 8}
+    except OSError:
+        return  # not Linux: leave the files rather than guess
+    for path in set(SOCKET_DIR.glob(SOCKET_GLOB)) - existing_before:
+        if str(path) not in bound:
+            path.unlink(missing_ok=True)
+
+
 def _reap_group(pgid: int) -> None:
     """A node killed hard cannot stop its DHT child or p2pd; each node runs in its own
     session, so kill whatever is left of its process group."""
@@ -260,6 +280,8 @@ def _reap_group(pgid: int) -> None:
 
 def run_local(spec: RunSpec, config: LocalConfig, json_out: Path | None) -> dict:
     swarm = LocalSwarm(spec, config)
+    # SIGTERM takes the Ctrl-C path: the nodes are stopped and the run dir removed.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     summary = asyncio.run(swarm.run())
     lost = [p for p in summary["peers"] if p["status"] == "lost"]
     log.info("swarm: final val loss %s, %s tokens in %.1f s (%.0f tok/s); %d of %d peers lost",

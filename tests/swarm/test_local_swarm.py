@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -63,6 +64,7 @@ def test_a_node_killed_hard_is_reported_lost_and_the_rest_finish(tmp_path):
     cmd = [sys.executable, "-m", "swarm_node", "local", "--stages", "2", "--replicas", "2", "--model", "debug",
            "--data", "synthetic:order=1", "--steps", "200", "--inner-steps", "30", "--run-dir", str(run_dir),
            "--round-timeout", "5", "--json-out", str(out), "--no-progress"]
+    sockets_before = set(Path("/tmp").glob("hivemind-*.sock"))
     swarm = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     victim_log = run_dir / "node-s1-r1.log"
     victim = None
@@ -87,3 +89,4 @@ def test_a_node_killed_hard_is_reported_lost_and_the_rest_finish(tmp_path):
     assert all(p["inner_steps"] == 200 for p in others if p["stage"] == 0)
     assert summary["final_val_loss"] is not None
     assert subprocess.run(["pgrep", "-x", "p2pd"], capture_output=True).stdout == b""
+    assert set(Path("/tmp").glob("hivemind-*.sock")) <= sockets_before  # the victim's sockets are gone too
