@@ -28,8 +28,8 @@ from swarm_node.data.dataset import load_windows
 from swarm_node.model.config import model_config
 from swarm_node.model.stages import build_stage
 from swarm_node.net.dht import SwarmDHT
-from swarm_node.node import stage_key
 from swarm_node.obs.progress import TrainingProgress
+from swarm_node.registry import read_stage
 from swarm_node.spec import RunSpec
 from swarm_node.train.evaluate import average_into, path_val_loss, weight_spread
 from swarm_node.wire.records import PeerRecord
@@ -165,16 +165,10 @@ class LocalSwarm:
         for stage in range(self.spec.num_stages):
             try:
                 async with asyncio.timeout(2):
-                    raw = await dht.get_subkeys(stage_key(self.spec.run_id, stage))
+                    records, _ = await read_stage(dht, self.spec.run_id, stage)  # unreadable ones: not shown
             except TimeoutError:
                 continue
-            records = []
-            for value in raw.values():
-                try:
-                    records.append(PeerRecord.from_wire(value))
-                except Exception:  # a malformed record only costs its entry in the display
-                    continue
-            out[stage] = records
+            out[stage] = list(records.values())
         return out
 
     def _stop_all(self) -> None:

@@ -32,18 +32,15 @@ from swarm_node.net import protocols
 from swarm_node.net.dht import SwarmDHT
 from swarm_node.net.transport import ServeLimits, Transport, short_id
 from swarm_node.node_config import NodeConfig
+from swarm_node.registry import read_stage, stage_key
 from swarm_node.routing.chooser import Candidate, PeerChooser
 from swarm_node.spec import RunSpec
 from swarm_node.statesync import StateSync
-from swarm_node.train.worker import StageWorker, throughput_ema
-from swarm_node.wire.codec import FrameLimits, decode_frame, encode_frame
+from swarm_node.train.worker import StageWorker, finite, throughput_ema
+from swarm_node.wire.codec import WIRE_PRECISIONS, FrameLimits, decode_frame, encode_frame
 from swarm_node.wire.records import PeerRecord
 
 log = logging.getLogger("swarm_node.node")
-
-
-def stage_key(run_id: str, stage: int) -> str:
-    return f"{run_id}/stage/{stage}"
 
 
 @dataclass
@@ -269,15 +266,12 @@ class Node:
         else:
             stages = {self.stage, min(self.stage + 1, self.spec.num_stages - 1)}
         for stage in stages:
-            raw = await self.dht.get_subkeys(stage_key(self.spec.run_id, stage))
+            parsed, unreadable = await read_stage(self.dht, self.spec.run_id, stage)
+            for peer, exc in unreadable.items():
+                self._ignore_once(peer, f"unreadable registry record ({exc})")
             records = {}
-            for peer, value in raw.items():
+            for peer, record in parsed.items():
                 if peer == self.peer_id:
-                    continue
-                try:
-                    record = PeerRecord.from_wire(value)
-                except ProtocolError as exc:
-                    self._ignore_once(peer, f"unreadable registry record ({exc})")
                     continue
                 if record.spec_hash != self.spec_hash:
                     self._ignore_once(peer, f"run-spec hash {record.spec_hash} differs from ours ({self.spec_hash})")
@@ -364,7 +358,7 @@ class Node:
         deadline = time.monotonic() + timeout_s
         payload = await self.compute(encode_frame, {"kind": "fwd", "spec": self.spec_hash,
                                                     "deadline_s": timeout_s},
-                                     [hidden.to(_wire(self.config.activation_wire)), targets.to(torch.int32)])
+                                     [hidden.to(WIRE_PRECISIONS[self.config.activation_wire]), targets.to(torch.int32)])
         tried: set[str] = set()
         attempts = 0
         while True:
@@ -375,9 +369,8 @@ class Node:
             candidates = [Candidate(p, r.throughput, r.queue) for p, r in self.live_peers(next_stage).items()]
             peer = self.chooser.choose(candidates, exclude=tried)
             if peer is None:
-                await asyncio.sleep(min(0.5, remaining))  # wait for the registry to show someone
+                await asyncio.sleep(min(0.5, remaining))  # the registry loop may show someone by then
                 tried.clear()
-                await self._refresh_registry()
                 continue
             attempts += 1
             if attempts > 1:
@@ -386,16 +379,9 @@ class Node:
             try:
                 raw = await self.transport.request(peer, protocols.FORWARD, payload, timeout_s=remaining,
                                                    max_response_bytes=len(payload) + (1 << 16))
-                header, tensors = await self.compute(decode_frame, raw, self.frame_limits)
-                if not header.get("ok"):
-                    raise PeerRefused(str(header.get("error", "refused"))[:200])
-                if len(tensors) != 1 or tensors[0].shape != hidden.shape or not tensors[0].is_floating_point():
-                    raise ProtocolError("gradient does not match the activations sent")
-                grad = tensors[0].float()
-                if not bool(torch.isfinite(grad).all()):
-                    raise ProtocolError("non-finite gradient")
+                grad, loss = await self.compute(_decode_gradient, raw, self.frame_limits, hidden.shape)
                 self.chooser.report_success(peer)
-                return grad, float(header.get("loss", float("nan")))
+                return grad, loss
             except PeerRefused as exc:
                 tried.add(peer)
                 log.debug("stage-%d peer %s refused: %s", next_stage, short_id(peer), exc)
@@ -412,8 +398,7 @@ class Node:
             return encode_frame({"ok": False, "error": "busy"})
         self._queue += 1
         try:
-            header, tensors = await self.compute(decode_frame, request, self.frame_limits)
-            hidden, targets = self._check_forward(header, tensors)
+            header, hidden, targets = await self.compute(self._decode_forward, request)
             started = time.perf_counter()
             budget = min(float(header.get("deadline_s", self.config.hop_timeout_s)), self.config.hop_timeout_s)
             if self.worker.is_last:
@@ -426,7 +411,7 @@ class Node:
             self.stats.microbatches_done += 1
             self._note_round_due(due)
             return await self.compute(encode_frame, {"ok": True, "loss": loss},
-                                      [grad.to(_wire(self.config.activation_wire))])
+                                      [grad.to(WIRE_PRECISIONS[self.config.activation_wire])])
         except ProtocolError as exc:
             self._ignore_once(remote, f"bad forward request ({exc})")
             return encode_frame({"ok": False, "error": f"protocol: {exc}"[:200]})
@@ -436,7 +421,9 @@ class Node:
         finally:
             self._queue -= 1
 
-    def _check_forward(self, header: dict, tensors: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _decode_forward(self, request: bytes) -> tuple[dict, torch.Tensor, torch.Tensor]:
+        """On the compute thread: parse a forward request and check it fits this stage."""
+        header, tensors = decode_frame(request, self.frame_limits)
         if header.get("kind") != "fwd" or header.get("spec") != self.spec_hash:
             raise ProtocolError("not a forward request of this run")
         if len(tensors) != 2:
@@ -448,11 +435,11 @@ class Node:
                 or not 0 < seq <= self.spec.seq_len or not hidden.is_floating_point()
                 or targets.dtype not in (torch.int32, torch.int64)):
             raise ProtocolError(f"shapes {tuple(hidden.shape)}/{tuple(targets.shape)} do not fit this stage")
-        if not bool(torch.isfinite(hidden).all()):
+        if not finite(hidden):
             raise ProtocolError("non-finite activations")
         if int(targets.min()) < 0 or int(targets.max()) >= self.worker.model_config.vocab_size:
             raise ProtocolError("target ids out of the vocabulary")
-        return hidden.float(), targets.long()
+        return header, hidden.float(), targets.long()
 
     async def _after_accumulate(self) -> None:
         _, due = await self.compute(_maybe_step, self.worker)
@@ -559,6 +546,19 @@ class Node:
             self.chooser.report_failure(remote)
             return encode_frame({"ok": False, "error": "protocol"})
 
+def _decode_gradient(raw: bytes, limits: FrameLimits, shape: torch.Size) -> tuple[torch.Tensor, float]:
+    """On the compute thread: a downstream answer, checked against the activations sent."""
+    header, tensors = decode_frame(raw, limits)
+    if not header.get("ok"):
+        raise PeerRefused(str(header.get("error", "refused"))[:200])
+    if len(tensors) != 1 or tensors[0].shape != shape or not tensors[0].is_floating_point():
+        raise ProtocolError("gradient does not match the activations sent")
+    grad = tensors[0].float()
+    if not finite(grad):
+        raise ProtocolError("non-finite gradient")
+    return grad, float(header.get("loss", float("nan")))
+
+
 def _first_leaf(group: BaseExceptionGroup) -> BaseException:
     first = group.exceptions[0]
     return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
@@ -610,6 +610,3 @@ def _shard_of(peer_id: str, num_shards: int) -> int:
 
     return int.from_bytes(hashlib.sha256(peer_id.encode()).digest()[:8], "little") % num_shards
 
-
-def _wire(name: str) -> torch.dtype:
-    return {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[name]

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from swarm_node.data.spec import DataSpec
 from swarm_node.optim.inner import InnerHyper
 from swarm_node.optim.methods import MethodSpec
+from swarm_node.wire.codec import WIRE_PRECISIONS
 
 ROUTINGS = ("random", "fixed")
-WIRE_DTYPES = ("fp32", "fp16", "bf16")
 
 
 @dataclass(frozen=True)
@@ -39,8 +39,8 @@ class SimConfig:
             raise ValueError("steps and batch_size must be >= 1")
         if self.routing not in ROUTINGS:
             raise ValueError(f"routing must be one of {ROUTINGS}")
-        if self.wire_dtype not in WIRE_DTYPES:
-            raise ValueError(f"wire_dtype must be one of {WIRE_DTYPES}")
+        if self.wire_dtype not in WIRE_PRECISIONS:
+            raise ValueError(f"wire_dtype must be one of {tuple(WIRE_PRECISIONS)}")
 
     @property
     def tokens_per_step(self) -> int:

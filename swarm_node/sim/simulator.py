@@ -28,8 +28,7 @@ from swarm_node.optim.outer import SlowWeights
 from swarm_node.sim.config import SimConfig
 from swarm_node.sim.grouping import random_groups
 from swarm_node.train.evaluate import average_into, path_val_loss, weight_spread
-
-WIRE = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+from swarm_node.wire.codec import WIRE_PRECISIONS
 
 
 @dataclass
@@ -96,7 +95,7 @@ class Simulator:
         return [identity] + [[int(i) for i in self.rng.permutation(r)] for _ in range(1, self.config.stages)]
 
     def _cross_boundary(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor.detach().to(WIRE[self.config.wire_dtype]).to(tensor.dtype)
+        return tensor.detach().to(WIRE_PRECISIONS[self.config.wire_dtype]).to(tensor.dtype)
 
     def _train_micro_batch(self, path: list[int], inputs: torch.Tensor, targets: torch.Tensor) -> float:
         boundary: list[tuple[torch.Tensor, torch.Tensor]] = []  # (stage input, stage output) per stage

@@ -22,14 +22,12 @@ from swarm_node.model.stages import PipelineStage, build_stage
 from swarm_node.optim.inner import InnerOptimizer
 from swarm_node.optim.outer import SlowWeights
 from swarm_node.spec import RunSpec
-
-WIRE_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+from swarm_node.wire.codec import WIRE_PRECISIONS
 
 
 class StageWorker:
     def __init__(self, spec: RunSpec, stage_index: int, vocab_size: int, device: str = "cpu"):
         self.spec = spec
-        self.stage_index = stage_index
         self.device = torch.device(device)
         self.model_config = model_config(spec.model_size, vocab_size=vocab_size, max_seq_len=spec.seq_len)
         self.stage: PipelineStage = build_stage(self.model_config, num_stages=spec.num_stages,
@@ -69,10 +67,7 @@ class StageWorker:
                               token_inputs: torch.Tensor | None = None) -> tuple[float, torch.Tensor | None]:
         """Last stage: loss and its gradient in one pass. Returns (loss, grad wrt the
         stage input), the gradient being None for a single-stage model."""
-        if self.is_first:
-            x = token_inputs.to(self.device)
-        else:
-            x = hidden.to(self.device, torch.float32).requires_grad_(True)
+        x = self._stage_input(token_inputs if self.is_first else hidden)
         with self._autocast():
             loss = self.stage(x, targets.to(self.device))
         loss.backward()
@@ -83,15 +78,18 @@ class StageWorker:
 
     def backward(self, inputs: torch.Tensor, grad_output: torch.Tensor) -> torch.Tensor | None:
         """Recompute this stage's forward for ``inputs`` and backpropagate ``grad_output``."""
-        if self.is_first:
-            x = inputs.to(self.device)
-        else:
-            x = inputs.to(self.device, torch.float32).requires_grad_(True)
+        x = self._stage_input(inputs)
         with self._autocast():
             out = self.stage(x)
         out.float().backward(grad_output.to(self.device, torch.float32))
         self._accumulated(len(inputs))
         return None if self.is_first else x.grad.detach()
+
+    def _stage_input(self, inputs: torch.Tensor) -> torch.Tensor:
+        """Token ids for stage 0; otherwise float activations whose gradient we return."""
+        if self.is_first:
+            return inputs.to(self.device)
+        return inputs.to(self.device, torch.float32).requires_grad_(True)
 
     def _accumulated(self, samples: int) -> None:
         self.pending_samples += samples
@@ -111,12 +109,6 @@ class StageWorker:
         self.pending_samples = 0
         self.pending_microbatches = 0
         return self.inner.step_count
-
-    def drop_gradients(self) -> None:
-        for p in self.params:
-            p.grad = None
-        self.pending_samples = 0
-        self.pending_microbatches = 0
 
     @property
     def inner_step(self) -> int:
@@ -140,7 +132,7 @@ class StageWorker:
     def outer_payload(self, wire: str) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """(phi, Delta) as they go on the wire. Both partners use these *decoded*
         values for the group means, so they agree on the means bit for bit."""
-        dtype = WIRE_DTYPES[wire]
+        dtype = WIRE_PRECISIONS[wire]
         phi = [_to_wire(t, dtype) for t in self.slow.phi]
         delta = [_to_wire(t, dtype) for t in self.slow.deltas()]
         return phi, delta
@@ -169,7 +161,7 @@ class StageWorker:
         for t, shape in zip(tensors, expected):
             if t.shape != shape or not t.dtype.is_floating_point:
                 return f"tensor of shape {tuple(t.shape)} / {t.dtype} does not fit {tuple(shape)}"
-            if not bool(torch.isfinite(t).all()):
+            if not finite(t):
                 return "non-finite values"
         return None
 
@@ -208,7 +200,7 @@ class StageWorker:
 
 def _to_wire(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     out = t.detach().to(dtype)
-    if dtype == torch.float16 and not bool(torch.isfinite(out).all()):
+    if dtype == torch.float16 and not finite(out):
         return t.detach().float()  # out of fp16 range: send this tensor in full precision
     return out
 

@@ -32,6 +32,10 @@ DTYPES: dict[str, torch.dtype] = {
 }
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
+# Precisions a user picks for tensors sent between peers (activations, gradients,
+# phi and Delta); names as on the command line.
+WIRE_PRECISIONS: dict[str, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
 
 @dataclass(frozen=True)
 class FrameLimits:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from swarm_node.net.dht import SwarmDHT
-from swarm_node.node import stage_key
+from swarm_node.registry import read_stage
 from swarm_node.spec import RunSpec
 from swarm_node.wire.records import PeerRecord
 
@@ -44,8 +44,9 @@ class SwarmHarness:
         return proc
 
     def records(self, stage: int) -> dict[str, PeerRecord]:
-        raw = self.loop.run_until_complete(self.dht.get_subkeys(stage_key(self.spec.run_id, stage)))
-        return {peer: PeerRecord.from_wire(value) for peer, value in raw.items()}
+        records, unreadable = self.loop.run_until_complete(read_stage(self.dht, self.spec.run_id, stage))
+        assert not unreadable, unreadable
+        return records
 
     def wait_for(self, condition, timeout_s: float, what: str):
         deadline = time.monotonic() + timeout_s
