@@ -31,7 +31,7 @@ ensure_venv() {
     # Reinstall only when the package metadata changed since the last install.
     local stamp="$VENV/.swarm-install-stamp"
     local want
-    want="$(cat pyproject.toml | sha256sum | cut -d' ' -f1)-torch$TORCH_VERSION"
+    want="$(cat pyproject.toml setup.py | sha256sum | cut -d' ' -f1)-torch$TORCH_VERSION"
     if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
         echo "dev.sh: installing swarm-node and its dependencies into $VENV (about 2 minutes)" >&2
         # torch is named with an exact version so pip takes the CPU wheel these machines

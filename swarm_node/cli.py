@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from swarm_node import __version__
-from swarm_node.errors import SwarmError
+from swarm_node.errors import ConfigError, SwarmError
 
 
 def _positive_int(text: str) -> int:
@@ -113,10 +113,15 @@ def _shard(text: str) -> tuple[int, int]:
 
 
 def _add_join_parser(sub) -> None:
-    p = sub.add_parser("join", help="run one swarm node", description="Join a swarm as one node.")
+    p = sub.add_parser("join", help="run one swarm node",
+                       description="Join a swarm as one node. With --initial-peers alone the node reads the run "
+                                   "spec those peers publish, checks it, picks a stage, downloads state and trains.")
     p.add_argument("--initial-peers", nargs="+", default=[], metavar="MADDR",
-                   help="multiaddrs of peers already in the swarm (e.g. a bootstrap peer)")
-    p.add_argument("--config", required=True, type=Path, help="run spec (.toml or .json) shared by all peers")
+                   help="multiaddrs of peers already in the swarm (the bootstrap's, as it prints them)")
+    p.add_argument("--config", type=Path, default=None,
+                   help="run spec (.toml or .json); optional with --initial-peers, where it must match the "
+                        "published one; required to start a run without a bootstrap")
+    p.add_argument("--run-id", default=None, help="which run to join when the initial peers publish several")
     p.add_argument("--stage", type=_stage, default=None, help="auto (default) or a stage index")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
     p.add_argument("--host-maddrs", nargs="+", default=["/ip4/127.0.0.1/tcp/0"], metavar="MADDR")
@@ -148,8 +153,10 @@ def _run_join(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    spec = RunSpec.from_file(args.config)
-    config = NodeConfig(initial_peers=tuple(args.initial_peers), host_maddrs=tuple(args.host_maddrs),
+    if args.config is None and not args.initial_peers:
+        raise ConfigError("give --initial-peers MADDR (the run's bootstrap, as it prints it) or --config RUN_SPEC")
+    spec = RunSpec.from_file(args.config) if args.config else None
+    config = NodeConfig(initial_peers=tuple(args.initial_peers), run_id=args.run_id, host_maddrs=tuple(args.host_maddrs),
                         announce_maddrs=tuple(args.announce_maddrs), identity_path=args.identity,
                         stage=args.stage, device=resolve_device(args.device), max_steps=args.max_steps,
                         run_dir=args.run_dir, data_shard=args.data_shard, round_timeout_s=args.round_timeout,

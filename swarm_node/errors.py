@@ -35,3 +35,8 @@ class RoundFailed(SwarmError):
 
 class NotEnoughPeers(SwarmError):
     """No live peer could be found where one is needed."""
+
+
+class IncompatibleRun(SwarmError):
+    """The run found in the swarm cannot be joined by this node (run-spec hash or
+    software version differs); the message says what to do."""

@@ -25,7 +25,16 @@ import torch
 from swarm_node import __version__
 from swarm_node.data.dataset import TokenWindows, load_windows
 from swarm_node.data.shards import ShardedBatches
-from swarm_node.errors import NotEnoughPeers, PeerError, PeerRefused, ProtocolError, SwarmError
+from swarm_node.discovery import SPEC_REPUBLISH_S, find_run_spec, publish_spec
+from swarm_node.errors import (
+    ConfigError,
+    IncompatibleRun,
+    NotEnoughPeers,
+    PeerError,
+    PeerRefused,
+    ProtocolError,
+    SwarmError,
+)
 from swarm_node.gossip.group import GroupRound
 from swarm_node.gossip.pairing import PairingCoordinator, PairResult, Refused
 from swarm_node.net import protocols
@@ -41,6 +50,8 @@ from swarm_node.wire.codec import WIRE_PRECISIONS, FrameLimits, decode_frame, en
 from swarm_node.wire.records import PeerRecord
 
 log = logging.getLogger("swarm_node.node")
+
+MAX_KNOWN_PEERS = 32
 
 
 @dataclass
@@ -58,18 +69,19 @@ class NodeStats:
 
 
 class Node:
-    def __init__(self, spec: RunSpec, config: NodeConfig):
+    def __init__(self, spec: RunSpec | None, config: NodeConfig):
+        """Without a spec the node reads the run's spec from its initial peers."""
+        if spec is None and not config.initial_peers:
+            raise ConfigError("a node needs --initial-peers (to read the run spec from the swarm) or --config")
         self.spec = spec
         self.config = config
-        self.spec_hash = spec.spec_hash()
+        self.spec_hash = spec.spec_hash() if spec else None
+        self.pairing: PairingCoordinator | GroupRound | None = None
         self.stats = NodeStats()
         self.chooser = PeerChooser()
-        if spec.method.name == "diloco":  # every live peer of the stage
-            self.pairing = GroupRound(round_timeout_s=config.round_timeout_s,
-                                      request_timeout_s=config.exchange_timeout_s)
-        else:  # NoLoCo: one random partner
-            self.pairing = PairingCoordinator(round_timeout_s=config.round_timeout_s,
-                                              request_timeout_s=config.exchange_timeout_s)
+        self.publisher: str | None = None  # the peer whose published spec this node follows
+        self._last_error = ""
+        self._known_peers: dict[str, list[str]] = {}  # peer -> addresses, for re-bootstrapping
         self.peers: dict[int, dict[str, PeerRecord]] = {}
         self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compute")
         self._compute_closed = False
@@ -104,6 +116,9 @@ class Node:
     def stop(self) -> None:
         self._stop.set()
 
+    def _note_failure(self, what: str) -> None:
+        self._last_error = what[:160]
+
     def _record(self) -> PeerRecord:
         w = self.worker
         return PeerRecord(stage=self.stage, spec_hash=self.spec_hash, version=__version__, state=self._state,
@@ -111,7 +126,19 @@ class Node:
                           inner_step=w.inner_step if w else 0, outer_round=w.outer_round if w else 0,
                           seeking=self.pairing.state.value == "seeking",
                           loss=round(w.loss_ema, 5) if w and w.loss_ema is not None else None,
-                          tokens=self.stats.tokens)
+                          tokens=self.stats.tokens, lost=self.stats.microbatches_lost,
+                          partner_rounds=self.stats.rounds_with_partner, local_rounds=self.stats.local_only_rounds,
+                          last_error=self._last_error)
+
+    def _adopt_spec(self, spec: RunSpec) -> None:
+        self.spec = spec
+        self.spec_hash = spec.spec_hash()
+        cfg = self.config
+        if spec.method.name == "diloco":  # every live peer of the stage
+            self.pairing = GroupRound(round_timeout_s=cfg.round_timeout_s, request_timeout_s=cfg.exchange_timeout_s)
+        else:  # NoLoCo: one random partner
+            self.pairing = PairingCoordinator(round_timeout_s=cfg.round_timeout_s,
+                                              request_timeout_s=cfg.exchange_timeout_s)
 
     # -- lifecycle -----------------------------------------------------------------
     async def run(self) -> dict:
@@ -122,7 +149,8 @@ class Node:
             await self._start()
             async with asyncio.TaskGroup() as tg:
                 tasks = [tg.create_task(self._heartbeat_loop()), tg.create_task(self._registry_loop()),
-                         tg.create_task(self._outer_loop())]
+                         tg.create_task(self._outer_loop()), tg.create_task(self._publish_loop()),
+                         tg.create_task(self._connectivity_loop())]
                 if self.worker.is_first:
                     tasks.append(tg.create_task(self._producer_loop()))
                 await self._stop.wait()
@@ -147,6 +175,15 @@ class Node:
                                         announce_maddrs=cfg.announce_maddrs, identity_path=cfg.identity_path,
                                         client_mode=cfg.client_mode, startup_timeout_s=cfg.startup_timeout_s)
         self.transport = Transport(await self.dht.replicate_p2p())
+        if cfg.initial_peers:
+            spec, self.publisher = await find_run_spec(self.dht, cfg.initial_peers, run_id=cfg.run_id,
+                                                       local_spec=self.spec, timeout_s=cfg.spec_find_timeout_s)
+        elif not self.spec.compatible_version():
+            raise IncompatibleRun(f"run {self.spec.run_id!r} needs swarm-node >= {self.spec.min_version}; "
+                                  f"this is {__version__}")
+        else:
+            spec = self.spec
+        self._adopt_spec(spec)
         self.data = await self.compute(load_windows, self.spec.data, self.spec.seq_len)
         await self._refresh_registry(all_stages=True)
         self.stage = cfg.stage if cfg.stage is not None else self._choose_stage()
@@ -163,6 +200,7 @@ class Node:
         await self._serve()
         self._state = "training"
         await self._heartbeat()
+        await _bounded(publish_spec(self.dht, self.spec), 10.0, "publishing the run spec")
 
     def _choose_stage(self) -> int:
         """The stage with the least total throughput (fewest peers while nothing is
@@ -250,6 +288,51 @@ class Node:
         while True:
             await asyncio.sleep(self.config.heartbeat_s * random.uniform(0.8, 1.2))
             await self._heartbeat()
+
+    async def _publish_loop(self) -> None:
+        """Every node re-publishes the spec it follows, signed, so the run can be joined
+        through any of its nodes, also once every bootstrap peer is gone."""
+        while True:
+            await asyncio.sleep(SPEC_REPUBLISH_S * random.uniform(0.8, 1.2))
+            await _bounded(publish_spec(self.dht, self.spec), 10.0, "re-publishing the run spec")
+
+    async def _connectivity_loop(self) -> None:
+        """Remember whom we were connected to; when every connection is gone (a network
+        blip, or every peer we knew restarted), dial the initial and remembered peers."""
+        alone_checks = 0
+        while True:
+            await asyncio.sleep(self.config.connectivity_check_s * random.uniform(0.8, 1.2))
+            try:
+                async with asyncio.timeout(5.0):
+                    connected = await self.dht.connected_peers()
+            except (TimeoutError, PeerError) as exc:
+                log.debug("could not list connections: %s", exc)
+                continue
+            for peer, addrs in connected.items():
+                self._known_peers.pop(peer, None)
+                self._known_peers[peer] = addrs[:4]
+                while len(self._known_peers) > MAX_KNOWN_PEERS:
+                    self._known_peers.pop(next(iter(self._known_peers)))
+            alone_checks = 0 if connected else alone_checks + 1
+            if alone_checks >= 2:
+                await self._rebootstrap()
+
+    async def _rebootstrap(self) -> None:
+        known = [f"{addr}/p2p/{peer}" for peer, addrs in self._known_peers.items() for addr in addrs
+                 if "/p2p/" not in addr]
+        log.warning("no connection to any peer; re-bootstrapping from %d initial and %d known peers",
+                    len(self.config.initial_peers), len(self._known_peers))
+        try:
+            reached = await self.dht.rebootstrap([*self.config.initial_peers, *known])
+        except (TimeoutError, PeerError) as exc:
+            reached = 0
+            log.debug("re-bootstrap failed: %s", exc)
+        if reached:
+            log.info("re-bootstrap: reconnected to %d peers", reached)
+        else:
+            self._note_failure("no peer reachable; re-bootstrapping")
+            log.warning("re-bootstrap: nobody answered; trying again in %.0fs (check this machine's network)",
+                        self.config.connectivity_check_s)
 
     async def _registry_loop(self) -> None:
         while True:
@@ -339,6 +422,7 @@ class Node:
                     grad, _ = await self._send_downstream(hidden, targets, self.config.hop_timeout_s)
                 except (PeerError, NotEnoughPeers, TimeoutError) as exc:
                     self.stats.microbatches_lost += 1
+                    self._note_failure(f"micro-batch lost: {exc}")
                     log.info("micro-batch lost: %s", exc)
                     return
                 _, due = await self.compute(_backward_step, self.worker, inputs, grad)
@@ -388,6 +472,7 @@ class Node:
             except PeerError as exc:
                 tried.add(peer)
                 ban = self.chooser.report_failure(peer)
+                self._note_failure(f"stage-{next_stage} peer {short_id(peer)} failed: {exc}")
                 log.info("stage-%d peer %s failed (%s); banned for %.0fs", next_stage, short_id(peer), exc, ban)
             finally:
                 self.chooser.finished(peer)
@@ -491,6 +576,7 @@ class Node:
         await self.compute(self.worker.apply_outer, own, others)
         if not others:
             self.stats.local_only_rounds += 1
+            self._note_failure(f"round {round_no}: no partner, local-only step")
             log.info("round %d: no partner found in %.1fs, local-only step", round_no, time.monotonic() - started)
         else:
             self.stats.rounds_with_partner += 1

@@ -9,6 +9,8 @@ from pathlib import Path
 @dataclass(frozen=True)
 class NodeConfig:
     initial_peers: tuple[str, ...] = ()
+    run_id: str | None = None  # which run to join when the initial peers publish several
+    spec_find_timeout_s: float = 20.0  # how long to wait for an initial peer's run spec
     host_maddrs: tuple[str, ...] = ("/ip4/127.0.0.1/tcp/0",)
     announce_maddrs: tuple[str, ...] = ()
     identity_path: str | None = None
@@ -31,6 +33,7 @@ class NodeConfig:
     registry_poll_s: float = 1.0
     state_download_timeout_s: float = 120.0
     startup_timeout_s: float = 60.0
+    connectivity_check_s: float = 5.0  # period of the "am I still connected to anyone" check
     download_state: bool = True
     progress: bool = True
 

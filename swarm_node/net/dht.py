@@ -1,45 +1,78 @@
-"""The hivemind DHT: start-up with clear failure messages, and small records with expiry.
+"""The hivemind DHT: start-up with clear failure messages, small records with expiry,
+signed records, and re-bootstrapping when every connection is gone.
 
 Records are dictionaries keyed by subkey (one per peer), each entry expiring on its
-own, which makes a natural per-stage registry. Values must stay small (a few KB)."""
+own, which makes a natural per-stage registry. Values must stay small (a few KB).
+Every DHT of ours runs hivemind's RSASignatureValidator keyed by the peer's identity,
+so owner-tagged records (see net/identity.py) cannot be overwritten by others."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
+import tempfile
 import threading
 from collections.abc import Sequence
+from functools import partial
+from pathlib import Path
 
 from hivemind import DHT
-from hivemind.p2p import P2P
+from hivemind.p2p import P2P, P2PDaemonError, PeerID
 from hivemind.utils import get_dht_time
+from hivemind.utils.multiaddr import Multiaddr
 
-from swarm_node.errors import ConfigError, SwarmError
+from swarm_node.errors import ConfigError, PeerError, SwarmError
+from swarm_node.net.identity import ensure_identity, owner_subkey, peer_id_of_owner, record_validator
 
 log = logging.getLogger(__name__)
 
 
+UNREACHABLE_MARK = "can't access this node"
+
+
 class SwarmDHT:
-    def __init__(self, dht: DHT):
+    def __init__(self, dht: DHT, validator, throwaway_dir: Path | None = None, client_mode: bool = False):
         self.dht = dht
         self.peer_id = str(dht.peer_id)
+        self.client_mode = client_mode
+        self._owner = owner_subkey(validator)
+        self._throwaway_dir = throwaway_dir
+        self._p2p: P2P | None = None
 
     @classmethod
     async def start(cls, *, initial_peers: Sequence[str] = (), host_maddrs: Sequence[str] = ("/ip4/127.0.0.1/tcp/0",),
                     announce_maddrs: Sequence[str] = (), identity_path: str | None = None,
                     client_mode: bool = False, startup_timeout_s: float = 60.0) -> "SwarmDHT":
-        kwargs = dict(initial_peers=list(initial_peers), host_maddrs=list(host_maddrs), start=True,
-                      client_mode=client_mode, startup_timeout=startup_timeout_s)
-        if announce_maddrs:
-            kwargs["announce_maddrs"] = list(announce_maddrs)
-        if identity_path:
-            kwargs["identity_path"] = identity_path
+        """Start the DHT. Without ``identity_path`` the peer gets a throwaway identity
+        (deleted at shutdown). When the initial peers cannot call this peer back, it
+        falls back to client mode with relays by itself and says so."""
+        throwaway_dir = None
+        if identity_path is None:
+            throwaway_dir = Path(tempfile.mkdtemp(prefix="swarm-identity-"))
+            identity_path = str(throwaway_dir / "identity.key")
         try:
-            # DHT() blocks while its child process and p2pd start: keep the loop free.
-            dht = await asyncio.to_thread(DHT, **kwargs)
-        except Exception as exc:  # hivemind raises bare Exceptions for all of these
-            raise _explain_start_failure(exc, initial_peers, startup_timeout_s) from None
-        return cls(dht)
+            await asyncio.to_thread(ensure_identity, identity_path)
+            validator = record_validator(identity_path)
+            kwargs = dict(initial_peers=list(initial_peers), host_maddrs=list(host_maddrs), start=True,
+                          startup_timeout=startup_timeout_s, identity_path=identity_path,
+                          record_validators=[validator], check_if_identity_free=throwaway_dir is None)
+            if announce_maddrs:
+                kwargs["announce_maddrs"] = list(announce_maddrs)
+            try:
+                dht = await _start_dht(kwargs, client_mode, initial_peers, startup_timeout_s)
+            except _Unreachable:
+                log.warning("the initial peers cannot open connections to this node (a NAT or firewall is in "
+                            "the way); continuing in client mode through relays: this node trains, but "
+                            "slower. To fix it, forward a port and pass --host-maddrs /ip4/0.0.0.0/tcp/PORT "
+                            "--announce-maddrs /ip4/PUBLIC_IP/tcp/PORT")
+                client_mode = True
+                dht = await _start_dht(kwargs, True, initial_peers, startup_timeout_s)
+        except BaseException:
+            if throwaway_dir is not None:
+                shutil.rmtree(throwaway_dir, ignore_errors=True)
+            raise
+        return cls(dht, validator, throwaway_dir, client_mode)
 
     def is_alive(self) -> bool:
         """hivemind runs the DHT in a child process; it can die under us (OOM killer, kill)."""
@@ -49,10 +82,64 @@ class SwarmDHT:
         return [str(m) for m in self.dht.get_visible_maddrs()]
 
     async def replicate_p2p(self) -> P2P:
-        return await self.dht.replicate_p2p()
+        if self._p2p is None:
+            self._p2p = await self.dht.replicate_p2p()
+        return self._p2p
+
+    async def connected_peers(self) -> dict[str, list[str]]:
+        """Peers the daemon holds a connection to, with their addresses."""
+        p2p = await self.replicate_p2p()
+        try:
+            infos = await p2p.list_peers()
+        except (P2PDaemonError, ConnectionError, OSError) as exc:
+            raise PeerError(f"the libp2p daemon did not list its connections: {exc}") from None
+        return {str(info.peer_id): [str(a) for a in info.addrs] for info in infos}
+
+    async def rebootstrap(self, maddrs: Sequence[str], timeout_s: float = 10.0) -> int:
+        """Reconnect to the given peers (full multiaddrs with /p2p/) and put them back
+        into the DHT's routing table; returns how many answered."""
+        p2p = await self.replicate_p2p()
+        by_peer: dict[str, list[Multiaddr]] = {}
+        for text in maddrs:
+            try:
+                maddr = Multiaddr(text)
+                by_peer.setdefault(maddr["p2p"], []).append(maddr.decapsulate(f"/p2p/{maddr['p2p']}"))
+            except (ValueError, KeyError, TypeError):
+                log.debug("skipping unusable multiaddr %s", text)
+        reached = []
+        for peer, addrs in by_peer.items():
+            if peer == self.peer_id:
+                continue
+            try:
+                async with asyncio.timeout(timeout_s):
+                    await p2p._client.connect(PeerID.from_base58(peer), addrs)
+                reached.append(peer)
+            except (TimeoutError, P2PDaemonError, ConnectionError, OSError, ValueError) as exc:
+                log.debug("re-bootstrap: %s did not answer: %s", peer[-6:], exc)
+        if reached:
+            try:
+                async with asyncio.timeout(timeout_s):
+                    await self.dht.run_coroutine(partial(_ping_into_routing_table, reached), return_future=True)
+            except (TimeoutError, RuntimeError, OSError) as exc:  # a dead DHT process; the caller retries
+                raise PeerError(f"the DHT did not take the reconnected peers: {exc}") from None
+        return len(reached)
 
     async def store(self, key: str, subkey: str, value, ttl_s: float) -> bool:
         return bool(await self.dht.store(key, value, get_dht_time() + ttl_s, subkey=subkey, return_future=True))
+
+    async def store_signed(self, key: str, value, ttl_s: float) -> bool:
+        """Store under our owner subkey: only this peer's key can write that entry."""
+        return await self.store(key, self._owner, value, ttl_s)
+
+    async def get_signed(self, key: str) -> dict[str, object]:
+        """Owner-tagged entries of ``key`` by the peer id whose key signed them (the
+        validator has checked each signature); untagged entries are ignored."""
+        signed = {}
+        for subkey, value in (await self.get_subkeys(key)).items():
+            signer = peer_id_of_owner(subkey)
+            if signer is not None:
+                signed[signer] = value
+        return signed
 
     async def get_subkeys(self, key: str) -> dict[str, object]:
         """Live entries of a dictionary record (expired ones are dropped by the DHT)."""
@@ -74,7 +161,31 @@ class SwarmDHT:
                 loop.call_soon_threadsafe(lambda: done.done() or done.set_result(None))
 
         threading.Thread(target=stop, name="dht-shutdown", daemon=True).start()
-        await done
+        try:
+            await done
+        finally:
+            if self._throwaway_dir is not None:
+                shutil.rmtree(self._throwaway_dir, ignore_errors=True)
+
+
+class _Unreachable(Exception):
+    pass
+
+
+async def _start_dht(kwargs: dict, client_mode: bool, initial_peers: Sequence[str], timeout_s: float) -> DHT:
+    extra = dict(client_mode=True, use_relay=True, use_auto_relay=True) if client_mode else dict(client_mode=False)
+    try:
+        # DHT() blocks while its child process and p2pd start: keep the loop free.
+        return await asyncio.to_thread(DHT, **kwargs, **extra)
+    except Exception as exc:  # hivemind raises bare Exceptions for all of these
+        if UNREACHABLE_MARK in str(exc) and not client_mode:
+            raise _Unreachable() from None
+        raise _explain_start_failure(exc, initial_peers, timeout_s) from None
+
+
+async def _ping_into_routing_table(peer_ids: list[str], _dht, node) -> None:
+    """Runs inside the DHT process (hence a module-level function: it is pickled)."""
+    await asyncio.gather(*(node.protocol.call_ping(PeerID.from_base58(p)) for p in peer_ids))
 
 
 def _explain_start_failure(exc: Exception, initial_peers: Sequence[str], timeout_s: float) -> SwarmError:

@@ -11,6 +11,7 @@ from swarm_node.errors import ProtocolError
 
 STATES = ("joining", "training", "finished", "leaving")
 MAX_FIELD_CHARS = 64
+MAX_ERROR_CHARS = 160
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,10 @@ class PeerRecord:
     seeking: bool = False  # at an outer-round boundary, looking for a partner
     loss: float | None = None  # last stage: EMA of the training loss
     tokens: int = 0  # stage 0: tokens this node has fed into the pipeline
+    lost: int = 0  # micro-batches this node gave up on
+    partner_rounds: int = 0  # outer rounds averaged with a partner
+    local_rounds: int = 0  # outer rounds that found no partner
+    last_error: str = ""  # the latest failure, one line, for dashboards
 
     def to_wire(self) -> dict:
         return asdict(self)
@@ -41,7 +46,10 @@ class PeerRecord:
                 queue=_int(raw.get("queue", 0), 0, 10**6), inner_step=_int(raw.get("inner_step", 0), 0, 10**12),
                 outer_round=_int(raw.get("outer_round", 0), 0, 10**12), seeking=bool(raw.get("seeking", False)),
                 loss=None if raw.get("loss") is None else _float(raw["loss"]),
-                tokens=_int(raw.get("tokens", 0), 0, 10**18))
+                tokens=_int(raw.get("tokens", 0), 0, 10**18), lost=_int(raw.get("lost", 0), 0, 10**12),
+                partner_rounds=_int(raw.get("partner_rounds", 0), 0, 10**12),
+                local_rounds=_int(raw.get("local_rounds", 0), 0, 10**12),
+                last_error=_str(raw.get("last_error", ""), MAX_ERROR_CHARS))
         except KeyError as exc:
             raise ProtocolError(f"registry record lacks {exc}") from None
         if record.state not in STATES:
@@ -61,7 +69,7 @@ def _float(value: object) -> float:
     return float(value)
 
 
-def _str(value: object) -> str:
-    if not isinstance(value, str) or len(value) > MAX_FIELD_CHARS:
+def _str(value: object, max_chars: int = MAX_FIELD_CHARS) -> str:
+    if not isinstance(value, str) or len(value) > max_chars:
         raise ProtocolError("bad text field")
     return value

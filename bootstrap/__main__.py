@@ -1,0 +1,5 @@
+import sys
+
+from swarm_bootstrap.cli import main
+
+sys.exit(main())

@@ -1,0 +1,106 @@
+"""The ``swarm-bootstrap`` command line. It only parses arguments and hands them on."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+from swarm_node import __version__
+from swarm_node.errors import ConfigError, SwarmError
+
+DEFAULT_IDENTITY = Path(os.environ.get("XDG_CONFIG_HOME", Path.home() / ".config")) / "swarm-node" / "bootstrap.key"
+DEFAULT_PORT = 31337
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="swarm-bootstrap",
+        description="Host the bootstrap peer of a swarm-node run: a DHT peer that trains nothing, publishes the "
+                    "run spec, and serves a status dashboard. Prints the multiaddrs volunteers pass to "
+                    "`swarm-node join --initial-peers`.")
+    p.add_argument("--version", action="version", version=f"swarm-bootstrap {__version__}")
+    p.add_argument("--identity", type=Path, default=DEFAULT_IDENTITY,
+                   help=f"private key file; created on first run, keeps the peer id and multiaddr across restarts "
+                        f"(default {DEFAULT_IDENTITY}). Back it up; never commit it")
+    p.add_argument("--run-spec", type=Path, default=None, help="the run to publish (.toml or .json)")
+    p.add_argument("--run-id", default=None,
+                   help="with --initial-peers and no --run-spec: which published run to serve")
+    p.add_argument("--initial-peers", nargs="+", default=[], metavar="MADDR",
+                   help="other bootstraps (or nodes) of the same run; several bootstraps avoid a single "
+                        "point of failure")
+    p.add_argument("--host-maddrs", nargs="+", default=None, metavar="MADDR",
+                   help=f"where to listen (default /ip4/0.0.0.0/tcp/{DEFAULT_PORT})")
+    p.add_argument("--announce-maddrs", nargs="+", default=[], metavar="MADDR",
+                   help="the addresses volunteers should dial, e.g. /ip4/PUBLIC_IP/tcp/PORT")
+    p.add_argument("--public-ip", default=None, help="shorthand: listen on 0.0.0.0:--port and announce this IP")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help="TCP port with --public-ip")
+    p.add_argument("--http-host", default="0.0.0.0", help="address of the status server")
+    p.add_argument("--http-port", type=int, default=8080, help="status server port (0: any free port)")
+    p.add_argument("--startup-timeout", type=float, default=60.0, help="seconds for the libp2p daemon to start")
+    p.add_argument("--no-reachability-check", action="store_true",
+                   help="skip dialling the announced addresses at start-up")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    return p
+
+
+def _addresses(args: argparse.Namespace) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    if args.public_ip:
+        if args.host_maddrs or args.announce_maddrs:
+            raise ConfigError("use either --public-ip/--port or --host-maddrs/--announce-maddrs, not both")
+        if not 0 < args.port < 65536:
+            raise ConfigError("--public-ip needs a fixed --port (1-65535): volunteers must know it in advance")
+        proto = "ip6" if ":" in args.public_ip else "ip4"
+        any_addr = "::" if proto == "ip6" else "0.0.0.0"
+        return (f"/{proto}/{any_addr}/tcp/{args.port}",), (f"/{proto}/{args.public_ip}/tcp/{args.port}",)
+    host = tuple(args.host_maddrs or (f"/ip4/0.0.0.0/tcp/{DEFAULT_PORT}",))
+    return host, tuple(args.announce_maddrs)
+
+
+def _print_ready(ready) -> None:
+    lines = [f"bootstrap peer {ready.peer_id} serving run {ready.run_id!r}",
+             "volunteers join with:",
+             f"  swarm-node join --initial-peers {ready.maddrs[0] if ready.maddrs else '?'}",
+             "all multiaddrs of this peer:", *(f"  {m}" for m in ready.maddrs),
+             f"run spec DHT key: {ready.spec_key}",
+             f"dashboard: {ready.http_url}  (also /healthz, /metrics, /api/status)"]
+    print("\n".join(lines), flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from swarm_bootstrap.identity_policy import prepare_identity
+    from swarm_bootstrap.peer import BootstrapConfig, BootstrapPeer
+
+    from swarm_node.obs.logs import setup_logging
+    from swarm_node.spec import RunSpec
+
+    args = build_parser().parse_args(argv)
+    setup_logging(args.verbose)
+    try:
+        host, announce = _addresses(args)
+        prepare_identity(args.identity)
+        config = BootstrapConfig(identity_path=args.identity, host_maddrs=host, announce_maddrs=announce,
+                                 initial_peers=tuple(args.initial_peers),
+                                 run_spec=RunSpec.from_file(args.run_spec) if args.run_spec else None,
+                                 run_id=args.run_id, http_host=args.http_host, http_port=args.http_port,
+                                 startup_timeout_s=args.startup_timeout,
+                                 check_reachability=not args.no_reachability_check)
+        _use_uvloop()
+        asyncio.run(BootstrapPeer(config, on_ready=_print_ready).run())
+        return 0
+    except (ValueError, OSError, SwarmError) as exc:
+        print(f"swarm-bootstrap: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _use_uvloop() -> None:
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass

@@ -1,0 +1,229 @@
+"""The bootstrap peer: a DHT peer that trains nothing. It gives volunteers an address to
+join through, publishes the run spec signed with its identity, checks that it can be
+reached where it says, and serves the swarm's status over HTTP from the registry
+records every node heartbeats into the DHT."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from swarm_bootstrap.view import SwarmView, prometheus_text
+from swarm_bootstrap.web import Response, StatusServer
+
+from swarm_node import __version__
+from swarm_node.discovery import SPEC_REPUBLISH_S, find_run_spec, publish_spec, spec_key
+from swarm_node.errors import ConfigError, SwarmError
+from swarm_node.net.dht import SwarmDHT
+from swarm_node.net.reach import address_scope, dial_check
+from swarm_node.net.transport import short_id
+from swarm_node.registry import read_stage
+from swarm_node.spec import RunSpec
+from swarm_node.system import raise_open_file_limit
+
+log = logging.getLogger("swarm_bootstrap")
+
+
+@dataclass(frozen=True)
+class BootstrapConfig:
+    identity_path: Path
+    host_maddrs: tuple[str, ...] = ("/ip4/0.0.0.0/tcp/31337",)
+    announce_maddrs: tuple[str, ...] = ()
+    initial_peers: tuple[str, ...] = ()  # other bootstraps or nodes of the same run
+    run_spec: RunSpec | None = None  # None: serve the run the initial peers publish
+    run_id: str | None = None
+    http_host: str = "0.0.0.0"
+    http_port: int = 8080
+    poll_period_s: float = 2.0
+    startup_timeout_s: float = 60.0
+    check_reachability: bool = True
+    reachability_timeout_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class Ready:
+    peer_id: str
+    maddrs: list[str]
+    http_url: str
+    run_id: str
+    spec_key: str
+
+
+class BootstrapPeer:
+    def __init__(self, config: BootstrapConfig, on_ready: Callable[[Ready], None] = lambda ready: None):
+        self.config = config
+        self.on_ready = on_ready
+        self.dht: SwarmDHT | None = None
+        self.spec: RunSpec | None = None
+        self.view: SwarmView | None = None
+        self.maddrs: list[str] = []
+        self.reachability: dict[str, str | None] = {}
+        self._stop = asyncio.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self.stop)
+        raise_open_file_limit()
+        cfg = self.config
+        server = StatusServer(self._routes())
+        try:
+            self.dht = await SwarmDHT.start(initial_peers=cfg.initial_peers, host_maddrs=cfg.host_maddrs,
+                                            announce_maddrs=cfg.announce_maddrs,
+                                            identity_path=str(cfg.identity_path),
+                                            startup_timeout_s=cfg.startup_timeout_s)
+            if self.dht.client_mode:
+                raise SwarmError("the initial peers cannot reach this bootstrap, so it cannot serve volunteers; "
+                                 "fix the announce address or the firewall (see the README, 'Host a bootstrap peer')")
+            self.spec = await self._resolve_spec()
+            self.view = SwarmView(self.spec.run_id, self.spec.spec_hash(), self.spec.num_stages)
+            if not await publish_spec(self.dht, self.spec):
+                log.warning("the DHT did not accept the run spec; retrying in the publish loop")
+            self.maddrs = _ordered_for_volunteers(self.dht.visible_maddrs())
+            port = await server.start(cfg.http_host, cfg.http_port)
+            self.on_ready(Ready(self.dht.peer_id, self.maddrs, _http_url(cfg.http_host, port), self.spec.run_id,
+                                spec_key(self.dht.peer_id)))
+            self._advise_on_addresses()
+            async with asyncio.TaskGroup() as tg:
+                tasks = [tg.create_task(self._publish_loop()), tg.create_task(self._poll_loop()),
+                         tg.create_task(self._watch_dht())]
+                if cfg.check_reachability:
+                    tasks.append(tg.create_task(self._check_reachability()))
+                await self._stop.wait()
+                for task in tasks:
+                    task.cancel()
+        finally:
+            await server.close()
+            if self.dht is not None:
+                try:
+                    async with asyncio.timeout(15.0):
+                        await self.dht.shutdown()
+                except TimeoutError:
+                    log.warning("gave up stopping the DHT after 15 s")
+            log.info("bootstrap stopped")
+
+    async def _resolve_spec(self) -> RunSpec:
+        cfg = self.config
+        if cfg.run_spec is None and not cfg.initial_peers:
+            raise ConfigError("give --run-spec RUN.toml (or --initial-peers of a running bootstrap to serve its run)")
+        if not cfg.initial_peers:
+            return cfg.run_spec
+        # A second bootstrap of a run must publish the very spec the first one does.
+        run_id = cfg.run_id or (cfg.run_spec.run_id if cfg.run_spec else None)
+        spec, publisher = await find_run_spec(self.dht, cfg.initial_peers, run_id=run_id, local_spec=cfg.run_spec)
+        if publisher is not None:
+            log.info("serving run %r as published by %s", spec.run_id, short_id(publisher))
+        return spec
+
+    # -- loops ---------------------------------------------------------------------
+    async def _publish_loop(self) -> None:
+        while True:
+            await asyncio.sleep(SPEC_REPUBLISH_S * random.uniform(0.8, 1.0))
+            try:
+                async with asyncio.timeout(10.0):
+                    stored = await publish_spec(self.dht, self.spec)
+            except TimeoutError:
+                stored = False
+            if not stored:
+                log.warning("re-publishing the run spec failed; trying again in %.0f s", SPEC_REPUBLISH_S)
+
+    async def _poll_loop(self) -> None:
+        while True:
+            records, foreign = {}, 0
+            try:
+                async with asyncio.timeout(max(5.0, self.config.poll_period_s * 2)):
+                    for stage in range(self.spec.num_stages):
+                        parsed, unreadable = await read_stage(self.dht, self.spec.run_id, stage)
+                        records.update(parsed)
+                        foreign += len(unreadable)
+                self.view.ingest(time.time(), records, foreign)
+            except TimeoutError:
+                log.warning("reading the stage registry timed out")
+            await asyncio.sleep(self.config.poll_period_s * random.uniform(0.8, 1.2))
+
+    async def _watch_dht(self) -> None:
+        while True:
+            await asyncio.sleep(2.0)
+            if not self.dht.is_alive():
+                raise SwarmError("the DHT process died; restart the bootstrap (same --identity keeps its address)")
+
+    async def _check_reachability(self) -> None:
+        checked = [m.rsplit("/p2p/", 1)[0] for m in self.maddrs if address_scope(m) != "unspecified"]
+        self.reachability = await dial_check(self.dht.peer_id, checked, self.config.reachability_timeout_s)
+        for maddr, problem in self.reachability.items():
+            if problem is None:
+                log.info("reachability: answered at %s", maddr)
+            else:
+                port = maddr.rsplit("/", 1)[-1]
+                log.warning("reachability: nobody answered at %s (%s). Open TCP port %s in the firewall and "
+                            "forward it to this machine on the router. Behind a NAT without hairpinning this "
+                            "self-check fails although the port is open: confirm from another network with "
+                            "`swarm-node join --initial-peers %s/p2p/%s`", maddr, problem, port, maddr,
+                            self.dht.peer_id)
+
+    def _advise_on_addresses(self) -> None:
+        scopes = {address_scope(m) for m in self.maddrs}
+        if scopes <= {"loopback"}:
+            log.warning("this bootstrap announces loopback addresses only: peers on other machines cannot join. "
+                        "For a public run use --public-ip IP --port PORT (or --host-maddrs /ip4/0.0.0.0/tcp/PORT "
+                        "--announce-maddrs /ip4/IP/tcp/PORT)")
+        elif "public" not in scopes and "dns" not in scopes:
+            log.warning("this bootstrap announces private addresses only (%s): only machines on the same network "
+                        "can join; pass --public-ip for volunteers on the internet", ", ".join(self.maddrs))
+
+    # -- HTTP ------------------------------------------------------------------------
+    def _routes(self) -> dict:
+        page = resources.files("swarm_bootstrap").joinpath("dashboard.html").read_bytes()
+        return {
+            "/": lambda: Response(200, page, "text/html; charset=utf-8"),
+            "/healthz": self._healthz,
+            "/metrics": lambda: self._when_ready(lambda: Response(
+                200, prometheus_text(self.view, up=self.dht.is_alive(), peer_id=self.dht.peer_id,
+                                     version=__version__, now_s=time.time()).encode(),
+                "text/plain; version=0.0.4; charset=utf-8")),
+            "/api/status": lambda: self._when_ready(lambda: _json(self.status())),
+            "/api/history": lambda: self._when_ready(lambda: _json(list(self.view.history))),
+        }
+
+    def _when_ready(self, respond: Callable[[], Response]) -> Response:
+        if self.view is None:
+            return Response(503, b"starting\n")
+        return respond()
+
+    def _healthz(self) -> Response:
+        if self.dht is not None and self.dht.is_alive() and self.view is not None:
+            return Response(200, b"ok\n")
+        return Response(503, b"DHT not running\n")
+
+    def status(self) -> dict:
+        return {**self.view.status(), "spec_key": spec_key(self.dht.peer_id),
+                "spec": self.spec.to_dict(),
+                "bootstrap": {"peer_id": self.dht.peer_id, "maddrs": self.maddrs, "version": __version__,
+                              "uptime_s": round(time.time() - self.view.started_s, 1),
+                              "reachability": self.reachability}}
+
+
+def _json(data) -> Response:
+    return Response(200, json.dumps(data, allow_nan=False).encode(), "application/json")
+
+
+def _ordered_for_volunteers(maddrs: list[str]) -> list[str]:
+    """Public addresses first, loopback last: the first one is what people copy."""
+    rank = {"public": 0, "dns": 0, "private": 1, "unknown": 2, "loopback": 3, "unspecified": 4}
+    return sorted(dict.fromkeys(maddrs), key=lambda m: rank.get(address_scope(m), 2))
+
+
+def _http_url(host: str, port: int) -> str:
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    return f"http://{shown}:{port}/"

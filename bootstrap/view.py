@@ -1,0 +1,181 @@
+"""What the bootstrap knows about the swarm: the latest registry records of every
+stage, a bounded history of the swarm's loss and tokens/s, and recent failures. Pure
+data: fed snapshots by the peer's poll loop, read by the HTTP handlers."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from swarm_node.wire.records import PeerRecord
+
+HISTORY_POINTS = 1800  # an hour at the default 2 s poll period
+RECENT_FAILURES = 50
+GONE_STATES = ("finished", "leaving")
+
+
+@dataclass
+class PeerRow:
+    peer_id: str
+    record: PeerRecord
+    first_seen_s: float
+    last_seen_s: float
+
+    def to_json(self) -> dict:
+        r = self.record
+        return {"peer_id": self.peer_id, "short_id": self.peer_id[-6:], "stage": r.stage, "state": r.state,
+                "version": r.version, "throughput_samples_per_s": r.throughput, "queue": r.queue,
+                "inner_step": r.inner_step, "outer_round": r.outer_round, "seeking": r.seeking, "loss": r.loss,
+                "tokens": r.tokens, "microbatches_lost": r.lost, "partner_rounds": r.partner_rounds,
+                "local_rounds": r.local_rounds, "last_error": r.last_error,
+                "seen_for_s": round(self.last_seen_s - self.first_seen_s, 1)}
+
+
+@dataclass
+class SwarmView:
+    run_id: str
+    spec_hash: str
+    num_stages: int
+    started_s: float = field(default_factory=time.time)
+    peers: dict[str, PeerRow] = field(default_factory=dict)
+    history: deque = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
+    failures: deque = field(default_factory=lambda: deque(maxlen=RECENT_FAILURES))
+    failures_total: int = 0
+    tokens_total: int = 0
+    foreign_records: int = 0  # records of other runs' specs, or unreadable ones, in our keys
+    last_poll_s: float | None = None
+
+    def ingest(self, now_s: float, records: dict[str, PeerRecord], foreign: int = 0) -> None:
+        """One poll of every stage: ``records`` maps peer id to its latest record."""
+        previous, previous_poll = self.peers, self.last_poll_s
+        self.peers = {}
+        for peer, record in records.items():
+            if record.spec_hash != self.spec_hash or not 0 <= record.stage < self.num_stages:
+                foreign += 1
+                continue
+            row = previous.get(peer)
+            self.peers[peer] = PeerRow(peer, record, row.first_seen_s if row else now_s, now_s)
+            if row is not None:
+                self._note_changes(now_s, peer, row.record, record)
+        for peer, row in previous.items():
+            if peer not in self.peers and row.record.state not in GONE_STATES:
+                self._fail(now_s, peer, row.record.stage, "vanished without leaving (crashed or cut off)")
+        self.foreign_records = foreign
+        new_tokens = sum(max(0, row.record.tokens - previous[p].record.tokens) if p in previous else row.record.tokens
+                         for p, row in self.peers.items() if row.record.stage == 0)
+        self.tokens_total += new_tokens
+        tokens_per_s = None
+        if previous_poll is not None and now_s > previous_poll:
+            tokens_per_s = new_tokens / (now_s - previous_poll)
+        self.last_poll_s = now_s
+        self.history.append({"t": round(now_s, 3), "loss": self.swarm_loss(), "tokens_per_s": tokens_per_s,
+                             "peers": len(self.peers), "tokens": self.tokens_total})
+
+    def _note_changes(self, now_s: float, peer: str, old: PeerRecord, new: PeerRecord) -> None:
+        if new.lost > old.lost:
+            self._fail(now_s, peer, new.stage, f"lost {new.lost - old.lost} micro-batches: {new.last_error}")
+        elif new.local_rounds > old.local_rounds:
+            self._fail(now_s, peer, new.stage, f"{new.local_rounds - old.local_rounds} round(s) without a partner")
+        elif new.last_error and new.last_error != old.last_error:
+            self._fail(now_s, peer, new.stage, new.last_error)
+
+    def _fail(self, now_s: float, peer: str, stage: int, what: str) -> None:
+        self.failures_total += 1
+        self.failures.append({"t": round(now_s, 3), "peer_id": peer, "short_id": peer[-6:], "stage": stage,
+                              "what": what[:200]})
+
+    def stage_rows(self, stage: int) -> list[PeerRow]:
+        return sorted((r for r in self.peers.values() if r.record.stage == stage), key=lambda r: r.peer_id)
+
+    def swarm_loss(self) -> float | None:
+        """Mean training loss (EMA) reported by the last stage's training peers."""
+        losses = [r.record.loss for r in self.stage_rows(self.num_stages - 1)
+                  if r.record.loss is not None and r.record.state == "training"]
+        return round(sum(losses) / len(losses), 5) if losses else None
+
+    def tokens_per_s(self) -> float | None:
+        recent = [p["tokens_per_s"] for p in list(self.history)[-5:] if p["tokens_per_s"] is not None]
+        return sum(recent) / len(recent) if recent else None
+
+    def status(self) -> dict:
+        stages = []
+        for stage in range(self.num_stages):
+            rows = self.stage_rows(stage)
+            stages.append({"stage": stage, "num_peers": len(rows),
+                           "throughput_samples_per_s": round(sum(r.record.throughput for r in rows), 3),
+                           "peers": [r.to_json() for r in rows]})
+        return {"run_id": self.run_id, "spec_hash": self.spec_hash, "num_stages": self.num_stages,
+                "num_peers": len(self.peers), "loss": self.swarm_loss(), "tokens": self.tokens_total,
+                "tokens_per_s": self.tokens_per_s(), "stages": stages, "recent_failures": list(self.failures),
+                "failures_total": self.failures_total, "foreign_records": self.foreign_records,
+                "last_poll": self.last_poll_s}
+
+
+def prometheus_text(view: SwarmView, *, up: bool, peer_id: str, version: str, now_s: float) -> str:
+    """The Prometheus text exposition format (version 0.0.4)."""
+    out: list[str] = []
+
+    def metric(name: str, kind: str, help_text: str, samples: list[tuple[dict, float]]) -> None:
+        if kind == "counter":
+            name += "_total"
+        out.append(f"# HELP {name} {help_text}")
+        out.append(f"# TYPE {name} {kind}")
+        for labels, value in samples:
+            label_text = ",".join(f'{k}="{_escape(str(v))}"' for k, v in labels.items())
+            out.append(f"{name}{{{label_text}}} {_number(value)}" if labels else f"{name} {_number(value)}")
+
+    metric("swarm_bootstrap_info", "gauge", "This bootstrap peer and the run it serves.",
+           [({"run_id": view.run_id, "spec_hash": view.spec_hash, "peer_id": peer_id, "version": version}, 1)])
+    metric("swarm_bootstrap_up", "gauge", "1 while the bootstrap's DHT is running.", [({}, 1 if up else 0)])
+    metric("swarm_bootstrap_uptime_seconds", "gauge", "Seconds since the bootstrap started.",
+           [({}, now_s - view.started_s)])
+    states = ("joining", "training", "finished", "leaving")
+    metric("swarm_peers", "gauge", "Peers with a live registry record, by stage and state.",
+           [({"stage": s, "state": st}, sum(1 for r in view.stage_rows(s) if r.record.state == st))
+            for s in range(view.num_stages) for st in states])
+    metric("swarm_stage_throughput_samples_per_second", "gauge", "Sum of the stage's peers' throughput.",
+           [({"stage": s}, sum(r.record.throughput for r in view.stage_rows(s))) for s in range(view.num_stages)])
+    metric("swarm_tokens", "counter", "Tokens fed into the pipeline by stage-0 peers, as seen by this bootstrap.",
+           [({}, view.tokens_total)])
+    metric("swarm_tokens_per_second", "gauge", "Swarm tokens/s over the last polls.",
+           [({}, view.tokens_per_s() or 0.0)])
+    loss = view.swarm_loss()
+    metric("swarm_train_loss", "gauge", "Mean training loss reported by the last stage.",
+           [({}, loss if loss is not None else math.nan)])
+    metric("swarm_failures", "counter", "Failure events seen in peer records (lost micro-batches, rounds "
+           "without partner, vanished peers).", [({}, view.failures_total)])
+    metric("swarm_foreign_records", "gauge", "Registry records of another spec or unreadable.",
+           [({}, view.foreign_records)])
+    rows = sorted(view.peers.values(), key=lambda r: (r.record.stage, r.peer_id))
+    per_peer = [
+        ("swarm_peer_inner_step", "gauge", "Inner optimizer steps taken.", lambda r: r.inner_step),
+        ("swarm_peer_outer_round", "gauge", "Outer rounds done.", lambda r: r.outer_round),
+        ("swarm_peer_throughput_samples_per_second", "gauge", "Peer's stage compute throughput.",
+         lambda r: r.throughput),
+        ("swarm_peer_queue", "gauge", "Micro-batches waiting or in flight at the peer.", lambda r: r.queue),
+        ("swarm_peer_microbatches_lost", "counter", "Micro-batches the peer gave up on.", lambda r: r.lost),
+        ("swarm_peer_partner_rounds", "counter", "Outer rounds averaged with a partner.", lambda r: r.partner_rounds),
+        ("swarm_peer_local_rounds", "counter", "Outer rounds without a partner.", lambda r: r.local_rounds),
+    ]
+    for name, kind, help_text, value_of in per_peer:
+        metric(name, kind, help_text, [({"peer": r.peer_id, "stage": r.record.stage}, value_of(r.record))
+                                       for r in rows])
+    metric("swarm_peer_loss", "gauge", "Last stage: the peer's training loss (EMA).",
+           [({"peer": r.peer_id, "stage": r.record.stage}, r.record.loss) for r in rows if r.record.loss is not None])
+    return "\n".join(out) + "\n"
+
+
+def _escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _number(value: float) -> str:
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "NaN"
+        if math.isinf(value):
+            return "+Inf" if value > 0 else "-Inf"
+        return repr(value)
+    return str(int(value))
