@@ -57,8 +57,9 @@ class SwarmView:
                 continue
             row = previous.get(peer)
             self.peers[peer] = PeerRow(peer, record, row.first_seen_s if row else now_s, now_s)
-            if row is not None:
-                self._note_changes(now_s, peer, row.record, record)
+        for peer, row in self.peers.items():
+            if peer in previous:
+                self._note_changes(now_s, peer, previous[peer].record, row.record)
         for peer, row in previous.items():
             if peer not in self.peers and row.record.state not in GONE_STATES:
                 self._fail(now_s, peer, row.record.stage, "vanished without leaving (crashed or cut off)")
@@ -76,9 +77,10 @@ class SwarmView:
     def _note_changes(self, now_s: float, peer: str, old: PeerRecord, new: PeerRecord) -> None:
         if new.lost > old.lost:
             self._fail(now_s, peer, new.stage, f"lost {new.lost - old.lost} micro-batches: {new.last_error}")
-        elif new.local_rounds > old.local_rounds:
+        elif new.local_rounds > old.local_rounds and len(self.stage_rows(new.stage)) > 1:
+            # a peer alone in its stage has nobody to pair with: that is no failure
             self._fail(now_s, peer, new.stage, f"{new.local_rounds - old.local_rounds} round(s) without a partner")
-        elif new.last_error and new.last_error != old.last_error:
+        elif new.last_error and new.last_error != old.last_error and "no partner" not in new.last_error:
             self._fail(now_s, peer, new.stage, new.last_error)
 
     def _fail(self, now_s: float, peer: str, stage: int, what: str) -> None:

@@ -25,7 +25,7 @@ import torch
 from swarm_node import __version__
 from swarm_node.data.dataset import TokenWindows, load_windows
 from swarm_node.data.shards import ShardedBatches
-from swarm_node.discovery import SPEC_REPUBLISH_S, find_run_spec, publish_spec
+from swarm_node.discovery import SPEC_REPUBLISH_S, find_run_spec, peer_ids_of, publish_spec
 from swarm_node.errors import (
     ConfigError,
     IncompatibleRun,
@@ -73,6 +73,7 @@ class Node:
         """Without a spec the node reads the run's spec from its initial peers."""
         if spec is None and not config.initial_peers:
             raise ConfigError("a node needs --initial-peers (to read the run spec from the swarm) or --config")
+        peer_ids_of(config.initial_peers)  # a multiaddr without its /p2p/ id fails here, before start-up
         self.spec = spec
         self.config = config
         self.spec_hash = spec.spec_hash() if spec else None
@@ -186,7 +187,7 @@ class Node:
         self._adopt_spec(spec)
         self.data = await self.compute(load_windows, self.spec.data, self.spec.seq_len)
         await self._refresh_registry(all_stages=True)
-        self.stage = cfg.stage if cfg.stage is not None else self._choose_stage()
+        self.stage = cfg.stage if cfg.stage is not None else await self._pick_stage()
         if not 0 <= self.stage < self.spec.num_stages:
             raise SwarmError(f"stage {self.stage} does not exist: this run has {self.spec.num_stages} stages")
         self.worker = await self.compute(StageWorker, self.spec, self.stage, self.data.vocab_size, cfg.device)
@@ -202,16 +203,41 @@ class Node:
         await self._heartbeat()
         await _bounded(publish_spec(self.dht, self.spec), 10.0, "publishing the run spec")
 
-    def _choose_stage(self) -> int:
-        """The stage with the least total throughput (fewest peers while nothing is
-        measured yet); ties go to a random one so simultaneous joiners spread out."""
-        def load(stage: int) -> tuple[float, int]:
-            records = [r for r in self.peers.get(stage, {}).values() if r.state in ("joining", "training")]
-            return sum(r.throughput for r in records), len(records)
+    async def _pick_stage(self) -> int:
+        """Balance peers over stages, also when several join at once: announce a first
+        guess, give simultaneous joiners time to announce theirs, then take this
+        node's place in an assignment every joiner computes the same way."""
+        self.stage = self._assign_stage()
+        await self._heartbeat()  # state "joining": visible to the others
+        await asyncio.sleep(self.config.registry_poll_s * 2 * random.uniform(1.0, 1.5))
+        await self._refresh_registry(all_stages=True)
+        chosen = self._assign_stage()
+        if chosen != self.stage:
+            log.info("taking stage %d instead of %d: other peers joined at the same time", chosen, self.stage)
+            self._state = "leaving"  # withdraw the guess at once rather than at record expiry
+            await self._heartbeat()
+            self._state = "joining"
+            self.stage = chosen
+            await self._heartbeat()
+        return chosen
 
-        loads = {s: load(s) for s in range(self.spec.num_stages)}
-        best = min(loads.values())
-        return random.choice([s for s, v in loads.items() if v == best])
+    def _assign_stage(self) -> int:
+        """Joiners, in peer-id order, each take the stage with the fewest peers (ties:
+        the lower total throughput, then the lower index). Peers are counted rather
+        than weighted by throughput because the throughputs of different stages are
+        not comparable (stage 0 measures the whole pipeline's latency)."""
+        stages = range(self.spec.num_stages)
+        count = {s: sum(r.state == "training" for r in self.peers.get(s, {}).values()) for s in stages}
+        speed = {s: sum(r.throughput for r in self.peers.get(s, {}).values() if r.state == "training")
+                 for s in stages}
+        joiners = sorted({self.peer_id, *(p for s in stages for p, r in self.peers.get(s, {}).items()
+                                          if r.state == "joining")})
+        for peer in joiners:
+            best = min(stages, key=lambda s: (count[s], speed[s], s))
+            if peer == self.peer_id:
+                return best
+            count[best] += 1
+        raise AssertionError("unreachable: this node is among the joiners")
 
     async def _serve(self) -> None:
         per_activation = self.spec.batch_size * self.spec.seq_len * self.worker.model_config.hidden_size * 4
@@ -557,6 +583,7 @@ class Node:
         await self._heartbeat()  # announce `seeking` now rather than at the next beat
         started = time.monotonic()
         live = lambda: [p for p in self.live_peers(self.stage) if not self.chooser.is_banned(p)]  # noqa: E731
+        had_company = bool(live())
         if isinstance(self.pairing, GroupRound):
             gathered = await self.pairing.run_round(round_no, self._outer_reply, members=live,
                                                     send=self._send_outer, on_peer_failure=self.chooser.report_failure,
@@ -576,7 +603,8 @@ class Node:
         await self.compute(self.worker.apply_outer, own, others)
         if not others:
             self.stats.local_only_rounds += 1
-            self._note_failure(f"round {round_no}: no partner, local-only step")
+            if had_company:  # alone in the stage, a local-only round is the plan, not a failure
+                self._note_failure(f"round {round_no}: no partner, local-only step")
             log.info("round %d: no partner found in %.1fs, local-only step", round_no, time.monotonic() - started)
         else:
             self.stats.rounds_with_partner += 1

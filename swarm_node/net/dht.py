@@ -190,13 +190,14 @@ async def _ping_into_routing_table(peer_ids: list[str], _dht, node) -> None:
 
 def _explain_start_failure(exc: Exception, initial_peers: Sequence[str], timeout_s: float) -> SwarmError:
     text = str(exc)
-    if "failed to start in" in text or "Daemon failed to start" in text:
-        return SwarmError(f"the libp2p daemon did not start within {timeout_s:.0f}s; "
-                          "try again with a larger --startup-timeout (slow disks and busy machines need more)")
-    if "none of the initial_peers responded" in text or "bootstrap failed" in text:
+    if ("none of the initial_peers responded" in text or "bootstrap failed" in text
+            or "failed to connect to bootstrap peers" in text):
         return SwarmError(f"none of the initial peers answered ({', '.join(initial_peers) or 'none given'}); "
                           "check the multiaddrs (including the /p2p/ id), that the peer is up, "
                           "and that its port is reachable from here")
+    if "failed to start in" in text:
+        return SwarmError(f"the libp2p daemon did not start within {timeout_s:.0f}s; "
+                          "try again with a larger --startup-timeout (slow disks and busy machines need more)")
     if "already taken" in text:
         return ConfigError(f"{text}; another process uses this identity file: give each node its own")
     return SwarmError(f"could not start the DHT: {text}")

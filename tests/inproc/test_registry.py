@@ -38,3 +38,31 @@ def test_peers_of_another_run_spec_and_bad_records_are_ignored_and_logged_once(c
     warnings = [r.getMessage() for r in caplog.records]
     assert sum("foreign"[-6:] in w and "run-spec hash" in w for w in warnings) == 1
     assert sum("unreadable registry record" in w for w in warnings) == 1
+
+
+def _joiner(peer_id: str, spec: RunSpec, peers: dict) -> Node:
+    node = Node(spec, NodeConfig())
+    node._adopt_spec(spec)
+    node.dht = type("D", (), {"peer_id": peer_id})()
+    node.peers = peers
+    return node
+
+
+def test_simultaneous_joiners_spread_over_stages_and_agree_on_it():
+    spec = RunSpec(run_id="r", num_stages=3)
+
+    def rec(stage, state, throughput=0.0):
+        return PeerRecord(stage=stage, spec_hash=spec.spec_hash(), version=__version__, state=state,
+                          throughput=throughput)
+
+    # stage 1 has a trained peer; three joiners first guessed stage 0
+    base = {1: {"t1": rec(1, "training", 50.0)}}
+    joiners = ["Qa", "Qb", "Qc"]
+    chosen = {}
+    for me in joiners:
+        others = {p: rec(0, "joining") for p in joiners if p != me}
+        chosen[me] = _joiner(me, spec, {0: others, **base, 2: {}})._assign_stage()
+    assert chosen == {"Qa": 0, "Qb": 2, "Qc": 0}  # in peer-id order, each to the emptiest stage
+    # ties on peer count go to the stage with less throughput
+    tied = {0: {"a": rec(0, "training", 90.0)}, 1: {"b": rec(1, "training", 10.0)}, 2: {"c": rec(2, "training", 40.0)}}
+    assert _joiner("Qz", spec, tied)._assign_stage() == 1

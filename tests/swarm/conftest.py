@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -93,3 +94,24 @@ def harness_factory(tmp_path):
     yield make
     for h in harnesses:
         h.close()
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """Headless Chromium for the dashboard test: Debian's package, installed here where
+    missing (as root, from the Debian mirror)."""
+    from bootstrap_harness import chromium_binary
+
+    path = chromium_binary()
+    if path is None and os.geteuid() == 0 and shutil.which("apt-get"):
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True, timeout=600)
+        subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "chromium"], env=env,
+                       capture_output=True, timeout=900)
+        path = chromium_binary()
+    if path is None:
+        message = "chromium is missing and could not be installed (needs root and apt-get: apt-get install chromium)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return path

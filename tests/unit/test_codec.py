@@ -120,7 +120,8 @@ record_values = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), 
 
 @given(st.one_of(record_values, st.dictionaries(
     st.sampled_from(["stage", "spec_hash", "version", "state", "throughput", "queue", "inner_step",
-                     "outer_round", "seeking", "loss", "tokens", "junk"]), record_values, max_size=12)))
+                     "outer_round", "seeking", "loss", "tokens", "lost", "partner_rounds", "local_rounds",
+                     "last_error", "junk"]), record_values, max_size=16)))
 @settings(max_examples=3000, deadline=None)
 def test_registry_records_parse_or_raise_protocol_error(raw):
     from swarm_node.wire.records import PeerRecord
@@ -135,5 +136,8 @@ def test_registry_records_parse_or_raise_protocol_error(raw):
 def test_registry_record_round_trip():
     from swarm_node.wire.records import PeerRecord
 
-    record = PeerRecord(stage=1, spec_hash="abc", version="0.1.0", throughput=12.5, loss=2.0, seeking=True)
+    record = PeerRecord(stage=1, spec_hash="abc", version="0.1.0", throughput=12.5, loss=2.0, seeking=True,
+                        lost=3, partner_rounds=4, local_rounds=1, last_error="round 4: no partner")
     assert PeerRecord.from_wire(record.to_wire()) == record
+    with pytest.raises(ProtocolError):
+        PeerRecord.from_wire({**record.to_wire(), "last_error": "x" * 1000})

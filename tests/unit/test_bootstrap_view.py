@@ -1,0 +1,94 @@
+"""The bootstrap's aggregation of registry records, its Prometheus text, and its HTTP
+server's handling of bad requests."""
+
+import asyncio
+import math
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from swarm_bootstrap.view import SwarmView, prometheus_text
+from swarm_bootstrap.web import Response, StatusServer
+from swarm_node.wire.records import PeerRecord
+
+HASH = "0123456789abcdef"
+
+
+def rec(stage, **kw):
+    return PeerRecord(stage=stage, spec_hash=HASH, version="0.1.0", **kw)
+
+
+def test_tokens_per_second_ignores_peers_that_left():
+    view = SwarmView("r", HASH, num_stages=2)
+    view.ingest(100.0, {"a": rec(0, tokens=1000), "b": rec(0, tokens=500), "c": rec(1, loss=3.0)})
+    view.ingest(102.0, {"a": rec(0, tokens=1600), "c": rec(1, loss=2.5)})  # b left: its tokens do not go negative
+    assert view.history[-1]["tokens_per_s"] == pytest.approx(300.0)
+    assert view.tokens_total == 2100 and view.swarm_loss() == 2.5
+
+
+def test_failures_are_recorded_from_record_changes():
+    view = SwarmView("r", HASH, num_stages=2)
+    view.ingest(1.0, {"a": rec(0), "b": rec(1), "c": rec(1, state="training")})
+    view.ingest(2.0, {"a": rec(0, lost=2, last_error="micro-batch lost: timeout"), "b": rec(1, local_rounds=1),
+                      "c": rec(1, state="leaving")})
+    view.ingest(3.0, {"a": rec(0, lost=2, last_error="micro-batch lost: timeout")})  # b vanished, c left
+    what = [f["what"] for f in view.failures]
+    assert what[0].startswith("lost 2 micro-batches") and "without a partner" in what[1]
+    assert what[2].startswith("vanished") and len(what) == 3 and view.failures_total == 3
+
+
+def test_records_of_another_spec_or_stage_are_not_shown():
+    view = SwarmView("r", HASH, num_stages=2)
+    other = PeerRecord(stage=0, spec_hash="ffffffffffffffff", version="0.1.0")
+    view.ingest(1.0, {"a": rec(0), "x": other, "y": rec(7)}, foreign=1)
+    assert set(view.peers) == {"a"} and view.foreign_records == 3
+
+
+def test_prometheus_text_parses_and_carries_the_swarm():
+    view = SwarmView("run-1", HASH, num_stages=2)
+    view.ingest(1.0, {"a": rec(0, tokens=10, throughput=5.5, inner_step=7),
+                      "b": rec(1, loss=2.25, lost=1, last_error='quote " and \\ and \n newline')})
+    text = prometheus_text(view, up=True, peer_id="QmBoot", version="0.1.0", now_s=5.0)
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples}
+    assert samples[("swarm_peers", (("stage", "0"), ("state", "training")))] == 1
+    assert samples[("swarm_peer_inner_step", (("peer", "a"), ("stage", "0")))] == 7
+    assert samples[("swarm_train_loss", ())] == 2.25
+    assert samples[("swarm_peer_microbatches_lost_total", (("peer", "b"), ("stage", "1")))] == 1
+    assert families["swarm_tokens"].type == "counter"
+    empty = prometheus_text(SwarmView("r", HASH, 2), up=False, peer_id="Qm", version="0", now_s=0.0)
+    nan = [s.value for f in text_string_to_metric_families(empty) for s in f.samples if s.name == "swarm_train_loss"]
+    assert math.isnan(nan[0])
+
+
+async def _request(port: int, raw: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(raw)
+    await writer.drain()
+    data = await reader.read()
+    writer.close()
+    return data
+
+
+def test_status_server_answers_get_and_closes_on_bad_requests():
+    async def scenario():
+        server = StatusServer({"/healthz": lambda: Response(200, b"ok\n")})
+        port = await server.start("127.0.0.1", 0)
+        try:
+            ok = await _request(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            head = await _request(port, b"HEAD /healthz HTTP/1.1\r\n\r\n")
+            post = await _request(port, b"POST /healthz HTTP/1.1\r\n\r\n")
+            missing = await _request(port, b"GET /nope HTTP/1.1\r\n\r\n")
+            garbage = await _request(port, b"\x00\xff garbage\r\n\r\n")
+            huge = await _request(port, b"GET /" + b"a" * 20_000 + b" HTTP/1.1\r\n\r\n")
+            after = await _request(port, b"GET /healthz?x=1 HTTP/1.0\r\n\r\n")
+        finally:
+            await server.close()
+        return ok, head, post, missing, garbage, huge, after
+
+    ok, head, post, missing, garbage, huge, after = asyncio.run(scenario())
+    assert ok.startswith(b"HTTP/1.1 200 OK") and ok.endswith(b"\r\n\r\nok\n")
+    assert head.startswith(b"HTTP/1.1 200") and head.endswith(b"\r\n\r\n")
+    assert post.startswith(b"HTTP/1.1 405") and missing.startswith(b"HTTP/1.1 404")
+    assert garbage == b"" and huge == b""  # closed without an answer
+    assert after.startswith(b"HTTP/1.1 200")  # still serving
