@@ -158,9 +158,9 @@ async def find_run_spec(dht: SwarmDHT, initial_peers: Sequence[str], *, run_id: 
     publisher, record = next(iter(distinct.values()))
     spec = record.parse()
     if local_spec is not None and local_spec.spec_hash() != spec.spec_hash():
-        raise IncompatibleRun(f"your --config has spec hash {local_spec.spec_hash()} but run {spec.run_id!r} "
-                              f"(published by {short_id(publisher)}) has {spec.spec_hash()}; drop --config to "
-                              "use the published spec, or fix your file")
+        raise IncompatibleRun(f"your run spec file has hash {local_spec.spec_hash()} but run {spec.run_id!r} "
+                              f"(published by {short_id(publisher)}) has {spec.spec_hash()}; leave the file out to "
+                              "use the published spec, or fix it")
     log.info("joining run %r (spec %s, published by %s)", spec.run_id, spec.spec_hash(), short_id(publisher))
     return _checked_local(spec), publisher
 

@@ -74,7 +74,7 @@ def test_mismatches_are_refused_with_what_to_do():
                 await find_run_spec(joiner, peers)
             chosen, _ = await find_run_spec(joiner, peers, run_id="beta")
             assert chosen == other
-            with pytest.raises(IncompatibleRun, match="your --config has spec hash"):
+            with pytest.raises(IncompatibleRun, match="your run spec file has hash"):
                 await find_run_spec(joiner, peers[:1], local_spec=dataclasses.replace(SPEC, seed=5))
             # a plain DHT peer publishes nothing: with a spec at hand that is fine, without one it is an error
             assert (await find_run_spec(a, [joiner.visible_maddrs()[0]], local_spec=SPEC))[0] == SPEC

@@ -47,14 +47,17 @@ def test_a_node_whose_only_initial_peer_is_down_says_so(tmp_path):
 
 @pytest.fixture(scope="module")
 def public_run(tmp_path_factory):
-    """A bootstrap serving the example spec, and two nodes given only its multiaddr."""
+    """A bootstrap serving the example spec, a second bootstrap serving whatever the
+    first publishes, and two nodes given only the first one's multiaddr."""
     workdir = tmp_path_factory.mktemp("public-run")
     boot = Bootstrap(workdir, workdir / "boot.key", free_port(), "--run-spec", str(EXAMPLE_SPEC))
     ready_s = boot.wait_ready(timeout_s=20)
+    second = Bootstrap(workdir, workdir / "second.key", free_port(), "--initial-peers", boot.maddr, name="second")
+    second.wait_ready(timeout_s=40)
     nodes = [join(workdir, f"node{i}", "--initial-peers", boot.maddr, "--max-steps", str(MAX_STEPS),
                   "--threads", "1", "--no-progress", "--run-dir", str(workdir)) for i in range(2)]
-    yield {"boot": boot, "nodes": nodes, "workdir": workdir, "ready_s": ready_s}
-    for proc in [*nodes, boot.process]:
+    yield {"boot": boot, "second": second, "nodes": nodes, "workdir": workdir, "ready_s": ready_s}
+    for proc in [*nodes, boot.process, second.process]:
         stop(proc)
 
 
@@ -79,6 +82,15 @@ def test_nodes_given_only_the_printed_multiaddr_train_together_and_appear_in_sta
     for i in range(2):
         log = (public_run["workdir"] / f"node{i}.log").read_text()
         assert f"published by {boot.peer_id[-6:]}" in log
+
+
+def test_a_second_bootstrap_serves_the_same_run(public_run):
+    boot, second = public_run["boot"], public_run["second"]
+    wait_for(lambda: len(_training_peers(boot)) == 2, 90, "both nodes", public_run["workdir"])
+    status = wait_for(lambda: len(_training_peers(second)) == 2 and second.status(), 30,
+                      "the second bootstrap to see both nodes")
+    assert status["spec_hash"] == boot.status()["spec_hash"] and status["spec_key"].endswith(second.peer_id)
+    assert "serving run 'debug-synthetic' as published by" in second.err_path.read_text()
 
 
 def test_metrics_parse_with_the_prometheus_parser(public_run):
@@ -139,15 +151,16 @@ def test_a_node_with_an_incompatible_spec_refuses_and_exits_nonzero(public_run, 
                 "--no-progress")
     assert proc.wait(timeout=90) == 2
     last = (tmp_path / "wrong.log").read_text().strip().splitlines()[-1]
-    assert "your --config has spec hash" in last and "drop --config" in last, last
+    assert "your run spec file has hash" in last and "leave the file out" in last, last
 
 
-def test_killing_the_bootstrap_does_not_stop_training(public_run):
+def test_killing_every_bootstrap_does_not_stop_training(public_run):
     boot, nodes = public_run["boot"], public_run["nodes"]
     stage0 = wait_for(lambda: next((p for p in _training_peers(boot) if p["stage"] == 0), None), 60, "stage 0")
-    assert stage0["inner_step"] < MAX_STEPS * 0.8, "the run finished before the bootstrap could be killed"
-    os.killpg(boot.process.pid, signal.SIGKILL)
-    boot.process.wait()
+    assert stage0["inner_step"] < MAX_STEPS * 0.8, "the run finished before the bootstraps could be killed"
+    for process in (boot.process, public_run["second"].process):
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
     for node in nodes:
         assert node.poll() is None
     driver = next(n for i, n in enumerate(nodes) if _stage_of(public_run["workdir"], i) == 0)
