@@ -21,7 +21,7 @@ from swarm_bootstrap.web import Response, StatusServer
 
 from swarm_node import __version__
 from swarm_node.discovery import SPEC_REPUBLISH_S, find_run_spec, publish_spec, spec_key
-from swarm_node.errors import ConfigError, SwarmError
+from swarm_node.errors import ConfigError, SwarmError, known_failure
 from swarm_node.net.dht import SwarmDHT
 from swarm_node.net.reach import address_scope, dial_check
 from swarm_node.net.transport import short_id
@@ -103,6 +103,11 @@ class BootstrapPeer:
                 await self._stop.wait()
                 for task in tasks:
                     task.cancel()
+        except BaseExceptionGroup as group:
+            known = known_failure(group)
+            if known is not None:
+                raise known from None
+            raise
         finally:
             await server.close()
             if self.dht is not None:

@@ -46,6 +46,7 @@ class SwarmView:
     tokens_total: int = 0
     foreign_records: int = 0  # records of other runs' specs, or unreadable ones, in our keys
     last_poll_s: float | None = None
+    _unseen: dict[str, PeerRow] = field(default_factory=dict)  # missing from the last poll only
 
     def ingest(self, now_s: float, records: dict[str, PeerRecord], foreign: int = 0) -> None:
         """One poll of every stage: ``records`` maps peer id to its latest record."""
@@ -60,8 +61,12 @@ class SwarmView:
         for peer, row in self.peers.items():
             if peer in previous:
                 self._note_changes(now_s, peer, previous[peer].record, row.record)
-        for peer, row in previous.items():
-            if peer not in self.peers and row.record.state not in GONE_STATES:
+        # A record missing from one poll may be a DHT hiccup; missing from two, the peer is gone.
+        missing = {p: r for p, r in {**self._unseen, **previous}.items()
+                   if p not in self.peers and r.record.state not in GONE_STATES}
+        self._unseen = {p: r for p, r in missing.items() if p in previous}
+        for peer, row in missing.items():
+            if peer not in previous:
                 self._fail(now_s, peer, row.record.stage, "vanished without leaving (crashed or cut off)")
         self.foreign_records = foreign
         new_tokens = sum(max(0, row.record.tokens - previous[p].record.tokens) if p in previous else row.record.tokens

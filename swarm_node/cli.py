@@ -156,7 +156,8 @@ def _run_join(args: argparse.Namespace) -> int:
     if args.config is None and not args.initial_peers:
         raise ConfigError("give --initial-peers MADDR (the run's bootstrap, as it prints it) or --config RUN_SPEC")
     spec = RunSpec.from_file(args.config) if args.config else None
-    config = NodeConfig(initial_peers=tuple(args.initial_peers), run_id=args.run_id, host_maddrs=tuple(args.host_maddrs),
+    config = NodeConfig(initial_peers=tuple(args.initial_peers), run_id=args.run_id,
+                        host_maddrs=tuple(args.host_maddrs),
                         announce_maddrs=tuple(args.announce_maddrs), identity_path=args.identity,
                         stage=args.stage, device=resolve_device(args.device), max_steps=args.max_steps,
                         run_dir=args.run_dir, data_shard=args.data_shard, round_timeout_s=args.round_timeout,
@@ -187,6 +188,8 @@ def _add_local_parser(sub) -> None:
     p.add_argument("--round-timeout", type=float, default=15.0)
     p.add_argument("--run-dir", type=Path, default=None, help="keep logs, weights and summaries here")
     p.add_argument("--json-out", type=Path, default=None)
+    p.add_argument("--dashboard-port", type=int, default=None, metavar="PORT",
+                   help="also run a swarm-bootstrap serving the live dashboard on this port (0: any free port)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(handler=_run_local)
 
@@ -207,7 +210,8 @@ def _run_local(args: argparse.Namespace) -> int:
                    inner=InnerHyper(lr=args.lr or suggested_lr(args.model),
                                     warmup_steps=default_warmup_steps(args.steps), total_steps=args.steps))
     config = LocalConfig(replicas=args.replicas, steps=args.steps, device=args.device,
-                         round_timeout_s=args.round_timeout, run_dir=args.run_dir, progress=not args.no_progress)
+                         round_timeout_s=args.round_timeout, run_dir=args.run_dir, progress=not args.no_progress,
+                         dashboard_port=args.dashboard_port)
     summary = run_local(spec, config, args.json_out)
     return 0 if summary["final_val_loss"] is not None else 1
 

@@ -40,3 +40,16 @@ class NotEnoughPeers(SwarmError):
 class IncompatibleRun(SwarmError):
     """The run found in the swarm cannot be joined by this node (run-spec hash or
     software version differs); the message says what to do."""
+
+
+def known_failure(group: BaseExceptionGroup) -> SwarmError | None:
+    """The first SwarmError of a task group's failure when that is all it holds: a known
+    failure inside a task reaches the user as its one-line message, not as a task group
+    traceback. Anything else is a bug and should propagate."""
+    known, rest = group.split(SwarmError)
+    if known is None or rest is not None:
+        return None
+    first: BaseException = known
+    while isinstance(first, BaseExceptionGroup):
+        first = first.exceptions[0]
+    return first

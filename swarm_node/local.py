@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from swarm_node.data.dataset import load_windows
+from swarm_node.errors import SwarmError
 from swarm_node.model.config import model_config
 from swarm_node.model.stages import build_stage
 from swarm_node.net.dht import SwarmDHT
@@ -52,6 +53,7 @@ class LocalConfig:
     run_dir: Path | None = None  # keep node logs, weights and summaries here (default: a temp dir, removed)
     progress: bool = True
     stop_grace_s: float = 30.0
+    dashboard_port: int | None = None  # run a real swarm-bootstrap with its dashboard here (0: any port)
 
 
 @dataclass
@@ -77,6 +79,8 @@ class LocalSwarm:
         self.keep_dir = config.run_dir is not None
         self.run_dir = Path(config.run_dir) if config.run_dir else Path(tempfile.mkdtemp(prefix="swarm-local-"))
         self.children: list[Child] = []
+        self._dashboard: subprocess.Popen | None = None  # the swarm-bootstrap of --dashboard-port
+        self._dashboard_dir: Path | None = None
         self.loss_curve: list[tuple[int, float]] = []
 
     async def run(self) -> dict:
@@ -86,9 +90,10 @@ class LocalSwarm:
         try:
             spec_path = self.run_dir / "run-spec.json"
             self.spec.write_json(spec_path)
-            dht = await SwarmDHT.start()
+            initial = [await self._start_dashboard(spec_path)] if self.config.dashboard_port is not None else []
+            dht = await SwarmDHT.start(initial_peers=initial)
             try:
-                maddrs = dht.visible_maddrs()
+                maddrs = [*initial, dht.visible_maddrs()[0]]
                 log.info("bootstrap DHT at %s; run dir %s", maddrs[0], self.run_dir)
                 self._spawn_all(spec_path, maddrs)
                 await self._watch(dht, started)
@@ -97,17 +102,54 @@ class LocalSwarm:
                 await dht.shutdown()
             return await asyncio.to_thread(self._collect, time.perf_counter() - started)
         finally:
+            self._stop_dashboard()
             _remove_stale_sockets(sockets_before)
             if not self.keep_dir:
                 shutil.rmtree(self.run_dir, ignore_errors=True)
 
     # -- processes ----------------------------------------------------------------
+    async def _start_dashboard(self, spec_path: Path) -> str:
+        """A real ``swarm-bootstrap`` (the program hosts run) serving this swarm's
+        dashboard; returns its multiaddr. Its identity lives in a temporary directory."""
+        self._dashboard_dir = Path(tempfile.mkdtemp(prefix="swarm-local-bootstrap-"))
+        out = self._dashboard_dir / "bootstrap.out"
+        with open(out, "wb") as stdout, open(self.run_dir / "bootstrap.log", "wb") as stderr:
+            self._dashboard = subprocess.Popen(
+                [sys.executable, "-m", "swarm_bootstrap", "--identity", str(self._dashboard_dir / "identity.key"),
+                 "--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--http-host", "127.0.0.1",
+                 "--http-port", str(self.config.dashboard_port), "--run-spec", str(spec_path),
+                 "--no-reachability-check"], stdout=stdout, stderr=stderr, start_new_session=True)
+        deadline = time.monotonic() + 60.0
+        while time.monotonic() < deadline and self._dashboard.poll() is None:
+            lines = out.read_text().splitlines()
+            maddr = [ln.split()[-1] for ln in lines if ln.strip().startswith("swarm-node join --initial-peers")]
+            url = [ln.split()[1] for ln in lines if ln.startswith("dashboard: ")]
+            if maddr and url:
+                log.info("dashboard: %s", url[0])
+                return maddr[0]
+            await asyncio.sleep(0.2)  # polling the bootstrap's output for its address
+        raise SwarmError(f"the dashboard's bootstrap did not start; see {self.run_dir / 'bootstrap.log'}")
+
+    def _stop_dashboard(self) -> None:
+        process = self._dashboard
+        if process is not None:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(timeout=self.config.stop_grace_s)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+            _reap_group(process.pid)
+        if self._dashboard_dir is not None:
+            shutil.rmtree(self._dashboard_dir, ignore_errors=True)
+
     def _spawn_all(self, spec_path: Path, maddrs: list[str]) -> None:
         env = dict(os.environ, OMP_NUM_THREADS=str(self.config.threads_per_node), PYTHONUNBUFFERED="1")
         for stage in range(self.spec.num_stages):
             for replica in range(self.config.replicas):
                 log_path = self.run_dir / f"node-s{stage}-r{replica}.log"
-                cmd = [sys.executable, "-m", "swarm_node", "join", "--initial-peers", *maddrs[:1],
+                cmd = [sys.executable, "-m", "swarm_node", "join", "--initial-peers", *maddrs,
                        "--config", str(spec_path), "--stage", str(stage), "--device", self.config.device,
                        "--threads", str(self.config.threads_per_node), "--run-dir", str(self.run_dir),
                        "--round-timeout", str(self.config.round_timeout_s), "--no-progress",

@@ -34,6 +34,7 @@ from swarm_node.errors import (
     PeerRefused,
     ProtocolError,
     SwarmError,
+    known_failure,
 )
 from swarm_node.gossip.group import GroupRound
 from swarm_node.gossip.pairing import PairingCoordinator, PairResult, Refused
@@ -45,6 +46,7 @@ from swarm_node.registry import read_stage, stage_key
 from swarm_node.routing.chooser import Candidate, PeerChooser
 from swarm_node.spec import RunSpec
 from swarm_node.statesync import StateSync
+from swarm_node.system import raise_open_file_limit
 from swarm_node.train.worker import StageWorker, finite, throughput_ema
 from swarm_node.wire.codec import WIRE_PRECISIONS, FrameLimits, decode_frame, encode_frame
 from swarm_node.wire.records import PeerRecord
@@ -160,11 +162,9 @@ class Node:
                 for task in tasks:
                     task.cancel()
         except BaseExceptionGroup as group:
-            # A known failure inside a task (e.g. the DHT died) reaches the user as its
-            # one-line message, not as a task group traceback; anything else is a bug.
-            known, rest = group.split(SwarmError)
-            if known is not None and rest is None:
-                raise _first_leaf(known) from None
+            known = known_failure(group)  # e.g. the DHT died: one line for the user
+            if known is not None:
+                raise known from None
             raise
         finally:
             await self._shutdown()
@@ -172,6 +172,7 @@ class Node:
 
     async def _start(self) -> None:
         cfg = self.config
+        raise_open_file_limit()
         self.dht = await SwarmDHT.start(initial_peers=cfg.initial_peers, host_maddrs=cfg.host_maddrs,
                                         announce_maddrs=cfg.announce_maddrs, identity_path=cfg.identity_path,
                                         client_mode=cfg.client_mode, startup_timeout_s=cfg.startup_timeout_s)
@@ -671,11 +672,6 @@ def _decode_gradient(raw: bytes, limits: FrameLimits, shape: torch.Size) -> tupl
     if not finite(grad):
         raise ProtocolError("non-finite gradient")
     return grad, float(header.get("loss", float("nan")))
-
-
-def _first_leaf(group: BaseExceptionGroup) -> BaseException:
-    first = group.exceptions[0]
-    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
 
 
 async def _bounded(awaitable, timeout_s: float, what: str) -> None:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
+import signal
 import tempfile
 import threading
 from collections.abc import Sequence
@@ -29,6 +31,22 @@ log = logging.getLogger(__name__)
 
 
 UNREACHABLE_MARK = "can't access this node"
+
+
+def _forget_parent_signal_handlers() -> None:
+    """Runs in every child forked from this process; hivemind's DHT process is one. It
+    would inherit the parent's asyncio signal handlers, which swallow SIGTERM: then
+    hivemind's hard stop (terminate) cannot stop it, and the parent hangs at exit
+    joining it. Ctrl-C reaches the whole process group; the parent stops the child."""
+    try:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except (ValueError, OSError):  # not the main thread of the child: nothing was inherited there
+        pass
+
+
+os.register_at_fork(after_in_child=_forget_parent_signal_handlers)
 
 
 class SwarmDHT:
@@ -195,6 +213,9 @@ def _explain_start_failure(exc: Exception, initial_peers: Sequence[str], timeout
         return SwarmError(f"none of the initial peers answered ({', '.join(initial_peers) or 'none given'}); "
                           "check the multiaddrs (including the /p2p/ id), that the peer is up, "
                           "and that its port is reachable from here")
+    if "local time must be within" in text:
+        return SwarmError("this machine's clock differs from the initial peer's by more than 3 s, and the DHT "
+                          "refuses that: turn on time synchronisation (e.g. `timedatectl set-ntp true`)")
     if "failed to start in" in text:
         return SwarmError(f"the libp2p daemon did not start within {timeout_s:.0f}s; "
                           "try again with a larger --startup-timeout (slow disks and busy machines need more)")

@@ -4,7 +4,9 @@ fallback; re-bootstrapping when every connection is gone."""
 import asyncio
 import dataclasses
 import logging
+import os
 import shutil
+import signal
 import socket
 
 import pytest
@@ -152,3 +154,37 @@ def test_a_node_alone_rebootstraps_from_initial_and_known_peers():
 
     run(scenario())
     assert node.dht.calls == [["/ip4/127.0.0.1/tcp/9/p2p/QmBoot", "/ip4/10.0.0.2/tcp/5/p2p/QmKnown"]]
+
+
+def _caught_and_ignored(pid: int) -> tuple[int, int]:
+    fields = dict(line.split(":", 1) for line in open(f"/proc/{pid}/status").read().splitlines() if ":" in line)
+    return int(fields["SigCgt"], 16), int(fields["SigIgn"], 16)
+
+
+def test_the_dht_process_does_not_inherit_the_parents_signal_handlers():
+    """SIGTERM must stop hivemind's DHT child even though the parent's event loop
+    handles SIGTERM itself (otherwise the parent hangs at exit, joining the child)."""
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, lambda: None)
+        try:
+            dht = await SwarmDHT.start()
+            pid = dht.dht.pid
+            caught, ignored = _caught_and_ignored(pid)
+            os.kill(pid, signal.SIGTERM)
+            died = False
+            for _ in range(100):  # polling for the exit, 10 s at most
+                if not dht.dht.is_alive():
+                    died = True
+                    break
+                await asyncio.sleep(0.1)
+            await dht.shutdown()
+            return caught, ignored, died
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+
+    caught, ignored, died = run(scenario())
+    assert not caught & (1 << (signal.SIGTERM - 1)) and ignored & (1 << (signal.SIGINT - 1))
+    assert died
