@@ -135,6 +135,10 @@ def _add_join_parser(sub) -> None:
     p.add_argument("--startup-timeout", type=float, default=60.0, help="seconds for the libp2p daemon to start")
     p.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads")
     p.add_argument("--no-state-download", action="store_true", help="start from the initial weights")
+    p.add_argument("--checkpoint-dir", type=Path, default=None,
+                   help="resume from the newest checkpoint here (same --identity to keep the peer id); write one "
+                        "after every outer round and on shutdown")
+    p.add_argument("--checkpoint-every-rounds", type=_positive_int, default=1, metavar="N")
     p.add_argument("--wire-dtype", choices=("fp16", "bf16", "fp32"), default="fp16",
                    help="precision of activations/gradients sent to other stages, and of phi/Delta in rounds")
     p.add_argument("--no-progress", action="store_true")
@@ -162,6 +166,7 @@ def _run_join(args: argparse.Namespace) -> int:
                         stage=args.stage, device=resolve_device(args.device), max_steps=args.max_steps,
                         run_dir=args.run_dir, data_shard=args.data_shard, round_timeout_s=args.round_timeout,
                         startup_timeout_s=args.startup_timeout, download_state=not args.no_state_download,
+                        checkpoint_dir=args.checkpoint_dir, checkpoint_every_rounds=args.checkpoint_every_rounds,
                         activation_wire=args.wire_dtype, outer_wire=args.wire_dtype, progress=not args.no_progress)
     _use_uvloop()
     asyncio.run(Node(spec, config).run())

@@ -47,6 +47,7 @@ from swarm_node.routing.chooser import Candidate, PeerChooser
 from swarm_node.spec import RunSpec
 from swarm_node.statesync import StateSync
 from swarm_node.system import raise_open_file_limit
+from swarm_node.train.checkpoint import CheckpointError, latest_checkpoint, save_checkpoint
 from swarm_node.train.worker import StageWorker, finite, throughput_ema
 from swarm_node.wire.codec import WIRE_PRECISIONS, FrameLimits, decode_frame, encode_frame
 from swarm_node.wire.records import PeerRecord
@@ -66,6 +67,7 @@ class NodeStats:
     tokens: int = 0
     partners: list[str] = field(default_factory=list)
     downloaded_from: str | None = None
+    resumed_from_step: int | None = None
     downloaded_digest: str | None = None
     served_digests: list[str] = field(default_factory=list)
 
@@ -104,6 +106,8 @@ class Node:
         self.dht: SwarmDHT | None = None
         self.transport: Transport | None = None
         self.data: TokenWindows | None = None
+        self.loader: ShardedBatches | None = None
+        self._resume_data: dict | None = None  # data position from the checkpoint resumed
         self.status = "running"
 
     # -- helpers -----------------------------------------------------------------
@@ -188,7 +192,11 @@ class Node:
         self._adopt_spec(spec)
         self.data = await self.compute(load_windows, self.spec.data, self.spec.seq_len)
         await self._refresh_registry(all_stages=True)
-        self.stage = cfg.stage if cfg.stage is not None else await self._pick_stage()
+        resume = await self._find_checkpoint()
+        if resume is not None:
+            self.stage = resume[1]["stage"]  # rejoin the stage the checkpoint holds
+        else:
+            self.stage = cfg.stage if cfg.stage is not None else await self._pick_stage()
         if not 0 <= self.stage < self.spec.num_stages:
             raise SwarmError(f"stage {self.stage} does not exist: this run has {self.spec.num_stages} stages")
         self.worker = await self.compute(StageWorker, self.spec, self.stage, self.data.vocab_size, cfg.device)
@@ -197,12 +205,65 @@ class Node:
                  self.spec_hash)
         log.info("others can join through this node with --initial-peers %s", " ".join(self.dht.visible_maddrs()))
         self.state_sync = StateSync(self)
-        if cfg.download_state:
+        if resume is not None:
+            await self._resume_from(*resume)
+        elif cfg.download_state:
             await self.state_sync.download()
         await self._serve()
         self._state = "training"
         await self._heartbeat()
         await _bounded(publish_spec(self.dht, self.spec), 10.0, "publishing the run spec")
+
+    # -- checkpoints -----------------------------------------------------------------
+    async def _find_checkpoint(self) -> tuple[dict, dict] | None:
+        cfg = self.config
+        if cfg.checkpoint_dir is None:
+            return None
+        found = await self.compute(latest_checkpoint, cfg.checkpoint_dir)
+        if found is None:
+            log.info("no checkpoint in %s yet; starting fresh", cfg.checkpoint_dir)
+            return None
+        meta = found[1]
+        if meta.get("spec_hash") != self.spec_hash:
+            raise IncompatibleRun(f"the checkpoint in {cfg.checkpoint_dir} belongs to run spec "
+                                  f"{meta.get('spec_hash')}, not to this run ({self.spec_hash}); give this run its "
+                                  "own --checkpoint-dir")
+        stage = meta.get("stage")
+        if type(stage) is not int or not 0 <= stage < self.spec.num_stages:
+            raise CheckpointError(f"the checkpoint in {cfg.checkpoint_dir} names no valid stage ({stage!r})")
+        if cfg.stage is not None and cfg.stage != stage:
+            raise ConfigError(f"--stage {cfg.stage} conflicts with the checkpoint, which holds stage {stage}")
+        return found
+
+    async def _resume_from(self, tensors: dict, meta: dict) -> None:
+        try:
+            await self.compute(self.worker.load_checkpoint_state, tensors, meta)
+        except ValueError as exc:
+            raise CheckpointError(f"the checkpoint in {self.config.checkpoint_dir} does not fit: {exc}") from None
+        self._resume_data = meta.get("data")
+        self.stats.resumed_from_step = self.worker.inner_step
+        log.info("resumed from checkpoint %s: inner step %d, outer round %d", f"ckpt-{meta['step']:010d}",
+                 self.worker.inner_step, self.worker.outer_round)
+
+    def _checkpoint_snapshot(self) -> tuple[dict, dict]:
+        """On the compute thread, so the copy is consistent with the data position."""
+        tensors, meta = self.worker.checkpoint_state()
+        meta.update(spec_hash=self.spec_hash, run_id=self.spec.run_id, stage=self.stage, peer_id=self.peer_id,
+                    version=__version__,
+                    data=None if self.loader is None else {"shard": [self.loader.shard_id, self.loader.num_shards],
+                                                           **self.loader.state_dict()})
+        return tensors, meta
+
+    async def _save_checkpoint(self, why: str) -> None:
+        if self.config.checkpoint_dir is None or self.worker is None:
+            return
+        try:
+            tensors, meta = await self.compute(self._checkpoint_snapshot)
+            path = await asyncio.to_thread(save_checkpoint, self.config.checkpoint_dir, meta["inner_step"], tensors,
+                                           meta)
+            log.info("checkpoint %s written (%s)", path.name, why)
+        except OSError as exc:  # a full or read-only disk: keep training, say so
+            log.error("could not write a checkpoint to %s: %s", self.config.checkpoint_dir, exc)
 
     async def _pick_stage(self) -> int:
         """Balance peers over stages, also when several join at once: announce a first
@@ -266,6 +327,8 @@ class Node:
         if self.dht is not None and self.stage is not None and self.dht.is_alive():
             # a `leaving` record: peers stop routing to us at once instead of at record expiry
             await _bounded(self._heartbeat(), 3.0, "publishing the leaving record")
+        if self.worker is not None and self.status == "finished":  # a clean stop, not a failed start
+            await self._save_checkpoint("on shutdown")
         self._write_outputs()
         if self.transport is not None:
             await _bounded(self.transport.p2p.shutdown(), 5.0, "closing the p2p client")
@@ -401,10 +464,17 @@ class Node:
     # -- the data path -------------------------------------------------------------
     async def _producer_loop(self) -> None:
         """Stage 0: keep up to max_in_flight micro-batches in the pipeline."""
-        shard_id, num_shards = self.config.data_shard or (_shard_of(self.peer_id, 1024), 1024)
+        resumed = self._resume_data
+        if self.config.data_shard is None and resumed is not None:
+            shard_id, num_shards = resumed["shard"]  # the shard this node read before its restart
+        else:
+            shard_id, num_shards = self.config.data_shard or (_shard_of(self.peer_id, 1024), 1024)
         num_shards = min(num_shards, max(1, self.data.num_train_windows // self.spec.batch_size))
         loader = ShardedBatches(self.data, batch_size=self.spec.batch_size, seed=self.spec.seed,
                                 shard_id=shard_id % num_shards, num_shards=num_shards)
+        if resumed is not None and [loader.shard_id, loader.num_shards] == list(resumed["shard"]):
+            loader.load_state_dict(resumed)
+        self.loader = loader
         slots = asyncio.Semaphore(self.config.max_in_flight)
         # Micro-batches that finish during an outer round merge into one step, so after
         # draining the pipeline top up until the step count is really reached.
@@ -573,6 +643,8 @@ class Node:
                 await self._outer_round()
             finally:
                 self._round_idle.set()
+            if self.worker.outer_round % self.config.checkpoint_every_rounds == 0:
+                await self._save_checkpoint(f"after round {self.worker.outer_round - 1}")
             # gradients that arrived during the round may complete a step now
             await self._after_accumulate()
 

@@ -35,8 +35,12 @@ class NodeConfig:
     startup_timeout_s: float = 60.0
     connectivity_check_s: float = 5.0  # period of the "am I still connected to anyone" check
     download_state: bool = True
+    checkpoint_dir: Path | None = None  # resume from here at start; save after rounds and on shutdown
+    checkpoint_every_rounds: int = 1
     progress: bool = True
 
     def __post_init__(self) -> None:
+        if self.checkpoint_every_rounds < 1:
+            raise ValueError("checkpoint_every_rounds must be >= 1")
         if self.heartbeat_s * 3 > self.record_ttl_s:
             raise ValueError("heartbeat_s must be well inside record_ttl_s (at most a third)")

@@ -1,0 +1,50 @@
+"""A node stopped with SIGTERM and started again with the same identity and checkpoint
+directory continues exactly where it stopped."""
+
+import dataclasses
+import signal
+
+from swarm_node.data.spec import DataSpec
+from swarm_node.optim import InnerHyper, default_method
+from swarm_node.spec import RunSpec
+
+SPEC = RunSpec(run_id="resume", model_size="debug", num_stages=1, seq_len=32, batch_size=8, samples_per_step=8,
+               total_steps=1000, data=DataSpec(kind="synthetic", order=1, num_tokens=400_000),
+               method=default_method("noloco", inner_steps=20),
+               inner=InnerHyper(lr=3e-3, warmup_steps=10, total_steps=1000))
+
+
+def test_a_restarted_node_resumes_from_its_checkpoint_bit_for_bit(harness_factory):
+    h = harness_factory(SPEC)
+    ckpt, identity = h.tmp_path / "ckpt", h.tmp_path / "node.key"
+    args = ("--checkpoint-dir", str(ckpt), "--identity", str(identity))
+    first = h.spawn(0, *args, name="first")
+    h.wait_for(lambda: any(r.inner_step >= 45 for r in h.records(0).values()), 90, "two outer rounds")
+    first.send_signal(signal.SIGTERM)
+    assert first.wait(timeout=30) == 0
+    stopped = h.summary_of(first)
+    assert "checkpoint ckpt-" in h.log_of("first") and "on shutdown" in h.log_of("first")
+
+    # --max-steps at the step it stopped: the node loads, rejoins its stage and stops without stepping
+    second = h.spawn(0, *args, "--max-steps", str(stopped["inner_steps"]), name="second")
+    assert second.wait(timeout=60) == 0
+    resumed = h.summary_of(second)
+    assert resumed["peer_id"] == stopped["peer_id"] and resumed["stage"] == 0
+    assert resumed["resumed_from_step"] == stopped["inner_steps"] == resumed["inner_steps"]
+    assert resumed["outer_rounds"] == stopped["outer_rounds"] >= 2
+    assert resumed["final_theta_digest"] == stopped["final_theta_digest"]
+    assert "resumed from checkpoint" in h.log_of("second")
+
+
+def test_a_checkpoint_of_another_run_is_refused(harness_factory, tmp_path):
+    h = harness_factory(SPEC)
+    ckpt = tmp_path / "ckpt"
+    first = h.spawn(0, "--checkpoint-dir", str(ckpt), name="first")
+    h.wait_for(lambda: any(r.inner_step >= 5 for r in h.records(0).values()), 90, "some steps")
+    first.send_signal(signal.SIGTERM)
+    assert first.wait(timeout=30) == 0
+    other = dataclasses.replace(SPEC, seed=1)
+    other.write_json(h.spec_path)
+    proc = h.spawn(0, "--checkpoint-dir", str(ckpt), name="other")
+    assert proc.wait(timeout=60) == 2
+    assert "belongs to run spec" in h.log_of("other").strip().splitlines()[-1]
