@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import os
 import random
 import signal
@@ -48,6 +49,7 @@ from swarm_node.spec import RunSpec
 from swarm_node.statesync import StateSync
 from swarm_node.system import raise_open_file_limit
 from swarm_node.train.checkpoint import CheckpointError, latest_checkpoint, save_checkpoint
+from swarm_node.train.screen import MagnitudeScreen
 from swarm_node.train.worker import StageWorker, finite, throughput_ema
 from swarm_node.wire.codec import WIRE_PRECISIONS, FrameLimits, decode_frame, encode_frame
 from swarm_node.wire.records import PeerRecord
@@ -107,6 +109,12 @@ class Node:
         self.transport: Transport | None = None
         self.data: TokenWindows | None = None
         self.loader: ShardedBatches | None = None
+        # Magnitude screens for what peers send (see train/screen.py). The outer ones are
+        # used on the event loop, the activation one only on the compute thread.
+        self._delta_screen = MagnitudeScreen(config.max_update_ratio)
+        self._distance_screen = MagnitudeScreen(config.max_update_ratio)
+        self._activation_screen = MagnitudeScreen(config.max_activation_ratio, window=64)
+        self._gradient_screen = MagnitudeScreen(config.max_activation_ratio, window=64)
         self._resume_data: dict | None = None  # data position from the checkpoint resumed
         self.status = "running"
 
@@ -560,7 +568,10 @@ class Node:
             try:
                 raw = await self.transport.request(peer, protocols.FORWARD, payload, timeout_s=remaining,
                                                    max_response_bytes=len(payload) + (1 << 16))
-                grad, loss = await self.compute(_decode_gradient, raw, self.frame_limits, hidden.shape)
+                grad, loss, rms = await self.compute(_decode_gradient, raw, self.frame_limits, hidden.shape)
+                problem = self._gradient_screen.check(rms, "gradient RMS")
+                if problem:
+                    raise ProtocolError(problem)
                 self.chooser.report_success(peer)
                 return grad, loss
             except PeerRefused as exc:
@@ -619,6 +630,9 @@ class Node:
             raise ProtocolError(f"shapes {tuple(hidden.shape)}/{tuple(targets.shape)} do not fit this stage")
         if not finite(hidden):
             raise ProtocolError("non-finite activations")
+        problem = self._activation_screen.check(_rms(hidden), "activation RMS")
+        if problem:
+            raise ProtocolError(problem)
         if int(targets.min()) < 0 or int(targets.max()) >= self.worker.model_config.vocab_size:
             raise ProtocolError("target ids out of the vocabulary")
         return header, hidden.float(), targets.long()
@@ -651,6 +665,9 @@ class Node:
     async def _outer_round(self) -> None:
         round_no = self.worker.outer_round
         own = await self.compute(self.worker.outer_payload, self.config.outer_wire)
+        own_norm = await self.compute(_norm, own[1])
+        self._delta_screen.note(own_norm)  # our own progress is the scale partners are held to
+        self._distance_screen.note(own_norm)
         header = {"kind": "outer", "spec": self.spec_hash, "round": round_no, "ok": True}
         self._outer_reply = await self.compute(encode_frame, header, own[0] + own[1])
         await self._heartbeat()  # announce `seeking` now rather than at the next beat
@@ -717,7 +734,17 @@ class Node:
         if problem:
             raise ProtocolError(problem)
         n = len(self.worker.params)
-        return tensors[:n], tensors[n:]
+        phi, delta = tensors[:n], tensors[n:]
+        if self._delta_screen.reference() is None:  # a request before our first round: our progress so far
+            own_norm = await self.compute(lambda: _norm(self.worker.slow.deltas()))
+            self._delta_screen.note(own_norm)
+            self._distance_screen.note(own_norm)
+        delta_norm, distance = await self.compute(_partner_magnitudes, self.worker, phi, delta)
+        problem = (self._delta_screen.check(delta_norm, "partner's Delta norm")
+                   or self._distance_screen.check(distance, "partner's distance from our phi"))
+        if problem:  # a poisoned or broken update: the round goes on without it, the sender is banned
+            raise ProtocolError(problem)
+        return phi, delta
 
     async def _handle_outer(self, remote: str, request: bytes) -> bytes:
         try:
@@ -733,7 +760,21 @@ class Node:
             self.chooser.report_failure(remote)
             return encode_frame({"ok": False, "error": "protocol"})
 
-def _decode_gradient(raw: bytes, limits: FrameLimits, shape: torch.Size) -> tuple[torch.Tensor, float]:
+def _norm(tensors: list[torch.Tensor]) -> float:
+    return math.sqrt(sum(float(t.float().pow(2).sum()) for t in tensors))
+
+
+def _rms(t: torch.Tensor) -> float:
+    return float(t.float().pow(2).mean().sqrt()) if t.numel() else 0.0
+
+
+def _partner_magnitudes(worker: StageWorker, phi: list[torch.Tensor], delta: list[torch.Tensor]) -> tuple[float, float]:
+    """On the compute thread: the norm of a partner's Delta and its phi's distance from ours."""
+    distance = math.sqrt(sum(float((p.float() - own).pow(2).sum()) for p, own in zip(phi, worker.slow.phi)))
+    return _norm(delta), distance
+
+
+def _decode_gradient(raw: bytes, limits: FrameLimits, shape: torch.Size) -> tuple[torch.Tensor, float, float]:
     """On the compute thread: a downstream answer, checked against the activations sent."""
     header, tensors = decode_frame(raw, limits)
     if not header.get("ok"):
@@ -743,7 +784,7 @@ def _decode_gradient(raw: bytes, limits: FrameLimits, shape: torch.Size) -> tupl
     grad = tensors[0].float()
     if not finite(grad):
         raise ProtocolError("non-finite gradient")
-    return grad, float(header.get("loss", float("nan")))
+    return grad, float(header.get("loss", float("nan"))), _rms(grad)
 
 
 async def _bounded(awaitable, timeout_s: float, what: str) -> None:

@@ -37,6 +37,10 @@ class NodeConfig:
     download_state: bool = True
     checkpoint_dir: Path | None = None  # resume from here at start; save after rounds and on shutdown
     checkpoint_every_rounds: int = 1
+    # A partner's Delta norm or phi distance above this multiple of the recent median is
+    # rejected (round local-only, partner banned); activations/gradients likewise, looser.
+    max_update_ratio: float = 10.0
+    max_activation_ratio: float = 100.0
     progress: bool = True
 
     def __post_init__(self) -> None:

@@ -2,13 +2,16 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
+from bootstrap_harness import stop, wait_for
 
 
 def run_local(tmp_path, method: str, steps: int = 150):
@@ -90,3 +93,28 @@ def test_a_node_killed_hard_is_reported_lost_and_the_rest_finish(tmp_path):
     assert summary["final_val_loss"] is not None
     assert subprocess.run(["pgrep", "-x", "p2pd"], capture_output=True).stdout == b""
     assert set(Path("/tmp").glob("hivemind-*.sock")) <= sockets_before  # the victim's sockets are gone too
+
+
+def test_local_swarm_with_a_dashboard_lists_every_peer_in_status(tmp_path):
+    out = tmp_path / "local.log"
+    with open(out, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "swarm_node", "local", "--stages", "2", "--replicas", "2",
+                                 "--data", "synthetic", "--steps", "400", "--dashboard-port", "0", "--no-progress"],
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        url = wait_for(lambda: re.search(r"dashboard: (http://\S+)", out.read_text()), 60, "the dashboard URL", out)
+        status_url = url.group(1).rstrip("/") + "/api/status"
+
+        def four_training() -> dict | None:
+            with urllib.request.urlopen(status_url, timeout=10) as response:
+                status = json.loads(response.read())
+            training = [p for s in status["stages"] for p in s["peers"] if p["state"] == "training"]
+            return status if len(training) == 4 else None
+
+        status = wait_for(four_training, 60, "all four nodes in /api/status", out)
+        assert [s["num_peers"] for s in status["stages"]] == [2, 2]
+        assert proc.wait(timeout=180) == 0
+    finally:
+        stop(proc)
+    # its bootstrap (identity in a swarm-local-bootstrap-* temp dir) is gone with it
+    assert not subprocess.run(["pgrep", "-f", "swarm-local-bootstrap-"], capture_output=True).stdout

@@ -1,0 +1,44 @@
+"""Screening what peers send by magnitude: a value (a norm, an RMS) is accepted when it
+is at most ``max_ratio`` times the median of recent accepted values. Pure bookkeeping;
+the node decides what a rejection costs the sender (the round goes local-only, the
+peer is banned).
+
+What this defends against: a peer whose update or activations are wildly out of scale
+(a x1000 delta, exploding activations, a broken GPU, a crude attacker). What it does
+not: a careful attacker who stays within the ratio can still bias the model a little
+every round; NoLoCo's gamma term and the median reference limit how fast, not whether."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+
+
+class MagnitudeScreen:
+    def __init__(self, max_ratio: float, window: int = 32, min_history: int = 1):
+        if max_ratio <= 1:
+            raise ValueError("max_ratio must be > 1")
+        self.max_ratio = max_ratio
+        self.min_history = min_history
+        self._accepted: deque[float] = deque(maxlen=window)
+
+    def note(self, value: float) -> None:
+        """A value known to be good (e.g. this node's own), used as reference."""
+        if math.isfinite(value) and value >= 0:
+            self._accepted.append(value)
+
+    def reference(self) -> float | None:
+        if len(self._accepted) < self.min_history:
+            return None
+        return statistics.median(self._accepted)
+
+    def check(self, value: float, what: str) -> str | None:
+        """None when acceptable (then it joins the reference), else why not."""
+        if not math.isfinite(value):
+            return f"{what} is not finite"
+        reference = self.reference()
+        if reference is not None and reference > 0 and value > self.max_ratio * reference:
+            return f"{what} {value:.3g} is {value / reference:.0f}x the recent median {reference:.3g}"
+        self._accepted.append(value)
+        return None
