@@ -619,6 +619,9 @@ class Node:
         header, tensors = decode_frame(request, self.frame_limits)
         if header.get("kind") != "fwd" or header.get("spec") != self.spec_hash:
             raise ProtocolError("not a forward request of this run")
+        deadline = header.get("deadline_s", self.config.hop_timeout_s)
+        if type(deadline) not in (int, float) or not 0 < deadline <= 3600:
+            raise ProtocolError(f"bad deadline {deadline!r}")
         if len(tensors) != 2:
             raise ProtocolError("forward request needs activations and targets")
         hidden, targets = tensors

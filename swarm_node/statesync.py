@@ -100,6 +100,10 @@ class StateSync:
         limits = FrameLimits(max_payload_bytes=CHUNK_BYTES * 4)
         snap_id, chunk, num_chunks, meta = None, 0, 1, {}
         tensors: list[torch.Tensor] = []
+        # theta, phi and momentum in fp32 at most: a donor cannot make us hold more
+        expected_tensors = 3 * len(node.worker.params)
+        expected_bytes = 3 * 4 * sum(p.numel() for p in node.worker.params) + (1 << 20)
+        received = 0
         bar = tqdm(desc=f"state from {short_id(donor)}", unit="chunk", disable=not node.config.progress)
         try:
             while chunk < num_chunks:
@@ -109,9 +113,13 @@ class StateSync:
                                                    max_response_bytes=limits.max_payload_bytes + (1 << 16))
                 meta, part = await node.compute(decode_frame, raw, limits)
                 if not meta.get("ok"):
-                    raise PeerRefused(str(meta.get("error")))
-                snap_id, num_chunks = meta["snapshot"], int(meta["num_chunks"])
+                    raise PeerRefused(str(meta.get("error"))[:200])
+                snap_id, num_chunks = _check_chunk_meta(meta, chunk, snap_id)
                 tensors.extend(part)
+                received += sum(t.numel() * t.element_size() for t in part)
+                if len(tensors) > expected_tensors or received > expected_bytes:
+                    raise ProtocolError(f"the donor sent more than this stage's state "
+                                        f"({len(tensors)} tensors, {received} bytes)")
                 chunk += 1
                 bar.total = num_chunks
                 bar.update(1)
@@ -120,12 +128,23 @@ class StateSync:
         digest = await node.compute(tensor_digest, tensors)
         if digest != snap_id:
             raise ProtocolError(f"state digest {digest} does not match the donor's {snap_id}")
-        await node.compute(node.worker.load_snapshot, int(meta["inner_step"]), int(meta["outer_round"]), tensors,
-                           int(meta.get("last_round_step", meta["inner_step"])))
+        counters = [meta.get(k) for k in ("inner_step", "outer_round", "last_round_step")]
+        if not all(type(c) is int and 0 <= c < 10**12 for c in counters):
+            raise ProtocolError(f"bad counters in the donor's state: {counters}")
+        await node.compute(node.worker.load_snapshot, *counters[:2], tensors, counters[2])
         node.stats.downloaded_from = donor
         node.stats.downloaded_digest = digest
         log.info("downloaded state from %s: step %d, round %d, digest %s", short_id(donor), meta["inner_step"],
                  meta["outer_round"], digest)
+
+
+def _check_chunk_meta(meta: dict, chunk: int, snap_id: str | None) -> tuple[str, int]:
+    snapshot, num_chunks = meta.get("snapshot"), meta.get("num_chunks")
+    if not isinstance(snapshot, str) or len(snapshot) > 64 or (snap_id is not None and snapshot != snap_id):
+        raise ProtocolError("the donor changed or garbled the snapshot id")
+    if type(num_chunks) is not int or not 0 < num_chunks <= 100_000 or meta.get("chunk") != chunk:
+        raise ProtocolError(f"bad chunk numbering from the donor ({meta.get('chunk')!r} of {num_chunks!r})")
+    return snapshot, num_chunks
 
 
 def chunk_indices(tensors: list[torch.Tensor]) -> list[list[int]]:

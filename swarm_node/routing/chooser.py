@@ -57,7 +57,7 @@ class PeerChooser:
         """Ban ``peer_id``; returns the ban length in seconds."""
         previous = self._bans.get(peer_id)
         strikes = previous.strikes + 1 if previous else 1
-        length = min(self.max_ban_s, self.base_ban_s * 2 ** (strikes - 1))
+        length = min(self.max_ban_s, self.base_ban_s * 2 ** min(strikes - 1, 30))  # capped: no overflow
         self._bans[peer_id] = _Ban(self.clock() + length, strikes)
         return length
 
