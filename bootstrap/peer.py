@@ -152,7 +152,8 @@ class BootstrapPeer:
                         parsed, unreadable = await read_stage(self.dht, self.spec.run_id, stage)
                         records.update(parsed)
                         foreign += len(unreadable)
-                self.view.ingest(time.time(), records, foreign)
+                for event in self.view.ingest(time.time(), records, foreign):
+                    log.info("%s", event)
             except TimeoutError:
                 log.warning("reading the stage registry timed out")
             await asyncio.sleep(self.config.poll_period_s * random.uniform(0.8, 1.2))

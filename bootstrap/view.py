@@ -48,9 +48,11 @@ class SwarmView:
     last_poll_s: float | None = None
     _unseen: dict[str, PeerRow] = field(default_factory=dict)  # missing from the last poll only
 
-    def ingest(self, now_s: float, records: dict[str, PeerRecord], foreign: int = 0) -> None:
-        """One poll of every stage: ``records`` maps peer id to its latest record."""
+    def ingest(self, now_s: float, records: dict[str, PeerRecord], foreign: int = 0) -> list[str]:
+        """One poll of every stage: ``records`` maps peer id to its latest record.
+        Returns one line per peer that joined, left or vanished, for the host's log."""
         previous, previous_poll = self.peers, self.last_poll_s
+        events = []
         self.peers = {}
         for peer, record in records.items():
             if record.spec_hash != self.spec_hash or not 0 <= record.stage < self.num_stages:
@@ -58,6 +60,10 @@ class SwarmView:
                 continue
             row = previous.get(peer)
             self.peers[peer] = PeerRow(peer, record, row.first_seen_s if row else now_s, now_s)
+            if row is None and peer not in self._unseen:
+                events.append(f"peer {peer[-6:]} joined stage {record.stage} (version {record.version})")
+            elif row is not None and record.state in GONE_STATES and row.record.state not in GONE_STATES:
+                events.append(f"peer {peer[-6:]} of stage {record.stage} is {record.state}")
         for peer, row in self.peers.items():
             if peer in previous:
                 self._note_changes(now_s, peer, previous[peer].record, row.record)
@@ -68,6 +74,7 @@ class SwarmView:
         for peer, row in missing.items():
             if peer not in previous:
                 self._fail(now_s, peer, row.record.stage, "vanished without leaving (crashed or cut off)")
+                events.append(f"peer {peer[-6:]} of stage {row.record.stage} vanished without leaving")
         self.foreign_records = foreign
         new_tokens = sum(max(0, row.record.tokens - previous[p].record.tokens) if p in previous else row.record.tokens
                          for p, row in self.peers.items() if row.record.stage == 0)
@@ -78,6 +85,7 @@ class SwarmView:
         self.last_poll_s = now_s
         self.history.append({"t": round(now_s, 3), "loss": self.swarm_loss(), "tokens_per_s": tokens_per_s,
                              "peers": len(self.peers), "tokens": self.tokens_total})
+        return events
 
     def _note_changes(self, now_s: float, peer: str, old: PeerRecord, new: PeerRecord) -> None:
         if new.lost > old.lost:

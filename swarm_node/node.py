@@ -509,12 +509,13 @@ class Node:
         return self._stop.is_set() or (limit is not None and self.worker.inner_step >= limit)
 
     def _done(self) -> bool:
-        """Stage 0 has issued enough micro-batches for max_steps (counting those in flight)."""
+        """Stage 0 has issued enough micro-batches for max_steps, counting those in flight
+        and gradients that arrived during an outer round and wait for the step after it."""
         limit = self.config.max_steps
         if limit is None:
             return self._stop.is_set()
-        in_flight_steps = self._in_flight * self.spec.batch_size / self.spec.samples_per_step
-        return self.worker.inner_step + in_flight_steps >= limit  # a last round is awaited before leaving
+        samples = self._in_flight * self.spec.batch_size + self.worker.pending_samples
+        return self.worker.inner_step + samples / self.spec.samples_per_step >= limit
 
     async def _run_microbatch(self, inputs: torch.Tensor, targets: torch.Tensor, slots: asyncio.Semaphore) -> None:
         try:

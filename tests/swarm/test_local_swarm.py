@@ -99,7 +99,7 @@ def test_local_swarm_with_a_dashboard_lists_every_peer_in_status(tmp_path):
     out = tmp_path / "local.log"
     with open(out, "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "swarm_node", "local", "--stages", "2", "--replicas", "2",
-                                 "--data", "synthetic", "--steps", "400", "--dashboard-port", "0", "--no-progress"],
+                                 "--data", "synthetic", "--steps", "300", "--dashboard-port", "0", "--no-progress"],
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         url = wait_for(lambda: re.search(r"dashboard: (http://\S+)", out.read_text()), 60, "the dashboard URL", out)

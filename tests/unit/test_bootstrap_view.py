@@ -39,6 +39,14 @@ def test_failures_are_recorded_from_record_changes():
     assert what[2].startswith("vanished") and len(what) == 3 and view.failures_total == 3
 
 
+def test_joins_leaves_and_vanishings_are_reported_for_the_log():
+    view = SwarmView("r", HASH, num_stages=2)
+    assert view.ingest(1.0, {"abcdef": rec(0), "ghijkl": rec(1)}) == ["peer abcdef joined stage 0 (version 0.1.0)",
+                                                                       "peer ghijkl joined stage 1 (version 0.1.0)"]
+    assert view.ingest(2.0, {"abcdef": rec(0, state="leaving")}) == ["peer abcdef of stage 0 is leaving"]
+    assert view.ingest(3.0, {}) == ["peer ghijkl of stage 1 vanished without leaving"]
+
+
 def test_a_peer_missing_from_one_poll_only_is_no_failure():
     view = SwarmView("r", HASH, num_stages=1)
     view.ingest(1.0, {"a": rec(0)})
