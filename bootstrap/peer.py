@@ -87,7 +87,8 @@ class BootstrapPeer:
                 raise SwarmError("the initial peers cannot reach this bootstrap, so it cannot serve volunteers; "
                                  "fix the announce address or the firewall (see the README, 'Host a bootstrap peer')")
             self.spec = await self._resolve_spec()
-            self.view = SwarmView(self.spec.run_id, self.spec.spec_hash(), self.spec.num_stages)
+            self.view = SwarmView(self.spec.run_id, self.spec.spec_hash(), self.spec.num_stages,
+                                  frozenset(self.spec.allowed_peers))
             if not await publish_spec(self.dht, self.spec):
                 log.warning("the DHT did not accept the run spec; retrying in the publish loop")
             self.maddrs = _ordered_for_volunteers(self.dht.visible_maddrs())

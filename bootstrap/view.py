@@ -38,6 +38,7 @@ class SwarmView:
     run_id: str
     spec_hash: str
     num_stages: int
+    allowed_peers: frozenset[str] = frozenset()  # a closed run: records of anyone else are ignored
     started_s: float = field(default_factory=time.time)
     peers: dict[str, PeerRow] = field(default_factory=dict)
     history: deque = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
@@ -55,7 +56,8 @@ class SwarmView:
         events = []
         self.peers = {}
         for peer, record in records.items():
-            if record.spec_hash != self.spec_hash or not 0 <= record.stage < self.num_stages:
+            if (record.spec_hash != self.spec_hash or not 0 <= record.stage < self.num_stages
+                    or (self.allowed_peers and peer not in self.allowed_peers)):
                 foreign += 1
                 continue
             row = previous.get(peer)

@@ -198,6 +198,9 @@ class Node:
         else:
             spec = self.spec
         self._adopt_spec(spec)
+        if not spec.admits(self.peer_id):
+            raise IncompatibleRun(f"run {spec.run_id!r} is closed and this node's peer id {self.peer_id} is not on "
+                                  "its list; send the id to the run's host and start again with the same --identity")
         self.data = await self.compute(load_windows, self.spec.data, self.spec.seq_len)
         await self._refresh_registry(all_stages=True)
         resume = await self._find_checkpoint()
@@ -316,15 +319,18 @@ class Node:
             await self.transport.serve(protocols.FORWARD, self._handle_forward,
                                        ServeLimits(max_request_bytes=4 * per_activation + (1 << 20),
                                                    max_concurrent=self.config.max_queue,
-                                                   handler_timeout_s=self.config.hop_timeout_s * 2))
+                                                   handler_timeout_s=self.config.hop_timeout_s * 2),
+                                       authorize=self.spec.admits)
         param_bytes = sum(p.numel() for p in self.worker.params) * 4
         self.outer_limits = FrameLimits(max_payload_bytes=2 * param_bytes + (1 << 20))
         await self.transport.serve(protocols.OUTER, self._handle_outer,
                                    ServeLimits(max_request_bytes=2 * param_bytes + (1 << 20), max_concurrent=4,
-                                               max_per_peer=1, handler_timeout_s=self.config.exchange_timeout_s))
+                                               max_per_peer=1, handler_timeout_s=self.config.exchange_timeout_s),
+                                   authorize=self.spec.admits)
         await self.transport.serve(protocols.STATE, self.state_sync.handle,
                                    ServeLimits(max_request_bytes=64 << 10, max_concurrent=4, max_per_peer=1,
-                                               handler_timeout_s=self.config.state_download_timeout_s))
+                                               handler_timeout_s=self.config.state_download_timeout_s),
+                                   authorize=self.spec.admits)
 
     async def _shutdown(self) -> None:
         """Every step is bounded: a dead daemon or DHT process must not hang the exit."""
@@ -453,6 +459,9 @@ class Node:
             records = {}
             for peer, record in parsed.items():
                 if peer == self.peer_id:
+                    continue
+                if not self.spec.admits(peer):
+                    self._ignore_once(peer, "not on this closed run's list of allowed peers")
                     continue
                 if record.spec_hash != self.spec_hash:
                     self._ignore_once(peer, f"run-spec hash {record.spec_hash} differs from ours ({self.spec_hash})")

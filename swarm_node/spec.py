@@ -36,10 +36,17 @@ class RunSpec:
     method: MethodSpec = field(default_factory=MethodSpec)
     inner: InnerHyper = field(default_factory=InnerHyper)
     min_version: str = "0.1.0"
+    # A closed run: only these peer ids may take part (empty: anyone may join).
+    allowed_peers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.num_stages < 1 or self.seq_len < 2 or self.batch_size < 1 or self.samples_per_step < 1:
             raise ConfigError("num_stages, seq_len, batch_size and samples_per_step must be positive")
+        if not all(isinstance(p, str) and 0 < len(p) <= 128 for p in self.allowed_peers):
+            raise ConfigError("allowed_peers must list peer ids (base58 strings)")
+
+    def admits(self, peer_id: str) -> bool:
+        return not self.allowed_peers or peer_id in self.allowed_peers
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -68,6 +75,8 @@ class RunSpec:
             inner_raw = dict(raw.pop("inner", {}))
             if "betas" in inner_raw:
                 inner_raw["betas"] = tuple(inner_raw["betas"])
+            if raw.get("allowed_peers") is not None:
+                raw["allowed_peers"] = tuple(raw["allowed_peers"])
             if raw.get("layers_per_stage") is not None:
                 raw["layers_per_stage"] = tuple(raw["layers_per_stage"])
             size = raw.get("model_size", "debug")

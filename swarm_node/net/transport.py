@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 
 LENGTH_BYTES = 8
 Handler = Callable[[str, bytes], Awaitable[bytes]]
+Authorize = Callable[[str], bool]
 
 
 def short_id(peer_id: str) -> str:
@@ -65,6 +66,7 @@ class Transport:
         self.bytes_sent = 0
         self.bytes_received = 0
         self._active_per_peer: dict[tuple[str, str], int] = defaultdict(int)
+        self._refused: set[str] = set()  # peers already logged as refused (once each)
 
     async def request(self, peer_id: str, protocol: str, payload: bytes, *, timeout_s: float,
                       max_response_bytes: int) -> bytes:
@@ -88,12 +90,21 @@ class Transport:
             if writer is not None:
                 writer.close()
 
-    async def serve(self, protocol: str, handler: Handler, limits: ServeLimits) -> None:
+    async def serve(self, protocol: str, handler: Handler, limits: ServeLimits,
+                    authorize: Authorize = lambda remote: True) -> None:
+        """Serve ``protocol``. ``authorize`` sees the caller's authenticated peer id (from
+        the libp2p handshake); a caller it refuses gets its stream closed unread."""
         gate = asyncio.Semaphore(limits.max_concurrent)
 
         async def on_stream(info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             remote = str(info.peer_id)
             key = (protocol, remote)
+            if not authorize(remote):
+                if remote not in self._refused:
+                    self._refused.add(remote)
+                    log.warning("refusing %s from %s: not admitted to this run", protocol, short_id(remote))
+                writer.close()
+                return
             try:
                 if gate.locked() or self._active_per_peer[key] >= limits.max_per_peer:
                     await write_frame(writer, b"")  # busy: see the module docstring

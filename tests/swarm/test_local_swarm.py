@@ -14,20 +14,46 @@ import pytest
 from bootstrap_harness import stop, wait_for
 
 
-def run_local(tmp_path, method: str, steps: int = 150):
-    out = tmp_path / f"{method}.json"
+def run_local(tmp_path, method: str, steps: int = 150, dashboard: bool = False) -> tuple[dict, dict | None]:
+    """Run ``swarm-node local``; with ``dashboard``, also return what its bootstrap's
+    /api/status showed once all four nodes were training."""
+    out, log = tmp_path / f"{method}.json", tmp_path / f"{method}.log"
     cmd = [sys.executable, "-m", "swarm_node", "local", "--stages", "2", "--replicas", "2", "--model", "debug",
-           "--data", "synthetic:order=1", "--steps", str(steps), "--inner-steps", "30", "--method", method, "--json-out", str(out),
-           "--no-progress"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(out.read_text())
+           "--data", "synthetic:order=1", "--steps", str(steps), "--inner-steps", "30", "--method", method,
+           "--json-out", str(out), "--no-progress", *(["--dashboard-port", "0"] if dashboard else [])]
+    with open(log, "wb") as sink:
+        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+    status = None
+    try:
+        if dashboard:
+            url = wait_for(lambda: re.search(r"dashboard: (http://\S+)", log.read_text()), 60, "the dashboard", log)
+            status = wait_for(lambda: _all_training(url.group(1).rstrip("/") + "/api/status", 4), 90,
+                              "all four nodes in /api/status", log)
+        assert proc.wait(timeout=240) == 0, log.read_text()[-3000:]
+    finally:
+        stop(proc)
+    return json.loads(out.read_text()), status
+
+
+def _all_training(status_url: str, count: int) -> dict | None:
+    with urllib.request.urlopen(status_url, timeout=10) as response:
+        status = json.loads(response.read())
+    training = [p for s in status["stages"] for p in s["peers"] if p["state"] == "training"]
+    return status if len(training) == count else None
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("local")
-    return {m: run_local(tmp, m) for m in ("noloco", "local")}
+    (noloco, status), (local, _) = run_local(tmp, "noloco", dashboard=True), run_local(tmp, "local")
+    return {"noloco": noloco, "local": local, "noloco_status": status}
+
+
+def test_the_dashboard_of_a_local_swarm_lists_every_peer(runs):
+    status = runs["noloco_status"]
+    assert [s["num_peers"] for s in status["stages"]] == [2, 2]
+    listed = {p["peer_id"] for s in status["stages"] for p in s["peers"]}
+    assert listed == {p["peer_id"] for p in runs["noloco"]["peers"]}
 
 
 def test_two_by_two_swarm_trains_and_every_peer_pairs(runs):
@@ -59,6 +85,8 @@ def test_nothing_is_left_behind(runs):
     assert leftovers.strip() == ""
     daemons = subprocess.run(["pgrep", "-x", "p2pd"], capture_output=True, text=True).stdout
     assert daemons.strip() == ""
+    # the dashboard's bootstrap (identity in a swarm-local-bootstrap-* temp dir) is gone too
+    assert not subprocess.run(["pgrep", "-f", "swarm-local-bootstrap-"], capture_output=True).stdout
 
 
 def test_a_node_killed_hard_is_reported_lost_and_the_rest_finish(tmp_path):
@@ -94,27 +122,3 @@ def test_a_node_killed_hard_is_reported_lost_and_the_rest_finish(tmp_path):
     assert subprocess.run(["pgrep", "-x", "p2pd"], capture_output=True).stdout == b""
     assert set(Path("/tmp").glob("hivemind-*.sock")) <= sockets_before  # the victim's sockets are gone too
 
-
-def test_local_swarm_with_a_dashboard_lists_every_peer_in_status(tmp_path):
-    out = tmp_path / "local.log"
-    with open(out, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "swarm_node", "local", "--stages", "2", "--replicas", "2",
-                                 "--data", "synthetic", "--steps", "300", "--dashboard-port", "0", "--no-progress"],
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        url = wait_for(lambda: re.search(r"dashboard: (http://\S+)", out.read_text()), 60, "the dashboard URL", out)
-        status_url = url.group(1).rstrip("/") + "/api/status"
-
-        def four_training() -> dict | None:
-            with urllib.request.urlopen(status_url, timeout=10) as response:
-                status = json.loads(response.read())
-            training = [p for s in status["stages"] for p in s["peers"] if p["state"] == "training"]
-            return status if len(training) == 4 else None
-
-        status = wait_for(four_training, 60, "all four nodes in /api/status", out)
-        assert [s["num_peers"] for s in status["stages"]] == [2, 2]
-        assert proc.wait(timeout=180) == 0
-    finally:
-        stop(proc)
-    # its bootstrap (identity in a swarm-local-bootstrap-* temp dir) is gone with it
-    assert not subprocess.run(["pgrep", "-f", "swarm-local-bootstrap-"], capture_output=True).stdout
