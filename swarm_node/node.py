@@ -57,6 +57,7 @@ from swarm_node.wire.records import PeerRecord
 log = logging.getLogger("swarm_node.node")
 
 MAX_KNOWN_PEERS = 32
+MAX_TRACKED_PEERS = 4096  # bound on per-peer bookkeeping, whatever number of ids an attacker uses
 
 
 @dataclass
@@ -102,6 +103,8 @@ class Node:
         self._throughput = 0.0
         self._state = "joining"
         self._ignored_peers: set[str] = set()
+        self._faults: dict[str, int] = {}  # bad requests per caller since its last ban
+        self._caller_bans: dict[str, float] = {}  # caller -> monotonic time its ban ends
         self._outer_reply: bytes | None = None
         self.stage: int | None = None
         self.worker: StageWorker | None = None
@@ -320,17 +323,17 @@ class Node:
                                        ServeLimits(max_request_bytes=4 * per_activation + (1 << 20),
                                                    max_concurrent=self.config.max_queue,
                                                    handler_timeout_s=self.config.hop_timeout_s * 2),
-                                       authorize=self.spec.admits)
+                                       authorize=self._admit)
         param_bytes = sum(p.numel() for p in self.worker.params) * 4
         self.outer_limits = FrameLimits(max_payload_bytes=2 * param_bytes + (1 << 20))
         await self.transport.serve(protocols.OUTER, self._handle_outer,
                                    ServeLimits(max_request_bytes=2 * param_bytes + (1 << 20), max_concurrent=4,
                                                max_per_peer=1, handler_timeout_s=self.config.exchange_timeout_s),
-                                   authorize=self.spec.admits)
+                                   authorize=self._admit)
         await self.transport.serve(protocols.STATE, self.state_sync.handle,
                                    ServeLimits(max_request_bytes=64 << 10, max_concurrent=4, max_per_peer=1,
                                                handler_timeout_s=self.config.state_download_timeout_s),
-                                   authorize=self.spec.admits)
+                                   authorize=self._admit)
 
     async def _shutdown(self) -> None:
         """Every step is bounded: a dead daemon or DHT process must not hang the exit."""
@@ -472,8 +475,32 @@ class Node:
 
     def _ignore_once(self, peer: str, why: str) -> None:
         if peer not in self._ignored_peers:
+            if len(self._ignored_peers) >= MAX_TRACKED_PEERS:
+                self._ignored_peers.clear()  # bounded: at worst a peer gets logged a second time
             self._ignored_peers.add(peer)
             log.warning("ignoring peer %s: %s", short_id(peer), why)
+
+    def _peer_fault(self, peer: str, why: str) -> None:
+        """A caller sent something malformed: log it once, and after repeated faults
+        stop serving it for a while (its streams are then closed unread)."""
+        self._ignore_once(peer, why)
+        count = self._faults.pop(peer, 0) + 1
+        if count >= self.config.max_peer_faults:
+            self._caller_bans[peer] = time.monotonic() + self.config.caller_ban_s
+            log.warning("banning peer %s for %.0f s after %d bad requests", short_id(peer),
+                        self.config.caller_ban_s, count)
+            count = 0
+        self._faults[peer] = count
+        while len(self._faults) > MAX_TRACKED_PEERS:
+            self._faults.pop(next(iter(self._faults)))
+
+    def _admit(self, peer: str) -> bool:
+        """Stream handlers' gate: on a closed run's list, and not banned for faults."""
+        until = self._caller_bans.get(peer)
+        if until is not None and time.monotonic() >= until:
+            del self._caller_bans[peer]
+            until = None
+        return until is None and self.spec.admits(peer)
 
     def live_peers(self, stage: int) -> dict[str, PeerRecord]:
         return {p: r for p, r in self.peers.get(stage, {}).items() if r.state == "training"}
@@ -616,7 +643,7 @@ class Node:
             return await self.compute(encode_frame, {"ok": True, "loss": loss},
                                       [grad.to(WIRE_PRECISIONS[self.config.activation_wire])])
         except ProtocolError as exc:
-            self._ignore_once(remote, f"bad forward request ({exc})")
+            self._peer_fault(remote, f"bad forward request ({exc})")
             return encode_frame({"ok": False, "error": f"protocol: {exc}"[:200]})
         except (PeerError, NotEnoughPeers, TimeoutError) as exc:
             self.stats.microbatches_lost += 1
@@ -769,7 +796,7 @@ class Node:
         except (Refused, PeerRefused) as exc:
             return encode_frame({"ok": False, "error": str(exc)})
         except ProtocolError as exc:
-            self._ignore_once(remote, f"bad outer exchange ({exc})")
+            self._peer_fault(remote, f"bad outer exchange ({exc})")
             self.chooser.report_failure(remote)
             return encode_frame({"ok": False, "error": "protocol"})
 

@@ -40,6 +40,8 @@ class NodeConfig:
     # A partner's Delta norm or phi distance above this multiple of the recent median is
     # rejected (round local-only, partner banned); activations/gradients likewise, looser.
     max_update_ratio: float = 10.0
+    max_peer_faults: int = 8  # malformed requests from one caller before it is banned
+    caller_ban_s: float = 600.0
     max_activation_ratio: float = 100.0
     progress: bool = True
 

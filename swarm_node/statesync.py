@@ -58,7 +58,7 @@ class StateSync:
                     "last_round_step": snapshot["last_round_step"], "num_tensors": len(snapshot["tensors"])}
             return await node.compute(encode_frame, meta, [snapshot["tensors"][i] for i in chunks[index]])
         except ProtocolError as exc:
-            node._ignore_once(remote, f"bad state request ({exc})")
+            node._peer_fault(remote, f"bad state request ({exc})")
             return encode_frame({"ok": False, "error": "protocol"})
 
     async def _snapshot_for(self, snap_id: object, remote: str) -> dict | None:

@@ -4,6 +4,7 @@ well-formed request still succeeds afterwards."""
 
 import asyncio
 import random
+import time
 
 import msgpack
 import pytest
@@ -124,6 +125,10 @@ def test_forward_handler_survives_10k_hostile_frames(node):
     good = asyncio.run(node._handle_forward("QmGood", encode_frame(*forward_request())))
     header, (grad,) = decode_frame(good)
     assert header["ok"] and grad.shape == (4, 16, HIDDEN)
+    # repeat offenders are banned at the stream gate; honest callers are not
+    assert not any(node._admit(f"QmFuzz{i}") for i in range(7)) and node._admit("QmGood")
+    node._caller_bans["QmFuzz0"] = time.monotonic() - 1  # bans expire
+    assert node._admit("QmFuzz0")
 
 
 def test_outer_handler_survives_10k_hostile_frames(node):

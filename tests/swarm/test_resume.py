@@ -7,6 +7,8 @@ import signal
 from swarm_node.data.spec import DataSpec
 from swarm_node.optim import InnerHyper, default_method
 from swarm_node.spec import RunSpec
+from swarm_node.train.checkpoint import save_checkpoint
+from swarm_node.train.worker import StageWorker
 
 SPEC = RunSpec(run_id="resume", model_size="debug", num_stages=1, seq_len=32, batch_size=8, samples_per_step=8,
                total_steps=1000, data=DataSpec(kind="synthetic", order=1, num_tokens=400_000),
@@ -37,14 +39,11 @@ def test_a_restarted_node_resumes_from_its_checkpoint_bit_for_bit(harness_factor
 
 
 def test_a_checkpoint_of_another_run_is_refused(harness_factory, tmp_path):
-    h = harness_factory(SPEC)
-    ckpt = tmp_path / "ckpt"
-    first = h.spawn(0, "--checkpoint-dir", str(ckpt), name="first")
-    h.wait_for(lambda: any(r.inner_step >= 5 for r in h.records(0).values()), 90, "some steps")
-    first.send_signal(signal.SIGTERM)
-    assert first.wait(timeout=30) == 0
     other = dataclasses.replace(SPEC, seed=1)
-    other.write_json(h.spec_path)
-    proc = h.spawn(0, "--checkpoint-dir", str(ckpt), name="other")
+    worker = StageWorker(other, 0, 16)
+    tensors, meta = worker.checkpoint_state()
+    save_checkpoint(tmp_path / "ckpt", 0, tensors, {**meta, "spec_hash": other.spec_hash(), "stage": 0})
+    h = harness_factory(SPEC)
+    proc = h.spawn(0, "--checkpoint-dir", str(tmp_path / "ckpt"), name="other")
     assert proc.wait(timeout=60) == 2
     assert "belongs to run spec" in h.log_of("other").strip().splitlines()[-1]
