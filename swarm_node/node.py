@@ -345,7 +345,8 @@ class Node:
             # a `leaving` record: peers stop routing to us at once instead of at record expiry
             await _bounded(self._heartbeat(), 3.0, "publishing the leaving record")
         if self.worker is not None and self.status == "finished":  # a clean stop, not a failed start
-            await self._save_checkpoint("on shutdown")
+            # bounded: a wedged compute thread must not keep SIGTERM from stopping the node
+            await _bounded(self._save_checkpoint("on shutdown"), 60.0, "writing the shutdown checkpoint")
         self._write_outputs()
         if self.transport is not None:
             await _bounded(self.transport.p2p.shutdown(), 5.0, "closing the p2p client")
