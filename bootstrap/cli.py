@@ -75,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from swarm_node.obs.logs import setup_logging
     from swarm_node.spec import RunSpec
+    from swarm_node.system import use_uvloop
 
     args = build_parser().parse_args(argv)
     setup_logging(args.verbose)
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                                  run_id=args.run_id, http_host=args.http_host, http_port=args.http_port,
                                  startup_timeout_s=args.startup_timeout,
                                  check_reachability=not args.no_reachability_check)
-        _use_uvloop()
+        use_uvloop()
         asyncio.run(BootstrapPeer(config, on_ready=_print_ready).run())
         return 0
     except (ValueError, OSError, SwarmError) as exc:
@@ -95,12 +96,3 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
-
-
-def _use_uvloop() -> None:
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:
-        pass

@@ -154,6 +154,7 @@ def _run_join(args: argparse.Namespace) -> int:
     from swarm_node.node import Node
     from swarm_node.node_config import NodeConfig
     from swarm_node.spec import RunSpec
+    from swarm_node.system import use_uvloop
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -168,7 +169,7 @@ def _run_join(args: argparse.Namespace) -> int:
                         startup_timeout_s=args.startup_timeout, download_state=not args.no_state_download,
                         checkpoint_dir=args.checkpoint_dir, checkpoint_every_rounds=args.checkpoint_every_rounds,
                         activation_wire=args.wire_dtype, outer_wire=args.wire_dtype, progress=not args.no_progress)
-    _use_uvloop()
+    use_uvloop()
     asyncio.run(Node(spec, config).run())
     return 0
 
@@ -219,15 +220,6 @@ def _run_local(args: argparse.Namespace) -> int:
                          dashboard_port=args.dashboard_port)
     summary = run_local(spec, config, args.json_out)
     return 0 if summary["final_val_loss"] is not None else 1
-
-
-def _use_uvloop() -> None:
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:  # uvloop is a dependency, but the node runs on plain asyncio too
-        pass
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -23,7 +23,7 @@ from swarm_node import __version__
 from swarm_node.errors import ConfigError, IncompatibleRun, ProtocolError, SwarmError
 from swarm_node.net.dht import SwarmDHT
 from swarm_node.net.transport import short_id
-from swarm_node.spec import RunSpec
+from swarm_node.spec import RunSpec, version_at_least
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +68,7 @@ class SpecRecord:
     def parse(self) -> RunSpec:
         """The spec, checked: it must parse with this software version and hash to what
         the publisher announced (a spec from a newer version may not)."""
-        if not RunSpec(min_version=self.min_version).compatible_version():
-            raise IncompatibleRun(f"run {self.run_id!r} needs swarm-node >= {self.min_version}; this is "
-                                  f"{__version__}: upgrade with `pip install -U swarm-node`")
+        require_version(self.run_id, self.min_version)
         try:
             spec = RunSpec.from_dict(json.loads(self.spec_json))
         except (json.JSONDecodeError, ConfigError, RecursionError) as exc:
@@ -145,7 +143,8 @@ async def find_run_spec(dht: SwarmDHT, initial_peers: Sequence[str], *, run_id: 
 
     if not found:
         if local_spec is not None:
-            return _checked_local(local_spec), None
+            require_version(local_spec.run_id, local_spec.min_version)
+            return local_spec, None
         wanted = f"run {run_id!r}" if run_id else "a run spec"
         raise SwarmError(f"none of the initial peers publishes {wanted} (waited {timeout_s:.0f}s): pass the "
                          "multiaddr of the run's bootstrap peer or of a node of the run, or the spec itself "
@@ -162,11 +161,12 @@ async def find_run_spec(dht: SwarmDHT, initial_peers: Sequence[str], *, run_id: 
                               f"(published by {short_id(publisher)}) has {spec.spec_hash()}; leave the file out to "
                               "use the published spec, or fix it")
     log.info("joining run %r (spec %s, published by %s)", spec.run_id, spec.spec_hash(), short_id(publisher))
-    return _checked_local(spec), publisher
+    require_version(spec.run_id, spec.min_version)
+    return spec, publisher
 
 
-def _checked_local(spec: RunSpec) -> RunSpec:
-    if not spec.compatible_version():
-        raise IncompatibleRun(f"run {spec.run_id!r} needs swarm-node >= {spec.min_version}; this is "
-                              f"{__version__}: upgrade with `pip install -U swarm-node`")
-    return spec
+def require_version(run_id: str, min_version: str) -> None:
+    """Refuse, saying "upgrade", when this software is older than the run needs."""
+    if not version_at_least(min_version):
+        raise IncompatibleRun(f"run {run_id!r} needs swarm-node >= {min_version}; this is {__version__}: "
+                              "upgrade with `pip install -U swarm-node`")

@@ -26,7 +26,7 @@ import torch
 from swarm_node import __version__
 from swarm_node.data.dataset import TokenWindows, load_windows
 from swarm_node.data.shards import ShardedBatches
-from swarm_node.discovery import SPEC_REPUBLISH_S, find_run_spec, peer_ids_of, publish_spec
+from swarm_node.discovery import SPEC_REPUBLISH_S, find_run_spec, peer_ids_of, publish_spec, require_version
 from swarm_node.errors import (
     ConfigError,
     IncompatibleRun,
@@ -195,10 +195,8 @@ class Node:
         if cfg.initial_peers:
             spec, self.publisher = await find_run_spec(self.dht, cfg.initial_peers, run_id=cfg.run_id,
                                                        local_spec=self.spec, timeout_s=cfg.spec_find_timeout_s)
-        elif not self.spec.compatible_version():
-            raise IncompatibleRun(f"run {self.spec.run_id!r} needs swarm-node >= {self.spec.min_version}; "
-                                  f"this is {__version__}")
         else:
+            require_version(self.spec.run_id, self.spec.min_version)
             spec = self.spec
         self._adopt_spec(spec)
         if not spec.admits(self.peer_id):
@@ -706,9 +704,7 @@ class Node:
     async def _outer_round(self) -> None:
         round_no = self.worker.outer_round
         own = await self.compute(self.worker.outer_payload, self.config.outer_wire)
-        own_norm = await self.compute(_norm, own[1])
-        self._delta_screen.note(own_norm)  # our own progress is the scale partners are held to
-        self._distance_screen.note(own_norm)
+        self._note_own_progress(await self.compute(_norm, own[1]))
         header = {"kind": "outer", "spec": self.spec_hash, "round": round_no, "ok": True}
         self._outer_reply = await self.compute(encode_frame, header, own[0] + own[1])
         await self._heartbeat()  # announce `seeking` now rather than at the next beat
@@ -768,6 +764,11 @@ class Node:
             raise Refused(str(header.get("error", "refused")))
         return await self._check_outer(header, tensors)
 
+    def _note_own_progress(self, delta_norm: float) -> None:
+        """Our own Delta norm is the scale a partner's Delta and phi distance are held to."""
+        self._delta_screen.note(delta_norm)
+        self._distance_screen.note(delta_norm)
+
     async def _check_outer(self, header: dict, tensors: list[torch.Tensor]):
         if header.get("kind") != "outer" or header.get("spec") != self.spec_hash:
             raise ProtocolError("not an outer exchange of this run")
@@ -777,9 +778,7 @@ class Node:
         n = len(self.worker.params)
         phi, delta = tensors[:n], tensors[n:]
         if self._delta_screen.reference() is None:  # a request before our first round: our progress so far
-            own_norm = await self.compute(lambda: _norm(self.worker.slow.deltas()))
-            self._delta_screen.note(own_norm)
-            self._distance_screen.note(own_norm)
+            self._note_own_progress(await self.compute(lambda: _norm(self.worker.slow.deltas())))
         delta_norm, distance = await self.compute(_partner_magnitudes, self.worker, phi, delta)
         problem = (self._delta_screen.check(delta_norm, "partner's Delta norm")
                    or self._distance_screen.check(distance, "partner's distance from our phi"))

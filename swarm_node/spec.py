@@ -114,7 +114,11 @@ class RunSpec:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
 
     def compatible_version(self, version: str = __version__) -> bool:
-        return _version_tuple(version) >= _version_tuple(self.min_version)
+        return version_at_least(self.min_version, version)
+
+
+def version_at_least(minimum: str, version: str = __version__) -> bool:
+    return _version_tuple(version) >= _version_tuple(minimum)
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:

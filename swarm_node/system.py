@@ -11,6 +11,16 @@ WANTED_OPEN_FILES = 65_536
 MIN_OPEN_FILES = 4_096  # each peer connection costs the daemon a few descriptors
 
 
+def use_uvloop() -> None:
+    """uvloop is a dependency, but the programs run on plain asyncio too."""
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+
+
 def raise_open_file_limit(wanted: int = WANTED_OPEN_FILES) -> int:
     """Raise the soft open-file limit towards ``wanted`` (the libp2p daemon, a child
     process, inherits it); warn when the hard limit keeps it low. Returns the limit."""
