@@ -141,8 +141,18 @@ def _add_join_parser(sub) -> None:
     p.add_argument("--checkpoint-every-rounds", type=_positive_int, default=1, metavar="N")
     p.add_argument("--wire-dtype", choices=("fp16", "bf16", "fp32"), default="fp16",
                    help="precision of activations/gradients sent to other stages, and of phi/Delta in rounds")
+    p.add_argument("--max-update-ratio", type=_ratio, default=10.0, metavar="X",
+                   help="refuse a partner's Delta norm or phi distance above X times the recent median "
+                        "(and ban it); raise for runs with long partitions")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(handler=_run_join)
+
+
+def _ratio(text: str) -> float:
+    value = float(text)
+    if not value > 1:
+        raise argparse.ArgumentTypeError(f"must be above 1, got {text}")
+    return value
 
 
 def _run_join(args: argparse.Namespace) -> int:
@@ -168,7 +178,8 @@ def _run_join(args: argparse.Namespace) -> int:
                         run_dir=args.run_dir, data_shard=args.data_shard, round_timeout_s=args.round_timeout,
                         startup_timeout_s=args.startup_timeout, download_state=not args.no_state_download,
                         checkpoint_dir=args.checkpoint_dir, checkpoint_every_rounds=args.checkpoint_every_rounds,
-                        activation_wire=args.wire_dtype, outer_wire=args.wire_dtype, progress=not args.no_progress)
+                        activation_wire=args.wire_dtype, outer_wire=args.wire_dtype,
+                        max_update_ratio=args.max_update_ratio, progress=not args.no_progress)
     use_uvloop()
     asyncio.run(Node(spec, config).run())
     return 0
@@ -194,6 +205,11 @@ def _add_local_parser(sub) -> None:
     p.add_argument("--round-timeout", type=float, default=15.0)
     p.add_argument("--run-dir", type=Path, default=None, help="keep logs, weights and summaries here")
     p.add_argument("--json-out", type=Path, default=None)
+    p.add_argument("--chaos-kills", type=int, default=0, metavar="N",
+                   help="fault injection: SIGKILL N random nodes at random moments of the run")
+    p.add_argument("--chaos-restarts", type=int, default=0, metavar="M",
+                   help="start M of the killed nodes again from their checkpoints")
+    p.add_argument("--chaos-seed", type=int, default=0)
     p.add_argument("--dashboard-port", type=int, default=None, metavar="PORT",
                    help="also run a swarm-bootstrap serving the live dashboard on this port (0: any free port)")
     p.add_argument("--no-progress", action="store_true")
@@ -205,7 +221,7 @@ def _run_local(args: argparse.Namespace) -> int:
 
     from swarm_node.config import default_warmup_steps, suggested_lr
     from swarm_node.data.spec import DataSpec
-    from swarm_node.local import LocalConfig, run_local
+    from swarm_node.local import ChaosPlan, LocalConfig, run_local
     from swarm_node.optim import InnerHyper, default_method
     from swarm_node.spec import RunSpec
 
@@ -217,7 +233,9 @@ def _run_local(args: argparse.Namespace) -> int:
                                     warmup_steps=default_warmup_steps(args.steps), total_steps=args.steps))
     config = LocalConfig(replicas=args.replicas, steps=args.steps, device=args.device,
                          round_timeout_s=args.round_timeout, run_dir=args.run_dir, progress=not args.no_progress,
-                         dashboard_port=args.dashboard_port)
+                         dashboard_port=args.dashboard_port,
+                         chaos=ChaosPlan(kills=args.chaos_kills, restarts=min(args.chaos_restarts, args.chaos_kills),
+                                         seed=args.chaos_seed) if args.chaos_kills else None)
     summary = run_local(spec, config, args.json_out)
     return 0 if summary["final_val_loss"] is not None else 1
 

@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -42,6 +43,19 @@ SOCKET_GLOB = "hivemind-*.sock"
 
 
 @dataclass(frozen=True)
+class ChaosPlan:
+    """Fault injection for `swarm-node local`: SIGKILL ``kills`` random nodes (their whole
+    process group, as a machine dying would) at random moments while stage 0 is
+    between ``window`` fractions of its steps, and start ``restarts`` of them again
+    from their checkpoints ``restart_delay_s`` later."""
+    kills: int = 0
+    restarts: int = 0
+    seed: int = 0
+    window: tuple[float, float] = (0.15, 0.5)
+    restart_delay_s: float = 2.0
+
+
+@dataclass(frozen=True)
 class LocalConfig:
     replicas: int = 2
     steps: int = 200
@@ -54,6 +68,7 @@ class LocalConfig:
     progress: bool = True
     stop_grace_s: float = 30.0
     dashboard_port: int | None = None  # run a real swarm-bootstrap with its dashboard here (0: any port)
+    chaos: ChaosPlan | None = None
 
 
 @dataclass
@@ -64,6 +79,7 @@ class Child:
     log_path: Path
     returncode: int | None = None
     status: str = "running"
+    restarted: bool = False  # started again from its checkpoint after being killed
 
 
 @dataclass
@@ -81,6 +97,10 @@ class LocalSwarm:
         self.children: list[Child] = []
         self._dashboard: subprocess.Popen | None = None  # the swarm-bootstrap of --dashboard-port
         self._dashboard_dir: Path | None = None
+        self._spawn_args: tuple[Path, list[str]] | None = None
+        self._kills: list[tuple[float, tuple[int, int]]] = []  # (fraction of steps, (stage, replica))
+        self._restarts: list[tuple[float, tuple[int, int]]] = []  # (monotonic time, (stage, replica))
+        self._to_restart: set[tuple[int, int]] = set()
         self.loss_curve: list[tuple[int, float]] = []
 
     async def run(self) -> dict:
@@ -95,6 +115,7 @@ class LocalSwarm:
             try:
                 maddrs = [*initial, dht.visible_maddrs()[0]]
                 log.info("bootstrap DHT at %s; run dir %s", maddrs[0], self.run_dir)
+                self._plan_chaos()
                 self._spawn_all(spec_path, maddrs)
                 await self._watch(dht, started)
             finally:  # also on Ctrl-C: no node outlives the swarm
@@ -145,22 +166,63 @@ class LocalSwarm:
             shutil.rmtree(self._dashboard_dir, ignore_errors=True)
 
     def _spawn_all(self, spec_path: Path, maddrs: list[str]) -> None:
-        env = dict(os.environ, OMP_NUM_THREADS=str(self.config.threads_per_node), PYTHONUNBUFFERED="1")
+        self._spawn_args = (spec_path, maddrs)
         for stage in range(self.spec.num_stages):
             for replica in range(self.config.replicas):
-                log_path = self.run_dir / f"node-s{stage}-r{replica}.log"
-                cmd = [sys.executable, "-m", "swarm_node", "join", "--initial-peers", *maddrs,
-                       "--config", str(spec_path), "--stage", str(stage), "--device", self.config.device,
-                       "--threads", str(self.config.threads_per_node), "--run-dir", str(self.run_dir),
-                       "--round-timeout", str(self.config.round_timeout_s), "--no-progress",
-                       "--no-state-download"]
-                if stage == 0:
-                    cmd += ["--max-steps", str(self.config.steps),
-                            "--data-shard", f"{replica}/{self.config.replicas}"]
-                with open(log_path, "wb") as out:
-                    process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                               env=env)
-                self.children.append(Child(stage, replica, process, log_path))
+                self._spawn(stage, replica)
+
+    def _spawn(self, stage: int, replica: int, restarted: bool = False) -> Child:
+        spec_path, maddrs = self._spawn_args
+        env = dict(os.environ, OMP_NUM_THREADS=str(self.config.threads_per_node), PYTHONUNBUFFERED="1")
+        suffix = "-restarted" if restarted else ""
+        log_path = self.run_dir / f"node-s{stage}-r{replica}{suffix}.log"
+        cmd = [sys.executable, "-m", "swarm_node", "join", "--initial-peers", *maddrs,
+               "--config", str(spec_path), "--stage", str(stage), "--device", self.config.device,
+               "--threads", str(self.config.threads_per_node), "--run-dir", str(self.run_dir),
+               "--round-timeout", str(self.config.round_timeout_s), "--no-progress"]
+        if not restarted:  # everyone starts together; a restarted node may need to catch up with its stage
+            cmd.append("--no-state-download")
+        if stage == 0:
+            cmd += ["--max-steps", str(self.config.steps), "--data-shard", f"{replica}/{self.config.replicas}"]
+        if self.config.chaos is not None:  # a node that may be restarted keeps its identity and state
+            cmd += ["--identity", str(self.run_dir / f"identity-s{stage}-r{replica}.key"),
+                    "--checkpoint-dir", str(self.run_dir / f"checkpoints-s{stage}-r{replica}")]
+        with open(log_path, "wb") as out:
+            process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        child = Child(stage, replica, process, log_path, restarted=restarted)
+        self.children.append(child)
+        return child
+
+    # -- fault injection ------------------------------------------------------------
+    def _plan_chaos(self) -> None:
+        plan = self.config.chaos
+        if plan is None or plan.kills == 0:
+            return
+        rng = random.Random(plan.seed)
+        nodes = [(s, r) for s in range(self.spec.num_stages) for r in range(self.config.replicas)]
+        targets = rng.sample(nodes, min(plan.kills, len(nodes)))
+        moments = sorted(rng.uniform(*plan.window) for _ in targets)
+        self._kills = list(zip(moments, targets))
+        self._to_restart = set(targets[: plan.restarts])
+
+    def _inject_faults(self, stage0_step: int | None) -> None:
+        now = time.monotonic()
+        while self._kills and stage0_step is not None and stage0_step >= self._kills[0][0] * self.config.steps:
+            _, (stage, replica) = self._kills.pop(0)
+            victim = next((c for c in self.children if (c.stage, c.replica) == (stage, replica)
+                           and c.process.poll() is None), None)
+            if victim is None:
+                continue
+            log.warning("chaos: killing node stage %d replica %d (pid %d) at stage-0 step %d", stage, replica,
+                        victim.process.pid, stage0_step)
+            _reap_group(victim.process.pid)  # SIGKILL to its whole process group
+            if (stage, replica) in self._to_restart:
+                self._restarts.append((now + self.config.chaos.restart_delay_s, (stage, replica)))
+        while self._restarts and self._restarts[0][0] <= now:
+            _, (stage, replica) = self._restarts.pop(0)
+            child = self._spawn(stage, replica, restarted=True)
+            log.warning("chaos: restarted node stage %d replica %d from its checkpoint (pid %d)", stage, replica,
+                        child.process.pid)
 
     def _poll_children(self) -> None:
         for child in self.children:
@@ -183,7 +245,7 @@ class LocalSwarm:
             while True:
                 self._poll_children()
                 drivers = [c for c in self.children if c.stage == 0]
-                if all(c.returncode is not None for c in drivers):
+                if all(c.returncode is not None for c in drivers) and not self._restarts:
                     return
                 if all(c.returncode is not None and c.returncode != 0 for c in self.children if c.stage > 0) \
                         and self.spec.num_stages > 1:
@@ -191,6 +253,7 @@ class LocalSwarm:
                     return
                 records = await self._records(dht)
                 step = min((r.inner_step for r in records.get(0, []) if r.state == "training"), default=None)
+                self._inject_faults(step)
                 tokens = sum(r.tokens for r in records.get(0, []))
                 losses = [r.loss for r in records.get(self.spec.num_stages - 1, []) if r.loss is not None]
                 if losses:
@@ -243,11 +306,12 @@ class LocalSwarm:
             info = summaries.get(child.process.pid)
             status = child.status if info is None or child.status == "lost" else "finished"
             entry = {"peer_id": None, "stage": child.stage, "pid": child.process.pid, "status": status,
+                     "restarted": child.restarted, "resumed_from_step": None,
                      "inner_steps": 0, "outer_rounds": 0, "rounds_with_partner": 0, "local_only_rounds": 0,
                      "bytes_sent": 0, "bytes_received": 0, "microbatches_done": 0, "microbatches_lost": 0,
                      "retries": 0}
             if info is not None:
-                entry.update({k: info[k] for k in entry if k in info and k not in ("status", "pid")})
+                entry.update({k: info[k] for k in entry if k in info and k not in ("status", "pid", "restarted")})
                 weights = self.run_dir / info["weights_file"]
                 if weights.exists():
                     stage_weights[child.stage][child.replica] = torch.load(weights, map_location="cpu")

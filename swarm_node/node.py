@@ -43,7 +43,7 @@ from swarm_node.net import protocols
 from swarm_node.net.dht import SwarmDHT
 from swarm_node.net.transport import ServeLimits, Transport, short_id
 from swarm_node.node_config import NodeConfig
-from swarm_node.registry import read_stage, stage_key
+from swarm_node.registry import publish_record, read_stage
 from swarm_node.routing.chooser import Candidate, PeerChooser
 from swarm_node.spec import RunSpec
 from swarm_node.statesync import StateSync
@@ -219,8 +219,15 @@ class Node:
         self.state_sync = StateSync(self)
         if resume is not None:
             await self._resume_from(*resume)
-        elif cfg.download_state:
-            await self.state_sync.download()
+            behind = self._steps_behind_stage()
+            if cfg.download_state and behind > cfg.catch_up_rounds * self.spec.method.inner_steps:
+                log.warning("the checkpoint is %d inner steps behind the most advanced peer of stage %d; catching "
+                            "up by downloading its state (inner optimizer state and data position stay ours)",
+                            behind, self.stage)
+                if not await self.state_sync.download():
+                    log.warning("no stage-%d peer could give its state; continuing from the checkpoint", self.stage)
+        elif cfg.download_state and self._steps_behind_stage() > 0 and not await self.state_sync.download():
+            log.warning("no stage-%d peer could give its state; starting from the run's initial weights", self.stage)
         await self._serve()
         self._state = "training"
         await self._heartbeat()
@@ -256,6 +263,11 @@ class Node:
         self.stats.resumed_from_step = self.worker.inner_step
         log.info("resumed from checkpoint %s: inner step %d, outer round %d", f"ckpt-{meta['step']:010d}",
                  self.worker.inner_step, self.worker.outer_round)
+
+    def _steps_behind_stage(self) -> int:
+        """How far the most advanced live peer of our stage is ahead of us, in inner steps."""
+        ahead = max((r.inner_step for r in self.live_peers(self.stage).values()), default=0)
+        return max(0, ahead - self.worker.inner_step)
 
     def _checkpoint_snapshot(self) -> tuple[dict, dict]:
         """On the compute thread, so the copy is consistent with the data position."""
@@ -385,8 +397,7 @@ class Node:
                              "restart it (if the machine is short of memory, that is the likely cause)")
         try:
             async with asyncio.timeout(self.config.heartbeat_s * 2):
-                await self.dht.store(stage_key(self.spec.run_id, self.stage), self.peer_id,
-                                     self._record().to_wire(), ttl_s=self.config.record_ttl_s)
+                await publish_record(self.dht, self.spec.run_id, self._record(), ttl_s=self.config.record_ttl_s)
         except TimeoutError:
             log.warning("registry heartbeat timed out")
 
@@ -533,6 +544,11 @@ class Node:
                     self._in_flight += 1
                     tg.create_task(self._run_microbatch(inputs, targets, slots))
             await self._round_idle.wait()
+            if not self._reached_max_steps():
+                # Gradients owed to the last steps wait for the step after a round. Take it
+                # here, on the compute thread: looping back without awaiting anything would
+                # spin on the event loop and starve the round that is meant to take it.
+                await self._after_accumulate()
         log.info("node %s finished %d inner steps", short_id(self.peer_id), self.worker.inner_step)
         self._state = "finished"
         await self._heartbeat()
@@ -777,13 +793,27 @@ class Node:
             raise ProtocolError(problem)
         n = len(self.worker.params)
         phi, delta = tensors[:n], tensors[n:]
-        if self._delta_screen.reference() is None:  # a request before our first round: our progress so far
-            self._note_own_progress(await self.compute(lambda: _norm(self.worker.slow.deltas())))
         delta_norm, distance = await self.compute(_partner_magnitudes, self.worker, phi, delta)
-        problem = (self._delta_screen.check(delta_norm, "partner's Delta norm")
-                   or self._distance_screen.check(distance, "partner's distance from our phi"))
-        if problem:  # a poisoned or broken update: the round goes on without it, the sender is banned
-            raise ProtocolError(problem)
+        if self._delta_screen.reference() is None:
+            # Before our first round the only scale we have is our progress so far, and a
+            # partner a round ahead of a node in warm-up (or started late) is out of it
+            # honestly: decline such an exchange, do not punish. The screens start from
+            # our first full round's Delta norm (see _outer_round).
+            own = MagnitudeScreen(self.config.max_update_ratio)
+            own.note(await self.compute(lambda: _norm(self.worker.slow.deltas())))
+            problem = (own.check_only(delta_norm, "partner's Delta norm")
+                       or own.check_only(distance, "partner's distance from our phi"))
+            if problem:
+                log.info("declining an outer exchange before our first round: %s", problem)
+                raise Refused(f"not-ready ({problem})")
+        else:
+            # Distances only compare with our own Delta norms: right after init or an
+            # exchange honest partners sit almost on top of each other, and a median of
+            # such distances would make the next honest partner look like an attack.
+            problem = (self._delta_screen.check(delta_norm, "partner's Delta norm")
+                       or self._distance_screen.check_only(distance, "partner's distance from our phi"))
+            if problem:  # a poisoned or broken update: the round goes on without it, the sender is banned
+                raise ProtocolError(problem)
         return phi, delta
 
     async def _handle_outer(self, remote: str, request: bytes) -> bytes:

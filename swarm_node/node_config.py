@@ -37,6 +37,10 @@ class NodeConfig:
     download_state: bool = True
     checkpoint_dir: Path | None = None  # resume from here at start; save after rounds and on shutdown
     checkpoint_every_rounds: int = 1
+    # A checkpoint more than this many rounds behind its stage is only a starting point:
+    # the node downloads a live peer's state on top (a merge that far apart would be
+    # rejected by the partner's screens, or pull the stage back).
+    catch_up_rounds: int = 2
     # A partner's Delta norm or phi distance above this multiple of the recent median is
     # rejected (round local-only, partner banned); activations/gradients likewise, looser.
     max_update_ratio: float = 10.0

@@ -77,21 +77,20 @@ class StateSync:
         return snapshot
 
     # -- joiner side --------------------------------------------------------------
-    async def download(self) -> None:
-        """From the most advanced live peers of our stage, trying up to three."""
+    async def download(self) -> bool:
+        """From the most advanced live peers of our stage, trying up to three; whether
+        it succeeded (when not, the worker's state is untouched)."""
         node = self.node
         donors = sorted(((r.inner_step, p) for p, r in node.live_peers(node.stage).items() if r.inner_step > 0),
                         reverse=True)
-        if not donors:
-            return
         for _, donor in donors[:MAX_DONORS]:
             try:
                 async with asyncio.timeout(node.config.state_download_timeout_s):
                     await self._download_from(donor)
-                return
+                return True
             except (PeerError, TimeoutError, ValueError) as exc:
                 log.warning("state download from %s failed (%s); trying another donor", short_id(donor), exc)
-        log.warning("could not download state from any donor; starting from the run's initial weights")
+        return False
 
     async def _download_from(self, donor: str) -> None:
         from tqdm import tqdm

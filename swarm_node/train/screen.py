@@ -35,10 +35,16 @@ class MagnitudeScreen:
 
     def check(self, value: float, what: str) -> str | None:
         """None when acceptable (then it joins the reference), else why not."""
+        problem = self.check_only(value, what)
+        if problem is None:
+            self._accepted.append(value)
+        return problem
+
+    def check_only(self, value: float, what: str) -> str | None:
+        """Like check, but an accepted value does not join the reference."""
         if not math.isfinite(value):
             return f"{what} is not finite"
         reference = self.reference()
         if reference is not None and reference > 0 and value > self.max_ratio * reference:
             return f"{what} {value:.3g} is {value / reference:.0f}x the recent median {reference:.3g}"
-        self._accepted.append(value)
         return None

@@ -54,7 +54,7 @@ class FakeDHT:
     def __init__(self, records):
         self.records = records
 
-    async def get_subkeys(self, key):
+    async def get_signed(self, key):
         return self.records.get(key, {})
 
 

@@ -2,11 +2,13 @@
 node keeps accepting well-formed updates from others."""
 
 import asyncio
+import dataclasses
+import logging
 
 import torch
 
 from swarm_node.data.spec import DataSpec
-from swarm_node.node import Node
+from swarm_node.node import Node, _norm
 from swarm_node.node_config import NodeConfig
 from swarm_node.optim import InnerHyper, default_method
 from swarm_node.spec import RunSpec
@@ -18,27 +20,33 @@ SPEC = RunSpec(run_id="poison", model_size="debug", num_stages=2, seq_len=16, ba
                inner=InnerHyper(lr=3e-3, warmup_steps=1, total_steps=100))
 
 
-def trained_worker(seed: int) -> StageWorker:
-    worker = StageWorker(SPEC, 1, 16)
+def trained_worker(seed: int, steps: int = 5, spec: RunSpec = SPEC) -> StageWorker:
+    worker = StageWorker(spec, 1, 16)
     g = torch.Generator().manual_seed(seed)
-    for _ in range(5):
+    for _ in range(steps):
         worker.forward_backward_last(torch.randn(4, 16, worker.model_config.hidden_size, generator=g),
                                      torch.randint(0, 16, (4, 16), generator=g))
         worker.step()
     return worker
 
 
-def request(phi, delta) -> bytes:
-    return encode_frame({"kind": "outer", "spec": SPEC.spec_hash(), "round": 0, "ok": True}, [*phi, *delta])
+def request(phi, delta, spec: RunSpec = SPEC) -> bytes:
+    return encode_frame({"kind": "outer", "spec": spec.spec_hash(), "round": 0, "ok": True}, [*phi, *delta])
 
 
-def test_scaled_up_or_nan_updates_are_rejected_and_the_sender_banned():
-    node = Node(SPEC, NodeConfig())
-    node._adopt_spec(SPEC)
-    node.worker = trained_worker(0)
+def make_node(worker: StageWorker, spec: RunSpec = SPEC) -> Node:
+    node = Node(spec, NodeConfig())
+    node._adopt_spec(spec)
+    node.worker = worker
     node.stage = 1
     node.dht = type("D", (), {"peer_id": "QmSelf"})()
     node.outer_limits = FrameLimits(max_payload_bytes=64 << 20)
+    return node
+
+
+def test_scaled_up_or_nan_updates_are_rejected_and_the_sender_banned():
+    node = make_node(trained_worker(0))
+    node._note_own_progress(_norm(node.worker.slow.deltas()))  # as at the start of our first round
     phi, delta = trained_worker(1).outer_payload("fp32")
 
     async def scenario():
@@ -58,3 +66,49 @@ def test_scaled_up_or_nan_updates_are_rejected_and_the_sender_banned():
     assert node.chooser.is_banned("QmScaled") and node.chooser.is_banned("QmNan")
     assert answers["honest"].get("error") != "protocol" and answers["honest again"].get("error") != "protocol"
     assert not node.chooser.is_banned("QmHonest")
+
+
+def test_before_its_first_round_a_node_declines_a_partner_far_ahead_without_banning_it(caplog):
+    """A node that started late, or is still in warm-up, sees an honest partner a round
+    ahead as out of scale: it declines the exchange (the partner pairs elsewhere) and bans
+    nobody. NaNs are still a fault."""
+    warm = dataclasses.replace(SPEC, inner=InnerHyper(lr=3e-3, warmup_steps=100, total_steps=1000))
+    node = make_node(trained_worker(0, steps=1, spec=warm), warm)
+    phi, delta = trained_worker(1, steps=40, spec=warm).outer_payload("fp32")
+
+    async def scenario():
+        ahead = await node._handle_outer("QmAhead", request(phi, delta, warm))
+        nan = await node._handle_outer("QmNan", request(phi, [torch.full_like(d, float("nan")) for d in delta], warm))
+        return decode_frame(ahead)[0], decode_frame(nan)[0]
+
+    try:
+        with caplog.at_level(logging.INFO, logger="swarm_node.node"):
+            ahead, nan = asyncio.run(scenario())
+    finally:
+        node._compute.shutdown()
+    assert not ahead["ok"] and ahead["error"].startswith("not-ready (partner's"), ahead
+    assert "declining an outer exchange before our first round" in caplog.text
+    assert not node.chooser.is_banned("QmAhead") and node._faults.get("QmAhead", 0) == 0
+    assert nan["error"] == "protocol" and node.chooser.is_banned("QmNan")
+
+
+def test_partners_right_on_top_of_us_do_not_shrink_the_scale_honest_partners_are_held_to():
+    """At round 0 every replica's phi is the same init, so partners' distances are ~0. They
+    must not become the reference: a partner a round ahead later is honest, not poison."""
+    node = make_node(trained_worker(0))
+    node._note_own_progress(_norm(node.worker.slow.deltas()))
+    own_phi = [p + 1e-6 for p in node.worker.outer_payload("fp32")[0]]  # as after an fp16 round trip
+    _, delta = trained_worker(1).outer_payload("fp32")
+    ahead = trained_worker(2, steps=10)
+    ahead_phi = [p.detach().clone() for p in ahead.params]  # phi one round of progress away
+
+    async def scenario():
+        for peer in ("QmA", "QmB", "QmC", "QmD"):
+            await node._handle_outer(peer, request(own_phi, delta))
+        return await node._handle_outer("QmAhead", request(ahead_phi, delta))
+
+    try:
+        answer = decode_frame(asyncio.run(scenario()))[0]
+    finally:
+        node._compute.shutdown()
+    assert answer.get("error") != "protocol" and not node.chooser.is_banned("QmAhead")

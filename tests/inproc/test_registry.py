@@ -18,7 +18,7 @@ class FakeDHT:
     def __init__(self, records: dict[str, dict[str, object]]):
         self.records = records
 
-    async def get_subkeys(self, key: str) -> dict[str, object]:
+    async def get_signed(self, key: str) -> dict[str, object]:
         return self.records.get(key, {})
 
 

@@ -1,0 +1,71 @@
+"""Stage 0's producer loop near --max-steps. Gradients that arrive during an outer round
+wait for the step after it; when they alone cover the last steps, the producer must
+still take that step instead of looping without ever yielding to the event loop (which
+froze a node for good in the first chaos run: no round, no log, no SIGTERM)."""
+
+import asyncio
+
+import pytest
+import torch
+
+from swarm_node.data.dataset import load_windows
+from swarm_node.data.spec import DataSpec
+from swarm_node.node import Node
+from swarm_node.node_config import NodeConfig
+from swarm_node.optim import InnerHyper, default_method
+from swarm_node.spec import RunSpec
+from swarm_node.train.worker import StageWorker
+
+SPEC = RunSpec(run_id="producer", model_size="debug", num_stages=1, seq_len=16, batch_size=4, samples_per_step=4,
+               data=DataSpec(kind="synthetic"), method=default_method("noloco", inner_steps=50),
+               inner=InnerHyper(lr=3e-3, warmup_steps=1, total_steps=100))
+
+
+@pytest.mark.timeout(60)
+def test_gradients_held_over_a_round_finish_the_run_without_starving_the_loop():
+    max_steps = 3
+    node = Node(SPEC, NodeConfig(max_steps=max_steps))
+    node._adopt_spec(SPEC)
+    node.stage = 0
+    node.data = load_windows(SPEC.data, SPEC.seq_len)
+    node.worker = StageWorker(SPEC, 0, node.data.vocab_size)
+    node.dht = type("D", (), {"peer_id": "QmSelf"})()
+    g = torch.Generator().manual_seed(0)
+    node.worker.forward_backward_last(None, torch.randint(0, 16, (4, 16), generator=g),
+                                      torch.randint(0, 16, (4, 16), generator=g))
+    node.worker.step()
+    node.worker.step()  # two steps done, one to go
+    for _ in range(2):  # two micro-batches' gradients came in while a round was open
+        node.worker.forward_backward_last(None, torch.randint(0, 16, (4, 16), generator=g),
+                                          torch.randint(0, 16, (4, 16), generator=g))
+    assert node.worker.inner_step == max_steps - 1 and node.worker.ready_to_step() and node._done()
+    beats = []
+
+    async def heartbeat():
+        beats.append(node._state)
+
+    node._heartbeat = heartbeat
+
+    async def scenario():
+        ticks = 0
+
+        async def ticker():  # proves the event loop stays free while the producer works
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.01)
+
+        ticking = asyncio.create_task(ticker())
+        try:
+            async with asyncio.timeout(30):
+                await node._producer_loop()
+        finally:
+            ticking.cancel()
+        return ticks
+
+    try:
+        ticks = asyncio.run(scenario())
+    finally:
+        node._compute.shutdown()
+    assert node.worker.inner_step == max_steps and node._stop.is_set()
+    assert beats == ["finished"] and ticks >= 1
