@@ -5,6 +5,7 @@
 #   ./dev.sh demo        a local swarm (2 stages x 2 node processes) on the bundled corpus
 #   ./dev.sh test        the default test suite (slow tests excluded)
 #   ./dev.sh test-slow   only the slow tests (long convergence runs)
+#   ./dev.sh bench       the quick benchmarks (under 15 min), then BENCHMARKS.md (--full: long ones)
 #   ./dev.sh shell       a shell inside the virtual environment
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -24,12 +25,13 @@ find_python() {
 }
 
 ensure_venv() {
+    local extras="${1:-test}"  # test: the default tiers; the slow tier adds hf, tensorboard, wandb, hf-datasets
     if [[ ! -x "$VENV/bin/python" ]]; then
         echo "dev.sh: creating $VENV" >&2
         "$(find_python)" -m venv "$VENV"
     fi
     # Reinstall only when the package metadata changed since the last install.
-    local stamp="$VENV/.swarm-install-stamp"
+    local stamp="$VENV/.swarm-install-stamp-${extras//,/-}"
     local want
     want="$(cat pyproject.toml setup.py | sha256sum | cut -d' ' -f1)-torch$TORCH_VERSION"
     if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
@@ -37,7 +39,7 @@ ensure_venv() {
         # torch is named with an exact version so pip takes the CPU wheel these machines
         # carry instead of resolving the newest CUDA build (several GB).
         "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
-            "torch==$TORCH_VERSION" -e ".[test]" 2> >(grep -v "is ignored: it is neither" >&2)
+            "torch==$TORCH_VERSION" -e ".[$extras]" 2> >(grep -v "is ignored: it is neither" >&2)
         echo "$want" > "$stamp"
     fi
 }
@@ -56,15 +58,19 @@ case "$cmd" in
         exec "$VENV/bin/python" -m pytest -q "$@"
         ;;
     test-slow)
-        ensure_venv
+        ensure_venv test,hf,tensorboard,wandb,hf-datasets
         exec "$VENV/bin/python" -m pytest -q -m slow "$@"
+        ;;
+    bench)
+        ensure_venv
+        exec "$VENV/bin/python" -m bench.run_all "$@"
         ;;
     shell)
         ensure_venv
         exec bash --rcfile <(echo "source $VENV/bin/activate")
         ;;
     *)
-        sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'
         [[ "$cmd" == help || "$cmd" == -h || "$cmd" == --help ]] || exit 2
         ;;
 esac

@@ -42,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--startup-timeout", type=float, default=60.0, help="seconds for the libp2p daemon to start")
     p.add_argument("--no-reachability-check", action="store_true",
                    help="skip dialling the announced addresses at start-up")
+    p.add_argument("--maddrs-file", type=Path, default=None, metavar="PATH",
+                   help="also write the multiaddrs to this file, one per line, once serving (for nodes started "
+                        "with `swarm-node join --initial-peers-file`, e.g. in docker compose)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return p
 
@@ -69,6 +72,14 @@ def _print_ready(ready) -> None:
     print("\n".join(lines), flush=True)
 
 
+def _write_maddrs(path: Path, maddrs: list[str]) -> None:
+    """Atomically: a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(path.name + ".tmp")
+    staging.write_text("".join(f"{m}\n" for m in maddrs))
+    staging.replace(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     from swarm_bootstrap.identity_policy import prepare_identity
     from swarm_bootstrap.peer import BootstrapConfig, BootstrapPeer
@@ -89,7 +100,12 @@ def main(argv: list[str] | None = None) -> int:
                                  startup_timeout_s=args.startup_timeout,
                                  check_reachability=not args.no_reachability_check)
         use_uvloop()
-        asyncio.run(BootstrapPeer(config, on_ready=_print_ready).run())
+        def on_ready(ready) -> None:
+            _print_ready(ready)
+            if args.maddrs_file is not None:
+                _write_maddrs(args.maddrs_file, ready.maddrs)
+
+        asyncio.run(BootstrapPeer(config, on_ready=on_ready).run())
         return 0
     except (ValueError, OSError, SwarmError) as exc:
         print(f"swarm-bootstrap: error: {exc}", file=sys.stderr)

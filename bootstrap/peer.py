@@ -17,7 +17,7 @@ from importlib import resources
 from pathlib import Path
 
 from swarm_bootstrap.view import SwarmView, prometheus_text
-from swarm_bootstrap.web import Response, StatusServer
+from swarm_node.obs.http import Response, StatusServer
 
 from swarm_node import __version__
 from swarm_node.discovery import SPEC_REPUBLISH_S, find_run_spec, publish_spec, spec_key

@@ -9,6 +9,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from swarm_node.obs.prometheus import PrometheusText
 from swarm_node.wire.records import PeerRecord
 
 HISTORY_POINTS = 1800  # an hour at the default 2 s poll period
@@ -132,16 +133,8 @@ class SwarmView:
 
 def prometheus_text(view: SwarmView, *, up: bool, peer_id: str, version: str, now_s: float) -> str:
     """The Prometheus text exposition format (version 0.0.4)."""
-    out: list[str] = []
-
-    def metric(name: str, kind: str, help_text: str, samples: list[tuple[dict, float]]) -> None:
-        if kind == "counter":
-            name += "_total"
-        out.append(f"# HELP {name} {help_text}")
-        out.append(f"# TYPE {name} {kind}")
-        for labels, value in samples:
-            label_text = ",".join(f'{k}="{_escape(str(v))}"' for k, v in labels.items())
-            out.append(f"{name}{{{label_text}}} {_number(value)}" if labels else f"{name} {_number(value)}")
+    out = PrometheusText()
+    metric = out.metric
 
     metric("swarm_bootstrap_info", "gauge", "This bootstrap peer and the run it serves.",
            [({"run_id": view.run_id, "spec_hash": view.spec_hash, "peer_id": peer_id, "version": version}, 1)])
@@ -181,18 +174,4 @@ def prometheus_text(view: SwarmView, *, up: bool, peer_id: str, version: str, no
                                        for r in rows])
     metric("swarm_peer_loss", "gauge", "Last stage: the peer's training loss (EMA).",
            [({"peer": r.peer_id, "stage": r.record.stage}, r.record.loss) for r in rows if r.record.loss is not None])
-    return "\n".join(out) + "\n"
-
-
-def _escape(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _number(value: float) -> str:
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "NaN"
-        if math.isinf(value):
-            return "+Inf" if value > 0 else "-Inf"
-        return repr(value)
-    return str(int(value))
+    return out.text()

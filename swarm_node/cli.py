@@ -7,7 +7,10 @@ import sys
 from pathlib import Path
 
 from swarm_node import __version__
+from swarm_node.cli_export import add_export_parser, add_generate_parser
+from swarm_node.cli_probe import add_probe_parser
 from swarm_node.errors import ConfigError, SwarmError
+from swarm_node.obs.sinks import SINKS
 
 
 def _positive_int(text: str) -> int:
@@ -118,6 +121,9 @@ def _add_join_parser(sub) -> None:
                                    "spec those peers publish, checks it, picks a stage, downloads state and trains.")
     p.add_argument("--initial-peers", nargs="+", default=[], metavar="MADDR",
                    help="multiaddrs of peers already in the swarm (the bootstrap's, as it prints them)")
+    p.add_argument("--initial-peers-file", type=Path, default=None, metavar="PATH",
+                   help="read more initial peers from this file, one multiaddr per line (what "
+                        "`swarm-bootstrap --maddrs-file` writes)")
     p.add_argument("--config", type=Path, default=None,
                    help="run spec (.toml or .json); optional with --initial-peers, where it must match the "
                         "published one; required to start a run without a bootstrap")
@@ -144,8 +150,27 @@ def _add_join_parser(sub) -> None:
     p.add_argument("--max-update-ratio", type=_ratio, default=10.0, metavar="X",
                    help="refuse a partner's Delta norm or phi distance above X times the recent median "
                         "(and ban it); raise for runs with long partitions")
+    p.add_argument("--metrics", nargs="+", choices=(*SINKS, "none"), default=["jsonl"], metavar="SINK",
+                   help="where training metrics go: jsonl (default), tensorboard, wandb (offline mode; upload later "
+                        "with `wandb sync`), or none")
+    p.add_argument("--metrics-dir", type=Path, default=None,
+                   help="directory of the metrics (default: --run-dir, else ./runs/RUN_ID)")
+    p.add_argument("--http-port", type=int, default=None, metavar="PORT",
+                   help="serve /healthz, /metrics (Prometheus) and /api/status on this port (0: any free port)")
+    p.add_argument("--http-host", default="127.0.0.1", help="interface for --http-port (0.0.0.0 in containers)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(handler=_run_join)
+
+
+def _read_maddrs(path: Path) -> list[str]:
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise ConfigError(f"cannot read --initial-peers-file {path}: {exc.strerror or exc}") from None
+    maddrs = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    if not maddrs:
+        raise ConfigError(f"--initial-peers-file {path} lists no multiaddr")
+    return maddrs
 
 
 def _ratio(text: str) -> float:
@@ -168,6 +193,8 @@ def _run_join(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.initial_peers_file is not None:
+        args.initial_peers = [*args.initial_peers, *_read_maddrs(args.initial_peers_file)]
     if args.config is None and not args.initial_peers:
         raise ConfigError("give --initial-peers MADDR (the run's bootstrap, as it prints it) or --config RUN_SPEC")
     spec = RunSpec.from_file(args.config) if args.config else None
@@ -179,7 +206,9 @@ def _run_join(args: argparse.Namespace) -> int:
                         startup_timeout_s=args.startup_timeout, download_state=not args.no_state_download,
                         checkpoint_dir=args.checkpoint_dir, checkpoint_every_rounds=args.checkpoint_every_rounds,
                         activation_wire=args.wire_dtype, outer_wire=args.wire_dtype,
-                        max_update_ratio=args.max_update_ratio, progress=not args.no_progress)
+                        max_update_ratio=args.max_update_ratio, http_host=args.http_host,
+                        metrics_sinks=tuple(m for m in args.metrics if m != "none"), metrics_dir=args.metrics_dir,
+                        http_port=args.http_port, progress=not args.no_progress)
     use_uvloop()
     asyncio.run(Node(spec, config).run())
     return 0
@@ -248,6 +277,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sim_parser(sub)
     _add_join_parser(sub)
     _add_local_parser(sub)
+    add_export_parser(sub)
+    add_generate_parser(sub)
+    add_probe_parser(sub)
     return parser
 
 

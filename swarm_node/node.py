@@ -17,6 +17,7 @@ import os
 import random
 import signal
 import time
+from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from functools import partial
@@ -46,6 +47,8 @@ from swarm_node.node_config import NodeConfig
 from swarm_node.registry import publish_record, read_stage
 from swarm_node.routing.chooser import Candidate, PeerChooser
 from swarm_node.spec import RunSpec
+from swarm_node.node_status import NodeStatus, handle_status_request
+from swarm_node.obs.sinks import Sinks, open_sinks
 from swarm_node.statesync import StateSync
 from swarm_node.system import raise_open_file_limit
 from swarm_node.train.checkpoint import CheckpointError, latest_checkpoint, save_checkpoint
@@ -119,6 +122,8 @@ class Node:
         self._activation_screen = MagnitudeScreen(config.max_activation_ratio, window=64)
         self._gradient_screen = MagnitudeScreen(config.max_activation_ratio, window=64)
         self._resume_data: dict | None = None  # data position from the checkpoint resumed
+        self.status_pages: NodeStatus | None = None
+        self.metrics: Sinks | None = None
         self.status = "running"
 
     # -- helpers -----------------------------------------------------------------
@@ -188,6 +193,9 @@ class Node:
     async def _start(self) -> None:
         cfg = self.config
         raise_open_file_limit()
+        if cfg.http_port is not None:  # first, so a slow start shows as "joining" rather than as nothing
+            self.status_pages = NodeStatus(self)
+            await self.status_pages.start(cfg.http_host, cfg.http_port)
         self.dht = await SwarmDHT.start(initial_peers=cfg.initial_peers, host_maddrs=cfg.host_maddrs,
                                         announce_maddrs=cfg.announce_maddrs, identity_path=cfg.identity_path,
                                         client_mode=cfg.client_mode, startup_timeout_s=cfg.startup_timeout_s)
@@ -229,6 +237,7 @@ class Node:
         elif cfg.download_state and self._steps_behind_stage() > 0 and not await self.state_sync.download():
             log.warning("no stage-%d peer could give its state; starting from the run's initial weights", self.stage)
         await self._serve()
+        self._open_metrics()
         self._state = "training"
         await self._heartbeat()
         await _bounded(publish_spec(self.dht, self.spec), 10.0, "publishing the run spec")
@@ -340,6 +349,10 @@ class Node:
                                    ServeLimits(max_request_bytes=2 * param_bytes + (1 << 20), max_concurrent=4,
                                                max_per_peer=1, handler_timeout_s=self.config.exchange_timeout_s),
                                    authorize=self._admit)
+        await self.transport.serve(protocols.STATUS, partial(handle_status_request, self),
+                                   ServeLimits(max_request_bytes=1024, max_concurrent=8, max_per_peer=2,
+                                               handler_timeout_s=5.0),
+                                   authorize=self._admit)
         await self.transport.serve(protocols.STATE, self.state_sync.handle,
                                    ServeLimits(max_request_bytes=64 << 10, max_concurrent=4, max_per_peer=1,
                                                handler_timeout_s=self.config.state_download_timeout_s),
@@ -349,7 +362,7 @@ class Node:
         """Every step is bounded: a dead daemon or DHT process must not hang the exit."""
         self._state = "leaving"
         if self.transport is not None:
-            for name in (protocols.FORWARD, protocols.OUTER, protocols.STATE):
+            for name in (protocols.FORWARD, protocols.OUTER, protocols.STATE, protocols.STATUS):
                 await _bounded(self.transport.stop_serving(name), 3.0, f"removing the {name} handler")
         if self.dht is not None and self.stage is not None and self.dht.is_alive():
             # a `leaving` record: peers stop routing to us at once instead of at record expiry
@@ -358,12 +371,40 @@ class Node:
             # bounded: a wedged compute thread must not keep SIGTERM from stopping the node
             await _bounded(self._save_checkpoint("on shutdown"), 60.0, "writing the shutdown checkpoint")
         self._write_outputs()
+        if self.metrics is not None:
+            self._log_metrics()
+            self.metrics.close()
         if self.transport is not None:
             await _bounded(self.transport.p2p.shutdown(), 5.0, "closing the p2p client")
         if self.dht is not None:
             await _bounded(self.dht.shutdown(), 15.0, "stopping the DHT")
+        if self.status_pages is not None:
+            await _bounded(self.status_pages.close(), 3.0, "closing the status endpoints")
         self._compute_closed = True
         self._compute.shutdown(wait=True, cancel_futures=True)
+
+    def _open_metrics(self) -> None:
+        cfg = self.config
+        if not cfg.metrics_sinks:
+            return
+        directory = cfg.metrics_dir or cfg.run_dir or Path("runs") / self.spec.run_id
+        tag = f"stage{self.stage}-{self.peer_id[-8:]}"
+        self.metrics = open_sinks(cfg.metrics_sinks, directory, run_name=tag, project=self.spec.run_id,
+                                  config={"spec": self.spec.to_dict(), "stage": self.stage, "peer_id": self.peer_id})
+        log.info("metrics (%s) go to %s", ", ".join(cfg.metrics_sinks), directory)
+
+    def _log_metrics(self) -> None:
+        if self.metrics is None or self.worker is None or self.transport is None:
+            return
+        w, stats = self.worker, self.stats
+        values = {"outer_round": w.outer_round, "throughput_samples_per_s": self._throughput,
+                  "tokens": stats.tokens, "microbatches_done": stats.microbatches_done,
+                  "microbatches_lost": stats.microbatches_lost, "retries": stats.retries,
+                  "rounds_with_partner": stats.rounds_with_partner, "local_only_rounds": stats.local_only_rounds,
+                  "bytes_sent": self.transport.bytes_sent, "bytes_received": self.transport.bytes_received}
+        if w.loss_ema is not None:
+            values["train_loss"] = w.loss_ema
+        self.metrics.log(w.inner_step, values)
 
     def _write_outputs(self) -> None:
         run_dir = self.config.run_dir
@@ -712,6 +753,7 @@ class Node:
                 await self._outer_round()
             finally:
                 self._round_idle.set()
+            self._log_metrics()
             if self.worker.outer_round % self.config.checkpoint_every_rounds == 0:
                 await self._save_checkpoint(f"after round {self.worker.outer_round - 1}")
             # gradients that arrived during the round may complete a step now

@@ -47,6 +47,10 @@ class NodeConfig:
     max_peer_faults: int = 8  # malformed requests from one caller before it is banned
     caller_ban_s: float = 600.0
     max_activation_ratio: float = 100.0
+    metrics_sinks: tuple[str, ...] = ("jsonl",)  # jsonl, tensorboard, wandb (offline); () for none
+    metrics_dir: Path | None = None  # default: run_dir, else ./runs/<run id>
+    http_host: str = "127.0.0.1"
+    http_port: int | None = None  # serve /healthz, /metrics, /api/status here (0: any free port)
     progress: bool = True
 
     def __post_init__(self) -> None:

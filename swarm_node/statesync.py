@@ -1,4 +1,4 @@
-"""State transfer for late joiners (protocol ``swarm-node/state/1``).
+"""State transfer for late joiners (protocol ``/swarm-node/state/1.0.0``).
 
 A donor answers chunk requests from one consistent snapshot of theta, phi, the outer
 momentum and its counters, cached for a few minutes under the snapshot's digest. The

@@ -22,6 +22,7 @@ from swarm_node.data.tokenizer import AlphabetTokenizer, Tokenizer, load_tokeniz
 log = logging.getLogger(__name__)
 
 TEXT_SUFFIXES = {".txt", ".md", ".rst", ".text"}
+HF_FILE_SUFFIXES = {".json", ".jsonl", ".parquet"}
 CORPUS_FILE = "stdlib_docstrings.txt.gz"
 
 
@@ -73,7 +74,10 @@ def load_windows(spec: DataSpec, seq_len: int, *, min_train_windows: int = 0) ->
     if spec.kind == "bin":
         tokens, vocab_size = _read_bin(Path(spec.path))
     else:
-        text = _read_corpus() if spec.kind == "corpus" else _read_text(Path(spec.path))
+        if spec.kind == "hf":
+            text = _read_hf_dataset(Path(spec.path), spec.text_field)
+        else:
+            text = _read_corpus() if spec.kind == "corpus" else _read_text(Path(spec.path))
         ids = tokenizer.encode(text)
         tokens = np.asarray(ids, dtype=np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32)
         vocab_size = tokenizer.vocab_size
@@ -112,6 +116,38 @@ def _read_text(path: Path) -> str:
     if not files:
         raise FileNotFoundError(f"no {'/'.join(sorted(TEXT_SUFFIXES))} files under {path}")
     return "\n\n".join(f.read_text(encoding="utf-8", errors="replace") for f in files)
+
+
+def _read_hf_dataset(path: Path, text_field: str) -> str:
+    """A local Hugging Face dataset: a ``save_to_disk`` folder (its ``train`` split when it
+    is a DatasetDict), or .json/.jsonl/.parquet files (one file or a folder of them).
+    Documents are joined with blank lines, in order; nothing is downloaded."""
+    try:
+        import datasets
+    except ImportError:
+        raise ImportError("Hugging Face datasets need the 'datasets' package: "
+                          "pip install 'swarm-node[hf-datasets]'") from None
+    if not path.exists():
+        raise FileNotFoundError(f"dataset not found: {path}")
+    if (path / "dataset_info.json").is_file() or (path / "dataset_dict.json").is_file():
+        loaded = datasets.load_from_disk(str(path))
+        if isinstance(loaded, datasets.DatasetDict):
+            if "train" not in loaded:
+                raise ValueError(f"{path}: a dataset with splits {sorted(loaded)} but no 'train' split")
+            loaded = loaded["train"]
+    else:
+        files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.suffix in HF_FILE_SUFFIXES)
+        if not files:
+            raise FileNotFoundError(f"no saved dataset or {'/'.join(sorted(HF_FILE_SUFFIXES))} files under {path}")
+        suffixes = {f.suffix for f in files}
+        if len(suffixes) > 1:
+            raise ValueError(f"{path}: mixed file types {sorted(suffixes)}; use one format")
+        builder = "parquet" if suffixes == {".parquet"} else "json"
+        loaded = datasets.load_dataset(builder, data_files=[str(f) for f in files], split="train")
+    if text_field not in loaded.column_names:
+        raise ValueError(f"{path}: no column {text_field!r} (columns: {', '.join(loaded.column_names)}); "
+                         "set data.text_field in the run spec")
+    return "\n\n".join(t for t in loaded[text_field] if isinstance(t, str))
 
 
 def _read_bin(path: Path) -> tuple[np.ndarray, int]:

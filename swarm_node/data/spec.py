@@ -8,13 +8,15 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-KINDS = ("synthetic", "corpus", "text", "bin")
+KINDS = ("synthetic", "corpus", "text", "bin", "hf")
+WITH_PATH = ("text", "bin", "hf")
 
 
 @dataclass(frozen=True)
 class DataSpec:
     kind: str = "corpus"
-    path: str | None = None  # text file/folder or .bin file for kinds text and bin
+    path: str | None = None  # text file/folder, .bin file, or Hugging Face dataset (kinds text, bin, hf)
+    text_field: str = "text"  # kind hf: the column holding the text
     tokenizer_path: str | None = None  # Hugging Face tokenizer.json; byte-level when None
     val_fraction: float = 0.02
     min_val_windows: int = 16
@@ -28,7 +30,7 @@ class DataSpec:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"unknown data kind {self.kind!r}; choose one of {', '.join(KINDS)}")
-        if self.kind in ("text", "bin") and not self.path:
+        if self.kind in WITH_PATH and not self.path:
             raise ValueError(f"data kind {self.kind!r} needs a path")
         if not 0 < self.val_fraction < 1:
             raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
@@ -36,17 +38,18 @@ class DataSpec:
     @classmethod
     def parse(cls, text: str) -> "DataSpec":
         """``synthetic[:alphabet=16,order=2,...]``, ``corpus``, ``text:PATH``, ``bin:PATH``,
-        or a bare path (``*.bin`` is read as tokens, anything else as text)."""
+        ``hf:PATH`` (a Hugging Face dataset saved to disk, or .json/.jsonl/.parquet files;
+        column ``text``), or a bare path (``*.bin`` is read as tokens, anything else as text)."""
         kind, _, rest = text.partition(":")
         if kind == "synthetic":
             return cls(kind="synthetic", **_parse_options(rest, cls))
         if kind == "corpus" and not rest:
             return cls(kind="corpus")
-        if kind in ("text", "bin") and rest:
+        if kind in WITH_PATH and rest:
             return cls(kind=kind, path=rest)
         path = Path(text)
         if not path.exists():
-            raise ValueError(f"--data {text!r}: not 'synthetic', 'corpus', 'text:PATH', 'bin:PATH' "
+            raise ValueError(f"--data {text!r}: not 'synthetic', 'corpus', 'text:PATH', 'bin:PATH', 'hf:PATH' "
                              "or an existing path")
         return cls(kind="bin" if path.suffix == ".bin" else "text", path=text)
 

@@ -11,6 +11,7 @@ import os
 import re
 import signal
 import subprocess
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -58,8 +59,10 @@ def public_run(tmp_path_factory):
     ready_s = boot.wait_ready(timeout_s=20)
     second = Bootstrap(workdir, workdir / "second.key", 0, "--initial-peers", boot.maddr, name="second")
     second.wait_ready(timeout_s=40)
+    status_port = ("--http-port", "0")  # node0 serves its own /healthz and /metrics
     nodes = [join(workdir, f"node{i}", "--initial-peers", boot.maddr, "--max-steps", str(MAX_STEPS),
-                  "--threads", "1", "--no-progress", "--run-dir", str(workdir)) for i in range(2)]
+                  "--threads", "1", "--no-progress", "--run-dir", str(workdir), *(status_port if i == 0 else ()))
+             for i in range(2)]
     yield {"boot": boot, "second": second, "nodes": nodes, "workdir": workdir, "ready_s": ready_s}
     for proc in [*nodes, boot.process, second.process]:
         stop(proc)
@@ -108,6 +111,22 @@ def test_metrics_parse_with_the_prometheus_parser(public_run):
     assert sum(v for (name, labels), v in samples.items()
                if name == "swarm_peers" and ("state", "training") in labels) == 2
     assert sum(1 for name, _ in samples if name == "swarm_peer_inner_step") == 2
+
+
+def test_a_node_serves_healthz_and_its_own_metrics(public_run):
+    boot, workdir = public_run["boot"], public_run["workdir"]
+    wait_for(lambda: len(_training_peers(boot)) == 2, 90, "both nodes", workdir)
+    url = re.search(r"status endpoints: (http://\S+)/healthz", (workdir / "node0.log").read_text()).group(1)
+    with urllib.request.urlopen(f"{url}/healthz", timeout=10) as reply:
+        assert reply.status == 200 and reply.read().startswith(b"ok: training")
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as reply:
+        families = {f.name: f for f in text_string_to_metric_families(reply.read().decode())}
+    step = families["swarm_node_inner_step"].samples[0]
+    assert step.value > 0 and step.labels["stage"] in ("0", "1")
+    assert families["swarm_node_bytes_sent"].samples[0].value > 0
+    with urllib.request.urlopen(f"{url}/api/status", timeout=10) as reply:
+        status = json.loads(reply.read())
+    assert status["run_id"] == "debug-synthetic" and status["record"]["state"] == "training"
 
 
 def test_a_stock_hivemind_dht_reads_the_run_spec(public_run):

@@ -1,6 +1,7 @@
-"""A small HTTP/1.1 server for the status endpoints: GET and HEAD only, one request per
-connection, capped request size, connection count and time. The standard library's
-http.server is thread-based; this stays on the bootstrap's single event loop."""
+"""A small HTTP/1.1 server for status endpoints (the bootstrap's dashboard, a node's
+/healthz and /metrics): GET and HEAD only, one request per connection, capped request
+size, connection count and time. The standard library's http.server is thread-based;
+this stays on the process's single event loop."""
 
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ class StatusServer:
             return Response(405, b"only GET and HEAD\n")
         route = self.routes.get(path.split("?", 1)[0])
         if route is None:
-            return Response(404, b"not found; try /, /healthz, /metrics, /api/status, /api/history\n")
+            return Response(404, f"not found; try {', '.join(sorted(self.routes))}\n".encode())
         return route()
 
 

@@ -1,0 +1,94 @@
+"""What every benchmark script shares: the result file format, machine facts, and plots.
+
+A result file ``bench/results/<name>.json`` holds::
+
+    {"benchmark": name, "mode": "quick" | "full", "command": "...", "started": ISO time,
+     "wall_s": seconds, "machine": {...}, "rows": [ {...}, ... ], "summary": {...},
+     "notes": ["...", ...]}
+
+``rows`` are the table rows BENCHMARKS.md shows (flat dicts of numbers and strings);
+``summary`` the few headline ratios. Plots go next to it as ``<name>*.png``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def machine() -> dict:
+    import torch
+
+    return {"cpu_count": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+            "platform": platform.platform(), "torch_threads": torch.get_num_threads()}
+
+
+def parse_mode(description: str, argv: list[str] | None = None,
+               extra: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--full", action="store_true", help="the long version (default: quick)")
+    parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
+    if extra is not None:
+        extra(parser)
+    args = parser.parse_args(argv)
+    args.mode = "full" if args.full else "quick"
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    return args
+
+
+class Result:
+    """Collects rows and notes; ``write()`` stores the JSON with timing and machine facts."""
+
+    def __init__(self, name: str, mode: str, out_dir: Path = RESULTS_DIR):
+        self.name = name
+        self.mode = mode
+        self.out_dir = out_dir
+        self.rows: list[dict] = []
+        self.summary: dict = {}
+        self.notes: list[str] = []
+        self._started = time.time()
+        self._started_iso = datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+    def add(self, **row) -> dict:
+        self.rows.append(row)
+        return row
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+    def path(self, suffix: str = ".json") -> Path:
+        return self.out_dir / f"{self.name}{suffix}"
+
+    def write(self) -> Path:
+        payload = {"benchmark": self.name, "mode": self.mode,
+                   "command": " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv]),
+                   "started": self._started_iso, "wall_s": round(time.time() - self._started, 1),
+                   "machine": machine(), "rows": self.rows, "summary": self.summary, "notes": self.notes}
+        path = self.path()
+        path.write_text(json.dumps(payload, indent=1, sort_keys=False) + "\n")
+        print(f"wrote {path}", file=sys.stderr)
+        return path
+
+
+def load(name: str, out_dir: Path = RESULTS_DIR) -> dict | None:
+    path = out_dir / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def pyplot():
+    """matplotlib's pyplot on the file-only backend (no display on these machines)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt

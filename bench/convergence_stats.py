@@ -1,0 +1,169 @@
+"""The arithmetic of the convergence benchmark: per-seed runs -> per-grid and per-M
+rows with spreads and gaps to DDP, and the checks of the papers' shape. Pure Python,
+no torch, so it is unit-tested in milliseconds (tests/unit/test_bench_convergence.py).
+
+A *run* is one simulator run, a flat dict with at least ``section`` ("grid" or
+"scaling"), ``dp``, ``pp``, ``method``, ``seed``, ``val_loss`` and ``ppl``."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+
+METHOD_ORDER = ("ddp", "noloco", "diloco", "local")
+
+# ALGORITHM.md section 6: final validation perplexity on C4, Small model (125M),
+# keyed by (DP, PP). FSDP is the paper's data-parallel baseline, our "ddp".
+PAPER_SMALL_PPL: dict[tuple[int, int], dict[str, float]] = {
+    (8, 1): {"ddp": 29.1, "diloco": 35.4, "noloco": 34.5},
+    (4, 2): {"ddp": 29.1, "diloco": 32.1, "noloco": 31.3},
+    (8, 2): {"ddp": 29.1, "diloco": 34.0, "noloco": 33.1},
+    (16, 2): {"ddp": 29.1, "diloco": 39.1, "noloco": 37.7},
+}
+
+# ALGORITHM.md section 5 (Scaling Laws for DiLoCo): DiLoCo's eval loss over DP's at
+# equal tokens, in %, by replicas M; and the best outer lr by M.
+PAPER_SCALING_EXCESS_PCT: dict[str, dict[int, float]] = {
+    "35M": {1: -0.1, 2: 0.7, 4: 2.0, 8: 3.9},
+    "2.4B": {1: -0.4, 2: -0.1, 4: 0.3, 8: 1.1},
+}
+SCALING_OUTER_LR: dict[int, float] = {1: 0.4, 2: 0.6, 4: 0.6, 8: 0.8}
+
+
+def perplexity(loss: float) -> float:
+    return math.exp(loss)
+
+
+def spread(values: Sequence[float]) -> dict[str, float]:
+    """Mean, sample std (0 for one value), min and max."""
+    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "min": min(values), "max": max(values)}
+
+
+def paired_gaps_pct(values: dict[int, float], reference: dict[int, float]) -> list[float]:
+    """Per seed, 100 * (value / reference - 1): the two runs of a seed share the
+    initial weights and data order, so the paired gap is far less noisy than the means."""
+    return [100.0 * (values[s] / reference[s] - 1.0) for s in sorted(values) if s in reference]
+
+
+def _by_seed(runs: Iterable[dict], key: str) -> dict[int, float]:
+    return {r["seed"]: r[key] for r in runs}
+
+
+def _select(runs: Iterable[dict], **match) -> list[dict]:
+    return [r for r in runs if all(r.get(k) == v for k, v in match.items())]
+
+
+def grid_rows(runs: Sequence[dict]) -> list[dict]:
+    """One row per (DP x PP grid, method): perplexity over seeds, gap to the grid's DDP
+    (paired by seed), and the paper's numbers for the same grid where it has them."""
+    grid_runs = _select(runs, section="grid")
+    grids = sorted({(r["dp"], r["pp"]) for r in grid_runs}, key=lambda g: (g[1], g[0]))
+    rows = []
+    for dp, pp in grids:
+        ddp_ppl = _by_seed(_select(grid_runs, dp=dp, pp=pp, method="ddp"), "ppl")
+        paper = PAPER_SMALL_PPL.get((dp, pp), {})
+        for method in METHOD_ORDER:
+            mine = _select(grid_runs, dp=dp, pp=pp, method=method)
+            if not mine:
+                continue
+            ppl = spread([r["ppl"] for r in mine])
+            gaps = paired_gaps_pct(_by_seed(mine, "ppl"), ddp_ppl)
+            paper_ppl = paper.get(method)
+            rows.append({
+                "kind": "grid", "dp": dp, "pp": pp, "grid": f"{dp} x {pp}", "method": method, "seeds": len(mine),
+                "ppl_mean": ppl["mean"], "ppl_std": ppl["std"], "ppl_min": ppl["min"], "ppl_max": ppl["max"],
+                "gap_to_ddp_pct": statistics.fmean(gaps) if gaps else None,
+                "gap_min_pct": min(gaps) if gaps else None, "gap_max_pct": max(gaps) if gaps else None,
+                "consensus_ppl_mean": statistics.fmean(perplexity(r["consensus_val_loss"]) for r in mine),
+                "weight_std_mean": statistics.fmean(r["weight_std"] for r in mine),
+                "paper_ppl": paper_ppl,
+                "paper_gap_pct": 100.0 * (paper_ppl / paper["ddp"] - 1.0) if paper_ppl is not None else None,
+            })
+    return rows
+
+
+def scaling_rows(runs: Sequence[dict], reference_grid: tuple[int, int]) -> list[dict]:
+    """One row per M: DiLoCo's eval loss over DDP's (the ``reference_grid`` DDP runs),
+    in %, paired by seed, next to the scaling-law paper's 35M and 2.4B numbers."""
+    ref_dp, ref_pp = reference_grid
+    ddp_loss = _by_seed(_select(runs, section="grid", dp=ref_dp, pp=ref_pp, method="ddp"), "val_loss")
+    scaling = _select(runs, section="scaling")
+    rows = []
+    for m in sorted({r["dp"] for r in scaling}):
+        mine = _select(scaling, dp=m)
+        loss = spread([r["val_loss"] for r in mine])
+        excess = paired_gaps_pct(_by_seed(mine, "val_loss"), ddp_loss)
+        rows.append({
+            "kind": "scaling", "m": m, "outer_lr": mine[0]["outer_lr"], "seeds": len(mine),
+            "val_loss_mean": loss["mean"], "val_loss_std": loss["std"],
+            "ddp_val_loss_mean": statistics.fmean(ddp_loss.values()) if ddp_loss else None,
+            "excess_pct": statistics.fmean(excess) if excess else None,
+            "excess_min_pct": min(excess) if excess else None, "excess_max_pct": max(excess) if excess else None,
+            "paper_35m_excess_pct": PAPER_SCALING_EXCESS_PCT["35M"].get(m),
+            "paper_2_4b_excess_pct": PAPER_SCALING_EXCESS_PCT["2.4B"].get(m),
+        })
+    return rows
+
+
+# -- the shape checks --------------------------------------------------------------
+def _row(rows: Sequence[dict], grid: str, method: str) -> dict | None:
+    return next((r for r in rows if r["grid"] == grid and r["method"] == method), None)
+
+
+def _strictly_increasing(values: Sequence[float]) -> bool:
+    return all(b > a for a, b in zip(values, values[1:]))
+
+
+def check_ddp_best(rows: Sequence[dict]) -> dict:
+    """In every grid DDP has the lowest mean perplexity; ``every_seed``: and each
+    other method's paired gap to DDP is positive for every seed."""
+    grids = sorted({r["grid"] for r in rows})
+    best = {g: min((r for r in rows if r["grid"] == g), key=lambda r: r["ppl_mean"])["method"] for g in grids}
+    others = [r for r in rows if r["method"] != "ddp" and r["gap_min_pct"] is not None]
+    return {"holds": all(m == "ddp" for m in best.values()), "best_by_grid": best,
+            "every_seed": all(r["gap_min_pct"] > 0 for r in others)}
+
+
+def check_noloco_vs_diloco(rows: Sequence[dict], runs: Sequence[dict]) -> dict:
+    """NoLoCo's mean perplexity at or below DiLoCo's in every grid; per grid the
+    relative difference in % (negative: NoLoCo better) and in how many seeds it holds."""
+    by_grid = {}
+    for r in rows:
+        if r["method"] != "noloco":
+            continue
+        diloco = _row(rows, r["grid"], "diloco")
+        if diloco is None:
+            continue
+        select = {"section": "grid", "dp": r["dp"], "pp": r["pp"]}
+        paired = paired_gaps_pct(_by_seed(_select(runs, method="noloco", **select), "ppl"),
+                                 _by_seed(_select(runs, method="diloco", **select), "ppl"))
+        by_grid[r["grid"]] = {"diff_pct": 100.0 * (r["ppl_mean"] / diloco["ppl_mean"] - 1.0),
+                              "seeds_holding": sum(d <= 0 for d in paired), "seeds": len(paired)}
+    return {"holds": bool(by_grid) and all(v["diff_pct"] <= 0 for v in by_grid.values()),
+            "every_seed": bool(by_grid) and all(v["seeds_holding"] == v["seeds"] for v in by_grid.values()),
+            "by_grid": by_grid}
+
+
+def check_gaps_grow_with_dp(rows: Sequence[dict]) -> dict:
+    """For each pipeline depth with two or more DP sizes, NoLoCo's and DiLoCo's gap to
+    DDP rise strictly with DP."""
+    series = {}
+    for pp in sorted({r["pp"] for r in rows}):
+        dps = sorted({r["dp"] for r in rows if r["pp"] == pp})
+        if len(dps) < 2:
+            continue
+        for method in ("noloco", "diloco"):
+            gaps = [_row(rows, f"{dp} x {pp}", method) for dp in dps]
+            if all(g is not None for g in gaps):
+                series[f"{method} PP={pp}"] = {"dp": dps, "gap_pct": [g["gap_to_ddp_pct"] for g in gaps]}
+    return {"holds": bool(series) and all(_strictly_increasing(s["gap_pct"]) for s in series.values()),
+            "series": series}
+
+
+def check_scaling_order(rows: Sequence[dict]) -> dict:
+    """DiLoCo's excess over DDP rises strictly with M (the scaling-law ordering)."""
+    excess = [r["excess_pct"] for r in sorted(rows, key=lambda r: r["m"])]
+    return {"holds": len(excess) > 1 and _strictly_increasing(excess), "m": sorted(r["m"] for r in rows),
+            "excess_pct": excess}

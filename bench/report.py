@@ -1,0 +1,62 @@
+"""BENCHMARKS.md, rendered from bench/results/*.json: every number in it comes from
+those files (each benchmark module's ``markdown(result)`` draws its own section)."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from bench.common import RESULTS_DIR, load
+
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "BENCHMARKS.md"
+SECTIONS = ("sync_cost", "latency_model", "swarm_efficiency", "convergence", "vs_hivemind", "wire_bytes")
+
+HEADER = """# Benchmarks
+
+Every table and plot below is rendered from `bench/results/*.json` by `bench/report.py`
+(do not edit numbers by hand: re-run the benchmark, then `make bench-report`). Each
+comparison is measured side by side in the same run on the same machine; absolute
+times on shared 2-core machines are noisy, so read the ratios.
+
+```bash
+make bench          # quick versions of all of them, under 15 minutes on 2 cores
+make bench-full     # the long versions
+.venv/bin/python -m bench.<name> [--full]   # one of them
+```
+
+| benchmark | what it compares | mode | machine | wall |
+|---|---|---|---|---|
+{index}
+"""
+
+TITLES = {
+    "sync_cost": "NoLoCo pair exchange vs hivemind all-reduce, critical path",
+    "latency_model": "the paper's latency model at N up to 1024, fed with measured times",
+    "swarm_efficiency": "local swarm tokens/s vs plain single-process training",
+    "convergence": "NoLoCo vs DiLoCo vs DDP vs local at equal tokens",
+    "vs_hivemind": "this project vs hivemind.Optimizer: time to a target loss, bytes",
+    "wire_bytes": "bytes on the wire per round and per token",
+}
+
+
+def render(results_dir: Path = RESULTS_DIR) -> str:
+    index, sections = [], []
+    for name in SECTIONS:
+        result = load(name, results_dir)
+        if result is None:
+            index.append(f"| [{name}](#{name}) | {TITLES[name]} | not run | | |")
+            sections.append(f'<a id="{name}"></a>\n\n## {name}\n\nNo results yet: run '
+                            f'`.venv/bin/python -m bench.{name}`.\n')
+            continue
+        m = result["machine"]
+        index.append(f"| [{name}](#{name}) | {TITLES[name]} | {result['mode']} | "
+                     f"{m['cpu_count']} CPUs, torch {m['torch']} | {result['wall_s']:.0f} s |")
+        module = importlib.import_module(f"bench.{name}")
+        sections.append(f'<a id="{name}"></a>\n\n' + module.markdown(result).strip() + "\n")
+    return HEADER.format(index="\n".join(index)) + "\n" + "\n".join(sections)
+
+
+def write(results_dir: Path = RESULTS_DIR, path: Path = DOC) -> Path:
+    path.write_text(render(results_dir))
+    return path

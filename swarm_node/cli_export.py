@@ -1,0 +1,79 @@
+"""Command lines of `swarm-node export` and `swarm-node generate` (parsing only; the
+work is in swarm_node.export)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def add_export_parser(sub) -> None:
+    p = sub.add_parser("export", help="write a Hugging Face Llama checkpoint assembled from stage checkpoints",
+                       description="Assemble one model from the checkpoints of every stage (several peers of a "
+                                   "stage are averaged) and write config.json, model.safetensors and, when the run "
+                                   "used a Hugging Face tokenizer, its files. Load it with "
+                                   "transformers' LlamaForCausalLM.from_pretrained(OUT).")
+    _checkpoint_args(p)
+    p.add_argument("--out", type=Path, required=True, help="output directory")
+    p.set_defaults(handler=_run_export)
+
+
+def add_generate_parser(sub) -> None:
+    p = sub.add_parser("generate", help="sample text from stage checkpoints",
+                       description="Assemble one model from the checkpoints of every stage and sample text.")
+    _checkpoint_args(p)
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--max-new-tokens", type=int, default=200)
+    p.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
+    p.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest tokens (0: all)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(handler=_run_generate)
+
+
+def _checkpoint_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", type=Path, nargs="+", required=True, metavar="DIR",
+                   help="nodes' --checkpoint-dir (newest intact checkpoint) or ckpt-* directories, covering "
+                        "every stage of the run")
+    p.add_argument("--tokenizer", type=Path, default=None,
+                   help="the run's tokenizer.json (default: the spec's tokenizer_path, relative to here)")
+
+
+def _tokenizer_path(args: argparse.Namespace, assembled) -> Path | None:
+    if args.tokenizer is not None:
+        return args.tokenizer
+    path = assembled.spec.data.tokenizer_path
+    return Path(path) if path else None
+
+
+def _run_export(args: argparse.Namespace) -> int:
+    from swarm_node.export.assemble import assemble
+    from swarm_node.export.hf import write_hf_checkpoint
+
+    assembled = assemble(args.checkpoint)
+    written = write_hf_checkpoint(assembled, args.out, _tokenizer_path(args, assembled))
+    params = sum(t.numel() for t in assembled.state_dict.values())
+    print(f"wrote a Hugging Face Llama checkpoint of run {assembled.spec.run_id!r} ({params:,} parameters; peers "
+          f"averaged per stage: {assembled.peers_per_stage}) to {args.out}:", file=sys.stderr)
+    for path in written:
+        print(f"  {path.name}", file=sys.stderr)
+    if _tokenizer_path(args, assembled) is None:
+        print("  (byte-level tokenizer: token id = UTF-8 byte value; no tokenizer files)", file=sys.stderr)
+    return 0
+
+
+def _run_generate(args: argparse.Namespace) -> int:
+    from swarm_node.data.tokenizer import AlphabetTokenizer, load_tokenizer
+    from swarm_node.export.assemble import assemble, load_model
+    from swarm_node.export.generate import sample
+
+    assembled = assemble(args.checkpoint)
+    if assembled.spec.data.kind == "synthetic":  # symbols shown as letters
+        tokenizer = AlphabetTokenizer(assembled.config.vocab_size)
+    else:
+        tokenizer = load_tokenizer(_tokenizer_path(args, assembled))
+    model = load_model(assembled)
+    ids = sample(model, tokenizer.encode(args.prompt), max_new_tokens=args.max_new_tokens,
+                 temperature=args.temperature, top_k=args.top_k, seed=args.seed)
+    print(args.prompt + tokenizer.decode(ids))
+    return 0

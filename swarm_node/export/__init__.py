@@ -1,0 +1,1 @@
+"""Turning stage checkpoints into one model: Hugging Face export and text sampling."""

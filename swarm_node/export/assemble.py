@@ -1,0 +1,82 @@
+"""One model from stage checkpoints: every stage of the run exactly once, or several
+peers of a stage averaged (NoLoCo replicas of a stage drift apart a little; their mean is
+the natural consensus model, as the paper evaluates it). The weights exported are theta,
+the fast weights the node was training with (equal to phi right after an outer round).
+
+Checkpoints say which run, stage and parameter names they hold, so nothing but the
+checkpoint directories is needed."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from swarm_node.errors import ConfigError
+from swarm_node.model.config import ModelConfig, model_config
+from swarm_node.spec import RunSpec
+from swarm_node.train.checkpoint import PREFIX, latest_checkpoint, load_checkpoint
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class AssembledModel:
+    spec: RunSpec
+    config: ModelConfig
+    state_dict: dict[str, torch.Tensor]  # Hugging Face Llama names, fp32
+    peers_per_stage: list[int]
+
+
+def read_stage_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
+    """A ``ckpt-*`` directory, or a node's --checkpoint-dir (its newest intact checkpoint)."""
+    path = Path(path)
+    if path.name.startswith(PREFIX):
+        return load_checkpoint(path)
+    found = latest_checkpoint(path)
+    if found is None:
+        raise ConfigError(f"{path} holds no checkpoint (give a node's --checkpoint-dir or one ckpt-* directory)")
+    return found
+
+
+def assemble(paths: list[Path]) -> AssembledModel:
+    by_stage: dict[int, list[dict[str, torch.Tensor]]] = {}
+    spec: RunSpec | None = None
+    vocab_size = None
+    for path in paths:
+        tensors, meta = read_stage_checkpoint(path)
+        if "param_names" not in meta or "spec" not in meta:
+            raise ConfigError(f"{path}: this checkpoint predates exports (no parameter names or run spec in it); "
+                              "let the node write a new one")
+        this_spec = RunSpec.from_dict(meta["spec"])
+        if spec is not None and this_spec.spec_hash() != spec.spec_hash():
+            raise ConfigError(f"{path} belongs to run spec {this_spec.spec_hash()}, the others to {spec.spec_hash()}")
+        spec, vocab_size = this_spec, meta["vocab_size"]
+        names = meta["param_names"]
+        by_stage.setdefault(meta["stage"], []).append({name: tensors[f"theta.{i}"] for i, name in enumerate(names)})
+    if spec is None:
+        raise ConfigError("give at least one checkpoint")
+    missing = sorted(set(range(spec.num_stages)) - set(by_stage))
+    if missing:
+        raise ConfigError(f"no checkpoint of stage(s) {', '.join(map(str, missing))}: a model needs every stage "
+                          f"of the run ({spec.num_stages})")
+    state_dict: dict[str, torch.Tensor] = {}
+    for stage in range(spec.num_stages):
+        replicas = by_stage[stage]
+        for name in replicas[0]:
+            state_dict[name] = torch.stack([r[name].float() for r in replicas]).mean(0)
+        if len(replicas) > 1:
+            log.info("stage %d: averaged %d peers' weights", stage, len(replicas))
+    config = model_config(spec.model_size, vocab_size=vocab_size, max_seq_len=spec.seq_len)
+    return AssembledModel(spec, config, state_dict, [len(by_stage[s]) for s in range(spec.num_stages)])
+
+
+def load_model(assembled: AssembledModel):
+    """Our own unsplit model with the assembled weights (for sampling and for checks)."""
+    from swarm_node.model.stages import build_model
+
+    model = build_model(assembled.config, seed=assembled.spec.seed)
+    model.load_state_dict(assembled.state_dict, strict=True)
+    return model.eval()

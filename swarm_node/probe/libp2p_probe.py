@@ -1,0 +1,456 @@
+"""Check a swarm-node from outside, with py-libp2p (PyPI ``libp2p``, on trio).
+
+    python libp2p_probe.py MADDR [--timeout S] [--json] [--security noise|tls]
+
+MADDR is the node's full multiaddr, ending in /p2p/<peer id> (a node logs it as "others
+can join through this node with --initial-peers MADDR"). The probe dials it over TCP
+with Noise (or TLS 1.3) and yamux, pings it (/ipfs/ping/1.0.0), reads its identify
+record (/ipfs/id/1.0.0), and asks its status over ``/swarm-node/status/1.0.0`` with the
+node's own framing (docs/PROTOCOL.md). The last line of the output is the verdict:
+"OK: ..." and exit status 0, or one line saying what failed and a non-zero status.
+
+This file is a standalone program: it imports py-libp2p, trio, msgpack, multiaddr and
+the standard library, and nothing from swarm_node. py-libp2p cannot share a process (nor
+an environment) with hivemind; `swarm-node probe --setup` makes it a virtual environment
+of its own. The frame functions at the top need only msgpack, so tests can check them
+against swarm_node.wire.codec without py-libp2p.
+
+Exit status: 0 the node answered its status; 1 the check failed; 2 bad arguments or
+address; 3 py-libp2p is not installed in this Python.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import re
+import struct
+import sys
+import time
+from collections.abc import Sequence
+
+import msgpack
+
+STATUS_PROTOCOL = "/swarm-node/status/1.0.0"
+PING_PROTOCOL = "/ipfs/ping/1.0.0"
+IDENTIFY_PROTOCOL = "/ipfs/id/1.0.0"
+
+WIRE_VERSION = 1
+LENGTH_BYTES = 8  # stream framing: u64 big-endian length, then the frame
+HEADER_LEN = struct.Struct("<I")  # frame: u32 little-endian header length, msgpack header, payload
+DTYPE_SIZES = {"f32": 4, "f16": 2, "bf16": 2, "i64": 8, "i32": 4, "u8": 1}
+MAX_HEADER_BYTES = 64 * 1024
+MAX_STATUS_BYTES = 64 * 1024
+MAX_IDENTIFY_BYTES = 64 * 1024
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_LIBP2P = 0, 1, 2, 3
+SECURITY_NAMES = {"noise": "Noise", "tls": "TLS 1.3"}
+STATUS_FIELDS = {"run_id": str, "spec_hash": str, "version": str, "peer_id": str, "stage": int,
+                 "num_stages": int, "state": str, "inner_step": int, "outer_round": int, "peers_per_stage": list}
+
+Tensor = tuple[str, Sequence[int], bytes]  # dtype name, shape, raw little-endian bytes
+
+
+class FrameError(ValueError):
+    """Bytes that are not a valid frame of the node's codec."""
+
+
+class ProbeFailure(Exception):
+    """The check failed; the message is the one-line verdict."""
+
+
+# -- frames (pure; the same layout as swarm_node.net.transport and swarm_node.wire.codec) --
+def length_prefixed(frame: bytes) -> bytes:
+    """One stream message: u64 big-endian length, then the bytes."""
+    return len(frame).to_bytes(LENGTH_BYTES, "big") + frame
+
+
+def encode_frame(header: dict, tensors: Sequence[Tensor] = ()) -> bytes:
+    """u32 LE header length | msgpack {"v": 1, **header, "tensors": [[dtype, shape], ...]} | raw bytes."""
+    if "v" in header or "tensors" in header:
+        raise ValueError("header keys 'v' and 'tensors' are reserved")
+    specs = []
+    for dtype, shape, raw in tensors:
+        if dtype not in DTYPE_SIZES or len(raw) != math.prod(shape) * DTYPE_SIZES[dtype]:
+            raise ValueError(f"tensor {dtype}{list(shape)} does not match its {len(raw)} bytes")
+        specs.append([dtype, list(shape)])
+    head = msgpack.packb({"v": WIRE_VERSION, **header, "tensors": specs}, use_bin_type=True)
+    return b"".join([HEADER_LEN.pack(len(head)), head, *(bytes(raw) for _, _, raw in tensors)])
+
+
+def decode_frame(data: bytes | bytearray | memoryview) -> tuple[dict, list[tuple[str, tuple[int, ...], bytes]]]:
+    """The header (without "v" and "tensors") and each tensor as (dtype, shape, bytes)."""
+    view = memoryview(data)
+    if len(view) < HEADER_LEN.size:
+        raise FrameError(f"frame of {len(view)} bytes is shorter than its length prefix")
+    (head_len,) = HEADER_LEN.unpack_from(view)
+    if head_len > MAX_HEADER_BYTES or head_len > len(view) - HEADER_LEN.size:
+        raise FrameError(f"header length {head_len} exceeds the frame or the cap")
+    try:
+        header = msgpack.unpackb(view[HEADER_LEN.size:HEADER_LEN.size + head_len], raw=False,
+                                 strict_map_key=True, max_array_len=100_000, max_map_len=256)
+    except Exception as exc:  # msgpack raises many unrelated types for bad bytes
+        raise FrameError(f"header is not valid msgpack: {type(exc).__name__}") from None
+    if not isinstance(header, dict) or header.get("v") != WIRE_VERSION or not isinstance(header.get("tensors"), list):
+        raise FrameError(f"not a version-{WIRE_VERSION} frame header")
+    header.pop("v")
+    offset, tensors = HEADER_LEN.size + head_len, []
+    for spec in header.pop("tensors"):
+        if not (isinstance(spec, list) and len(spec) == 2 and spec[0] in DTYPE_SIZES and isinstance(spec[1], list)
+                and all(type(d) is int and 0 <= d < 2**32 for d in spec[1])):
+            raise FrameError(f"bad tensor spec {spec!r}")
+        nbytes = math.prod(spec[1]) * DTYPE_SIZES[spec[0]]
+        if offset + nbytes > len(view):
+            raise FrameError("the frame is shorter than its tensors")
+        tensors.append((spec[0], tuple(spec[1]), bytes(view[offset:offset + nbytes])))
+        offset += nbytes
+    if offset != len(view):
+        raise FrameError(f"{len(view) - offset} bytes after the last tensor")
+    return header, tensors
+
+
+def status_request() -> bytes:
+    """The whole request a probe writes on a /swarm-node/status/1.0.0 stream."""
+    return length_prefixed(encode_frame({"kind": "status"}))
+
+
+def parse_status(frame: bytes) -> dict:
+    """The fields of a status answer (the frame without its length prefix); raises
+    ProbeFailure for a busy, refused or malformed answer."""
+    if not frame:
+        raise ProbeFailure("busy: the node is at its stream cap; try again in a moment")
+    try:
+        header, tensors = decode_frame(frame)
+    except FrameError as exc:
+        raise ProbeFailure(f"bad answer on {STATUS_PROTOCOL}: {exc}") from None
+    if header.get("kind") != "status" or tensors:
+        raise ProbeFailure(f"bad answer on {STATUS_PROTOCOL}: not a status frame")
+    if header.get("ok") is not True:
+        raise ProbeFailure(f"the node answered an error on {STATUS_PROTOCOL}: {str(header.get('error'))[:200]}")
+    for name, kind in STATUS_FIELDS.items():
+        if not isinstance(header.get(name), kind) or isinstance(header.get(name), bool):
+            raise ProbeFailure(f"bad answer on {STATUS_PROTOCOL}: field {name!r} is {header.get(name)!r}")
+    return header
+
+
+def verdict(report: dict) -> str:
+    s = report["status"]
+    return (f"OK: node {s['peer_id']} of run {s['run_id']!r} (spec {s['spec_hash']}), stage {s['stage']} of "
+            f"{s['num_stages']}, {s['state']}, inner step {s['inner_step']}, round {s['outer_round']}, peers per "
+            f"stage {s['peers_per_stage']}, swarm-node {s['version']}; ping {report['ping_ms']:.1f} ms over "
+            f"{SECURITY_NAMES[report['security']]} + yamux")
+
+
+# -- the probe (py-libp2p, imported only here) ----------------------------------------
+async def probe(maddr_text: str, *, security: str, timeout_s: float, report: dict) -> None:
+    """Fill ``report`` step by step; raises ProbeFailure with the verdict when a step fails."""
+    import multiaddr
+    import trio
+    from libp2p import new_host
+    from libp2p.crypto.ed25519 import create_new_key_pair
+    from libp2p.crypto.x25519 import create_new_key_pair as create_x25519_pair
+    from libp2p.custom_types import TProtocol
+    from libp2p.peer.peerinfo import info_from_p2p_addr
+    from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_ID, Transport as NoiseTransport
+    from libp2p.security.tls.transport import PROTOCOL_ID as TLS_ID, TLSTransport
+    from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_ID, Yamux
+
+    try:
+        peer = info_from_p2p_addr(multiaddr.Multiaddr(maddr_text))
+    except Exception as exc:
+        raise ProbeFailure(f"bad address {maddr_text!r}: {exc}; give the node's full multiaddr, ending in "
+                           "/p2p/<peer id>") from None
+    key_pair = create_new_key_pair()
+    # Always explicit: py-libp2p's default host would also accept plaintext and secio.
+    secure = ({TProtocol(NOISE_ID): NoiseTransport(key_pair, noise_privkey=create_x25519_pair().private_key)}
+              if security == "noise" else {TProtocol(TLS_ID): TLSTransport(key_pair)})
+    host = new_host(key_pair=key_pair, sec_opt=secure, muxer_opt={TProtocol(YAMUX_ID): Yamux},
+                    negotiate_timeout=max(1, int(timeout_s)))
+    report.update(peer_id=str(peer.peer_id), probe_peer_id=str(host.get_id()), security=security)
+    steps = _Steps(host, peer, maddr_text, report)
+    failure: ProbeFailure | None = None
+    try:
+        with trio.fail_after(timeout_s):
+            async with host.run(listen_addrs=[]):
+                try:
+                    await steps.run()
+                except ProbeFailure as exc:  # kept out of the host's nurseries, which would wrap it in a group
+                    failure = exc
+    except trio.TooSlowError:
+        raise ProbeFailure(f"timed out after {timeout_s:g} s while {steps.current} ({maddr_text})") from None
+    if failure is not None:
+        raise failure
+
+
+class _Steps:
+    """Connect, ping, identify, status: each fills its part of the report."""
+
+    def __init__(self, host, peer, maddr_text: str, report: dict):
+        self.host, self.peer, self.maddr_text, self.report = host, peer, maddr_text, report
+        self.current = "connecting"
+
+    async def run(self) -> None:
+        from libp2p.custom_types import TProtocol
+
+        host, peer_id, report = self.host, self.peer.peer_id, self.report
+        started = time.monotonic()
+        try:
+            await host.connect(self.peer)
+        except Exception as exc:
+            raise ProbeFailure(f"cannot connect to {self.maddr_text}: {_connect_reason(exc)}") from None
+        report["connected_ms"] = round((time.monotonic() - started) * 1000, 1)
+        self.current = "pinging"
+        report["ping_ms"] = await _ping(host, peer_id, TProtocol(PING_PROTOCOL))
+        self.current = "reading identify"
+        report["identify"] = await _identify(host, peer_id, TProtocol(IDENTIFY_PROTOCOL))
+        self.current = f"asking {STATUS_PROTOCOL}"
+        report["status"] = await _status(host, peer_id, TProtocol(STATUS_PROTOCOL), report)
+        if report["status"]["peer_id"] != report["peer_id"]:
+            raise ProbeFailure(f"the node's status names peer {report['status']['peer_id']}, not the "
+                               f"peer {report['peer_id']} the handshake authenticated")
+
+
+async def _ping(host, peer_id, protocol) -> float:
+    import secrets
+
+    stream = await _open(host, peer_id, protocol, "ping")
+    payload = secrets.token_bytes(32)
+    started = time.perf_counter()
+    try:
+        await stream.write(payload)
+        echo = await _read_exactly(stream, len(payload))
+    except Exception as exc:
+        raise ProbeFailure(f"connected, but ping failed: {_reason(exc)}") from None
+    finally:
+        await _close(stream)
+    if echo != payload:
+        raise ProbeFailure("connected, but the ping echo did not match what was sent")
+    return round((time.perf_counter() - started) * 1000, 2)
+
+
+async def _identify(host, peer_id, protocol) -> dict:
+    import multiaddr
+    from libp2p.identity.identify.pb.identify_pb2 import Identify
+
+    stream = await _open(host, peer_id, protocol, "identify")
+    try:
+        data = await _read_to_end(stream, MAX_IDENTIFY_BYTES)
+    except Exception as exc:
+        raise ProbeFailure(f"connected, but identify failed: {_reason(exc)}") from None
+    finally:
+        await _close(stream)
+    message = Identify()
+    try:  # go-libp2p sends one varint-length-prefixed message, then closes the stream
+        length, used = decode_uvarint(data)
+        message.ParseFromString(data[used:used + length] if used + length == len(data) else data)
+    except Exception as exc:
+        raise ProbeFailure(f"connected, but the identify record does not parse: {_reason(exc)}") from None
+    addrs = []
+    for raw in message.listen_addrs:
+        try:
+            addrs.append(str(multiaddr.Multiaddr(raw)))
+        except Exception:
+            addrs.append(f"(unreadable: {raw.hex()})")
+    protocols = sorted(message.protocols)
+    return {"agent_version": message.agent_version, "protocol_version": message.protocol_version,
+            "protocols": protocols, "listen_addrs": addrs, "speaks_status": STATUS_PROTOCOL in protocols}
+
+
+async def _status(host, peer_id, protocol, report: dict) -> dict:
+    stream = await _open(host, peer_id, protocol, "status", listed=report["identify"]["protocols"])
+    try:
+        # No half-close after the request: p2pd ends the whole stream when one side
+        # finishes writing, so the node's answer would be lost.
+        await stream.write(status_request())
+        try:
+            prefix = await _read_exactly(stream, LENGTH_BYTES)
+        except EOFError:
+            raise ProbeFailure("refused: the node closed the stream unanswered: the run is closed to this peer "
+                               "(or the node banned it for a while)") from None
+        length = int.from_bytes(prefix, "big")
+        if length > MAX_STATUS_BYTES:
+            raise ProbeFailure(f"bad answer on {STATUS_PROTOCOL}: a frame of {length} bytes")
+        frame = await _read_exactly(stream, length)
+    except ProbeFailure:
+        raise
+    except Exception as exc:
+        raise ProbeFailure(f"connected, but {STATUS_PROTOCOL} failed: {_reason(exc)}") from None
+    finally:
+        await _close(stream)
+    return parse_status(frame)
+
+
+async def _open(host, peer_id, protocol, what: str, listed: Sequence[str] = ()):
+    from libp2p.protocol_muxer.exceptions import ProtocolNotSupportedError
+
+    try:
+        return await host.new_stream(peer_id, [protocol])
+    except Exception as exc:
+        if _caused_by(exc, ProtocolNotSupportedError) or "not supported" in _reason(exc):
+            if what == "status":
+                others = ", ".join(p for p in listed if p.startswith("swarm-node/")) or "none"
+                raise ProbeFailure(f"connected, but the node does not speak {STATUS_PROTOCOL} (its swarm-node "
+                                   f"protocols: {others}; an older swarm-node, or not a swarm-node)") from None
+            raise ProbeFailure(f"connected, but the node does not speak {protocol}") from None
+        raise ProbeFailure(f"connected, but opening a {what} stream failed: {_reason(exc)}") from None
+
+
+async def _read_exactly(stream, n: int) -> bytes:
+    """Raises EOFError when the stream ends (or is reset) first."""
+    from libp2p.network.stream.exceptions import StreamEOF, StreamReset
+
+    buf = bytearray()
+    while len(buf) < n:
+        try:
+            chunk = await stream.read(n - len(buf))
+        except (StreamEOF, StreamReset):
+            chunk = b""
+        if not chunk:
+            raise EOFError(f"the stream ended after {len(buf)} of {n} bytes")
+        buf += chunk
+    return bytes(buf)
+
+
+async def _read_to_end(stream, max_bytes: int) -> bytes:
+    from libp2p.network.stream.exceptions import StreamEOF
+
+    buf = bytearray()
+    while True:
+        try:
+            chunk = await stream.read(max_bytes + 1 - len(buf))
+        except StreamEOF:
+            return bytes(buf)
+        if not chunk:
+            return bytes(buf)
+        buf += chunk
+        if len(buf) > max_bytes:
+            raise ValueError(f"more than {max_bytes} bytes")
+
+
+async def _close(stream) -> None:
+    try:
+        await stream.close()
+    except Exception:  # the node may have closed or reset it already
+        pass
+
+
+def decode_uvarint(data: bytes) -> tuple[int, int]:
+    """An unsigned LEB128 varint (multiformats unsigned-varint): (value, bytes used)."""
+    value = 0
+    for i, byte in enumerate(data[:9]):
+        value |= (byte & 0x7F) << (7 * i)
+        if not byte & 0x80:
+            return value, i + 1
+    raise ValueError("bad varint")
+
+
+def _chain(exc: BaseException | None) -> list[BaseException]:
+    """An exception, its causes and contexts, and the members of groups and
+    py-libp2p's MultiError (which carries the errors of every dialled address)."""
+    found: list[BaseException] = []
+    todo = [exc]
+    while todo and len(found) < 64:
+        item = todo.pop(0)
+        if item is None or any(item is seen for seen in found):
+            continue
+        found.append(item)
+        if isinstance(item, BaseExceptionGroup):
+            todo.extend(item.exceptions)
+        elif type(item).__name__ == "MultiError" and item.args and isinstance(item.args[0], list):
+            todo.extend(item.args[0])
+        todo.extend([item.__cause__, item.__context__])
+    return found
+
+
+def _connect_reason(exc: BaseException) -> str:
+    for item in _chain(exc):
+        if type(item).__name__ == "PeerIDMismatchesPubkey":  # the address is right, its /p2p/ part is not
+            actual = re.search(r"remote_peer_id_from_pubkey=(\w+)", str(item))
+            return (f"the node there is {actual.group(1) if actual else 'another peer'}, not the peer id in the "
+                    "address (a node that restarted without --identity gets a new one)")
+    return _reason(exc)
+
+
+def _caused_by(exc: BaseException, kind: type) -> bool:
+    return any(isinstance(item, kind) for item in _chain(exc))
+
+
+def _reason(exc: BaseException) -> str:
+    """The most telling message in an exception chain, on one line: an OS error's text
+    ("Connection refused") beats the wrappers' ("unable to connect to ...")."""
+    chain = _chain(exc)
+    for item in chain:
+        if isinstance(item, OSError) and item.strerror:
+            return item.strerror
+    texts = [" ".join(str(item).split()) for item in chain]
+    texts = [t for t in texts if t]
+    return (texts[-1] if texts else type(exc).__name__)[:300]
+
+
+# -- command line -------------------------------------------------------------------
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="libp2p_probe.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("maddr", nargs="?", help="the node's multiaddr, e.g. /ip4/1.2.3.4/tcp/31337/p2p/Qm...")
+    p.add_argument("--timeout", type=float, default=20.0, help="seconds for the whole check (default 20)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument("--security", choices=sorted(SECURITY_NAMES), default="noise",
+                   help="secure channel to offer: noise (default) or tls")
+    p.add_argument("--check-install", action="store_true", help="only check that py-libp2p imports")
+    p.add_argument("-v", "--verbose", action="store_true", help="show py-libp2p's own log")
+    args = p.parse_args(argv)
+    if not args.check_install and not args.maddr:
+        p.error("MADDR is required")
+    if not 0 < args.timeout <= 3600:
+        p.error("--timeout must be in (0, 3600] seconds")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        import trio
+        import libp2p
+    except ImportError as exc:
+        print(f"py-libp2p is not installed in {sys.executable} ({exc}): run `swarm-node probe --setup`")
+        return EXIT_NO_LIBP2P
+    logging.getLogger("libp2p").setLevel(logging.DEBUG if args.verbose else logging.CRITICAL + 1)
+    version = getattr(libp2p, "__version__", "?")
+    if args.check_install:
+        print(f"py-libp2p {version} in {sys.executable}")
+        return EXIT_OK
+    report: dict = {"address": args.maddr, "libp2p_version": version, "ok": False}
+    try:
+        trio.run(lambda: probe(args.maddr, security=args.security, timeout_s=args.timeout, report=report))
+        report.update(ok=True, verdict=verdict(report))
+    except ProbeFailure as exc:
+        report["verdict"] = str(exc)
+    except Exception as exc:  # a py-libp2p error no step expected (often inside an exception group)
+        failures = [item for item in _chain(exc) if isinstance(item, ProbeFailure)]
+        report["verdict"] = str(failures[0]) if failures else f"probe error: {_reason(exc)}"
+    code = EXIT_OK if report["ok"] else EXIT_USAGE if report["verdict"].startswith("bad address") else EXIT_FAILED
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print("\n".join([*_details(report), report["verdict"]]))
+    return code
+
+
+def _details(report: dict) -> list[str]:
+    lines = []
+    if "connected_ms" in report:
+        lines.append(f"  connected to {report['peer_id']} in {report['connected_ms']:.0f} ms "
+                     f"({SECURITY_NAMES[report['security']]} + yamux, py-libp2p {report['libp2p_version']})")
+    if "ping_ms" in report:
+        lines.append(f"  {PING_PROTOCOL}: {report['ping_ms']:.1f} ms")
+    ident = report.get("identify")
+    if ident:
+        lines.append(f"  {IDENTIFY_PROTOCOL}: agent {ident['agent_version']!r}, {ident['protocol_version']!r}; "
+                     f"lists {STATUS_PROTOCOL}: {'yes' if ident['speaks_status'] else 'no'}")
+        lines.append(f"  protocols: {', '.join(ident['protocols'])}")
+    return lines
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""BENCHMARKS.md is what bench/report.py renders from the committed results: no number
+in it is typed by hand, and every benchmark has results."""
+
+import json
+from pathlib import Path
+
+from bench import report
+from bench.common import RESULTS_DIR
+
+KEYS = {"benchmark", "mode", "command", "started", "wall_s", "machine", "rows", "summary", "notes"}
+
+
+def test_every_benchmark_has_results_with_rows_and_a_plot():
+    for name in report.SECTIONS:
+        result = json.loads((RESULTS_DIR / f"{name}.json").read_text())
+        assert KEYS <= set(result) and result["benchmark"] == name and result["rows"], name
+        assert list(RESULTS_DIR.glob(f"{name}*.png")), name
+
+
+def test_benchmarks_md_is_the_rendering_of_the_results():
+    assert report.DOC.read_text() == report.render(), "re-render it: make bench-report"
+
+
+def test_every_image_the_document_shows_exists():
+    text = report.DOC.read_text()
+    for line in text.splitlines():
+        if line.startswith("![") and "](" in line:
+            path = line.split("](", 1)[1].rstrip(")")
+            assert (Path(report.ROOT) / path).is_file(), path
