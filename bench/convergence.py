@@ -21,9 +21,9 @@ import time
 from dataclasses import dataclass
 
 from bench.common import Result, parse_mode, pyplot
-from bench.convergence_stats import (METHOD_ORDER, SCALING_OUTER_LR, check_ddp_best, check_gaps_grow_with_dp,
-                                     check_noloco_vs_diloco, check_scaling_order, grid_rows, perplexity,
-                                     scaling_rows)
+from bench.convergence_stats import (METHOD_ORDER, SCALING_OUTER_LR, SCALING_OUTER_MOMENTUM, check_ddp_best,
+                                     check_gaps_grow_with_dp, check_noloco_vs_diloco, check_scaling_order, grid_rows,
+                                     perplexity, scaling_rows)
 from swarm_node.optim.methods import default_method
 
 NAME = "convergence"
@@ -47,12 +47,13 @@ class Plan:
         return (max(self.scaling_m), 1)
 
 
-# Quick: 32 runs in about 3.5 minutes on 2 cores leaves 80 steps per run, too few for
-# the default H (50 / 100 would give DiLoCo no outer round at all), so H is cut to keep
-# 10 / 5 rounds. Full: the project's default H over 1000 steps (20 / 10 rounds).
-QUICK = Plan(model="debug", steps=80, global_batch=32, seq_len=64, seeds=(0, 1),
+# Quick: 32 runs in about 3.5 minutes on 2 cores leaves 60 steps per run (about 2 CPU-
+# seconds per step for one seed of every grid and M), too few for the default H (50 / 100
+# would give DiLoCo no outer round at all), so H is cut to keep 10 / 5 rounds.
+# Full: the project's default H over 1000 steps (20 / 10 rounds), about 50 minutes.
+QUICK = Plan(model="debug", steps=60, global_batch=32, seq_len=64, seeds=(0, 1),
              grids=((4, 2), (8, 2), (8, 1)), scaling_m=(1, 2, 4, 8), eval_batches=4,
-             inner_steps=(("noloco", 8), ("diloco", 16)))
+             inner_steps=(("noloco", 6), ("diloco", 12)))
 FULL = Plan(model="debug", steps=1000, global_batch=32, seq_len=64, seeds=(0, 1, 2),
             grids=((4, 2), (8, 2), (8, 1)), scaling_m=(1, 2, 4, 8), eval_batches=8)
 
@@ -64,8 +65,10 @@ class Job:
     pp: int
     method: str
     seed: int
-    outer_lr: float | None  # None: the method's default
     plan: Plan
+    outer_lr: float | None = None  # None: the method's default, as for the momentum
+    outer_momentum: float | None = None
+    nesterov: bool = False
 
     @property
     def cost(self) -> int:
@@ -76,9 +79,10 @@ class Job:
 def jobs_for(plan: Plan) -> list[Job]:
     if plan.scaling_reference not in plan.grids:
         raise ValueError(f"the scaling section needs the DDP runs of grid {plan.scaling_reference}")
-    jobs = [Job("grid", dp, pp, method, seed, None, plan)
-            for dp, pp in plan.grids for method in ("ddp", "noloco", "diloco", "local") for seed in plan.seeds]
-    jobs += [Job("scaling", m, 1, "diloco", seed, SCALING_OUTER_LR[m], plan)
+    jobs = [Job("grid", dp, pp, method, seed, plan)
+            for dp, pp in plan.grids for method in METHOD_ORDER for seed in plan.seeds]
+    jobs += [Job("scaling", m, 1, "diloco", seed, plan, outer_lr=SCALING_OUTER_LR[m],
+                 outer_momentum=SCALING_OUTER_MOMENTUM, nesterov=True)
              for m in plan.scaling_m for seed in plan.seeds]
     return sorted(jobs, key=lambda j: -j.cost)
 
@@ -94,7 +98,8 @@ def sim_config(job: Job):
         raise ValueError(f"global batch {plan.global_batch} does not split over {job.dp} replicas")
     inner = InnerHyper(lr=suggested_lr(plan.model), warmup_steps=default_warmup_steps(plan.steps),
                        total_steps=plan.steps)
-    method = default_method(job.method, inner_steps=dict(plan.inner_steps).get(job.method), beta=job.outer_lr)
+    method = default_method(job.method, inner_steps=dict(plan.inner_steps).get(job.method), beta=job.outer_lr,
+                            alpha=job.outer_momentum, nesterov=job.nesterov)
     return SimConfig(method=method, inner=inner, data=DataSpec(kind="corpus"),
                      replicas=job.dp, stages=job.pp, model_size=plan.model, seq_len=plan.seq_len,
                      batch_size=plan.global_batch // job.dp, steps=plan.steps, seed=job.seed,
@@ -129,6 +134,7 @@ def run_job(job: Job) -> dict:
             "outer_lr": method.outer.beta if method.outer else None,
             "outer_momentum": method.outer.alpha if method.outer else None,
             "outer_gamma": method.outer.gamma if method.outer else None,
+            "nesterov": method.outer.nesterov if method.outer else None,
             "val_loss": val_loss, "ppl": perplexity(val_loss), "consensus_val_loss": consensus_loss,
             "weight_std": max(sim.replica_weight_std()), "outer_rounds": sim.outer_rounds,
             "tokens": config.steps * config.tokens_per_step,
@@ -191,10 +197,10 @@ def plot(rows: list[dict], path, plt) -> None:
     """Left: perplexity per grid and method (mean, bars min-max over seeds).
     Right: DiLoCo's eval-loss excess over DDP by M, next to the scaling-law paper's."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=110)
-    grid_rows_ = [r for r in rows if r["kind"] == "grid"]
-    grids = list(dict.fromkeys(r["grid"] for r in grid_rows_))
+    per_grid = [r for r in rows if r["kind"] == "grid"]
+    grids = list(dict.fromkeys(r["grid"] for r in per_grid))
     for k, method in enumerate(METHOD_ORDER):
-        mine = [next((r for r in grid_rows_ if r["grid"] == g and r["method"] == method), None) for g in grids]
+        mine = [next((r for r in per_grid if r["grid"] == g and r["method"] == method), None) for g in grids]
         points = [(i + (k - 1.5) * 0.15, r) for i, r in enumerate(mine) if r is not None]
         means = [r["ppl_mean"] for _, r in points]
         left.errorbar([x for x, _ in points], means, fmt="o", capsize=3, color=METHOD_COLOURS[method], label=method,
@@ -245,11 +251,16 @@ def _h_text(run: dict, defaults: dict) -> str:
                                           f" (default {default}, cut so the short run has several outer rounds)")
 
 
+def _momentum_text(run: dict) -> str:
+    return f"{'Nesterov' if run['nesterov'] else 'heavy-ball'} momentum {run['outer_momentum']}"
+
+
 def _setup(result: dict) -> str:
     s = result["summary"]
     runs = [r for r in result["rows"] if r["kind"] == "run"]
     noloco = next(r for r in runs if r["method"] == "noloco")
     diloco = next(r for r in runs if r["method"] == "diloco" and r["section"] == "grid")
+    scaling = next(r for r in runs if r["section"] == "scaling")
     defaults = s["default_inner_steps"]
     return (
         "The project's simulator (`swarm_node.sim`: the real AdamW inner step and outer step, a fresh random "
@@ -262,7 +273,8 @@ def _setup(result: dict) -> str:
         f"NoLoCo {_h_text(noloco, defaults)}, momentum {noloco['outer_momentum']}, outer lr {noloco['outer_lr']}, "
         f"gamma {noloco['outer_gamma']}, pairs; DiLoCo {_h_text(diloco, defaults)}, momentum "
         f"{diloco['outer_momentum']}, outer lr {diloco['outer_lr']} (heavy-ball, the reference code's). The "
-        "scaling rows take ALGORITHM.md's outer lr by M instead (section 5). Inner: AdamW at the project's "
+        f"scaling rows take the scaling-law paper's outer optimizer instead: {_momentum_text(scaling)} with "
+        "ALGORITHM.md's outer lr by M (section 5). Inner: AdamW at the project's "
         "`debug` lr, warm-up then cosine. Perplexity is exp of the mean validation loss over the fixed paths "
         f"\"worker r at every stage\" on {s['val_windows']} of the corpus's {s['all_val_windows']} held-out "
         "windows (the same for every run); \"consensus\" is one model of each stage's mean weights.")
@@ -284,10 +296,11 @@ def _grid_table(rows: list[dict], grid: str) -> str:
 def _scaling_table(result: dict) -> str:
     lines = [f"DiLoCo with M replicas (PP = 1, the same global batch) against DDP on grid "
              f"{result['summary']['scaling_reference']}, eval loss in nats per byte:", "",
-             "| M | outer lr | DiLoCo eval loss (mean ± std) | DDP eval loss | excess over DDP (min..max) | "
+             "| M | outer lr, momentum | DiLoCo eval loss (mean ± std) | DDP eval loss | excess over DDP (min..max) | "
              "paper 35M | paper 2.4B |", "|---|---|---|---|---|---|---|"]
     for r in (r for r in result["rows"] if r["kind"] == "scaling"):
-        lines.append(f"| {r['m']} | {r['outer_lr']} | {r['val_loss_mean']:.4f} ± {r['val_loss_std']:.4f} | "
+        lines.append(f"| {r['m']} | {r['outer_lr']}, {_momentum_text(r)} | "
+                     f"{r['val_loss_mean']:.4f} ± {r['val_loss_std']:.4f} | "
                      f"{_num(r['ddp_val_loss_mean'], 4)} | {_pct(r['excess_pct'], 2)} ({r['excess_min_pct']:+.2f}.."
                      f"{r['excess_max_pct']:+.2f}) | {_pct(r['paper_35m_excess_pct'])} | "
                      f"{_pct(r['paper_2_4b_excess_pct'])} |")
@@ -347,6 +360,14 @@ def _why_noloco_behind(rows: list[dict]) -> str:
             f"{rounds_of['noloco']} rounds, DiLoCo {rounds_of['diloco']}; the paper's runs have hundreds.")
 
 
+def _ddp_note(rows: list[dict]) -> str:
+    ddp = [r for r in rows if r["kind"] == "grid" and r["method"] == "ddp"]
+    values = ", ".join(f"{r['ppl_mean']:.3f} ({r['grid']})" for r in ddp)
+    return ("DDP is the same computation in every grid (the same global batch, averaged gradients) except that "
+            "each stage clips its own gradient norm, so PP = 1 and PP = 2 clip differently; its perplexity: "
+            f"{values}. Each grid's gaps are measured against its own DDP.")
+
+
 def _gaps_against_paper(rows: list[dict]) -> str:
     """Our gaps to DDP beside the paper's, over the grids both have."""
     pairs = [(r["gap_to_ddp_pct"], r["paper_gap_pct"]) for r in rows
@@ -373,6 +394,7 @@ def markdown(result: dict) -> str:
         "**Does it reproduce the paper's shape?**",
         _checks(result),
         _meaning(result),
+        _ddp_note(result["rows"]),
     ]
     if result["notes"]:
         parts.append("\n".join(f"- {n}" for n in result["notes"]))
@@ -387,9 +409,11 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     runs = run_all(jobs_for(plan), max(1, args.workers))
     summarise(result, plan, runs)
+    cpu_s = result.summary["run_cpu_s_total"]
     result.note(f"{len(runs)} simulator runs on {args.workers} processes of one torch thread each: "
-                f"{time.perf_counter() - started:.0f} s wall, {result.summary['run_cpu_s_total']:.0f} CPU-seconds "
-                "inside the runs (the CPU time is what to compare across machines and loads).")
+                f"{time.perf_counter() - started:.0f} s wall, {cpu_s:.0f} CPU-seconds inside the runs, so about "
+                f"{cpu_s / args.workers:.0f} s on {args.workers} otherwise idle cores; the wall time grows with "
+                "whatever else the machine runs, the CPU time much less.")
     plot(result.rows, result.path(".png"), pyplot())
     result.write()
     return 0

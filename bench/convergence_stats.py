@@ -28,7 +28,10 @@ PAPER_SCALING_EXCESS_PCT: dict[str, dict[int, float]] = {
     "35M": {1: -0.1, 2: 0.7, 4: 2.0, 8: 3.9},
     "2.4B": {1: -0.4, 2: -0.1, 4: 0.3, 8: 1.1},
 }
+# Those outer lrs go with the DiLoCo papers' outer optimizer, Nesterov momentum 0.9
+# (ALGORITHM.md section 5), not with the reference code's heavy-ball 0.3.
 SCALING_OUTER_LR: dict[int, float] = {1: 0.4, 2: 0.6, 4: 0.6, 8: 0.8}
+SCALING_OUTER_MOMENTUM = 0.9
 
 
 def perplexity(loss: float) -> float:
@@ -96,7 +99,8 @@ def scaling_rows(runs: Sequence[dict], reference_grid: tuple[int, int]) -> list[
         loss = spread([r["val_loss"] for r in mine])
         excess = paired_gaps_pct(_by_seed(mine, "val_loss"), ddp_loss)
         rows.append({
-            "kind": "scaling", "m": m, "outer_lr": mine[0]["outer_lr"], "seeds": len(mine),
+            "kind": "scaling", "m": m, "outer_lr": mine[0]["outer_lr"], "outer_momentum": mine[0]["outer_momentum"],
+            "nesterov": mine[0]["nesterov"], "seeds": len(mine),
             "val_loss_mean": loss["mean"], "val_loss_std": loss["std"],
             "ddp_val_loss_mean": statistics.fmean(ddp_loss.values()) if ddp_loss else None,
             "excess_pct": statistics.fmean(excess) if excess else None,

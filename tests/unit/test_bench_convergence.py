@@ -14,6 +14,7 @@ def _run(section, dp, pp, method, seed, loss, outer_lr=None):
     return {"kind": "run", "section": section, "dp": dp, "pp": pp, "method": method, "seed": seed,
             "val_loss": loss, "ppl": math.exp(loss), "consensus_val_loss": loss, "weight_std": 0.0,
             "outer_lr": outer_lr, "outer_gamma": 0.7, "outer_momentum": 0.3 if method == "diloco" else 0.5,
+            "nesterov": section == "scaling",
             "inner_steps": 100 if method == "diloco" else 50, "tokens": 1000, "num_parameters": 10, "wall_s": 1.0,
             "cpu_s": 1.0, "val_windows": 256, "all_val_windows": 486}
 
@@ -78,4 +79,6 @@ def test_plan_and_markdown_render_from_json_alone():
     noloco_ppl = (math.exp(1.02) + math.exp(1.021)) / 2
     assert f"| noloco | {noloco_ppl:.3f} |" in text and "+7.6 %" in text  # the paper's 4 x 2 NoLoCo gap
     assert text.count("**yes**") == 5 and "All four checks hold" in text
-    assert "NoLoCo H = 50," in text and "DiLoCo H = 100," in text
+    assert "NoLoCo H = 50," in text and "DiLoCo H = 100," in text and "Nesterov momentum" in text
+    scaling_jobs = [j for j in jobs if j.section == "scaling"]
+    assert all(j.nesterov and j.outer_momentum == 0.9 for j in scaling_jobs)
