@@ -33,8 +33,9 @@ Rows (``bench/results/sync_cost.json``):
 - ``table: "round"``: setting, rate_mbit, params, peers (N), method, stragglers, delay_s,
   rounds, failed, round_s (median critical path: first peer ready to last peer done),
   mean_idle_s, max_idle_s, idle_by_peer_s (mean idle per rank, ``*`` marks stragglers);
-  pair methods: exchange_s (median of one successful request and its answer), attempts
-  (requests per peer per round; above 1 means refusals), compute_s (mean seconds per
+  pair methods: exchange_s (median of one successful payload request and its answer),
+  attempts (pairing proposals per peer per round; above 1 means refusals, each one round
+  trip of a few bytes), compute_s (mean seconds per
   peer of torch work in the round: cast, encode, decode, checks, means); allreduce:
   matchmaking_s (median time to find the group, off the critical path).
 
@@ -235,7 +236,7 @@ class Bench:
         if not all(a["ok"] and a["partner"] is not None for a in answers.values()):
             errors = {r: a.get("error") or "no partner (local-only step)" for r, a in answers.items()}
             self.result.note(f"a {'matched ' if matched else ''}pair round of {len(rp.members)} peers with "
-                             f"{rp.params / 1e6:g}M parameters failed ({attempts:.1f} requests per peer): {errors}")
+                             f"{rp.params / 1e6:g}M parameters failed ({attempts:.1f} proposals per peer): {errors}")
             return {"failed": True, "attempts": attempts}
         return {**round_stats(answers), "failed": False, "attempts": attempts,
                 "exchange_s": median_or_none([a["exchange_s"] for a in answers.values()]),
@@ -330,6 +331,10 @@ NOTES = (
     "DecentralizedAverager.step() would add matchmaking_s to its critical path.",
     "tc netem is missing on these machines: the shaped settings limit bandwidth (tbf, both directions of every "
     "peer's link) but add no latency.",
+    "This benchmark found a pairing livelock in the node before commit 'pairing proposals': a request carried the "
+    "whole payload, so every refusal cost a full upload, and at 10M parameters and N = 2 two peers' requests "
+    "crossed again and again (17 requests per peer, no partner in 20 s; pair rounds took 1.3-4x a matched pair's "
+    "time). Pairing now starts with a few-byte proposal, and crossed proposals pair by peer id.",
 )
 
 

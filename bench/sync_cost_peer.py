@@ -11,9 +11,10 @@ stdout or stderr (hivemind's logs) is not part of the protocol.
 A pair round does what the node's outer round does (swarm_node/node.py ``_outer_round``,
 ``_send_outer``, ``_handle_outer``) with the node's own pieces: phi and Delta cast to the
 wire precision and framed by ``encode_frame``, the partner found by the node's
-``PairingCoordinator`` (random choice among the peers that announce ``seeking``; busy or
-not-ready answers mean a random back-off and another try), one ``Transport.request``
-carrying our frame and bringing the partner's back, ``decode_frame`` and the node's
+``PairingCoordinator`` (a few-byte proposal to a random peer among those that announce
+``seeking``; busy or not-ready answers mean a random back-off and another try; crossed
+proposals pair by peer id), then one ``Transport.request`` carrying our frame and
+bringing the partner's back, ``decode_frame`` and the node's
 checks on what arrived, then the group mean. The only stand-in is the ``seeking`` flag:
 the node reads it from registry records refreshed every few seconds, here peers share it
 at once through a small file (the ``SeekingBoard``), the best case for the node.
@@ -44,6 +45,7 @@ from swarm_node.net.transport import ServeLimits, Transport
 from swarm_node.train.worker import finite
 from swarm_node.wire.codec import WIRE_PRECISIONS, FrameLimits, decode_frame, encode_frame
 
+PROPOSE_PROTOCOL = "swarm-node-bench/propose/1"
 PAIR_PROTOCOL = "swarm-node-bench/pair/1"
 MESSAGE_PROTOCOL = "swarm-node-bench/message/1"
 
@@ -92,7 +94,8 @@ class BenchPeer:
         self.delta = torch.zeros(0)
         self.wire_dtype = WIRE_PRECISIONS["fp16"]
         self.limits = FrameLimits()
-        self.coordinator = PairingCoordinator(round_timeout_s=60.0, request_timeout_s=30.0)
+        self.coordinator = PairingCoordinator(round_timeout_s=60.0, request_timeout_s=30.0,
+                                              own_id=transport.peer_id)
         self.averager = None
         self.control = None
         self.attempts = 0
@@ -113,6 +116,9 @@ class BenchPeer:
 
     async def serve(self) -> None:
         limits = ServeLimits(max_request_bytes=1 << 31, max_concurrent=4, max_per_peer=1, handler_timeout_s=600.0)
+        await self.transport.serve(PROPOSE_PROTOCOL, self._handle_propose,
+                                   ServeLimits(max_request_bytes=4096, max_concurrent=8, max_per_peer=1,
+                                               handler_timeout_s=5.0))
         await self.transport.serve(PAIR_PROTOCOL, self._handle_pair, limits)
         await self.transport.serve(MESSAGE_PROTOCOL, self._handle_message, limits)
 
@@ -158,18 +164,39 @@ class BenchPeer:
         return {"times_s": times[1:], "frame_bytes": len(frame)}
 
     # -- a NoLoCo pair round ----------------------------------------------------------
-    async def _handle_pair(self, remote: str, request: bytes) -> bytes:
+    async def _handle_propose(self, remote: str, request: bytes) -> bytes:
         try:
+            self.coordinator.on_propose(remote)
+            return encode_frame({"ok": True})
+        except Refused as exc:
+            return encode_frame({"ok": False, "error": str(exc)})
+
+    async def _send_propose(self, peer: str, timeout_s: float) -> None:
+        self.attempts += 1
+        raw = await self.transport.request(peer, PROPOSE_PROTOCOL, encode_frame({"kind": "propose"}),
+                                           timeout_s=timeout_s, max_response_bytes=4096)
+        header, _ = decode_frame(raw)
+        if not header.get("ok"):
+            raise Refused(str(header.get("error", "refused")))
+
+    async def _handle_pair(self, remote: str, request: bytes) -> bytes:
+        claimed = False
+        try:
+            self.coordinator.claim(remote)
+            claimed = True
             _, tensors = await self.compute(decode_frame, request, self.limits)
             partner = await self.compute(check_partner, tensors, self.phi)
-            return self.coordinator.on_request(remote, partner)
+            claimed = False
+            return self.coordinator.complete(remote, partner)
         except Refused as exc:
             return encode_frame({"ok": False, "error": str(exc)})
         except ProtocolError:
             return encode_frame({"ok": False, "error": "protocol"})
+        finally:
+            if claimed:
+                self.coordinator.release(remote)
 
     async def _send_pair(self, peer: str, payload: bytes, timeout_s: float):
-        self.attempts += 1
         started = time.monotonic()
         raw = await self.transport.request(peer, PAIR_PROTOCOL, payload, timeout_s=timeout_s,
                                            max_response_bytes=self.limits.max_payload_bytes + (1 << 16))
@@ -207,7 +234,7 @@ class BenchPeer:
         try:
             result = await self.coordinator.run_round(
                 round_key, frame, candidates=self._candidates(round_key, others, partner, initiate),
-                send=self._send_pair, expect_request=partner is not None)
+                propose=self._send_propose, send=self._send_pair, expect_request=partner is not None)
         finally:
             self.board.set(self.rank, 0)
         if result is not None:

@@ -147,14 +147,15 @@ def protocol_paragraph(result: dict, rounds: dict[tuple, dict]) -> str:
     overhead = [_ratio(r["round_s"], matched[key[:3]]["round_s"]) for key, r in rounds.items()
                 if key[3] == "pair" and not key[4] and key[:3] in matched]
     overhead = [o for o in overhead if o is not None]
-    text = f"**The node's pairing.** Peers sent {attempts:.1f} requests each per round on average"
+    text = f"**The node's pairing.** Peers sent {attempts:.1f} proposals each per round on average"
     if overhead:
         text += f", and a round took {_span({i: o for i, o in enumerate(overhead)})} a matched pair round's time"
+    text += (". A proposal is a few bytes and only an accepted one is followed by the payload, so a refusal costs "
+             "one round trip; two peers that propose to each other at once pair at once (the larger peer id "
+             "accepts)")
     if attempts > 1.05:
-        text += (". Peers that become ready together ask each other at once; a peer whose own request is in flight "
-                 "answers `busy`, one not in its round answers `not-ready`, each refused request has already carried a "
-                 "whole payload (and been decoded and checked) before it is refused, and a random back-off of "
-                 "0.05-0.3 s follows. A small 'will you pair?' message before the payload would make a refusal cheap")
+        text += ("; the other refusals (`busy` from a peer already reserved or proposing elsewhere, `not-ready`) are "
+                 "followed by a random back-off of 0.05-0.3 s")
     messages = {(r["setting"], r["params"]): r["message_s"] for r in result["rows"] if r["table"] == "message"}
     per_message = [_ratio(r["exchange_s"], messages.get(key[:2])) for key, r in matched.items()
                    if r.get("exchange_s") and messages.get(key[:2])]
@@ -183,17 +184,12 @@ def failure_paragraph(result: dict, rounds: dict[tuple, dict]) -> str:
     twins = [rounds[key] for key in twin_keys if key in rounds]
     twin_failed, twin_total = sum(r["failed"] for r in twins), sum(r["failed"] + r["rounds"] for r in twins)
     cases = "; ".join(f"{_where(result, key[:3])}{' with stragglers' if key[4] else ''}: {r['failed']} of "
-                      f"{r['failed'] + r['rounds']} rounds, {r['attempts']:.0f} requests per peer"
+                      f"{r['failed'] + r['rounds']} rounds, {r['attempts']:.0f} proposals per peer"
                       for key, r in failed.items())
     return ("**Where the node's pairing failed.** Some `pair` rounds ended without a partner (the local-only step "
-            f"after the seek deadline: the node's round_timeout_s plus the time of one exchange): {cases}. Two peers "
-            "seeking at once each send a request; each is then busy and refuses the other's. When one request takes "
-            "longer than the spread of the random back-off (0.05-0.3 s), the next two requests cross again, and so "
-            "on until the deadline: a livelock that grows with the payload (the request carries it), likeliest "
-            "at N = 2, where there is no third peer to turn to. Matched pairs in the same configurations failed in "
-            f"{twin_failed} of {twin_total} rounds. Library change: a cheap proposal before the payload, or a "
-            "tie-break for crossing requests (the peer with the lower id accepts), or a back-off scaled to the "
-            "exchange time.")
+            f"after the seek deadline: the node's round_timeout_s plus the time of one exchange): {cases}. Matched "
+            f"pairs in the same configurations failed in {twin_failed} of {twin_total} rounds. The errors the "
+            "peers reported are in the caveats below.")
 
 
 def straggler_paragraph(result: dict, rounds: dict[tuple, dict]) -> str:
@@ -207,7 +203,7 @@ def straggler_paragraph(result: dict, rounds: dict[tuple, dict]) -> str:
             f"phase of {s['inner_phase_s']:g} s at slow factor {s['slow_factor']:g}). Mean idle per peer, pair / "
             f"matched pair / all-reduce: {examples}. The all-reduce idles every punctual peer for the whole delay; "
             "with matched pairs only a straggler's partner waits, and the node's pairing lets punctual peers pair "
-            "among themselves (only one left over waits), at the price of the refusals above. With N = 2 the only "
+            "among themselves (only one left over waits). With N = 2 the only "
             "partner is the straggler, so every method waits alike.")
 
 
@@ -226,7 +222,8 @@ def markdown(result: dict) -> str:
         "### One message (one payload over one stream, acknowledged)",
         message_table(result),
         "### One round, all peers ready at once (medians)",
-        "`pair`: the node's pairing (random partner among the peers seeking, refusals and back-off); `matched pair`: "
+        "`pair`: the node's pairing (a proposal to a random peer among those seeking, then the exchange); "
+        "`matched pair`: "
         "the same exchange with partner and sender drawn ahead; `one exchange`: one request and its answer.",
         round_table(result),
         "### With stragglers: idle time per peer (ready until its round is done; `*` = straggler)",

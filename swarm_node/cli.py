@@ -139,6 +139,9 @@ def _add_join_parser(sub) -> None:
                    help="stage 0: read this shard of the data (default: derived from the peer id)")
     p.add_argument("--round-timeout", type=float, default=20.0, help="seconds to seek a partner per round")
     p.add_argument("--startup-timeout", type=float, default=60.0, help="seconds for the libp2p daemon to start")
+    p.add_argument("--slowest-link-mbit", type=_positive_float, default=20.0, metavar="MBIT_S",
+                   help="the slowest upload expected among peers; outer exchanges of large stages get deadlines "
+                        "that fit it")
     p.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads")
     p.add_argument("--no-state-download", action="store_true", help="start from the initial weights")
     p.add_argument("--checkpoint-dir", type=Path, default=None,
@@ -173,6 +176,13 @@ def _read_maddrs(path: Path) -> list[str]:
     return maddrs
 
 
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
 def _ratio(text: str) -> float:
     value = float(text)
     if not value > 1:
@@ -203,7 +213,8 @@ def _run_join(args: argparse.Namespace) -> int:
                         announce_maddrs=tuple(args.announce_maddrs), identity_path=args.identity,
                         stage=args.stage, device=resolve_device(args.device), max_steps=args.max_steps,
                         run_dir=args.run_dir, data_shard=args.data_shard, round_timeout_s=args.round_timeout,
-                        startup_timeout_s=args.startup_timeout, download_state=not args.no_state_download,
+                        startup_timeout_s=args.startup_timeout, slowest_link_mbit_s=args.slowest_link_mbit,
+                        download_state=not args.no_state_download,
                         checkpoint_dir=args.checkpoint_dir, checkpoint_every_rounds=args.checkpoint_every_rounds,
                         activation_wire=args.wire_dtype, outer_wire=args.wire_dtype,
                         max_update_ratio=args.max_update_ratio, http_host=args.http_host,

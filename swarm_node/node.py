@@ -61,6 +61,9 @@ log = logging.getLogger("swarm_node.node")
 
 MAX_KNOWN_PEERS = 32
 MAX_TRACKED_PEERS = 4096  # bound on per-peer bookkeeping, whatever number of ids an attacker uses
+PROPOSE_TIMEOUT_S = 5.0  # a pairing proposal is a few bytes: no answer in this time means the peer is unwell
+PROPOSAL_MAX_BYTES = 4096
+PROPOSAL_LIMITS = FrameLimits(max_header_bytes=PROPOSAL_MAX_BYTES, max_payload_bytes=0, max_tensors=0)
 
 
 @dataclass
@@ -161,7 +164,8 @@ class Node:
             self.pairing = GroupRound(round_timeout_s=cfg.round_timeout_s, request_timeout_s=cfg.exchange_timeout_s)
         else:  # NoLoCo: one random partner
             self.pairing = PairingCoordinator(round_timeout_s=cfg.round_timeout_s,
-                                              request_timeout_s=cfg.exchange_timeout_s)
+                                              request_timeout_s=cfg.exchange_timeout_s,
+                                              propose_timeout_s=PROPOSE_TIMEOUT_S, own_id=self.peer_id)
 
     # -- lifecycle -----------------------------------------------------------------
     async def run(self) -> dict:
@@ -345,9 +349,17 @@ class Node:
                                        authorize=self._admit)
         param_bytes = sum(p.numel() for p in self.worker.params) * 4
         self.outer_limits = FrameLimits(max_payload_bytes=2 * param_bytes + (1 << 20))
+        numel = sum(p.numel() for p in self.worker.params)
+        exchange_timeout_s = self.config.exchange_timeout_for(
+            2 * numel * WIRE_PRECISIONS[self.config.outer_wire].itemsize)  # phi and Delta
+        self.pairing.request_timeout_s = exchange_timeout_s
         await self.transport.serve(protocols.OUTER, self._handle_outer,
                                    ServeLimits(max_request_bytes=2 * param_bytes + (1 << 20), max_concurrent=4,
-                                               max_per_peer=1, handler_timeout_s=self.config.exchange_timeout_s),
+                                               max_per_peer=1, handler_timeout_s=exchange_timeout_s),
+                                   authorize=self._admit)
+        await self.transport.serve(protocols.PAIR, self._handle_propose,
+                                   ServeLimits(max_request_bytes=PROPOSAL_MAX_BYTES, max_concurrent=8, max_per_peer=1,
+                                               handler_timeout_s=PROPOSE_TIMEOUT_S),
                                    authorize=self._admit)
         await self.transport.serve(protocols.STATUS, partial(handle_status_request, self),
                                    ServeLimits(max_request_bytes=1024, max_concurrent=8, max_per_peer=2,
@@ -362,7 +374,7 @@ class Node:
         """Every step is bounded: a dead daemon or DHT process must not hang the exit."""
         self._state = "leaving"
         if self.transport is not None:
-            for name in (protocols.FORWARD, protocols.OUTER, protocols.STATE, protocols.STATUS):
+            for name in (protocols.FORWARD, protocols.PAIR, protocols.OUTER, protocols.STATE, protocols.STATUS):
                 await _bounded(self.transport.stop_serving(name), 3.0, f"removing the {name} handler")
         if self.dht is not None and self.stage is not None and self.dht.is_alive():
             # a `leaving` record: peers stop routing to us at once instead of at record expiry
@@ -779,7 +791,7 @@ class Node:
             result: PairResult | None = await self.pairing.run_round(
                 round_no, self._outer_reply,
                 candidates=lambda: [(p, self.peers[self.stage][p].seeking) for p in live()],
-                send=self._send_outer, on_peer_failure=self.chooser.report_failure,
+                propose=self._send_proposal, send=self._send_outer, on_peer_failure=self.chooser.report_failure,
                 expect_request=self._round_requested)
             partners = [result.partner] if result else []
             others = [result.payload] if result else []
@@ -813,6 +825,32 @@ class Node:
                 await self.pairing.seeking.wait()
         except TimeoutError:
             pass
+
+    async def _send_proposal(self, peer: str, timeout_s: float) -> None:
+        request = encode_frame({"kind": "propose", "spec": self.spec_hash, "round": self.worker.outer_round})
+        raw = await self.transport.request(peer, protocols.PAIR, request, timeout_s=timeout_s,
+                                           max_response_bytes=PROPOSAL_MAX_BYTES)
+        header, _ = decode_frame(raw, PROPOSAL_LIMITS)
+        if not header.get("ok"):
+            raise Refused(str(header.get("error", "refused"))[:200])
+
+    async def _handle_propose(self, remote: str, request: bytes) -> bytes:
+        """A peer of our stage asks to pair this round: a few bytes, so a refusal is cheap."""
+        try:
+            header, tensors = decode_frame(request, PROPOSAL_LIMITS)
+            if header.get("kind") != "propose" or header.get("spec") != self.spec_hash or tensors:
+                raise ProtocolError("not a pairing proposal of this run")
+            if not isinstance(self.pairing, PairingCoordinator):
+                raise Refused("not-pairing")  # a DiLoCo run exchanges with everyone, no proposals
+            if self.pairing.state.value == "idle":
+                await self._maybe_round_early()
+            self.pairing.on_propose(remote)
+            return encode_frame({"kind": "propose", "ok": True})
+        except Refused as exc:
+            return encode_frame({"ok": False, "error": str(exc)})
+        except ProtocolError as exc:
+            self._peer_fault(remote, f"bad pairing proposal ({exc})")
+            return encode_frame({"ok": False, "error": "protocol"})
 
     async def _send_outer(self, peer: str, payload: bytes, timeout_s: float):
         raw = await self.transport.request(peer, protocols.OUTER, payload, timeout_s=timeout_s,
@@ -859,18 +897,29 @@ class Node:
         return phi, delta
 
     async def _handle_outer(self, remote: str, request: bytes) -> bytes:
+        pairing = self.pairing
+        reserved = False
         try:
+            if isinstance(pairing, PairingCoordinator):
+                pairing.claim(remote)  # before decoding: only the peer we accepted may send a payload
+                reserved = True
             header, tensors = await self.compute(decode_frame, request, self.outer_limits)
             partner_payload = await self._check_outer(header, tensors)
-            if self.pairing.state.value == "idle":
+            if isinstance(pairing, PairingCoordinator):
+                reserved = False
+                return pairing.complete(remote, partner_payload)
+            if pairing.state.value == "idle":
                 await self._maybe_round_early()
-            return self.pairing.on_request(remote, partner_payload)
+            return pairing.on_request(remote, partner_payload)
         except (Refused, PeerRefused) as exc:
             return encode_frame({"ok": False, "error": str(exc)})
         except ProtocolError as exc:
             self._peer_fault(remote, f"bad outer exchange ({exc})")
             self.chooser.report_failure(remote)
             return encode_frame({"ok": False, "error": "protocol"})
+        finally:
+            if reserved:  # refused, bad or cut at the handler deadline: seek another partner
+                pairing.release(remote)
 
 def _norm(tensors: list[torch.Tensor]) -> float:
     return math.sqrt(sum(float(t.float().pow(2).sum()) for t in tensors))

@@ -27,7 +27,11 @@ class NodeConfig:
     hop_timeout_s: float = 30.0  # deadline of one micro-batch through the rest of the pipeline
     hop_retries: int = 3
     round_timeout_s: float = 20.0  # how long to seek a partner before the local-only step
-    exchange_timeout_s: float = 30.0
+    exchange_timeout_s: float = 30.0  # floor of an outer exchange's deadline; larger stages get more, see below
+    # The slowest upload a peer of the run is expected to have. An exchange moves the
+    # payload both ways one after the other, so its deadline stretches to fit that at
+    # this rate (50M parameters in fp16 at 20 Mbit/s: 80 s each way).
+    slowest_link_mbit_s: float = 20.0
     heartbeat_s: float = 2.0
     record_ttl_s: float = 15.0
     registry_poll_s: float = 1.0
@@ -53,7 +57,15 @@ class NodeConfig:
     http_port: int | None = None  # serve /healthz, /metrics, /api/status here (0: any free port)
     progress: bool = True
 
+    def exchange_timeout_for(self, payload_bytes: int) -> float:
+        """The deadline of one outer exchange whose payload is ``payload_bytes`` each way,
+        with half again as slack for a shared link."""
+        both_ways_s = 2 * payload_bytes * 8 / (self.slowest_link_mbit_s * 1e6)
+        return max(self.exchange_timeout_s, 1.5 * both_ways_s)
+
     def __post_init__(self) -> None:
+        if self.slowest_link_mbit_s <= 0:
+            raise ValueError("slowest_link_mbit_s must be positive")
         if self.checkpoint_every_rounds < 1:
             raise ValueError("checkpoint_every_rounds must be >= 1")
         if self.heartbeat_s * 3 > self.record_ttl_s:

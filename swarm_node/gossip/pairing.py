@@ -4,26 +4,34 @@ The rule (symmetric, tolerant of joins, leaves and odd counts):
 
 1. When a node finishes its H-th inner step of a round it becomes SEEKING and
    announces ``seeking`` in its registry record.
-2. While SEEKING it sends an exchange request to a random live peer of its stage
-   (peers that announce ``seeking`` first), and meanwhile accepts requests.
-3. A node accepts a request only while SEEKING. Accepting or initiating moves it to
-   EXCHANGING, where every other request is answered ``busy``. So each node is in at
-   most one exchange per round, and a pair is formed exactly when one side's request
-   reaches the other while it is still SEEKING.
-4. Refusals (``busy``, ``not-ready``) and failures lead to a short random back-off and
-   another random choice; two nodes that requested each other at the same instant
-   both get ``busy`` and the random back-off separates them.
-5. At the round deadline a node that found nobody takes the local-only step. An odd
-   node out therefore loses at most one deadline, and a node whose partner died
-   mid-exchange loses at most its request's timeout. A node with no live (unbanned)
-   peer left takes the local-only step at once.
-6. (In the node) a peer that is not at its boundary but is past half of its round
-   accepts a request by taking its round early. Without this, two nodes whose
+2. While SEEKING it *proposes* to a random live peer of its stage (peers that announce
+   ``seeking`` first), and meanwhile accepts proposals. A proposal is a few bytes; only
+   an accepted one is followed by the (phi, Delta) payload, so a refusal costs one
+   round trip, not two model-sized transfers. (Sending the payload with the request
+   made every refusal cost a full upload, and with large stages the swarm spent its
+   rounds uploading to peers that were already taken.)
+3. A node accepts a proposal only while SEEKING, and is then RESERVED for that peer:
+   every other proposal is answered ``busy`` and only the reserved peer's payload is
+   taken. The payload moves it to EXCHANGING. So each node is in at most one exchange
+   per round, and both sides of a pair agree on it before any payload moves.
+4. Two nodes that propose to each other at the same instant pair at once: the one with
+   the larger peer id accepts the other's proposal and refuses the other way round, so
+   the smaller id sends the payload. Other refusals (``busy``, ``not-ready``) and
+   failures lead to a short random back-off and another random choice.
+5. A reservation lasts until the reserved peer's payload has had its full exchange
+   timeout; a proposer that dies after being accepted costs its partner that long, and
+   the partner goes back to seeking. A reserved node holds its round open past the
+   round deadline for that time.
+6. At the round deadline a node that found nobody takes the local-only step. An odd
+   node out therefore loses at most one deadline. A node with no live (unbanned) peer
+   left takes the local-only step at once.
+7. (In the node) a peer that is not at its boundary but is past half of its round
+   accepts a proposal by taking its round early. Without this, two nodes whose
    boundaries fall at alternating times would each wait out the deadline while the
    other trains, and never meet.
 
-The coordinator does not do I/O itself: it is given ``send(peer, payload)`` and
-``candidates()`` so it can run in-process under test.
+The coordinator does not do I/O itself: it is given ``propose(peer, timeout)``,
+``send(peer, payload, timeout)`` and ``candidates()`` so it can run in-process under test.
 """
 
 from __future__ import annotations
@@ -41,13 +49,15 @@ from swarm_node.errors import PeerError, PeerTimeout
 
 log = logging.getLogger(__name__)
 
-MIN_REQUEST_S = 0.25  # do not start an exchange that could not finish anyway
+MIN_REQUEST_S = 0.25  # do not propose when the round could not use the answer anyway
 
 
 class PairState(enum.Enum):
     IDLE = "idle"
     SEEKING = "seeking"
-    EXCHANGING = "exchanging"
+    PROPOSING = "proposing"  # our proposal is in flight
+    RESERVED = "reserved"  # we accepted a proposal and wait for that peer's payload
+    EXCHANGING = "exchanging"  # a payload is moving, either way
 
 
 @dataclass
@@ -65,48 +75,89 @@ async def backoff(wake: asyncio.Event, rng: random.Random, bounds_s: tuple[float
     """A random pause before the next attempt, cut short when ``wake`` is set or the
     round deadline comes."""
     pause = min(rng.uniform(*bounds_s), max(0.0, deadline - time.monotonic()))
+    await wait_set(wake, pause)
+
+
+async def wait_set(event: asyncio.Event, timeout_s: float) -> None:
+    """Wait until ``event`` is set or ``timeout_s`` passes. Not ``asyncio.wait_for``: on
+    Python 3.11 it swallows a cancellation that lands as the event is set, and a
+    cancelled round would then run on to its deadline."""
     try:
-        await asyncio.wait_for(wake.wait(), timeout=pause)
+        async with asyncio.timeout(timeout_s):
+            await event.wait()
     except TimeoutError:
         pass
 
 
 class PairingCoordinator:
-    def __init__(self, *, round_timeout_s: float, request_timeout_s: float,
-                 backoff_s: tuple[float, float] = (0.05, 0.3), rng: random.Random | None = None):
+    def __init__(self, *, round_timeout_s: float, request_timeout_s: float, propose_timeout_s: float = 5.0,
+                 own_id: str = "", backoff_s: tuple[float, float] = (0.05, 0.3), rng: random.Random | None = None):
         self.round_timeout_s = round_timeout_s
-        self.request_timeout_s = request_timeout_s
+        self.request_timeout_s = request_timeout_s  # the payload exchange's deadline
+        self.propose_timeout_s = propose_timeout_s
+        self.own_id = own_id  # breaks the tie when two proposals cross
         self.backoff_s = backoff_s
         self.rng = rng or random.Random()
         self.state = PairState.IDLE
         self.round = -1
-        self.seeking = asyncio.Event()  # set while a round is open for requests
+        self.seeking = asyncio.Event()  # set while a round is open for proposals
         self._own_payload: Any = None
+        self._counterpart: str | None = None  # whom we propose to, are reserved for, or exchange with
+        self._reserved_until = 0.0
         self._accepted: PairResult | None = None
-        self._accepted_event = asyncio.Event()
+        self._changed = asyncio.Event()  # a proposal was accepted, a payload arrived, or a reservation ended
 
-    def on_request(self, remote: str, payload: Any) -> Any:
-        """Handle a partner's request: returns our payload, or raises Refused."""
-        if self.state is not PairState.SEEKING:
-            raise Refused("busy" if self.state is PairState.EXCHANGING else "not-ready")
+    # -- the answering side (called by the network handlers) -------------------------
+    def on_propose(self, remote: str) -> None:
+        """Accept ``remote``'s proposal (we are then reserved for it) or raise Refused."""
+        crossed = (self.state is PairState.PROPOSING and self._counterpart == remote
+                   and self.own_id and self.own_id > remote)
+        if self.state is not PairState.SEEKING and not crossed:
+            raise Refused("not-ready" if self.state is PairState.IDLE else "busy")
+        self.state = PairState.RESERVED
+        self._counterpart = remote
+        self._reserved_until = time.monotonic() + self.propose_timeout_s + self.request_timeout_s
+        self._changed.set()
+
+    def claim(self, remote: str) -> None:
+        """``remote``'s payload has arrived: it must hold our reservation. The exchange is
+        then under way until :meth:`complete` or :meth:`release`."""
+        if self.state is not PairState.RESERVED or self._counterpart != remote:
+            raise Refused("no-reservation")
         self.state = PairState.EXCHANGING
+        self._reserved_until = time.monotonic() + self.request_timeout_s  # the node's handler is cut by then
+
+    def complete(self, remote: str, payload: Any) -> Any:
+        """The claimed payload checked out: the pair is made; returns our payload."""
+        if self.state is not PairState.EXCHANGING or self._counterpart != remote or self._accepted is not None:
+            raise Refused("no-reservation")
         self._accepted = PairResult(remote, payload, initiated=False)
-        self._accepted_event.set()
+        self._changed.set()
         return self._own_payload
 
+    def release(self, remote: str) -> None:
+        """The reserved peer's payload was refused or bad: seek again."""
+        if self._counterpart == remote and self._accepted is None and self.state in (PairState.RESERVED,
+                                                                                     PairState.EXCHANGING):
+            self._back_to_seeking()
+
+    # -- the seeking side -----------------------------------------------------------
     async def run_round(self, round_no: int, own_payload: Any,
                         candidates: Callable[[], list[tuple[str, bool]]],
+                        propose: Callable[[str, float], Awaitable[None]],
                         send: Callable[[str, Any, float], Awaitable[Any]],
                         on_peer_failure: Callable[[str], None] = lambda peer: None,
                         expect_request: bool = False) -> PairResult | None:
         """Seek a partner until the deadline. ``candidates()`` lists (peer, is_seeking);
-        ``send(peer, payload, timeout)`` returns the partner's payload or raises
-        Refused / PeerError. ``expect_request``: a peer is already waiting to pair with
-        us, so seek even if no candidate is known yet."""
+        ``propose(peer, timeout)`` returns if the peer reserved itself for us and raises
+        Refused / PeerError otherwise; ``send(peer, payload, timeout)`` returns the
+        partner's payload or raises the same. ``expect_request``: a peer is already
+        waiting to pair with us, so seek even if no candidate is known yet."""
         self.round = round_no
         self._own_payload = own_payload
         self._accepted = None
-        self._accepted_event.clear()
+        self._counterpart = None
+        self._changed.clear()
         if not expect_request and not candidates():
             self._own_payload = None
             return None
@@ -117,6 +168,9 @@ class PairingCoordinator:
             while True:
                 if self._accepted is not None:
                     return self._accepted
+                if self.state in (PairState.RESERVED, PairState.EXCHANGING):
+                    await self._await_reserved_peer(round_no)
+                    continue
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return None
@@ -125,28 +179,68 @@ class PairingCoordinator:
                     return None  # everyone left or is banned: waiting cannot help
                 peer = self._pick(live) if remaining >= MIN_REQUEST_S else None
                 if peer is not None:
-                    self.state = PairState.EXCHANGING
-                    timeout = min(self.request_timeout_s, remaining)
-                    try:
-                        reply = await send(peer, own_payload, timeout)
-                        return PairResult(peer, reply, initiated=True)
-                    except Refused:
-                        pass
-                    except PeerTimeout as exc:
-                        if timeout >= self.request_timeout_s:  # cut short by our own deadline: not its fault
-                            log.info("round %d: partner %s timed out: %s", round_no, peer[-6:], exc)
-                            on_peer_failure(peer)
-                    except PeerError as exc:
-                        log.info("round %d: partner %s failed: %s", round_no, peer[-6:], exc)
-                        on_peer_failure(peer)
-                    self.state = PairState.SEEKING
-                if self._accepted is not None:
-                    return self._accepted
-                await backoff(self._accepted_event, self.rng, self.backoff_s, deadline)
+                    result = await self._initiate(round_no, peer, remaining, propose, send, on_peer_failure)
+                    if result is not None:
+                        return result
+                if self.state is PairState.SEEKING and self._accepted is None:
+                    self._changed.clear()
+                    await backoff(self._changed, self.rng, self.backoff_s, deadline)
         finally:
             self.state = PairState.IDLE
             self.seeking.clear()
             self._own_payload = None
+            self._counterpart = None
+
+    async def _initiate(self, round_no: int, peer: str, remaining: float,
+                        propose: Callable[[str, float], Awaitable[None]],
+                        send: Callable[[str, Any, float], Awaitable[Any]],
+                        on_peer_failure: Callable[[str], None]) -> PairResult | None:
+        """Propose to ``peer`` and, if it accepts, exchange payloads. Returns None when
+        this attempt made no pair (we may have been reserved by someone meanwhile)."""
+        self.state = PairState.PROPOSING
+        self._counterpart = peer
+        timeout = min(self.propose_timeout_s, remaining)
+        try:
+            await propose(peer, timeout)
+        except Refused:
+            if self.state is PairState.PROPOSING:
+                self._back_to_seeking()
+            return None  # else a crossed proposal reserved us for this peer: wait for its payload
+        except PeerError as exc:
+            if self.state is PairState.PROPOSING:
+                self._back_to_seeking()
+            if not isinstance(exc, PeerTimeout) or timeout >= self.propose_timeout_s:  # not cut by our deadline
+                log.info("round %d: partner %s failed to answer a proposal: %s", round_no, peer[-6:], exc)
+                on_peer_failure(peer)
+            return None
+        # Accepted: the partner holds its round open for our payload, so the exchange
+        # gets its whole timeout even past our own round deadline.
+        self.state = PairState.EXCHANGING
+        try:
+            return PairResult(peer, await send(peer, self._own_payload, self.request_timeout_s), initiated=True)
+        except Refused:
+            pass
+        except PeerError as exc:
+            log.info("round %d: partner %s failed mid-exchange: %s", round_no, peer[-6:], exc)
+            on_peer_failure(peer)
+        self._back_to_seeking()
+        return None
+
+    async def _await_reserved_peer(self, round_no: int) -> None:
+        """Reserved: wait for that peer's payload to arrive and be checked, or for the
+        reservation to lapse."""
+        if time.monotonic() >= self._reserved_until:
+            log.info("round %d: %s reserved us but its payload did not arrive in time", round_no,
+                     (self._counterpart or "")[-6:])
+            self._back_to_seeking()
+            return
+        self._changed.clear()
+        await wait_set(self._changed, self._reserved_until - time.monotonic())
+
+    def _back_to_seeking(self) -> None:
+        self.state = PairState.SEEKING
+        self._counterpart = None
+        self._changed.set()
 
     def _pick(self, candidates: list[tuple[str, bool]]) -> str | None:
         if not candidates:

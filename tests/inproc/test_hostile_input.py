@@ -22,6 +22,8 @@ from swarm_node.train.worker import StageWorker
 from swarm_node.wire.codec import FrameLimits, decode_frame, encode_frame
 from swarm_node.wire.records import PeerRecord
 
+from outer_exchange import exchange_as_partner
+
 FRAMES = 10_000
 SPEC = RunSpec(run_id="fuzz", model_size="debug", num_stages=2, seq_len=16, batch_size=4, samples_per_step=4,
                data=DataSpec(kind="synthetic"), method=default_method("noloco", inner_steps=50),
@@ -132,13 +134,32 @@ def test_forward_handler_survives_10k_hostile_frames(node):
 
 
 def test_outer_handler_survives_10k_hostile_frames(node):
+    """Each frame comes from a peer the node has accepted as its partner, so it reaches
+    the decoder and the checks (an unreserved payload is dropped before them)."""
     phi, delta = node.worker.outer_payload("fp16")
     base = ({"kind": "outer", "spec": SPEC.spec_hash(), "round": 0, "ok": True}, [*phi, *delta])
     before = rss_bytes()
-    assert fuzz(node._handle_outer, base, seed=2) == FRAMES
+    assert fuzz(lambda remote, frame: exchange_as_partner(node, remote, frame), base, seed=2) == FRAMES
     assert rss_bytes() - before < 200 << 20
-    answer, _ = decode_frame(asyncio.run(node._handle_outer("QmGood", encode_frame(*base))))
-    assert answer.get("error") != "protocol"  # well-formed: at most refused because we are not seeking
+    node._adopt_spec(SPEC)  # a fresh pairing coordinator: its events belong to the fuzzing run's event loop
+    answer, _ = decode_frame(asyncio.run(exchange_as_partner(node, "QmGood", encode_frame(*base))))
+    assert answer["ok"], answer
+
+
+def test_an_unreserved_payload_is_refused_before_it_is_decoded(node):
+    phi, delta = node.worker.outer_payload("fp16")
+    valid = encode_frame({"kind": "outer", "spec": SPEC.spec_hash(), "round": 0, "ok": True}, [*phi, *delta])
+    for frame in (valid, b"\xff" * 64):  # garbage too: it is never parsed, so it is no fault
+        answer, _ = decode_frame(asyncio.run(node._handle_outer("QmStranger", frame)))
+        assert answer == {"v": 1, "ok": False, "error": "no-reservation"}
+    assert node._faults.get("QmStranger", 0) == 0 and not node.chooser.is_banned("QmStranger")
+
+
+def test_pair_handler_survives_10k_hostile_frames(node):
+    base = ({"kind": "propose", "spec": SPEC.spec_hash(), "round": 0}, [])
+    assert fuzz(node._handle_propose, base, seed=4) == FRAMES
+    answer, _ = decode_frame(asyncio.run(node._handle_propose("QmGood", encode_frame(*base))))
+    assert answer == {"v": 1, "ok": False, "error": "not-ready"}  # well-formed; this node is not at a boundary
 
 
 def test_state_handler_survives_10k_hostile_frames(node):

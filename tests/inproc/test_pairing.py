@@ -10,46 +10,107 @@ from swarm_node.errors import PeerTimeout
 from swarm_node.gossip.pairing import PairingCoordinator, Refused
 
 
-async def run_swarm(n: int, seed: int, *, dead: set[str] = frozenset(), start_jitter_s: float = 0.02,
-                    round_timeout_s: float = 1.0):
-    rng = random.Random(seed)
-    names = [f"peer{i}" for i in range(n)]
-    nodes = {name: PairingCoordinator(round_timeout_s=round_timeout_s, request_timeout_s=0.3,
-                                      backoff_s=(0.001, 0.01), rng=random.Random(rng.random()))
-             for name in names}
+class FakeNetwork:
+    """Coordinators whose calls go straight to each other's handlers, each message with a
+    random delivery delay; a payload takes ``payload_s`` more each way (a large stage)."""
 
-    async def send_from(sender, peer, payload, timeout):
-        await asyncio.sleep(rng.uniform(0, 0.003))
-        if peer in dead:
+    def __init__(self, n: int, seed: int, *, dead: frozenset[str] = frozenset(), round_timeout_s: float = 1.0,
+                 payload_s: float = 0.0, tie_break: bool = True):
+        self.rng = random.Random(seed)
+        self.names = [f"peer{i}" for i in range(n)]
+        self.dead = dead
+        self.payload_s = payload_s
+        self.proposals = 0
+        self.payloads = 0
+        self.nodes = {name: PairingCoordinator(round_timeout_s=round_timeout_s, request_timeout_s=0.3 + 2 * payload_s,
+                                               propose_timeout_s=0.1, own_id=name if tie_break else "",
+                                               backoff_s=(0.001, 0.01), rng=random.Random(self.rng.random()))
+                      for name in self.names}
+
+    async def _hop(self, extra_s: float = 0.0) -> None:
+        await asyncio.sleep(self.rng.uniform(0, 0.003) + extra_s)
+
+    async def propose(self, sender: str, peer: str, timeout: float) -> None:
+        self.proposals += 1
+        await self._hop()
+        if peer in self.dead:
             await asyncio.sleep(timeout)
             raise PeerTimeout("dead")
-        reply = nodes[peer].on_request(sender, payload)  # may raise Refused
-        await asyncio.sleep(rng.uniform(0, 0.003))
-        return reply
+        try:
+            self.nodes[peer].on_propose(sender)  # may raise Refused
+        finally:
+            await self._hop()  # the answer travels back, a refusal too
 
-    async def one(name):
-        await asyncio.sleep(rng.uniform(0, start_jitter_s))
-        return await nodes[name].run_round(
+    async def send(self, sender: str, peer: str, payload, timeout: float):
+        self.payloads += 1
+        await self._hop(self.payload_s)
+        node = self.nodes[peer]
+        try:
+            node.claim(sender)  # may raise Refused
+            return node.complete(sender, payload)
+        finally:
+            await self._hop(self.payload_s)
+
+    async def one(self, name: str, start_jitter_s: float):
+        await asyncio.sleep(self.rng.uniform(0, start_jitter_s))
+        return await self.nodes[name].run_round(
             0, f"payload-of-{name}",
-            candidates=lambda: [(p, nodes[p].state.value == "seeking") for p in names if p != name],
-            send=lambda peer, payload, timeout: send_from(name, peer, payload, timeout))
+            candidates=lambda: [(p, self.nodes[p].state.value == "seeking") for p in self.names if p != name],
+            propose=lambda peer, timeout: self.propose(name, peer, timeout),
+            send=lambda peer, payload, timeout: self.send(name, peer, payload, timeout))
 
-    live = [name for name in names if name not in dead]
-    results = await asyncio.gather(*(one(name) for name in live))
-    return dict(zip(live, results))
+    async def run(self, start_jitter_s: float = 0.02):
+        live = [name for name in self.names if name not in self.dead]
+        results = await asyncio.gather(*(self.one(name, start_jitter_s) for name in live))
+        return dict(zip(live, results))
 
 
-@pytest.mark.parametrize("n,seed", [(2, 0), (4, 1), (5, 2), (8, 3), (7, 4), (16, 5)])
-def test_pairs_are_mutual_and_everyone_but_an_odd_one_pairs(n, seed):
-    results = asyncio.run(run_swarm(n, seed))
+async def run_swarm(n: int, seed: int, *, dead: frozenset[str] = frozenset(), start_jitter_s: float = 0.02,
+                    round_timeout_s: float = 1.0):
+    return await FakeNetwork(n, seed, dead=dead, round_timeout_s=round_timeout_s).run(start_jitter_s)
+
+
+def assert_mutual(results: dict) -> None:
     for name, result in results.items():
         if result is not None:
             partner = results[result.partner]
             assert partner is not None and partner.partner == name, f"{name} -> {result.partner} not mutual"
             assert result.payload == f"payload-of-{result.partner}"
             assert partner.initiated != result.initiated
+
+
+@pytest.mark.parametrize("n,seed", [(2, 0), (4, 1), (5, 2), (8, 3), (7, 4), (16, 5)])
+def test_pairs_are_mutual_and_everyone_but_an_odd_one_pairs(n, seed):
+    results = asyncio.run(run_swarm(n, seed))
+    assert_mutual(results)
     unpaired = [name for name, r in results.items() if r is None]
     assert len(unpaired) == n % 2
+
+
+@pytest.mark.parametrize("n,seed", [(4, 11), (8, 12), (16, 13)])
+def test_payloads_move_only_between_agreed_partners(n, seed):
+    """Refusals cost a proposal, never a payload: with payloads 30x slower than a proposal
+    (a large stage) everyone still pairs, and each pair moves its payload exactly once."""
+    net = FakeNetwork(n, seed, payload_s=0.1, round_timeout_s=2.0)
+    results = asyncio.run(net.run(start_jitter_s=0.0))
+    assert_mutual(results)
+    assert all(r is not None for r in results.values())
+    assert net.payloads == n // 2
+
+
+@pytest.mark.parametrize("tie_break", [True, False])
+def test_crossed_proposals_pair_at_once(tie_break):
+    """Two peers reaching the boundary together propose to each other: the larger id
+    accepts, so two proposals make the pair. Without the tie-break both are refused and
+    they need back-offs and more proposals, which this test shows by failing."""
+    counts = []
+    for seed in range(10):
+        net = FakeNetwork(2, seed, tie_break=tie_break)
+        net.rng.uniform = lambda a, b: 0.001  # both start together, every hop the same
+        results = asyncio.run(net.run(start_jitter_s=0.0))
+        assert_mutual(results)
+        counts.append(net.proposals)
+    assert (max(counts) == 2) == tie_break
 
 
 def test_pairing_differs_between_rounds():
@@ -59,7 +120,7 @@ def test_pairing_differs_between_rounds():
 
 
 def test_a_dead_peer_costs_at_most_the_round_deadline():
-    loop_results = asyncio.run(run_swarm(4, 7, dead={"peer3"}, round_timeout_s=1.0))
+    loop_results = asyncio.run(run_swarm(4, 7, dead=frozenset({"peer3"}), round_timeout_s=1.0))
     paired = [r for r in loop_results.values() if r is not None]
     assert len(paired) == 2  # two of the three live peers pair, the third goes local-only
     assert all(r.partner != "peer3" for r in paired)
@@ -68,7 +129,68 @@ def test_a_dead_peer_costs_at_most_the_round_deadline():
 def test_refuses_when_not_seeking():
     node = PairingCoordinator(round_timeout_s=1, request_timeout_s=1)
     with pytest.raises(Refused, match="not-ready"):
-        node.on_request("x", None)
+        node.on_propose("x")
+    with pytest.raises(Refused, match="no-reservation"):
+        node.claim("x")
+
+
+async def _seeking_alone(node: PairingCoordinator):
+    """``node`` seeking with no candidates of its own: it only answers proposals."""
+    task = asyncio.create_task(node.run_round(0, "mine", candidates=lambda: [], propose=None, send=None,
+                                              expect_request=True))
+    await node.seeking.wait()
+    return task
+
+
+def test_a_reservation_admits_only_its_peer_and_lapses_when_the_payload_never_comes():
+    async def scenario():
+        node = PairingCoordinator(round_timeout_s=5.0, request_timeout_s=0.2, propose_timeout_s=0.1)
+        task = await _seeking_alone(node)
+        node.on_propose("ghost")  # accepted, then the proposer dies
+        with pytest.raises(Refused, match="busy"):
+            node.on_propose("other")
+        with pytest.raises(Refused, match="no-reservation"):
+            node.claim("other")
+        while node.state.value != "seeking":  # the lapse, after propose + request timeouts
+            await asyncio.sleep(0.02)
+        with pytest.raises(Refused, match="no-reservation"):
+            node.claim("ghost")
+        node.on_propose("other")
+        node.claim("other")
+        assert node.complete("other", "theirs") == "mine"
+        return await task
+
+    result = asyncio.run(scenario())
+    assert (result.partner, result.payload, result.initiated) == ("other", "theirs", False)
+
+
+def test_a_bad_payload_releases_the_reservation():
+    async def scenario():
+        node = PairingCoordinator(round_timeout_s=5.0, request_timeout_s=5.0)
+        task = await _seeking_alone(node)
+        node.on_propose("bad")
+        node.claim("bad")
+        node.release("bad")  # the node's checks rejected it
+        node.on_propose("good")
+        node.claim("good")
+        node.complete("good", "fine")
+        return await task
+
+    assert asyncio.run(scenario()).partner == "good"
+
+
+def test_a_reserved_node_holds_its_round_open_past_the_deadline():
+    async def scenario():
+        node = PairingCoordinator(round_timeout_s=0.1, request_timeout_s=5.0)
+        task = await _seeking_alone(node)
+        node.on_propose("slow")
+        await asyncio.sleep(0.3)  # the payload is still on its way when the round deadline passes
+        assert not task.done()
+        node.claim("slow")
+        node.complete("slow", "late")
+        return await task
+
+    assert asyncio.run(scenario()).payload == "late"
 
 
 async def run_group(n: int, seed: int, dead: set[str] = frozenset()):
@@ -106,3 +228,22 @@ def test_group_round_gathers_every_members_contribution(n):
 def test_group_round_goes_on_without_a_dead_member():
     results = asyncio.run(run_group(4, seed=9, dead={"peer0"}))
     assert all(set(g) == {p for p in results if p != name} for name, g in results.items())
+
+
+def test_a_cancelled_round_ends_even_when_cancelled_as_it_wakes():
+    """Shutdown cancels the round. If the cancellation lands in the same loop turn as a
+    wake-up (here a released reservation), it must still end the round at once;
+    ``asyncio.wait_for`` on Python 3.11 swallows it, and the round ran on to its deadline."""
+    async def scenario():
+        node = PairingCoordinator(round_timeout_s=30.0, request_timeout_s=30.0)
+        task = await _seeking_alone(node)
+        node.on_propose("peer")
+        node.claim("peer")
+        for _ in range(2):  # these loop turns put the round where 3.11's wait_for loses the cancellation
+            await asyncio.sleep(0)
+        node.release("peer")
+        task.cancel()
+        await asyncio.wait({task}, timeout=2.0)
+        return task.cancelled()
+
+    assert asyncio.run(scenario())

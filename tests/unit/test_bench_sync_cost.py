@@ -83,7 +83,7 @@ def test_markdown_is_rendered_from_the_result_only():
     assert "bench/results/sync_cost.png" in text and "python -m bench.sync_cost" in text
     assert "1.00x to 4.00x a matched pair round's" in text  # computed from the rows
     assert "faster in 1 of 2 configurations." in text and "the measured gap is smaller" not in text
-    assert "1.5 requests each" in text and "- a caveat" in text
+    assert "1.5 proposals each" in text and "- a caveat" in text
     assert "| loopback | 1M | 4 | 1.00 | 1.5 | 0.25 | 0.20 | 1.00 | 1.00 | 1.00 | 4.00 |" in text
 
 
