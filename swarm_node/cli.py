@@ -243,6 +243,9 @@ def _add_local_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
     p.add_argument("--round-timeout", type=float, default=15.0)
+    p.add_argument("--threads-per-node", type=_positive_int, default=1, help="torch CPU threads of each node")
+    p.add_argument("--eval-batches", type=_positive_int, default=8, metavar="N",
+                   help="validation batches of 64 windows for the final loss (the bundled corpus has 8)")
     p.add_argument("--run-dir", type=Path, default=None, help="keep logs, weights and summaries here")
     p.add_argument("--json-out", type=Path, default=None)
     p.add_argument("--chaos-kills", type=int, default=0, metavar="N",
@@ -273,6 +276,7 @@ def _run_local(args: argparse.Namespace) -> int:
                                     warmup_steps=default_warmup_steps(args.steps), total_steps=args.steps))
     config = LocalConfig(replicas=args.replicas, steps=args.steps, device=args.device,
                          round_timeout_s=args.round_timeout, run_dir=args.run_dir, progress=not args.no_progress,
+                         threads_per_node=args.threads_per_node, eval_batches=args.eval_batches,
                          dashboard_port=args.dashboard_port,
                          chaos=ChaosPlan(kills=args.chaos_kills, restarts=min(args.chaos_restarts, args.chaos_kills),
                                          seed=args.chaos_seed) if args.chaos_kills else None)

@@ -14,6 +14,7 @@ import logging
 import os
 import random
 import shutil
+import socket
 import signal
 import subprocess
 import sys
@@ -357,16 +358,25 @@ class LocalSwarm:
 
 def _remove_stale_sockets(existing_before: set[Path]) -> None:
     """A node killed hard leaves its daemon's unix sockets behind. Remove those created
-    during this run that no live process has bound (anything still listening, such as
-    another swarm on this machine, is left alone)."""
-    try:
-        bound = {line.split()[-1] for line in Path("/proc/net/unix").read_text().splitlines()[1:]
-                 if len(line.split()) >= 8}
-    except OSError:
-        return  # not Linux: leave the files rather than guess
+    during this run that nothing listens on any more (anything still listening, such as
+    another swarm on this machine, is left alone). Listening is tested by connecting:
+    /proc/net/unix would only show sockets of our own network namespace, and a benchmark
+    running peers in other namespaces would lose its live sockets."""
     for path in set(SOCKET_DIR.glob(SOCKET_GLOB)) - existing_before:
-        if str(path) not in bound:
+        if not _listening(path):
             path.unlink(missing_ok=True)
+
+
+def _listening(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except (ConnectionRefusedError, FileNotFoundError):
+            return False
+        except OSError:
+            return True  # busy, no permission, time-out: not ours to judge, keep it
+        return True
 
 
 def _reap_group(pgid: int) -> None:
