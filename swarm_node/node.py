@@ -150,7 +150,7 @@ class Node:
         return PeerRecord(stage=self.stage, spec_hash=self.spec_hash, version=__version__, state=self._state,
                           throughput=round(self._throughput, 3), queue=self._queue,
                           inner_step=w.inner_step if w else 0, outer_round=w.outer_round if w else 0,
-                          seeking=self.pairing.state.value == "seeking",
+                          seeking=self.pairing.state.value in ("seeking", "proposing"),
                           loss=round(w.loss_ema, 5) if w and w.loss_ema is not None else None,
                           tokens=self.stats.tokens, lost=self.stats.microbatches_lost,
                           partner_rounds=self.stats.rounds_with_partner, local_rounds=self.stats.local_only_rounds,
@@ -777,7 +777,21 @@ class Node:
         self._note_own_progress(await self.compute(_norm, own[1]))
         header = {"kind": "outer", "spec": self.spec_hash, "round": round_no, "ok": True}
         self._outer_reply = await self.compute(encode_frame, header, own[0] + own[1])
-        await self._heartbeat()  # announce `seeking` now rather than at the next beat
+        announce = asyncio.create_task(self._announce_seeking())
+        try:
+            await self._seek_partners(round_no, own)
+        finally:
+            announce.cancel()  # the round may end before the record is out: the heartbeat below follows
+            await asyncio.gather(announce, return_exceptions=True)
+        await self._heartbeat()
+
+    async def _announce_seeking(self) -> None:
+        """Publish our record as soon as the round is open, so that peers choosing a
+        partner prefer us now rather than at the next heartbeat."""
+        await self.pairing.seeking.wait()
+        await self._heartbeat()
+
+    async def _seek_partners(self, round_no: int, own) -> None:
         started = time.monotonic()
         live = lambda: [p for p in self.live_peers(self.stage) if not self.chooser.is_banned(p)]  # noqa: E731
         had_company = bool(live())
@@ -808,11 +822,11 @@ class Node:
             self.stats.partners.extend(partners)
             log.info("round %d: averaged with %s in %.2fs", round_no, ", ".join(short_id(p) for p in partners),
                      time.monotonic() - started)
-        await self._heartbeat()
 
-    async def _maybe_round_early(self) -> None:
+    async def _maybe_round_early(self, wait_s: float) -> None:
         """A partner is at its boundary and we are past half of our round: start our
-        round now (steps stop at once), and let the request in when we are seeking."""
+        round now (steps stop at once), and let the request in when we are seeking
+        (within ``wait_s``: the caller's deadline must leave room for our answer)."""
         if not self._round_idle.is_set() or self._stop.is_set():
             return
         if not await self.compute(_force_round_if_ready, self.worker):
@@ -821,7 +835,7 @@ class Node:
         self._round_idle.clear()
         self._round_due.set()
         try:
-            async with asyncio.timeout(5.0):
+            async with asyncio.timeout(wait_s):
                 await self.pairing.seeking.wait()
         except TimeoutError:
             pass
@@ -842,8 +856,10 @@ class Node:
                 raise ProtocolError("not a pairing proposal of this run")
             if not isinstance(self.pairing, PairingCoordinator):
                 raise Refused("not-pairing")  # a DiLoCo run exchanges with everyone, no proposals
+            if self.chooser.is_banned(remote):  # it failed us or sent a poisoned update: we do not pair with it either
+                raise Refused("busy")
             if self.pairing.state.value == "idle":
-                await self._maybe_round_early()
+                await self._maybe_round_early(wait_s=PROPOSE_TIMEOUT_S / 2)  # else: not-ready, not a time-out
             self.pairing.on_propose(remote)
             return encode_frame({"kind": "propose", "ok": True})
         except Refused as exc:
@@ -909,7 +925,7 @@ class Node:
                 reserved = False
                 return pairing.complete(remote, partner_payload)
             if pairing.state.value == "idle":
-                await self._maybe_round_early()
+                await self._maybe_round_early(wait_s=5.0)
             return pairing.on_request(remote, partner_payload)
         except (Refused, PeerRefused) as exc:
             return encode_frame({"ok": False, "error": str(exc)})

@@ -58,6 +58,9 @@ def test_scaled_up_or_nan_updates_are_rejected_and_the_sender_banned():
         answers["nan"] = await exchange_as_partner(node, "QmNan", request(phi, [torch.full_like(d, float("nan"))
                                                                           for d in delta]))
         answers["honest again"] = await exchange_as_partner(node, "QmHonest", request(phi, delta))
+        proposal = encode_frame({"kind": "propose", "spec": SPEC.spec_hash(), "round": 1})
+        answers["scaled proposes"] = await node._handle_propose("QmScaled", proposal)
+        answers["honest proposes"] = await node._handle_propose("QmHonest", proposal)
         return answers
 
     try:
@@ -67,6 +70,8 @@ def test_scaled_up_or_nan_updates_are_rejected_and_the_sender_banned():
     assert answers["x1000"]["error"] == "protocol" == answers["nan"]["error"]
     assert node.chooser.is_banned("QmScaled") and node.chooser.is_banned("QmNan")
     assert answers["honest"]["ok"] and answers["honest again"]["ok"]
+    # a banned sender's proposals are refused too; an honest one is only told we are mid-round
+    assert answers["scaled proposes"]["error"] == "busy" and answers["honest proposes"]["error"] == "not-ready"
     assert not node.chooser.is_banned("QmHonest")
 
 
