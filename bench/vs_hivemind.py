@@ -36,7 +36,6 @@ from swarm_node.model.stages import build_model
 from swarm_node.train.evaluate import path_val_loss
 
 NAME = "vs_hivemind"
-WORK_PARENT = "/var/tmp"  # not /tmp: the sandboxed processes get a /tmp of their own
 EVAL_BATCHES = 4
 STALL_FACTOR = 3  # a gap this many times the median is reported as a stall
 CLOSE_SHARE = 0.01  # final losses closer than this share are called a tie
@@ -224,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_mode(__doc__.split("\n\n")[0], argv)
     plan = FULL if args.mode == "full" else QUICK
     result = Result(NAME, args.mode, args.out_dir)
-    work = Path(tempfile.mkdtemp(prefix="sbe-vs-hivemind-", dir=WORK_PARENT))
+    work = Path(tempfile.mkdtemp(prefix="sbe-vs-hivemind-"))
     try:
         runs, points, setup = run_all(plan, work)
         build_result(result, plan, runs, points, setup)

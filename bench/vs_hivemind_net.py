@@ -1,10 +1,11 @@
-"""A sandbox for one swarm: its own network namespace (loopback only) and its own /tmp.
+"""A sandbox for one swarm: its own network namespace (loopback only).
 
 Every process of the swarm runs inside, so the namespace's loopback counters see all
 the bytes its peers send each other (payloads, DHT, libp2p and TCP/IP headers) and
-nothing from anyone else on the machine. The private /tmp keeps hivemind's daemon
-sockets apart: other swarms on this machine clean up "stale" sockets by looking at the
-sockets bound in *their* network namespace, which would otherwise include ours.
+nothing from anyone else on the machine. The daemons' unix sockets live in the shared
+/tmp (hivemind hard-codes it); those the swarm leaves behind are removed on exit. (An
+earlier version bound a private directory over /tmp, which hid a checkout under /tmp,
+and its own virtual environment, from the swarm's processes.)
 
 Needs root and iproute2; ``Sandbox.available()`` says whether they are here. Names
 carry the prefix ``sbe-``; the namespace is deleted on exit, also after errors."""
@@ -16,9 +17,10 @@ import os
 import shutil
 import signal
 import subprocess
-import tempfile
 import uuid
 from pathlib import Path
+
+from swarm_node.local import daemon_sockets, remove_stale_sockets
 
 PREFIX = "sbe-"
 
@@ -26,14 +28,14 @@ PREFIX = "sbe-"
 class Sandbox:
     def __init__(self, label: str):
         self.name = f"{PREFIX}{label}-{uuid.uuid4().hex[:6]}"
-        self.tmp_dir: Path | None = None
+        self._sockets_before: set[Path] = set()
 
     @staticmethod
     def available() -> bool:
-        return os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("mount") is not None
+        return os.geteuid() == 0 and shutil.which("ip") is not None
 
     def __enter__(self) -> "Sandbox":
-        self.tmp_dir = Path(tempfile.mkdtemp(prefix=f"{self.name}-tmp-"))
+        self._sockets_before = daemon_sockets()
         try:
             _ip("netns", "add", self.name)
             _ip("-n", self.name, "link", "set", "lo", "up")
@@ -45,8 +47,7 @@ class Sandbox:
     def __exit__(self, *exc) -> None:
         self._kill_leftovers()
         subprocess.run(["ip", "netns", "del", self.name], capture_output=True)
-        if self.tmp_dir is not None:
-            shutil.rmtree(self.tmp_dir, ignore_errors=True)
+        remove_stale_sockets(self._sockets_before)
 
     def _kill_leftovers(self) -> None:
         """Only our processes live in this namespace; none may outlive it (a node whose
@@ -59,10 +60,8 @@ class Sandbox:
                 pass
 
     def command(self, cmd: list[str]) -> list[str]:
-        """``cmd`` run inside: ``ip netns exec`` gives it a mount namespace of its own,
-        in which our directory is bound over /tmp before ``cmd`` replaces the shell."""
-        return ["ip", "netns", "exec", self.name, "sh", "-c", 'mount --bind "$0" /tmp && exec "$@"',
-                str(self.tmp_dir), *cmd]
+        """``cmd`` run inside the namespace."""
+        return ["ip", "netns", "exec", self.name, *cmd]
 
     def tx_bytes(self) -> int:
         """Bytes sent on the namespace's loopback so far (every packet once, headers included)."""

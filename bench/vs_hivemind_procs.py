@@ -14,8 +14,6 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-SOCKET_DIR = Path("/tmp")  # hivemind's p2pd control sockets
-SOCKET_GLOB = "hivemind-*.sock"
 
 
 class ChildFailed(RuntimeError):
@@ -69,20 +67,3 @@ def run_to_end(cmd: Sequence[str], timeout_s: float, log_path: Path, env: dict |
         wait_all([process], [log_path], time.monotonic() + timeout_s)
     finally:
         stop(process)
-
-
-def sockets_now() -> set[Path]:
-    return set(SOCKET_DIR.glob(SOCKET_GLOB))
-
-
-def remove_stale_sockets(existing_before: set[Path]) -> None:
-    """hivemind leaves its daemon's unix sockets behind (also after clean exits).
-    Remove those created since ``existing_before`` that no live process has bound."""
-    try:
-        bound = {line.split()[-1] for line in Path("/proc/net/unix").read_text().splitlines()[1:]
-                 if len(line.split()) >= 8}
-    except OSError:
-        return
-    for path in sockets_now() - existing_before:
-        if str(path) not in bound:
-            path.unlink(missing_ok=True)

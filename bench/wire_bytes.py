@@ -43,8 +43,7 @@ PAPER_VOCAB = 32_000  # assumed: a Llama tokenizer for the paper's Llama-style m
 PAPER_SEQ_LEN = 1024
 TARGET_BYTES = 4  # target ids travel as int32 with the activations
 LENGTH_PREFIX_BYTES = 8  # the transport's frame length (swarm_node/net/transport.py)
-WORK_PARENT = "/var/tmp"  # not /tmp: sandboxed processes get a /tmp of their own
-CHECK_TOLERANCE = 0.01  # measured bytes within 1 % of the model (what is left: short refusal answers)
+CHECK_TOLERANCE = 0.01  # measured bytes within 1 % of the model (what is left: pairing proposals and answers)
 
 
 @dataclass(frozen=True)
@@ -177,7 +176,7 @@ def run_check(run: CheckRun, timeout_s: float) -> dict:
     args = ["local", "--stages", str(run.stages), "--replicas", str(run.replicas), "--model", run.model,
             "--steps", str(run.steps), "--inner-steps", str(run.inner_steps), "--batch-size",
             str(run.batch_size), "--seq-len", str(run.seq_len)]
-    work = Path(tempfile.mkdtemp(prefix="sbe-wire-", dir=WORK_PARENT))
+    work = Path(tempfile.mkdtemp(prefix="sbe-wire-"))
     try:
         with ExitStack() as stack:
             box = stack.enter_context(Sandbox("wire")) if Sandbox.available() else None
@@ -193,8 +192,9 @@ def run_check(run: CheckRun, timeout_s: float) -> dict:
 
 
 def refused_requests(peer: dict, sizes: dict, num_stages: int) -> int:
-    """Outer requests the partner declined (busy, or not at its round yet): the request
-    frame carries the whole payload, so each one shows as a full extra outer frame."""
+    """Outer payloads the partner declined after they arrived (its screens before its
+    first round, or a lapsed reservation): each shows as a full extra outer frame. What
+    is left over is the pairing proposals and answers, tens of bytes each."""
     extra = peer["bytes_sent"] - predicted_sent(peer, sizes, num_stages)
     return max(0, round(extra / sizes[f"outer{peer['stage']}"]))
 
@@ -341,15 +341,16 @@ def _check_section(result: dict) -> list[str]:
         return ["No check run is in this result (see the notes)."]
     lines = [f"`{s['check_command']}` on loopback. The transport counts every frame it writes (`bytes_sent` of "
              "the JSON summary). The model: the micro-batch frames and one outer frame per round with a partner, "
-             "built with the node's own codec, plus one outer frame per request the partner declined (inferred "
-             "from the excess, a whole number of frames).", "",
-             "| stage | peer | micro-batches | retries | rounds with a partner | declined requests | bytes sent "
+             "built with the node's own codec, plus one outer frame per payload a partner declined after it "
+             "arrived (inferred from the excess, a whole number of frames). The residual is the pairing "
+             "proposals and their answers, tens of bytes each.", "",
+             "| stage | peer | micro-batches | retries | rounds with a partner | declined payloads | bytes sent "
              "| model | residual (B) |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in peers:
         lines.append(f"| {r['stage']} | `{r['peer']}` | {r['microbatches']} | {r['retries']} | "
                      f"{r['rounds_with_partner']} | {r['refused_requests']} | {r['bytes_sent']:,} | "
                      f"{r['predicted']:,} | {r['residual']:,} |")
-    lines += ["", "| stage | parameters | rounds with a partner | declined requests | measured per round | "
+    lines += ["", "| stage | parameters | rounds with a partner | declined payloads | measured per round | "
               "our fp16 frame | reference fp32 | measured / reference | frame / reference |",
               "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in outer:
@@ -358,10 +359,10 @@ def _check_section(result: dict) -> list[str]:
                      f"{r['vs_reference']:.3f} | {r['ideal_vs_reference']:.3f} |")
     verdict = "within" if s["check_within_tolerance"] else "NOT within"
     lines += ["", f"Every peer's measured bytes are {verdict} {s['tolerance']:.0%} of the model (largest residual "
-              f"{s['check_max_deviation']:.3%} of a peer's bytes: the short answers of declined requests). "
-              f"One exchange costs {s['ideal_outer_vs_reference']:.2f} of the reference's fp32 exchange, but "
-              f"{s['refused_requests']} declined requests over {s['rounds_with_partner']} peer-rounds with a partner "
-              f"raised the measured cost to {s['measured_outer_vs_reference']:.2f} of it per round."]
+              f"{s['check_max_deviation']:.3%} of a peer's bytes: the pairing proposals and answers). "
+              f"One exchange costs {s['ideal_outer_vs_reference']:.2f} of the reference's fp32 exchange; "
+              f"measured over {s['rounds_with_partner']} peer-rounds with a partner ({s['refused_requests']} "
+              f"declined payloads) it came to {s['measured_outer_vs_reference']:.2f} of it per round."]
     if s.get("check_loopback_vs_payload"):
         lines += ["", "Everything on the run's loopback (its own network namespace: DHT, libp2p, TCP/IP headers, "
                   f"the bootstrap) came to {human_bytes(s['check_loopback_bytes'])}, "
@@ -392,12 +393,11 @@ def _meaning(s: dict, table: list[dict]) -> str:
 def _declined(s: dict) -> str:
     if not s.get("refused_requests"):
         return ""
-    return (f" Short of the model: a node sends its whole phi and Delta with every pairing request, so each of "
-            f"the {s['refused_requests']} requests a partner declined in the real run (already exchanging, or "
-            "not at its round yet) cost a full payload and took a round from "
+    return (f" Short of the model: {s['refused_requests']} payloads were declined after they arrived in the real "
+            "run (a partner before its first round found them out of scale, or a reservation had lapsed); each "
+            "cost a full payload and together they took a round from "
             f"{s['ideal_outer_vs_reference']:.2f} to {s['measured_outer_vs_reference']:.2f} of the reference's "
-            "bytes. A small proposal before the payload, or a refusal before the request's body is read, would "
-            "bring rounds back to the model's figure.")
+            "bytes.")
 
 
 def markdown(result: dict) -> str:

@@ -107,7 +107,7 @@ class LocalSwarm:
     async def run(self) -> dict:
         started = time.perf_counter()
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        sockets_before = set(SOCKET_DIR.glob(SOCKET_GLOB))
+        sockets_before = daemon_sockets()
         try:
             spec_path = self.run_dir / "run-spec.json"
             self.spec.write_json(spec_path)
@@ -125,7 +125,7 @@ class LocalSwarm:
             return await asyncio.to_thread(self._collect, time.perf_counter() - started)
         finally:
             self._stop_dashboard()
-            _remove_stale_sockets(sockets_before)
+            remove_stale_sockets(sockets_before)
             if not self.keep_dir:
                 shutil.rmtree(self.run_dir, ignore_errors=True)
 
@@ -356,13 +356,17 @@ class LocalSwarm:
                 "entropy_floor": data.entropy_floor}
 
 
-def _remove_stale_sockets(existing_before: set[Path]) -> None:
+def daemon_sockets() -> set[Path]:
+    return set(SOCKET_DIR.glob(SOCKET_GLOB))
+
+
+def remove_stale_sockets(existing_before: set[Path]) -> None:
     """A node killed hard leaves its daemon's unix sockets behind. Remove those created
     during this run that nothing listens on any more (anything still listening, such as
     another swarm on this machine, is left alone). Listening is tested by connecting:
     /proc/net/unix would only show sockets of our own network namespace, and a benchmark
     running peers in other namespaces would lose its live sockets."""
-    for path in set(SOCKET_DIR.glob(SOCKET_GLOB)) - existing_before:
+    for path in daemon_sockets() - existing_before:
         if not _listening(path):
             path.unlink(missing_ok=True)
 

@@ -11,7 +11,7 @@ def test_only_sockets_nobody_listens_on_are_removed(tmp_path, monkeypatch):
     monkeypatch.setattr(local, "SOCKET_DIR", tmp_path)
     older = tmp_path / "hivemind-older.sock"
     older.touch()  # from before the run: never ours to remove
-    before = set(tmp_path.glob(local.SOCKET_GLOB))
+    before = local.daemon_sockets()
     live_path, stale_path = tmp_path / "hivemind-live.sock", tmp_path / "hivemind-stale.sock"
     live = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     live.bind(str(live_path))
@@ -20,7 +20,7 @@ def test_only_sockets_nobody_listens_on_are_removed(tmp_path, monkeypatch):
     stale.bind(str(stale_path))
     stale.close()  # the file stays, as after a SIGKILL
     try:
-        local._remove_stale_sockets(before)
+        local.remove_stale_sockets(before)
         assert live_path.exists() and older.exists() and not stale_path.exists()
     finally:
         live.close()
