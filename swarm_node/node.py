@@ -347,9 +347,9 @@ class Node:
                                                    max_concurrent=self.config.max_queue,
                                                    handler_timeout_s=self.config.hop_timeout_s * 2),
                                        authorize=self._admit)
-        param_bytes = sum(p.numel() for p in self.worker.params) * 4
-        self.outer_limits = FrameLimits(max_payload_bytes=2 * param_bytes + (1 << 20))
         numel = sum(p.numel() for p in self.worker.params)
+        param_bytes = numel * 4
+        self.outer_limits = FrameLimits(max_payload_bytes=2 * param_bytes + (1 << 20))
         exchange_timeout_s = self.config.exchange_timeout_for(
             2 * numel * WIRE_PRECISIONS[self.config.outer_wire].itemsize)  # phi and Delta
         self.pairing.request_timeout_s = exchange_timeout_s
