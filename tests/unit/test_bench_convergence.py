@@ -82,3 +82,14 @@ def test_plan_and_markdown_render_from_json_alone():
     assert "NoLoCo H = 50," in text and "DiLoCo H = 100," in text and "Nesterov momentum" in text
     scaling_jobs = [j for j in jobs if j.section == "scaling"]
     assert all(j.nesterov and j.outer_momentum == 0.9 for j in scaling_jobs)
+
+
+def test_where_noloco_trails_is_said_per_grid_with_its_seeds():
+    from bench.convergence import _where_noloco_behind
+
+    check = {"by_grid": {"8 x 1": {"diff_pct": -2.2, "seeds_holding": 3, "seeds": 3},
+                         "4 x 2": {"diff_pct": 0.9, "seeds_holding": 1, "seeds": 3},
+                         "8 x 2": {"diff_pct": 5.5, "seeds_holding": 0, "seeds": 3}}}
+    assert _where_noloco_behind(check) == (
+        "NoLoCo trails DiLoCo in 4 x 2 (+0.90 %, in 2 of 3 seeds only, within the spread between seeds); "
+        "8 x 2 (+5.50 %, in every seed) and is ahead in 8 x 1.")
