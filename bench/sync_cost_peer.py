@@ -180,21 +180,16 @@ class BenchPeer:
             raise Refused(str(header.get("error", "refused")))
 
     async def _handle_pair(self, remote: str, request: bytes) -> bytes:
-        claimed = False
-        try:
-            self.coordinator.claim(remote)
-            claimed = True
+        async def partner_payload():
             _, tensors = await self.compute(decode_frame, request, self.limits)
-            partner = await self.compute(check_partner, tensors, self.phi)
-            claimed = False
-            return self.coordinator.complete(remote, partner)
+            return await self.compute(check_partner, tensors, self.phi)
+
+        try:
+            return await self.coordinator.answer(remote, partner_payload)
         except Refused as exc:
             return encode_frame({"ok": False, "error": str(exc)})
         except ProtocolError:
             return encode_frame({"ok": False, "error": "protocol"})
-        finally:
-            if claimed:
-                self.coordinator.release(remote)
 
     async def _send_pair(self, peer: str, payload: bytes, timeout_s: float):
         started = time.monotonic()

@@ -913,29 +913,24 @@ class Node:
         return phi, delta
 
     async def _handle_outer(self, remote: str, request: bytes) -> bytes:
-        pairing = self.pairing
-        reserved = False
-        try:
-            if isinstance(pairing, PairingCoordinator):
-                pairing.claim(remote)  # before decoding: only the peer we accepted may send a payload
-                reserved = True
+        async def partner_payload():
             header, tensors = await self.compute(decode_frame, request, self.outer_limits)
-            partner_payload = await self._check_outer(header, tensors)
-            if isinstance(pairing, PairingCoordinator):
-                reserved = False
-                return pairing.complete(remote, partner_payload)
+            return await self._check_outer(header, tensors)
+
+        pairing = self.pairing
+        try:
+            if isinstance(pairing, PairingCoordinator):  # only the peer whose proposal we accepted gets in
+                return await pairing.answer(remote, partner_payload)
+            payload = await partner_payload()
             if pairing.state.value == "idle":
                 await self._maybe_round_early(wait_s=5.0)
-            return pairing.on_request(remote, partner_payload)
+            return pairing.on_request(remote, payload)
         except (Refused, PeerRefused) as exc:
             return encode_frame({"ok": False, "error": str(exc)})
         except ProtocolError as exc:
             self._peer_fault(remote, f"bad outer exchange ({exc})")
             self.chooser.report_failure(remote)
             return encode_frame({"ok": False, "error": "protocol"})
-        finally:
-            if reserved:  # refused, bad or cut at the handler deadline: seek another partner
-                pairing.release(remote)
 
 def _norm(tensors: list[torch.Tensor]) -> float:
     return math.sqrt(sum(float(t.float().pow(2).sum()) for t in tensors))

@@ -141,6 +141,18 @@ class PairingCoordinator:
                                                                                      PairState.EXCHANGING):
             self._back_to_seeking()
 
+    async def answer(self, remote: str, check: Callable[[], Awaitable[Any]]) -> Any:
+        """``remote``'s payload has arrived: claim the reservation (before anything is
+        decoded), run ``check`` for the partner's payload, and complete the pair; returns
+        our payload. If the check raises, or is cut short, the reservation is released."""
+        self.claim(remote)
+        try:
+            payload = await check()
+        except BaseException:
+            self.release(remote)
+            raise
+        return self.complete(remote, payload)
+
     # -- the seeking side -----------------------------------------------------------
     async def run_round(self, round_no: int, own_payload: Any,
                         candidates: Callable[[], list[tuple[str, bool]]],

@@ -168,12 +168,17 @@ def test_a_bad_payload_releases_the_reservation():
     async def scenario():
         node = PairingCoordinator(round_timeout_s=5.0, request_timeout_s=5.0)
         task = await _seeking_alone(node)
+        async def rejected():
+            raise ValueError("the node's checks rejected it")
+
+        async def fine():
+            return "fine"
+
         node.on_propose("bad")
-        node.claim("bad")
-        node.release("bad")  # the node's checks rejected it
+        with pytest.raises(ValueError):
+            await node.answer("bad", rejected)
         node.on_propose("good")
-        node.claim("good")
-        node.complete("good", "fine")
+        assert await node.answer("good", fine) == "mine"
         return await task
 
     assert asyncio.run(scenario()).partner == "good"
