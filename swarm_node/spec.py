@@ -60,6 +60,8 @@ class RunSpec:
 
     @classmethod
     def from_dict(cls, raw: dict) -> "RunSpec":
+        if not isinstance(raw, dict):  # a peer's published spec is JSON of any shape
+            raise ConfigError(f"a run spec is a table of settings, not {type(raw).__name__}")
         raw = dict(raw)
         try:
             data = DataSpec(**raw.pop("data", {}))
@@ -124,7 +126,7 @@ def version_at_least(minimum: str, version: str = __version__) -> bool:
 def _version_tuple(version: str) -> tuple[int, ...]:
     parts = []
     for piece in version.split("."):
-        digits = "".join(ch for ch in piece if ch.isdigit())
+        digits = "".join(ch for ch in piece if ch in "0123456789")  # not isdigit(): int() refuses "¹"
         parts.append(int(digits) if digits else 0)
     return tuple(parts)
 

@@ -7,7 +7,7 @@ import os
 import stat
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from swarm_node import __version__
@@ -60,6 +60,8 @@ wire_values = st.one_of(st.none(), st.integers(), st.text(max_size=40), st.binar
 
 @given(st.one_of(wire_values, st.dictionaries(st.sampled_from(["run_id", "spec", "spec_hash", "min_version", "x"]),
                                               st.one_of(wire_values, st.text(max_size=20_000)), max_size=6)))
+@example({"run_id": "0", "spec": "0", "spec_hash": "0", "min_version": "\u00b9"})  # a non-ASCII digit
+@example({"run_id": "0", "spec": "0", "spec_hash": "0", "min_version": "0"})  # a spec that is not an object
 @settings(max_examples=2000, deadline=None)
 def test_spec_records_from_the_network_parse_or_raise_typed_errors(raw):
     try:
