@@ -4,7 +4,10 @@ length-prefixed frame each way.
     frame := u64 length (big endian) | bytes
 
 An empty answer frame means "busy" (the server is at its stream cap): the caller gets
-PeerRefused and tries another peer without banning this one.
+PeerRefused and tries another peer without banning this one. The server reads (and
+discards) the request before it answers busy: a handler that closes its stream with
+request bytes still unread makes p2pd reset the stream, and the reset can overtake the
+busy frame, turning a polite refusal into "stream closed mid-frame" at the caller.
 
 The caller owns the deadline of every call; the server caps the request size before
 reading it, the number of concurrent streams overall and per peer, and the time a
@@ -26,6 +29,8 @@ from swarm_node.errors import PeerError, PeerRefused, PeerTimeout, ProtocolError
 log = logging.getLogger(__name__)
 
 LENGTH_BYTES = 8
+DISCARD_CHUNK_BYTES = 64 << 10
+BUSY_DRAIN_TIMEOUT_S = 5.0  # a caller told "busy" has sent its request already; more is a stall
 Handler = Callable[[str, bytes], Awaitable[bytes]]
 Authorize = Callable[[str], bool]
 
@@ -41,6 +46,18 @@ async def read_frame(reader: asyncio.StreamReader, max_bytes: int) -> bytes:
         if length > max_bytes:
             raise ProtocolError(f"frame of {length} bytes exceeds the cap of {max_bytes}")
         return await reader.readexactly(length)
+    except asyncio.IncompleteReadError:
+        raise PeerError("stream closed mid-frame") from None
+
+
+async def discard_frame(reader: asyncio.StreamReader, max_bytes: int) -> None:
+    """Read one frame and throw it away, holding at most a chunk of it in memory."""
+    try:
+        length = int.from_bytes(await reader.readexactly(LENGTH_BYTES), "big")
+        if length > max_bytes:
+            raise ProtocolError(f"frame of {length} bytes exceeds the cap of {max_bytes}")
+        while length:
+            length -= len(await reader.readexactly(min(length, DISCARD_CHUNK_BYTES)))
     except asyncio.IncompleteReadError:
         raise PeerError("stream closed mid-frame") from None
 
@@ -95,6 +112,8 @@ class Transport:
         """Serve ``protocol``. ``authorize`` sees the caller's authenticated peer id (from
         the libp2p handshake); a caller it refuses gets its stream closed unread."""
         gate = asyncio.Semaphore(limits.max_concurrent)
+        # Streams being told "busy" are bounded too: past this many, a flood is closed unread.
+        refusing = asyncio.Semaphore(2 * limits.max_concurrent)
 
         async def on_stream(info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             remote = str(info.peer_id)
@@ -107,7 +126,10 @@ class Transport:
                 return
             try:
                 if gate.locked() or self._active_per_peer[key] >= limits.max_per_peer:
-                    await write_frame(writer, b"")  # busy: see the module docstring
+                    if not refusing.locked():
+                        async with refusing, asyncio.timeout(BUSY_DRAIN_TIMEOUT_S):
+                            await discard_frame(reader, limits.max_request_bytes)
+                            await write_frame(writer, b"")  # busy: see the module docstring
                     raise PeerRefused("too many concurrent streams")
                 self._active_per_peer[key] += 1
                 try:
