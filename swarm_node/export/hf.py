@@ -9,11 +9,10 @@ import json
 import shutil
 from pathlib import Path
 
-from safetensors.torch import save_file
-
 from swarm_node import __version__
 from swarm_node.errors import ConfigError
 from swarm_node.export.assemble import AssembledModel
+from swarm_node.train.checkpoint import write_tensor_file
 
 
 def hf_config(assembled: AssembledModel) -> dict:
@@ -39,8 +38,8 @@ def write_hf_checkpoint(assembled: AssembledModel, out_dir: Path, tokenizer_json
     out_dir.mkdir(parents=True, exist_ok=True)
     written = [out_dir / "config.json", out_dir / "model.safetensors", out_dir / "generation_config.json"]
     written[0].write_text(json.dumps(hf_config(assembled), indent=2) + "\n")
-    save_file({k: v.contiguous() for k, v in assembled.state_dict.items()}, str(written[1]),
-              metadata={"format": "pt"})
+    write_tensor_file(written[1], {k: v.contiguous() for k, v in assembled.state_dict.items()},
+                      metadata={"format": "pt"})
     written[2].write_text(json.dumps({"do_sample": True, "temperature": 0.8, "max_new_tokens": 200}, indent=2) + "\n")
     if tokenizer_json is not None:
         if not Path(tokenizer_json).is_file():

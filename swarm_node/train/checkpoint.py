@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import uuid
 from pathlib import Path
 
@@ -43,7 +44,7 @@ def save_checkpoint(directory: Path, step: int, tensors: dict[str, torch.Tensor]
     staging.mkdir()
     try:
         tensor_path = staging / TENSORS_FILE
-        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tensor_path))
+        write_tensor_file(tensor_path, {k: v.detach().contiguous().cpu() for k, v in tensors.items()})
         _fsync_file(tensor_path)
         full_meta = {**meta, "format": FORMAT_VERSION, "step": step, "tensors_bytes": tensor_path.stat().st_size,
                      "tensors_sha256": _sha256(tensor_path)}
@@ -60,6 +61,18 @@ def save_checkpoint(directory: Path, step: int, tensors: dict[str, torch.Tensor]
     for old in sorted(directory.glob(f"{PREFIX}*"))[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def write_tensor_file(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
+    """safetensors' save_file writes through a temporary file of mode 0600 and renames it
+    into place; the file gets the mode its siblings get instead (the umask, or the mode it
+    already had), so a checkpoint or export readable to others is readable as a whole."""
+    path = Path(path)
+    with open(path, "ab"):  # created the way write_text creates config.json and meta.json
+        pass
+    mode = stat.S_IMODE(path.stat().st_mode)
+    save_file(tensors, str(path), metadata=metadata)
+    os.chmod(path, mode)
 
 
 def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict]:

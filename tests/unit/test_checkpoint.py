@@ -1,6 +1,8 @@
 """Checkpoints: resume is bit-identical, and damaged checkpoints are refused by name."""
 
 import json
+import os
+import stat
 
 import pytest
 import torch
@@ -104,3 +106,15 @@ def test_a_checkpoint_of_another_stage_does_not_load(tmp_path):
     with pytest.raises(ValueError, match="shape|lacks"):
         StageWorker(SPEC, 1, VOCAB).load_checkpoint_state(tensors, meta)
     assert latest_checkpoint(tmp_path / "missing") is None
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o077], ids=oct)
+def test_checkpoint_files_get_the_mode_a_new_file_gets(tmp_path, mask):
+    previous = os.umask(mask)
+    try:
+        path = _saved(tmp_path)
+    finally:
+        os.umask(previous)
+    modes = {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in path.iterdir()}
+    assert set(modes) == {"state.safetensors", "meta.json"}
+    assert set(modes.values()) == {oct(0o666 & ~mask)}, modes
