@@ -7,27 +7,36 @@ import argparse
 import sys
 from pathlib import Path
 
+from swarm_node.export.replicas import SPREAD_RULE
+
 
 def add_export_parser(sub) -> None:
     p = sub.add_parser("export", help="write a Hugging Face Llama checkpoint assembled from stage checkpoints",
                        description="Assemble one model from the checkpoints of every stage (several peers of a "
                                    "stage are averaged) and write config.json, model.safetensors and, when the run "
                                    "used a Hugging Face tokenizer, its files. Load it with "
-                                   "transformers' LlamaForCausalLM.from_pretrained(OUT).")
+                                   "transformers' LlamaForCausalLM.from_pretrained(OUT). Peers of a stage are "
+                                   "averaged only when they are at about the same point of training; checkpoints "
+                                   "of a stage that are far apart are refused unless --force is given. Far apart: "
+                                   f"{SPREAD_RULE}. Checkpoints of different run specs, or two of one stage from "
+                                   "the same peer, are always refused.")
     _checkpoint_args(p)
-    p.add_argument("--out", type=Path, required=True, help="output directory")
+    p.add_argument("--out", type=Path, required=True, metavar="DIR",
+                   help="output directory (created if missing; files already there are replaced)")
     p.set_defaults(handler=_run_export)
 
 
 def add_generate_parser(sub) -> None:
     p = sub.add_parser("generate", help="sample text from stage checkpoints",
-                       description="Assemble one model from the checkpoints of every stage and sample text.")
+                       description="Assemble one model from the checkpoints of every stage, as export does "
+                                   "(same checks), and sample text.")
     _checkpoint_args(p)
-    p.add_argument("--prompt", required=True)
-    p.add_argument("--max-new-tokens", type=int, default=200)
-    p.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
+    p.add_argument("--prompt", required=True, help="text the sample continues (printed before it)")
+    p.add_argument("--max-new-tokens", type=int, default=200, help="tokens to sample (default: %(default)s)")
+    p.add_argument("--temperature", type=float, default=0.8,
+                   help="softmax temperature; 0: greedy, always the likeliest token (default: %(default)s)")
     p.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest tokens (0: all)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampling (default: %(default)s)")
     p.set_defaults(handler=_run_generate)
 
 
@@ -35,8 +44,11 @@ def _checkpoint_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", type=Path, nargs="+", required=True, metavar="DIR",
                    help="nodes' --checkpoint-dir (newest intact checkpoint) or ckpt-* directories, covering "
                         "every stage of the run")
-    p.add_argument("--tokenizer", type=Path, default=None,
+    p.add_argument("--tokenizer", type=Path, default=None, metavar="FILE",
                    help="the run's tokenizer.json (default: the spec's tokenizer_path, relative to here)")
+    p.add_argument("--force", action="store_true",
+                   help="average the checkpoints of a stage even when they are far apart in training, with a "
+                        "warning per stage instead of a refusal. Far apart: " + SPREAD_RULE.replace("%", "%%"))
 
 
 def _tokenizer_path(args: argparse.Namespace, assembled) -> Path | None:
@@ -50,7 +62,7 @@ def _run_export(args: argparse.Namespace) -> int:
     from swarm_node.export.assemble import assemble
     from swarm_node.export.hf import write_hf_checkpoint
 
-    assembled = assemble(args.checkpoint)
+    assembled = assemble(args.checkpoint, force=args.force)
     written = write_hf_checkpoint(assembled, args.out, _tokenizer_path(args, assembled))
     params = sum(t.numel() for t in assembled.state_dict.values())
     print(f"wrote a Hugging Face Llama checkpoint of run {assembled.spec.run_id!r} ({params:,} parameters; peers "
@@ -67,7 +79,7 @@ def _run_generate(args: argparse.Namespace) -> int:
     from swarm_node.export.assemble import assemble, load_model
     from swarm_node.export.generate import sample
 
-    assembled = assemble(args.checkpoint)
+    assembled = assemble(args.checkpoint, force=args.force)
     if assembled.spec.data.kind == "synthetic":  # symbols shown as letters
         tokenizer = AlphabetTokenizer(assembled.config.vocab_size)
     else:

@@ -1,7 +1,8 @@
 """One model from stage checkpoints: every stage of the run exactly once, or several
 peers of a stage averaged (NoLoCo replicas of a stage drift apart a little; their mean is
-the natural consensus model, as the paper evaluates it). The weights exported are theta,
-the fast weights the node was training with (equal to phi right after an outer round).
+the natural consensus model, as the paper evaluates it) when they are at about the same
+point of training (swarm_node.export.replicas). The weights exported are theta, the fast
+weights the node was training with (equal to phi right after an outer round).
 
 Checkpoints say which run, stage and parameter names they hold, so nothing but the
 checkpoint directories is needed."""
@@ -15,6 +16,7 @@ from pathlib import Path
 import torch
 
 from swarm_node.errors import ConfigError
+from swarm_node.export.replicas import StageCheckpoint, check_stage_spread, refuse_same_peer_twice
 from swarm_node.model.config import ModelConfig, model_config
 from swarm_node.spec import RunSpec
 from swarm_node.train.checkpoint import PREFIX, latest_checkpoint, load_checkpoint
@@ -41,9 +43,13 @@ def read_stage_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
     return found
 
 
-def assemble(paths: list[Path]) -> AssembledModel:
-    by_stage: dict[int, list[dict[str, torch.Tensor]]] = {}
+def assemble(paths: list[Path], *, force: bool = False) -> AssembledModel:
+    """``force``: average the checkpoints of a stage even when they are far apart in
+    training (replicas.SPREAD_RULE), with a warning per stage instead of a refusal."""
+    weights: dict[int, list[dict[str, torch.Tensor]]] = {}
+    found: list[StageCheckpoint] = []
     spec: RunSpec | None = None
+    spec_path: Path | None = None
     vocab_size = None
     for path in paths:
         tensors, meta = read_stage_checkpoint(path)
@@ -52,25 +58,37 @@ def assemble(paths: list[Path]) -> AssembledModel:
                               "let the node write a new one")
         this_spec = RunSpec.from_dict(meta["spec"])
         if spec is not None and this_spec.spec_hash() != spec.spec_hash():
-            raise ConfigError(f"{path} belongs to run spec {this_spec.spec_hash()}, the others to {spec.spec_hash()}")
-        spec, vocab_size = this_spec, meta["vocab_size"]
+            raise ConfigError(f"{path} belongs to run spec {this_spec.spec_hash()} (run {this_spec.run_id!r}), "
+                              f"{spec_path} to {spec.spec_hash()} (run {spec.run_id!r}): give checkpoints of one "
+                              "run only")
+        spec, spec_path, vocab_size = this_spec, spec_path or path, meta["vocab_size"]
         names = meta["param_names"]
-        by_stage.setdefault(meta["stage"], []).append({name: tensors[f"theta.{i}"] for i, name in enumerate(names)})
+        weights.setdefault(meta["stage"], []).append({name: tensors[f"theta.{i}"] for i, name in enumerate(names)})
+        found.append(StageCheckpoint(
+            path=Path(path), stage=meta["stage"], peer_id=meta.get("peer_id"),
+            inner_step=int(meta.get("inner_step", meta["step"])),
+            outer_round=int(meta["outer_round"]) if this_spec.method.has_outer_step and "outer_round" in meta
+            else None))
     if spec is None:
         raise ConfigError("give at least one checkpoint")
-    missing = sorted(set(range(spec.num_stages)) - set(by_stage))
+    missing = sorted(set(range(spec.num_stages)) - set(weights))
     if missing:
         raise ConfigError(f"no checkpoint of stage(s) {', '.join(map(str, missing))}: a model needs every stage "
                           f"of the run ({spec.num_stages})")
+    refuse_same_peer_twice(found)
+    warnings = [check_stage_spread(spec, [c for c in found if c.stage == stage], force=force)
+                for stage in range(spec.num_stages)]
+    for warning in filter(None, warnings):
+        log.warning("%s", warning)
     state_dict: dict[str, torch.Tensor] = {}
     for stage in range(spec.num_stages):
-        replicas = by_stage[stage]
+        replicas = weights[stage]
         for name in replicas[0]:
             state_dict[name] = torch.stack([r[name].float() for r in replicas]).mean(0)
         if len(replicas) > 1:
             log.info("stage %d: averaged %d peers' weights", stage, len(replicas))
     config = model_config(spec.model_size, vocab_size=vocab_size, max_seq_len=spec.seq_len)
-    return AssembledModel(spec, config, state_dict, [len(by_stage[s]) for s in range(spec.num_stages)])
+    return AssembledModel(spec, config, state_dict, [len(weights[s]) for s in range(spec.num_stages)])
 
 
 def load_model(assembled: AssembledModel):

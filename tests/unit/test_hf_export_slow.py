@@ -44,7 +44,7 @@ def trained(stage: int, seed: int) -> StageWorker:
 
 def write(worker: StageWorker, directory) -> None:
     tensors, meta = worker.checkpoint_state()
-    meta.update(spec_hash=SPEC.spec_hash(), run_id=SPEC.run_id, peer_id="QmTest", data=None)
+    meta.update(spec_hash=SPEC.spec_hash(), run_id=SPEC.run_id, peer_id=f"QmPeer{directory.name}", data=None)
     save_checkpoint(directory, worker.inner_step, tensors, meta)
 
 

@@ -1,0 +1,163 @@
+"""`swarm-node export`/`generate` without transformers: which checkpoints of a stage may be
+averaged (close ones are, far-apart ones are refused unless --force), what is refused
+outright, the files' modes and the flags' help. The transformers round trip is in
+test_hf_export_slow.py."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import stat
+from contextlib import contextmanager
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from swarm_node.cli import build_parser, main
+from swarm_node.data.spec import DataSpec
+from swarm_node.errors import ConfigError
+from swarm_node.export.assemble import assemble
+from swarm_node.export.hf import write_hf_checkpoint
+from swarm_node.optim import InnerHyper, default_method
+from swarm_node.spec import RunSpec
+from swarm_node.train.checkpoint import save_checkpoint
+from swarm_node.train.worker import StageWorker
+
+H = 10
+SPEC = RunSpec(run_id="export", model_size="debug", num_stages=2, seq_len=16, batch_size=4, samples_per_step=4,
+               data=DataSpec(kind="synthetic"), method=default_method("noloco", inner_steps=H),
+               inner=InnerHyper(lr=3e-3, warmup_steps=1, total_steps=2000))
+DDP_SPEC = RunSpec(run_id="export-ddp", model_size="debug", num_stages=2, seq_len=16, batch_size=4,
+                   samples_per_step=4, data=DataSpec(kind="synthetic"), method=default_method("ddp"),
+                   inner=InnerHyper(lr=3e-3, warmup_steps=1, total_steps=2000))
+VOCAB = 16
+
+
+def checkpoint(directory, stage: int, *, step: int, round_: int, offset: float = 0.0, peer: str | None = None,
+               spec: RunSpec = SPEC):
+    """A node's checkpoint of ``stage`` as a peer at ``step``/``round_`` writes it; the
+    weights are the initial ones plus ``offset``, so averages are easy to check."""
+    worker = StageWorker(spec, stage, VOCAB)
+    tensors, meta = worker.checkpoint_state()
+    for key in [k for k in tensors if k.startswith("theta.")]:
+        tensors[key] = tensors[key] + offset
+    meta.update(inner_step=step, outer_round=round_, spec_hash=spec.spec_hash(), run_id=spec.run_id,
+                peer_id=peer or f"QmPeer{directory.name}", data=None)
+    save_checkpoint(directory, step, tensors, meta)
+    return directory
+
+
+def initial(stage: int, name: str, spec: RunSpec = SPEC) -> torch.Tensor:
+    worker = StageWorker(spec, stage, VOCAB)
+    return dict(worker.stage.named_parameters())[name].detach()
+
+
+def export(*argv: str) -> int:
+    return main(["export", *argv])
+
+
+def test_replicas_up_to_two_rounds_apart_are_averaged_and_further_apart_are_refused(tmp_path):
+    s0 = checkpoint(tmp_path / "s0", 0, step=68, round_=6)
+    a = checkpoint(tmp_path / "a", 1, step=68, round_=6, offset=1.0)
+    b = checkpoint(tmp_path / "b", 1, step=68 + 2 * H, round_=8, offset=3.0)  # at the limit: 2 rounds, 2*H steps
+    assembled = assemble([s0, a, b])
+    assert assembled.peers_per_stage == [1, 2]
+    torch.testing.assert_close(assembled.state_dict["lm_head.weight"], initial(1, "lm_head.weight") + 2.0)
+
+    c = checkpoint(tmp_path / "c", 1, step=68 + 2 * H, round_=9)  # one round more
+    with pytest.raises(ConfigError, match="more than 2 outer rounds apart"):
+        assemble([s0, a, c])
+    d = checkpoint(tmp_path / "d", 1, step=68 + 2 * H + 1, round_=8)  # one step more
+    with pytest.raises(ConfigError, match=r"more than 2\*H = 20 inner steps apart"):
+        assemble([s0, a, d])
+
+
+def test_far_apart_checkpoints_are_refused_in_one_line_naming_them_and_their_steps(tmp_path, capsys):
+    s0 = checkpoint(tmp_path / "s0", 0, step=1426, round_=142)
+    old = checkpoint(tmp_path / "old", 1, step=68, round_=6)
+    new = checkpoint(tmp_path / "new", 1, step=1426, round_=142)
+    out = tmp_path / "hf"
+    assert export("--checkpoint", str(s0), str(old), str(new), "--out", str(out)) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("swarm-node export: error: stage 1:")
+    assert f"{old} at inner step 68, outer round 6" in lines[0]
+    assert f"{new} at inner step 1426, outer round 142" in lines[0]
+    assert "pass --force to average them anyway" in lines[0]
+    assert not out.exists()
+
+
+def test_force_averages_far_apart_checkpoints_with_one_warning_per_stage(tmp_path, caplog):
+    dirs = [checkpoint(tmp_path / "s0-old", 0, step=68, round_=6, offset=0.0),
+            checkpoint(tmp_path / "s0-new", 0, step=1426, round_=142, offset=2.0),
+            checkpoint(tmp_path / "s1-old", 1, step=68, round_=6, offset=1.0),
+            checkpoint(tmp_path / "s1-new", 1, step=1426, round_=142, offset=3.0)]
+    out = tmp_path / "hf"
+    assert export("--checkpoint", *map(str, dirs), "--out", str(out), "--force") == 0
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 2, warnings
+    assert warnings[0].startswith("stage 0: averaging checkpoints more than 2 outer rounds apart as --force asks")
+    assert warnings[1].startswith("stage 1:")
+    tensors = load_file(out / "model.safetensors")
+    torch.testing.assert_close(tensors["lm_head.weight"], initial(1, "lm_head.weight") + 2.0)
+    torch.testing.assert_close(tensors["model.embed_tokens.weight"], initial(0, "model.embed_tokens.weight") + 1.0)
+
+
+def test_without_outer_rounds_checkpoints_more_than_a_tenth_of_the_steps_apart_are_refused(tmp_path):
+    s0 = checkpoint(tmp_path / "s0", 0, step=1000, round_=0, spec=DDP_SPEC)
+    a = checkpoint(tmp_path / "a", 1, step=1000, round_=0, spec=DDP_SPEC)
+    close = checkpoint(tmp_path / "close", 1, step=1111, round_=0, spec=DDP_SPEC)  # 111 <= 10 % of 1111
+    far = checkpoint(tmp_path / "far", 1, step=1112, round_=0, spec=DDP_SPEC)
+    assert assemble([s0, a, close]).peers_per_stage == [1, 2]
+    with pytest.raises(ConfigError, match=r"more than 10% of the newest one's 1112 inner steps apart \(.*far at "
+                                          r"inner step 1112\)"):
+        assemble([s0, a, far])
+
+
+def test_a_stage_given_twice_from_one_peer_is_refused_even_with_force(tmp_path, capsys):
+    s0 = checkpoint(tmp_path / "s0", 0, step=70, round_=7)
+    first = checkpoint(tmp_path / "first", 1, step=60, round_=6, peer="QmSame")
+    again = checkpoint(tmp_path / "again", 1, step=70, round_=7, peer="QmSame")
+    assert export("--checkpoint", str(s0), str(first), str(again), "--out", str(tmp_path / "hf"), "--force") == 2
+    err = capsys.readouterr().err
+    assert "stage 1 is given twice from peer QmSame" in err and "export the newest checkpoint of each peer" in err
+
+
+def test_checkpoints_of_different_runs_are_refused_even_with_force(tmp_path):
+    s0 = checkpoint(tmp_path / "s0", 0, step=70, round_=7)
+    other = checkpoint(tmp_path / "s1", 1, step=70, round_=7, spec=DDP_SPEC)
+    with pytest.raises(ConfigError, match=f"{other} belongs to run spec {DDP_SPEC.spec_hash()} .* "
+                                          f"{s0} to {SPEC.spec_hash()} .*give checkpoints of one run only"):
+        assemble([s0, other], force=True)
+
+
+@contextmanager
+def umask(mask: int):
+    previous = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(previous)
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o077, 0o002], ids=oct)
+def test_every_exported_file_gets_the_mode_a_new_file_gets(tmp_path, mask):
+    assembled = assemble([checkpoint(tmp_path / "s0", 0, step=5, round_=0),
+                          checkpoint(tmp_path / "s1", 1, step=5, round_=0)])
+    tokenizer = tmp_path / "tokenizer.json"
+    tokenizer.write_text("{}")
+    with umask(mask):
+        written = write_hf_checkpoint(assembled, tmp_path / "hf", tokenizer)
+    assert {p.name for p in written} >= {"model.safetensors", "config.json", "tokenizer.json"}
+    modes = {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in written}
+    assert set(modes.values()) == {oct(0o666 & ~mask)}, modes
+
+
+def test_every_flag_of_export_and_generate_has_help(capsys):
+    subparsers = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for command in ("export", "generate"):
+        parser = subparsers.choices[command]
+        for action in parser._actions:
+            assert action.help and action.help != argparse.SUPPRESS, f"{command} {action.option_strings}"
+        parser.format_help()  # every help string formats (a bare % in one raises)
