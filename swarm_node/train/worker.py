@@ -146,10 +146,11 @@ class StageWorker:
             self.slow.apply([self.slow.phi], [self.slow.deltas()])
         else:
             # Group means come from the wire values, which every member holds identically;
-            # the gamma pull acts on our exact phi (outer_update's first argument).
+            # the gamma pull acts on our exact phi (outer_update's first argument). The
+            # means widen one tensor at a time to float64, so no fp32 copy of the whole
+            # group is made (8 bytes per parameter of device memory with a 16-bit wire).
             members = [own, *others]
-            self.slow.apply([[t.float() for t in phi] for phi, _ in members],
-                            [[t.float() for t in delta] for _, delta in members])
+            self.slow.apply([phi for phi, _ in members], [delta for _, delta in members])
         self.outer_round += 1
         self.last_round_step = self.inner_step
         self.round_forced = False
