@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 import torch
+
+from swarm_node.errors import ConfigError
 
 # Peak inner learning rates: the paper's for its sizes, tuned on CPU for the small ones.
 SUGGESTED_LR = {"debug": 3e-3, "tiny": 1e-3, "small": 6e-4, "medium": 2e-4, "large": 1.2e-4}
@@ -18,10 +22,27 @@ def default_warmup_steps(total_steps: int) -> int:
 
 
 def resolve_device(name: str) -> str:
+    """The torch device for ``--device``: auto picks CUDA, else Apple's MPS, else the CPU.
+    ConfigError when the device named is unknown or absent."""
     if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError("--device cuda was asked for but torch sees no CUDA device; use --device cpu")
-    if name != "cpu" and not name.startswith("cuda"):
-        raise ValueError(f"unknown device {name!r}; use auto, cpu or cuda[:N]")
+        if torch.cuda.is_available():
+            return "cuda"
+        return "mps" if torch.backends.mps.is_available() else "cpu"
+    if name == "cpu":
+        return name
+    if name == "mps":
+        if not torch.backends.mps.is_available():
+            why = ("this machine has no usable Apple GPU (MPS needs macOS 12.3+)"
+                   if torch.backends.mps.is_built() else "this torch build has no MPS support")
+            raise ConfigError(f"--device mps was asked for but {why}; use --device cpu")
+        return name
+    match = re.fullmatch(r"cuda(?::(\d+))?", name)
+    if match is None:
+        raise ConfigError(f"unknown device {name!r}; use auto, cpu, cuda, cuda:N or mps")
+    if not torch.cuda.is_available():
+        raise ConfigError(f"--device {name} was asked for but torch sees no CUDA device; use --device cpu")
+    count = torch.cuda.device_count()
+    if match.group(1) is not None and int(match.group(1)) >= count:
+        raise ConfigError(f"--device {name} was asked for but torch sees {count} CUDA device(s), "
+                          f"cuda:0 to cuda:{count - 1}")
     return name

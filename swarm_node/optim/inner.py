@@ -56,7 +56,9 @@ class InnerOptimizer:
     def step(self) -> float:
         """Clip, step at the scheduled lr, clear gradients; returns the pre-clip grad norm."""
         if self.hyper.clip_norm > 0:
-            norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.hyper.clip_norm, foreach=True))
+            # foreach=None: torch takes its foreach kernels on CPU and CUDA and refuses
+            # foreach=True on devices without them (MPS).
+            norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.hyper.clip_norm, foreach=None))
         else:
             norm = float(torch.linalg.vector_norm(
                 torch.stack([p.grad.norm() for p in self.params if p.grad is not None])))

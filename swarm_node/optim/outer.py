@@ -11,9 +11,9 @@ worker makes the gamma term vanish and gives DiLoCo. With ``nesterov=True`` the 
 looks ahead: phi_i <- phi_i + g + alpha * delta_i, where g is the bracketed update
 (torch SGD's Nesterov form with lr folded into beta).
 
-Group means are accumulated in float64: the sum of a few float32 tensors is then exact
-in practice, so every member of a group gets bit-identical means whatever order it
-lists the members in.
+Group means are accumulated in float64 (on the CPU for MPS tensors, which have no
+float64): the sum of a few float32 tensors is then exact in practice, so every member
+of a group gets bit-identical means whatever order it lists the members in.
 """
 
 from __future__ import annotations
@@ -46,12 +46,20 @@ def group_mean(tensors: Tensors) -> torch.Tensor:
     """Mean of the members' tensors, accumulated in float64, returned in float32."""
     if len(tensors) == 0:
         raise ValueError("a group needs at least one member")
-    total = torch.zeros(tensors[0].shape, dtype=torch.float64, device=tensors[0].device)
+    device = tensors[0].device
+    total = torch.zeros(tensors[0].shape, dtype=torch.float64, device=_float64_device(device))
     for t in tensors:
         if t.shape != total.shape:
             raise ValueError(f"group members disagree on shape: {tuple(t.shape)} vs {tuple(total.shape)}")
-        total += t.to(device=total.device, dtype=torch.float64)
-    return (total / len(tensors)).to(torch.float32)
+        total += t.to(total.device).to(torch.float64)
+    return (total / len(tensors)).to(device=device, dtype=torch.float32)
+
+
+def _float64_device(device: torch.device) -> torch.device:
+    """Where to accumulate in float64. MPS has no float64: its sums go to the CPU, which
+    gives an Apple peer the same bits as its CPU and CUDA partners (a float32 sum
+    would not, and would depend on the order of the members)."""
+    return torch.device("cpu") if device.type == "mps" else device
 
 
 def _outer_update_tensor(phi: torch.Tensor, momentum: torch.Tensor, group_phi: Tensors, group_delta: Tensors,

@@ -11,6 +11,7 @@ along the same path.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,13 +21,15 @@ import torch
 
 from swarm_node.data.dataset import TokenWindows, load_windows
 from swarm_node.data.shards import ShardedBatches
-from swarm_node.model.config import model_config
+from swarm_node.model.config import ModelConfig, model_config
+from swarm_node.model.memory import StageMemory, estimate_stage_memory
 from swarm_node.model.stages import PipelineStage, build_stage
 from swarm_node.optim.ddp import average_gradients
 from swarm_node.optim.inner import InnerOptimizer
 from swarm_node.optim.outer import SlowWeights
 from swarm_node.sim.config import SimConfig
 from swarm_node.sim.grouping import random_groups
+from swarm_node.train.device import device_facts_or_name, is_out_of_memory, out_of_memory
 from swarm_node.train.evaluate import average_into, path_val_loss, weight_spread
 from swarm_node.wire.codec import WIRE_PRECISIONS
 
@@ -72,7 +75,8 @@ class Simulator:
         self.data: TokenWindows = load_windows(config.data, config.seq_len, min_train_windows=needed)
         self.model_config = model_config(config.model_size, vocab_size=self.data.vocab_size,
                                          max_seq_len=config.seq_len)
-        self.workers = [[self._build_worker(s) for _ in range(config.replicas)] for s in range(config.stages)]
+        with self._oom_explained():
+            self.workers = [[self._build_worker(s) for _ in range(config.replicas)] for s in range(config.stages)]
         self.loaders = [ShardedBatches(self.data, batch_size=config.batch_size, seed=config.seed,
                                        shard_id=r, num_shards=config.replicas) for r in range(config.replicas)]
         self.outer_rounds = 0
@@ -84,6 +88,22 @@ class Simulator:
         params = list(stage.parameters())
         slow = SlowWeights(params, cfg.method.outer) if cfg.method.has_outer_step else None
         return Worker(stage=stage, inner=InnerOptimizer(params, cfg.inner), slow=slow)
+
+    @contextlib.contextmanager
+    def _oom_explained(self):
+        """Out of memory becomes one line with the estimate and what to change."""
+        try:
+            yield
+        except Exception as exc:
+            if not is_out_of_memory(exc):
+                raise
+            cfg = self.config
+            need = simulator_memory(cfg, self.model_config)
+            what = (f"{cfg.replicas} replicas x {cfg.stages} stages of the {cfg.model_size} model in one process "
+                    f"({need.parameters / 1e6:,.1f}M parameters in all)")
+            raise out_of_memory(device_facts_or_name(self.device), what, need, batch_size=cfg.batch_size,
+                                seq_len=cfg.seq_len, tries=["a smaller --model", "fewer --replicas",
+                                                            "a smaller --batch-size or --seq-len"]) from exc
 
     # -- one step ---------------------------------------------------------------
     def _paths(self) -> list[list[int]]:
@@ -168,6 +188,10 @@ class Simulator:
 
     # -- the run ----------------------------------------------------------------
     def run(self, on_step: Callable[[StepReport], None] | None = None) -> SimResult:
+        with self._oom_explained():
+            return self._run(on_step)
+
+    def _run(self, on_step: Callable[[StepReport], None] | None) -> SimResult:
         cfg = self.config
         start = time.perf_counter()
         val_curve = [(0, self.evaluate())]
@@ -192,3 +216,18 @@ class Simulator:
             wall_s=time.perf_counter() - start, entropy_floor=self.data.entropy_floor,
             num_parameters=sum(p.numel() for sw in self.workers for p in sw[0].stage.parameters()),
             outer_rounds=self.outer_rounds)
+
+
+def simulator_memory(config: SimConfig, model: ModelConfig) -> StageMemory:
+    """The simulator's need on its one device: every worker's state, one micro-batch's
+    activations through all stages at once (its autograd graph spans the whole path),
+    and one stage's outer step for all its workers. It trains in fp32."""
+    stages = [estimate_stage_memory(model, num_stages=config.stages, stage_index=s, batch_size=config.batch_size,
+                                    seq_len=config.seq_len, autocast_bf16=False,
+                                    outer_state=config.method.has_outer_step,
+                                    layers_per_stage=config.layers_per_stage)
+              for s in range(config.stages)]
+    return StageMemory(parameters=config.replicas * sum(m.parameters for m in stages),
+                       state_bytes=config.replicas * sum(m.state_bytes for m in stages),
+                       activation_bytes=sum(m.activation_bytes for m in stages),
+                       outer_step_bytes=config.replicas * max(m.outer_step_bytes for m in stages))

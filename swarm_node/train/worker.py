@@ -11,7 +11,6 @@ weights, as the NoLoCo reference and SWARM do."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
@@ -23,6 +22,7 @@ from swarm_node.model.stages import PipelineStage, build_stage
 from swarm_node.optim.inner import InnerOptimizer
 from swarm_node.optim.outer import SlowWeights
 from swarm_node.spec import RunSpec
+from swarm_node.train.device import autocast, training_precision
 from swarm_node.wire.codec import WIRE_PRECISIONS
 
 
@@ -30,6 +30,7 @@ class StageWorker:
     def __init__(self, spec: RunSpec, stage_index: int, vocab_size: int, device: str = "cpu"):
         self.spec = spec
         self.device = torch.device(device)
+        self.autocast_dtype = training_precision(self.device)  # None: fp32
         self.model_config = model_config(spec.model_size, vocab_size=vocab_size, max_seq_len=spec.seq_len)
         self.stage: PipelineStage = build_stage(self.model_config, num_stages=spec.num_stages,
                                                 stage_index=stage_index, seed=spec.seed,
@@ -54,9 +55,7 @@ class StageWorker:
         return self.stage.is_last
 
     def _autocast(self):
-        if self.device.type == "cuda":
-            return torch.autocast("cuda", dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+        return autocast(self.device, self.autocast_dtype)
 
     # -- the data path ------------------------------------------------------------
     @torch.no_grad()

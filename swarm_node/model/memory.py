@@ -1,0 +1,204 @@
+"""How much memory one pipeline stage needs: a pure estimate from the model's shape,
+the split and the micro-batch, with no device involved.
+
+A stage's peak is its resident state plus the larger of two working sets that never
+overlap in time (the worker runs them one after the other on one compute thread):
+
+- resident, per parameter: theta, its gradient, Adam's two moments, and for methods
+  with an outer step phi and the outer momentum, all fp32 (24 bytes, 16 without an
+  outer step);
+- one micro-batch's forward and backward: the worker recomputes a stage's forward
+  when the gradient comes back, so only one micro-batch's activations are alive at a
+  time, whatever the number in flight;
+- the outer step: Delta, then the new phi and momentum built beside the old ones
+  (12 bytes per parameter), and temporaries for one tensor at a time.
+
+The activation terms count the tensors autograd saves for this model's layers
+(RMSNorm, attention through scaled_dot_product_attention, which keeps q, k, v, the
+output and a log-sum-exp, not the seq x seq scores; SwiGLU), counted on CPU and pinned
+by tests/unit/test_memory_estimate.py. Not included: the CUDA context and allocator
+slack (a few hundred MiB on a GPU), and attention kernels that materialise the scores
+(the plain math path, which MPS may take), which add batch x heads x seq^2 x 4 bytes
+per layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from swarm_node.model.config import NAMED_SIZES, ModelConfig, model_config
+from swarm_node.model.stages import split_layers
+
+# Resident bytes per parameter, all fp32.
+INNER_STATE_BYTES_PER_PARAMETER = 4 + 4 + 4 + 4  # theta, gradient, Adam m, Adam v
+OUTER_STATE_BYTES_PER_PARAMETER = 4 + 4  # phi, outer momentum
+# The outer step's working set: Delta, then the new phi and momentum beside the old ones,
+# plus float64 sums and fp32 temporaries for the tensor being updated (16 bytes per
+# element measured on the CPU, 4 more for a partner's tensor copied to an accelerator).
+OUTER_STEP_BYTES_PER_PARAMETER = 4 + 4 + 4
+OUTER_STEP_BYTES_PER_ELEMENT_OF_LARGEST_TENSOR = 16 + 4
+# Under bf16 autocast every matmul weight gets a bf16 copy, cached for the forward and
+# saved for the backward.
+AUTOCAST_WEIGHT_COPY_BYTES = 2
+# Cross-entropy keeps fp32 log-probabilities (4 bytes per vocabulary entry and token);
+# its backward holds two more fp32 (B, T, V) buffers at its peak (the gradient of the
+# log-probabilities and of the logits).
+LOSS_SAVED_BYTES_PER_LOGIT = 4
+LOSS_BACKWARD_BYTES_PER_LOGIT = 8
+# A backward through a block holds gradient buffers of its widest activation.
+BLOCK_BACKWARD_BYTES_PER_FFN_UNIT = 8
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """Bytes one stage needs; ``peak_bytes`` is what must fit on the device."""
+
+    parameters: int
+    state_bytes: int  # resident: weights, gradients, optimizer and outer state
+    activation_bytes: int  # one micro-batch's forward + backward, at its peak
+    outer_step_bytes: int  # the outer step's temporaries
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.state_bytes + max(self.activation_bytes, self.outer_step_bytes)
+
+
+def layer_parameters(config: ModelConfig) -> int:
+    h, kv = config.hidden_size, config.num_kv_heads * config.head_dim
+    return 2 * h * h + 2 * h * kv + 3 * h * config.intermediate_size + 2 * h
+
+
+def stage_parameters(config: ModelConfig, *, num_stages: int, stage_index: int,
+                     layers_per_stage: Sequence[int] | None = None) -> int:
+    """Parameters the stage holds: its blocks, the embedding on stage 0, the final norm
+    and the LM head on the last stage (the same split as build_stage)."""
+    layers = split_layers(config.num_layers, num_stages, layers_per_stage)[stage_index]
+    h, vocab = config.hidden_size, config.vocab_size
+    count = len(layers) * layer_parameters(config)
+    if stage_index == 0:
+        count += vocab * h
+    if stage_index == num_stages - 1:
+        count += h + vocab * h
+    return count
+
+
+def largest_tensor_elements(config: ModelConfig, *, has_layers: bool, is_first: bool, is_last: bool) -> int:
+    h = config.hidden_size
+    candidates = [h * config.intermediate_size, h * h] if has_layers else [h]
+    if is_first or is_last:
+        candidates.append(config.vocab_size * h)
+    return max(candidates)
+
+
+def block_activation_bytes_per_token(config: ModelConfig, *, autocast_bf16: bool) -> int:
+    """Bytes one decoder block saves for its backward, per token of the micro-batch.
+
+    fp32: two RMSNorms (input, 1/rms, normalised input: 3h + 1 floats each), q, k, v
+    and the attention output, its log-sum-exp (one per head), the SwiGLU gate, up,
+    activation and product (4 x ffn). bf16 autocast: the norms stay fp32 and keep
+    2h + 1 floats each; the matmul inputs are bf16 copies (one per projection: 3h for
+    q, k, v, 2h for gate and up), as are q, k, v, the output and the four ffn tensors.
+    """
+    h, kv, ffn, heads = config.hidden_size, config.num_kv_heads * config.head_dim, \
+        config.intermediate_size, config.num_heads
+    if autocast_bf16:
+        fp32_floats = 2 * (2 * h + 1) + heads
+        bf16_values = 3 * h + (2 * h + 2 * kv) + 2 * h + 4 * ffn
+        return 4 * fp32_floats + 2 * bf16_values
+    return 4 * (2 * (3 * h + 1) + (2 * h + 2 * kv) + heads + 4 * ffn)
+
+
+def head_activation_bytes_per_token(config: ModelConfig, *, autocast_bf16: bool) -> int:
+    """The last stage's final norm, LM head input and loss, per token (saved tensors
+    plus the loss backward's peak), and the int64 target."""
+    h, vocab = config.hidden_size, config.vocab_size
+    logits = (LOSS_SAVED_BYTES_PER_LOGIT + LOSS_BACKWARD_BYTES_PER_LOGIT) * vocab
+    if autocast_bf16:
+        return 4 * (2 * h + 1) + 2 * h + logits + 8
+    return 4 * (3 * h + 1) + logits + 8
+
+
+def estimate_stage_memory(config: ModelConfig, *, num_stages: int, stage_index: int, batch_size: int,
+                          seq_len: int, autocast_bf16: bool, outer_state: bool = True,
+                          layers_per_stage: Sequence[int] | None = None) -> StageMemory:
+    """The memory stage ``stage_index`` of ``num_stages`` needs to train on micro-batches
+    of ``batch_size`` x ``seq_len`` tokens. ``autocast_bf16``: the device trains under
+    bf16 autocast (CUDA, compute capability 8.0+); otherwise fp32."""
+    layers = split_layers(config.num_layers, num_stages, layers_per_stage)[stage_index]
+    is_last = stage_index == num_stages - 1
+    parameters = stage_parameters(config, num_stages=num_stages, stage_index=stage_index,
+                                  layers_per_stage=layers_per_stage)
+    per_parameter = INNER_STATE_BYTES_PER_PARAMETER + (OUTER_STATE_BYTES_PER_PARAMETER if outer_state else 0)
+    tokens = batch_size * seq_len
+    per_token = len(layers) * block_activation_bytes_per_token(config, autocast_bf16=autocast_bf16)
+    if is_last:
+        per_token += head_activation_bytes_per_token(config, autocast_bf16=autocast_bf16)
+    elif layers:
+        per_token += BLOCK_BACKWARD_BYTES_PER_FFN_UNIT * config.intermediate_size
+    per_token += 4 * config.hidden_size  # the stage's input (or embedding output) and its gradient's peer
+    activations = tokens * per_token
+    if autocast_bf16:
+        matmul_weights = len(layers) * (layer_parameters(config) - 2 * config.hidden_size)
+        if is_last:
+            matmul_weights += config.vocab_size * config.hidden_size
+        activations += AUTOCAST_WEIGHT_COPY_BYTES * matmul_weights
+    if stage_index == 0:
+        # The embedding's backward comes last, after the blocks' activations are freed: a
+        # dense fp32 (V, H) gradient that is then added into the accumulated one.
+        embedding_backward = 4 * config.vocab_size * config.hidden_size + 8 * tokens * config.hidden_size
+        activations = max(activations, embedding_backward)
+    outer_step = 0
+    if outer_state:
+        largest = largest_tensor_elements(config, has_layers=bool(layers), is_first=stage_index == 0,
+                                          is_last=is_last)
+        outer_step = (OUTER_STEP_BYTES_PER_PARAMETER * parameters
+                      + OUTER_STEP_BYTES_PER_ELEMENT_OF_LARGEST_TENSOR * largest)
+    return StageMemory(parameters=parameters, state_bytes=per_parameter * parameters,
+                       activation_bytes=activations, outer_step_bytes=outer_step)
+
+
+def largest_stage_memory(config: ModelConfig, *, num_stages: int, batch_size: int, seq_len: int,
+                         autocast_bf16: bool, outer_state: bool = True) -> tuple[int, StageMemory]:
+    """(stage index, estimate) of the stage with the highest peak under the even split."""
+    estimates = [estimate_stage_memory(config, num_stages=num_stages, stage_index=s, batch_size=batch_size,
+                                       seq_len=seq_len, autocast_bf16=autocast_bf16, outer_state=outer_state)
+                 for s in range(num_stages)]
+    index = max(range(num_stages), key=lambda s: estimates[s].peak_bytes)
+    return index, estimates[index]
+
+
+def format_bytes(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def memory_table(*, vocab_size: int = 32_000, batch_size: int = 8, seq_len: int = 1024,
+                 stage_counts: Sequence[int] = (1, 2, 4)) -> str:
+    """A Markdown table: per named size and stage count, the largest stage's peak on a
+    GPU with bf16 autocast and on a CPU (fp32), for a NoLoCo/DiLoCo run."""
+    header = "| model | parameters | " + " | ".join(f"{s} stage{'s' if s > 1 else ''}: GPU / CPU"
+                                                   for s in stage_counts) + " |"
+    lines = [header, "|" + "---|" * (2 + len(stage_counts))]
+    for size in NAMED_SIZES:
+        config = model_config(size, vocab_size=vocab_size, max_seq_len=seq_len)
+        cells = []
+        for stages in stage_counts:
+            try:
+                split_layers(config.num_layers, stages)
+            except ValueError:
+                cells.append("n/a")
+                continue
+            _, gpu = largest_stage_memory(config, num_stages=stages, batch_size=batch_size, seq_len=seq_len,
+                                          autocast_bf16=True)
+            _, cpu = largest_stage_memory(config, num_stages=stages, batch_size=batch_size, seq_len=seq_len,
+                                          autocast_bf16=False)
+            cells.append(f"{format_bytes(gpu.peak_bytes)} / {format_bytes(cpu.peak_bytes)}")
+        lines.append(f"| {size} | {config.num_parameters() / 1e6:,.1f}M | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(memory_table())

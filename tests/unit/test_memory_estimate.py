@@ -1,0 +1,188 @@
+"""The per-stage memory estimate against what training really allocates, measured on
+the CPU, so the estimate (and the README table made from it) cannot drift from the
+model and the worker."""
+
+import weakref
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from swarm_node.model.config import NAMED_SIZES, model_config
+from swarm_node.model.memory import estimate_stage_memory, memory_table, stage_parameters
+from swarm_node.model.stages import PipelineStage, split_layers
+from swarm_node.optim import default_method
+from swarm_node.sim.simulator import simulator_memory
+from swarm_node.spec import RunSpec
+from swarm_node.train.worker import StageWorker
+
+VOCAB = 512
+BATCH, SEQ = 4, 64
+
+
+class PeakAllocation(TorchDispatchMode):
+    """Peak bytes of the tensor storages that ops create while the mode is active (those
+    of ``existing`` tensors, and views of them, do not count)."""
+
+    def __init__(self, existing):
+        super().__init__()
+        self.existing = {t.untyped_storage().data_ptr() for t in existing}
+        self.live: dict[int, int] = {}
+        self.current = self.peak = 0
+
+    def _freed(self, key):
+        self.current -= self.live.pop(key)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                storage = t.untyped_storage()
+                key = storage.data_ptr()
+                if key and key not in self.live and key not in self.existing:
+                    self.live[key] = storage.nbytes()
+                    self.current += storage.nbytes()
+                    self.peak = max(self.peak, self.current)
+                    weakref.finalize(storage, self._freed, key)
+        return out
+
+
+def splits():
+    for size, stage_counts in (("debug", (1, 2)), ("tiny", (1, 2, 3, 4))):
+        for stages in stage_counts:
+            for stage in range(stages):
+                yield size, stages, stage
+
+
+def test_stage_parameters_match_the_built_stages_of_every_named_size():
+    for size in NAMED_SIZES:
+        config = model_config(size, vocab_size=VOCAB, max_seq_len=SEQ)
+        for stages in (1, 2, 4):
+            try:
+                layers = split_layers(config.num_layers, stages)
+            except ValueError:
+                continue
+            for stage in range(stages):
+                with torch.device("meta"):  # shapes only: the large model has 6.7B parameters
+                    built = PipelineStage(config, stage, stages, layers[stage])
+                counted = sum(p.numel() for p in built.parameters())
+                assert stage_parameters(config, num_stages=stages, stage_index=stage) == counted, (size, stages, stage)
+    config = model_config("tiny", vocab_size=VOCAB, max_seq_len=SEQ)
+    with torch.device("meta"):
+        built = PipelineStage(config, 1, 3, range(1, 4))
+    assert stage_parameters(config, num_stages=3, stage_index=1, layers_per_stage=(1, 3, 0)) == \
+        sum(p.numel() for p in built.parameters())
+
+
+def _one_micro_batch(worker: StageWorker, gen: torch.Generator):
+    """Inputs for one training call of the worker's stage, and the call."""
+    tokens = torch.randint(0, worker.model_config.vocab_size, (BATCH, SEQ), generator=gen)
+    hidden = torch.randn(BATCH, SEQ, worker.model_config.hidden_size, generator=gen)
+    grad = torch.randn(BATCH, SEQ, worker.model_config.hidden_size, generator=gen) * 1e-3
+
+    def run():
+        if worker.is_last:
+            worker.forward_backward_last(None if worker.is_first else hidden.clone(), tokens,
+                                         tokens if worker.is_first else None)
+        else:
+            worker.backward(tokens if worker.is_first else hidden.clone(), grad)
+
+    return (tokens, hidden, grad), run
+
+
+def _state_bytes(worker: StageWorker) -> int:
+    tensors = [*worker.params, *(p.grad for p in worker.params)]
+    for state in worker.inner.optimizer.state.values():
+        tensors += [state["exp_avg"], state["exp_avg_sq"]]
+    if worker.slow is not None:
+        tensors += [*worker.slow.phi, *worker.slow.momentum]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+@pytest.mark.parametrize("method", ["noloco", "local"])
+@pytest.mark.parametrize("size, stages, stage", [("debug", 2, 0), ("debug", 2, 1), ("tiny", 3, 1), ("tiny", 1, 0)])
+def test_parameter_part_equals_the_state_after_a_step(gen, method, size, stages, stage):
+    spec = RunSpec(model_size=size, num_stages=stages, batch_size=BATCH, seq_len=SEQ, samples_per_step=BATCH,
+                   method=default_method(method))
+    worker = StageWorker(spec, stage, VOCAB)
+    _, run = _one_micro_batch(worker, gen)
+    run()
+    worker.step()  # Adam's moments now exist
+    run()  # and gradients again, as while accumulating towards the next step
+    estimate = estimate_stage_memory(worker.model_config, num_stages=stages, stage_index=stage, batch_size=BATCH,
+                                     seq_len=SEQ, autocast_bf16=False, outer_state=method == "noloco")
+    assert estimate.parameters == sum(p.numel() for p in worker.params)
+    assert estimate.state_bytes == _state_bytes(worker)
+    assert estimate.state_bytes == (24 if method == "noloco" else 16) * estimate.parameters
+
+
+@pytest.mark.parametrize("vocab", [VOCAB, 8192])
+@pytest.mark.parametrize("autocast_bf16", [False, True], ids=["fp32", "bf16-autocast"])
+@pytest.mark.parametrize("size, stages, stage", list(splits()))
+def test_activation_part_bounds_a_measured_micro_batch(gen, vocab, autocast_bf16, size, stages, stage):
+    """The peak that one micro-batch's recomputed forward and backward allocates, bf16
+    autocast measured through the CPU's autocast (the same casts as CUDA's for this
+    model). The estimate may be up to a fifth high (bf16 gradient temporaries are
+    smaller than the fp32 ones it assumes), never low."""
+    spec = RunSpec(model_size=size, num_stages=stages, batch_size=BATCH, seq_len=SEQ)
+    worker = StageWorker(spec, stage, vocab)
+    worker.autocast_dtype = torch.bfloat16 if autocast_bf16 else None
+    inputs, run = _one_micro_batch(worker, gen)
+    run()  # gradients exist from here on; later micro-batches add into them
+    tracker = PeakAllocation([*worker.params, *(p.grad for p in worker.params), *worker.stage.buffers(), *inputs])
+    with tracker:
+        run()
+    estimate = estimate_stage_memory(worker.model_config, num_stages=stages, stage_index=stage, batch_size=BATCH,
+                                     seq_len=SEQ, autocast_bf16=autocast_bf16)
+    assert 0.8 * estimate.activation_bytes <= tracker.peak <= estimate.activation_bytes, \
+        f"measured {tracker.peak} bytes against an estimate of {estimate.activation_bytes}"
+
+
+@pytest.mark.parametrize("partner", [False, True], ids=["local-only", "pair"])
+@pytest.mark.parametrize("size, stages, stage", [("debug", 2, 0), ("tiny", 3, 1), ("tiny", 2, 1)])
+def test_outer_step_part_bounds_a_measured_round(gen, partner, size, stages, stage):
+    """Never low; up to a third high where one tensor is a large share of the stage (the
+    debug embedding is 38 % of stage 0): the estimate takes its temporaries at their
+    worst, with every new phi and momentum already built."""
+    spec = RunSpec(model_size=size, num_stages=stages, batch_size=BATCH, seq_len=SEQ)
+    worker = StageWorker(spec, stage, VOCAB)
+    with torch.no_grad():
+        for p in worker.params:
+            p.add_(torch.randn(p.shape, generator=gen) * 1e-2)
+    other = tuple([t.clone() for t in part] for part in worker.outer_payload("fp16"))  # arrives on the CPU
+    tracker = PeakAllocation([*worker.params, *worker.slow.phi, *worker.slow.momentum, *other[0], *other[1]])
+    with tracker:
+        if partner:
+            worker.apply_outer(worker.outer_payload("fp16"), [other])
+        else:
+            worker.apply_outer(None, [])
+    estimate = estimate_stage_memory(worker.model_config, num_stages=stages, stage_index=stage, batch_size=BATCH,
+                                     seq_len=SEQ, autocast_bf16=False)
+    assert 0.65 * estimate.outer_step_bytes <= tracker.peak <= estimate.outer_step_bytes, \
+        f"measured {tracker.peak} bytes against an estimate of {estimate.outer_step_bytes}"
+
+
+def test_simulator_need_counts_every_worker_once():
+    from swarm_node.data import DataSpec
+    from swarm_node.optim import InnerHyper
+    from swarm_node.sim import SimConfig
+
+    config = SimConfig(method=default_method("noloco"), inner=InnerHyper(), data=DataSpec(), replicas=3, stages=2,
+                       model_size="tiny", seq_len=SEQ, batch_size=BATCH)
+    model = model_config("tiny", vocab_size=VOCAB, max_seq_len=SEQ)
+    per_stage = [estimate_stage_memory(model, num_stages=2, stage_index=s, batch_size=BATCH, seq_len=SEQ,
+                                       autocast_bf16=False) for s in range(2)]
+    need = simulator_memory(config, model)
+    assert need.parameters == 3 * model.num_parameters()
+    assert need.state_bytes == 3 * 24 * model.num_parameters()
+    assert need.activation_bytes == sum(m.activation_bytes for m in per_stage)
+
+
+def test_table_covers_every_size_and_marks_impossible_splits():
+    table = memory_table(vocab_size=VOCAB, batch_size=BATCH, seq_len=SEQ).splitlines()
+    assert len(table) == 2 + len(NAMED_SIZES)
+    debug = next(line for line in table if line.startswith("| debug"))
+    assert debug.endswith("| n/a |")  # 2 layers do not split into 4 stages
+    large = next(line for line in table if line.startswith("| large"))
+    assert "GiB" in large and "n/a" not in large
