@@ -23,8 +23,8 @@ from swarm_node import __version__
 from swarm_node.discovery import SPEC_REPUBLISH_S, find_run_spec, publish_spec, spec_key
 from swarm_node.errors import ConfigError, SwarmError, known_failure
 from swarm_node.net.dht import SwarmDHT
-from swarm_node.net.reach import address_scope, dial_check
-from swarm_node.net.transport import short_id
+from swarm_node.net.reach import address_scope, dial_check, ordered_for_others, serve_dialback
+from swarm_node.net.transport import Transport, short_id
 from swarm_node.registry import read_stage
 from swarm_node.spec import RunSpec
 from swarm_node.system import raise_open_file_limit
@@ -87,11 +87,13 @@ class BootstrapPeer:
                 raise SwarmError("the initial peers cannot reach this bootstrap, so it cannot serve volunteers; "
                                  "fix the announce address or the firewall (see the README, 'Host a bootstrap peer')")
             self.spec = await self._resolve_spec()
+            # joining nodes ask us to dial them back: can others reach them?
+            await serve_dialback(Transport(await self.dht.replicate_p2p()), authorize=self.spec.admits)
             self.view = SwarmView(self.spec.run_id, self.spec.spec_hash(), self.spec.num_stages,
                                   frozenset(self.spec.allowed_peers))
             if not await publish_spec(self.dht, self.spec):
                 log.warning("the DHT did not accept the run spec; retrying in the publish loop")
-            self.maddrs = _ordered_for_volunteers(self.dht.visible_maddrs())
+            self.maddrs = ordered_for_others(self.dht.visible_maddrs())
             port = await server.start(cfg.http_host, cfg.http_port)
             self.on_ready(Ready(self.dht.peer_id, self.maddrs, _http_url(cfg.http_host, port), self.spec.run_id,
                                 spec_key(self.dht.peer_id)))
@@ -223,12 +225,6 @@ class BootstrapPeer:
 
 def _json(data) -> Response:
     return Response(200, json.dumps(data, allow_nan=False).encode(), "application/json")
-
-
-def _ordered_for_volunteers(maddrs: list[str]) -> list[str]:
-    """Public addresses first, loopback last: the first one is what people copy."""
-    rank = {"public": 0, "dns": 0, "private": 1, "unknown": 2, "loopback": 3, "unspecified": 4}
-    return sorted(dict.fromkeys(maddrs), key=lambda m: rank.get(address_scope(m), 2))
 
 
 def _http_url(host: str, port: int) -> str:

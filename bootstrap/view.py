@@ -15,6 +15,10 @@ from swarm_node.wire.records import PeerRecord
 HISTORY_POINTS = 1800  # an hour at the default 2 s poll period
 RECENT_FAILURES = 50
 GONE_STATES = ("finished", "leaving")
+# What the dashboard shows: a record that says "training" is shown as such only while the
+# peer makes progress; "starting" before its first step or micro-batch, "stalled" after.
+SHOWN_STATES = ("joining", "starting", "training", "stalled", "finished", "leaving")
+STALLED_AFTER_S = 10.0  # with no progress in the peer's own last minute, nor seen by us meanwhile
 
 
 @dataclass
@@ -23,10 +27,22 @@ class PeerRow:
     record: PeerRecord
     first_seen_s: float
     last_seen_s: float
+    last_progress_s: float | None = None  # when we last saw it step or complete micro-batches
+
+    @property
+    def state(self) -> str:
+        """The record's state, with "training" checked against the progress seen."""
+        if self.record.state != "training":
+            return self.record.state
+        if self.last_progress_s is None:
+            return "starting"
+        return "stalled" if self.last_seen_s - self.last_progress_s > STALLED_AFTER_S else "training"
 
     def to_json(self) -> dict:
         r = self.record
-        return {"peer_id": self.peer_id, "short_id": self.peer_id[-6:], "stage": r.stage, "state": r.state,
+        return {"peer_id": self.peer_id, "short_id": self.peer_id[-6:], "stage": r.stage, "state": self.state,
+                "reachable": r.reachable, "recent_steps": r.recent_steps,
+                "recent_microbatches": r.recent_microbatches,
                 "version": r.version, "throughput_samples_per_s": r.throughput, "queue": r.queue,
                 "inner_step": r.inner_step, "outer_round": r.outer_round, "seeking": r.seeking, "loss": r.loss,
                 "tokens": r.tokens, "microbatches_lost": r.lost, "partner_rounds": r.partner_rounds,
@@ -62,7 +78,10 @@ class SwarmView:
                 foreign += 1
                 continue
             row = previous.get(peer)
-            self.peers[peer] = PeerRow(peer, record, row.first_seen_s if row else now_s, now_s)
+            progressed = (record.recent_steps > 0 or record.recent_microbatches > 0
+                          or (row is not None and record.inner_step > row.record.inner_step))
+            self.peers[peer] = PeerRow(peer, record, row.first_seen_s if row else now_s, now_s,
+                                       now_s if progressed else row.last_progress_s if row else None)
             if row is None and peer not in self._unseen:
                 events.append(f"peer {peer[-6:]} joined stage {record.stage} (version {record.version})")
             elif row is not None and record.state in GONE_STATES and row.record.state not in GONE_STATES:
@@ -141,10 +160,10 @@ def prometheus_text(view: SwarmView, *, up: bool, peer_id: str, version: str, no
     metric("swarm_bootstrap_up", "gauge", "1 while the bootstrap's DHT is running.", [({}, 1 if up else 0)])
     metric("swarm_bootstrap_uptime_seconds", "gauge", "Seconds since the bootstrap started.",
            [({}, now_s - view.started_s)])
-    states = ("joining", "training", "finished", "leaving")
-    metric("swarm_peers", "gauge", "Peers with a live registry record, by stage and state.",
-           [({"stage": s, "state": st}, sum(1 for r in view.stage_rows(s) if r.record.state == st))
-            for s in range(view.num_stages) for st in states])
+    metric("swarm_peers", "gauge", "Peers with a live registry record, by stage and state (training: with "
+           "progress in the last minute; starting: none yet; stalled: none lately).",
+           [({"stage": s, "state": st}, sum(1 for r in view.stage_rows(s) if r.state == st))
+            for s in range(view.num_stages) for st in SHOWN_STATES])
     metric("swarm_stage_throughput_samples_per_second", "gauge", "Sum of the stage's peers' throughput.",
            [({"stage": s}, sum(r.record.throughput for r in view.stage_rows(s))) for s in range(view.num_stages)])
     metric("swarm_tokens", "counter", "Tokens fed into the pipeline by stage-0 peers, as seen by this bootstrap.",

@@ -115,10 +115,14 @@ def _shard(text: str) -> tuple[int, int]:
     return shard, count
 
 
+DEFAULT_NODE_PORT = 31338
+
+
 def _add_join_parser(sub) -> None:
     p = sub.add_parser("join", help="run one swarm node",
                        description="Join a swarm as one node. With --initial-peers alone the node reads the run "
-                                   "spec those peers publish, checks it, picks a stage, downloads state and trains.")
+                                   "spec those peers publish, checks it, asks them to dial it back (can others "
+                                   "reach it?), picks a stage, downloads state and trains.")
     p.add_argument("--initial-peers", nargs="+", default=[], metavar="MADDR",
                    help="multiaddrs of peers already in the swarm (the bootstrap's, as it prints them)")
     p.add_argument("--initial-peers-file", type=Path, default=None, metavar="PATH",
@@ -128,26 +132,45 @@ def _add_join_parser(sub) -> None:
                    help="run spec (.toml or .json); optional with --initial-peers, where it must match the "
                         "published one; required to start a run without a bootstrap")
     p.add_argument("--run-id", default=None, help="which run to join when the initial peers publish several")
-    p.add_argument("--stage", type=_stage, default=None, help="auto (default) or a stage index")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
-    p.add_argument("--host-maddrs", nargs="+", default=["/ip4/127.0.0.1/tcp/0"], metavar="MADDR")
-    p.add_argument("--announce-maddrs", nargs="+", default=[], metavar="MADDR")
-    p.add_argument("--identity", default=None, help="private key file; keeps the peer id across restarts")
+    p.add_argument("--stage", type=_stage, default=None,
+                   help="auto (default: the stage with the fewest peers; stage 0 for a node others cannot reach) "
+                        "or a stage index")
+    p.add_argument("--device", default="auto", help="auto (CUDA, else Apple MPS, else CPU) | cpu | cuda[:N] | mps")
+    p.add_argument("--port", type=_port, default=DEFAULT_NODE_PORT,
+                   help="TCP port to listen on, on every interface (default %(default)s; 0: any free port). "
+                        "Others must be able to reach it: forward it on your router, or the node runs as stage 0 "
+                        "only")
+    p.add_argument("--public-ip", default=None, metavar="IP",
+                   help="announce this address (with --port) instead of the interfaces' own: your router's public "
+                        "IP when you forwarded the port")
+    p.add_argument("--host-maddrs", nargs="+", default=None, metavar="MADDR",
+                   help="where to listen, as multiaddrs (instead of --port), e.g. /ip4/127.0.0.1/tcp/0")
+    p.add_argument("--announce-maddrs", nargs="+", default=[], metavar="MADDR",
+                   help="what to tell others to dial (instead of --public-ip), e.g. /dns4/node.example.org/tcp/31338")
+    p.add_argument("--identity", default=None,
+                   help="private key file, created on first use; keeps the peer id across restarts (default: a "
+                        "new identity each start)")
     p.add_argument("--max-steps", type=_positive_int, default=None, help="stop after this many inner steps")
     p.add_argument("--run-dir", type=Path, default=None, help="write the summary and final weights here")
     p.add_argument("--data-shard", type=_shard, default=None, metavar="SHARD/COUNT",
                    help="stage 0: read this shard of the data (default: derived from the peer id)")
-    p.add_argument("--round-timeout", type=float, default=20.0, help="seconds to seek a partner per round")
-    p.add_argument("--startup-timeout", type=float, default=60.0, help="seconds for the libp2p daemon to start")
+    p.add_argument("--round-timeout", type=float, default=20.0,
+                   help="seconds to seek a partner per outer round before the local-only step (default %(default)s)")
+    p.add_argument("--startup-timeout", type=float, default=60.0,
+                   help="seconds for the libp2p daemon to start (default %(default)s)")
     p.add_argument("--slowest-link-mbit", type=_positive_float, default=20.0, metavar="MBIT_S",
                    help="the slowest upload expected among peers; outer exchanges of large stages get deadlines "
-                        "that fit it")
-    p.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads")
-    p.add_argument("--no-state-download", action="store_true", help="start from the initial weights")
+                        "that fit it (default %(default)s)")
+    p.add_argument("--threads", type=_positive_int, default=None,
+                   help="torch CPU threads (default: the cores this process may use, less what other processes "
+                        "keep busy)")
+    p.add_argument("--no-state-download", action="store_true",
+                   help="start from the run's initial weights instead of a live peer's state")
     p.add_argument("--checkpoint-dir", type=Path, default=None,
                    help="resume from the newest checkpoint here (same --identity to keep the peer id); write one "
                         "after every outer round and on shutdown")
-    p.add_argument("--checkpoint-every-rounds", type=_positive_int, default=1, metavar="N")
+    p.add_argument("--checkpoint-every-rounds", type=_positive_int, default=1, metavar="N",
+                   help="write a checkpoint every N outer rounds (default %(default)s)")
     p.add_argument("--wire-dtype", choices=("fp16", "bf16", "fp32"), default="fp16",
                    help="precision of activations/gradients sent to other stages, and of phi/Delta in rounds")
     p.add_argument("--max-update-ratio", type=_ratio, default=10.0, metavar="X",
@@ -161,8 +184,25 @@ def _add_join_parser(sub) -> None:
     p.add_argument("--http-port", type=int, default=None, metavar="PORT",
                    help="serve /healthz, /metrics (Prometheus) and /api/status on this port (0: any free port)")
     p.add_argument("--http-host", default="127.0.0.1", help="interface for --http-port (0.0.0.0 in containers)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no live progress line: a plain log line per minute instead (for services and log files)")
     p.set_defaults(handler=_run_join)
+
+
+def _listen_addresses(args: argparse.Namespace) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(host maddrs, announce maddrs) from --port/--public-ip or the explicit multiaddrs."""
+    if args.host_maddrs:
+        host = tuple(args.host_maddrs)
+    else:
+        host = (f"/ip4/0.0.0.0/tcp/{args.port}",)
+    if args.public_ip and args.announce_maddrs:
+        raise ConfigError("use either --public-ip or --announce-maddrs, not both")
+    if args.public_ip:
+        if args.host_maddrs or args.port == 0:
+            raise ConfigError("--public-ip needs a fixed --port (and no --host-maddrs): others dial that port")
+        proto = "ip6" if ":" in args.public_ip else "ip4"
+        return host, (f"/{proto}/{args.public_ip}/tcp/{args.port}",)
+    return host, tuple(args.announce_maddrs)
 
 
 def _read_maddrs(path: Path) -> list[str]:
@@ -174,6 +214,13 @@ def _read_maddrs(path: Path) -> list[str]:
     if not maddrs:
         raise ConfigError(f"--initial-peers-file {path} lists no multiaddr")
     return maddrs
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value < 65536:
+        raise argparse.ArgumentTypeError(f"a TCP port is 0-65535, got {value}")
+    return value
 
 
 def _positive_float(text: str) -> float:
@@ -208,9 +255,9 @@ def _run_join(args: argparse.Namespace) -> int:
     if args.config is None and not args.initial_peers:
         raise ConfigError("give --initial-peers MADDR (the run's bootstrap, as it prints it) or --config RUN_SPEC")
     spec = RunSpec.from_file(args.config) if args.config else None
+    host_maddrs, announce_maddrs = _listen_addresses(args)
     config = NodeConfig(initial_peers=tuple(args.initial_peers), run_id=args.run_id,
-                        host_maddrs=tuple(args.host_maddrs),
-                        announce_maddrs=tuple(args.announce_maddrs), identity_path=args.identity,
+                        host_maddrs=host_maddrs, announce_maddrs=announce_maddrs, identity_path=args.identity,
                         stage=args.stage, device=resolve_device(args.device), max_steps=args.max_steps,
                         run_dir=args.run_dir, data_shard=args.data_shard, round_timeout_s=args.round_timeout,
                         startup_timeout_s=args.startup_timeout, slowest_link_mbit_s=args.slowest_link_mbit,

@@ -180,7 +180,8 @@ class LocalSwarm:
         cmd = [sys.executable, "-m", "swarm_node", "join", "--initial-peers", *maddrs,
                "--config", str(spec_path), "--stage", str(stage), "--device", self.config.device,
                "--threads", str(self.config.threads_per_node), "--run-dir", str(self.run_dir),
-               "--round-timeout", str(self.config.round_timeout_s), "--no-progress"]
+               "--round-timeout", str(self.config.round_timeout_s), "--no-progress",
+               "--host-maddrs", "/ip4/127.0.0.1/tcp/0"]  # one machine: loopback, any free port
         if not restarted:  # everyone starts together; a restarted node may need to catch up with its stage
             cmd.append("--no-state-download")
         if stage == 0:

@@ -42,12 +42,21 @@ from swarm_node.gossip.group import GroupRound
 from swarm_node.gossip.pairing import PairingCoordinator, PairResult, Refused
 from swarm_node.net import protocols
 from swarm_node.net.dht import SwarmDHT
+from swarm_node.net.reach import (
+    DIALBACK,
+    Reachability,
+    check_reachability,
+    ordered_for_others,
+    serve_dialback,
+    tcp_ports,
+)
 from swarm_node.net.transport import ServeLimits, Transport, short_id
 from swarm_node.node_config import NodeConfig
 from swarm_node.registry import publish_record, read_stage
 from swarm_node.routing.chooser import Candidate, PeerChooser
 from swarm_node.spec import RunSpec
 from swarm_node.node_status import NodeStatus, handle_status_request
+from swarm_node.obs.recent import RecentGrowth
 from swarm_node.obs.sinks import Sinks, open_sinks
 from swarm_node.statesync import StateSync
 from swarm_node.system import raise_open_file_limit
@@ -60,6 +69,7 @@ from swarm_node.wire.records import PeerRecord
 log = logging.getLogger("swarm_node.node")
 
 MAX_KNOWN_PEERS = 32
+MAX_REDIAL_S = 20.0  # an initial peer that is down is dialled again at most this far apart
 MAX_TRACKED_PEERS = 4096  # bound on per-peer bookkeeping, whatever number of ids an attacker uses
 PROPOSE_TIMEOUT_S = 5.0  # a pairing proposal is a few bytes: no answer in this time means the peer is unwell
 PROPOSAL_MAX_BYTES = 4096
@@ -128,6 +138,9 @@ class Node:
         self.status_pages: NodeStatus | None = None
         self.metrics: Sinks | None = None
         self.status = "running"
+        self.reachability: Reachability | None = None  # what peers measured dialling us back
+        self._recent_steps = RecentGrowth()
+        self._recent_microbatches = RecentGrowth()
 
     # -- helpers -----------------------------------------------------------------
     async def compute(self, fn, *args, **kwargs):
@@ -142,6 +155,11 @@ class Node:
     def stop(self) -> None:
         self._stop.set()
 
+    @property
+    def reachable(self) -> bool:
+        """False once peers tried to dial us back and could not (unknown counts as reachable)."""
+        return self.reachability is None or self.reachability.reachable is not False
+
     def _note_failure(self, what: str) -> None:
         self._last_error = what[:160]
 
@@ -154,7 +172,9 @@ class Node:
                           loss=round(w.loss_ema, 5) if w and w.loss_ema is not None else None,
                           tokens=self.stats.tokens, lost=self.stats.microbatches_lost,
                           partner_rounds=self.stats.rounds_with_partner, local_rounds=self.stats.local_only_rounds,
-                          last_error=self._last_error)
+                          last_error=self._last_error, reachable=self.reachable,
+                          recent_steps=self._recent_steps.sample(w.inner_step if w else 0),
+                          recent_microbatches=self._recent_microbatches.sample(self.stats.microbatches_done))
 
     def _adopt_spec(self, spec: RunSpec) -> None:
         self.spec = spec
@@ -216,6 +236,7 @@ class Node:
                                   "its list; send the id to the run's host and start again with the same --identity")
         self.data = await self.compute(load_windows, self.spec.data, self.spec.seq_len)
         await self._refresh_registry(all_stages=True)
+        await self._check_reachability()
         resume = await self._find_checkpoint()
         if resume is not None:
             self.stage = resume[1]["stage"]  # rejoin the stage the checkpoint holds
@@ -223,11 +244,18 @@ class Node:
             self.stage = cfg.stage if cfg.stage is not None else await self._pick_stage()
         if not 0 <= self.stage < self.spec.num_stages:
             raise SwarmError(f"stage {self.stage} does not exist: this run has {self.spec.num_stages} stages")
+        if self.stage > 0 and not self.reachable:
+            where = "the checkpoint holds" if resume is not None else "--stage asks for"
+            raise ConfigError(f"{where} stage {self.stage}, which needs connections from other peers, but none can "
+                              f"reach this node: {self._open_port_advice()}; or start without --stage (and with "
+                              "a new --checkpoint-dir) to train stage 0, which only calls out")
         self.worker = await self.compute(StageWorker, self.spec, self.stage, self.data.vocab_size, cfg.device)
         log.info("node %s: stage %d of %d, %d parameters, run %s (spec %s)", short_id(self.peer_id), self.stage,
                  self.spec.num_stages, sum(p.numel() for p in self.worker.params), self.spec.run_id,
                  self.spec_hash)
-        log.info("others can join through this node with --initial-peers %s", " ".join(self.dht.visible_maddrs()))
+        if self.reachable:
+            maddrs = ordered_for_others(self.dht.visible_maddrs())
+            log.info("others can join through this node with --initial-peers %s", maddrs[0] if maddrs else "?")
         self.state_sync = StateSync(self)
         if resume is not None:
             await self._resume_from(*resume)
@@ -245,6 +273,42 @@ class Node:
         self._state = "training"
         await self._heartbeat()
         await _bounded(publish_spec(self.dht, self.spec), 10.0, "publishing the run spec")
+
+    # -- reachability ----------------------------------------------------------------
+    async def _check_reachability(self) -> None:
+        """Ask peers to dial us back on a fresh connection. A node nobody can dial runs
+        its DHT as a client, tells the others (its record says so), and takes only roles
+        that need no inbound connection: stage 0, and pairs it proposes itself."""
+        if self.dht.client_mode:  # asked for, or hivemind's own check failed already
+            self.reachability = Reachability(False)
+            return
+        ports = tcp_ports(self.dht.visible_maddrs())
+        if not ports:  # loopback only: a swarm on this machine, where everyone can dial everyone
+            return
+        others = [p for s in range(self.spec.num_stages) for p in self.callable_peers(s)]
+        random.shuffle(others)
+        servers = [*peer_ids_of(self.config.initial_peers), *others]
+        self.reachability = result = await check_reachability(self.transport, servers, ports)
+        if result.reachable is None:
+            log.warning("could not check whether other peers can reach this node (no peer answered a dial-back "
+                        "request); assuming they can")
+        elif result.reachable:
+            log.info("reachability: %s dialled this node back at %s", short_id(result.checked_by[-1]),
+                     result.observed)
+        else:
+            log.warning("this node cannot be reached by other peers (%s dialled it back at %s in vain): it trains "
+                        "stage 0 and starts its own pairings, and nobody routes work to it. To take any stage, %s",
+                        ", ".join(short_id(p) for p in result.checked_by), ", ".join(result.failures),
+                        self._open_port_advice())
+            log.debug("dial-back failures: %s", result.unreachable_at())
+            await self.dht.restart_in_client_mode()
+            self.transport = Transport(await self.dht.replicate_p2p())
+            await self._refresh_registry(all_stages=True)
+
+    def _open_port_advice(self) -> str:
+        ports = tcp_ports(self.dht.visible_maddrs()) or ["PORT"]
+        return (f"forward TCP port {ports[0]} on your router to this machine (and open it in its firewall), then "
+                f"start again with --public-ip YOUR_PUBLIC_IP --port {ports[0]}")
 
     # -- checkpoints -----------------------------------------------------------------
     async def _find_checkpoint(self) -> tuple[dict, dict] | None:
@@ -321,22 +385,26 @@ class Node:
         return chosen
 
     def _assign_stage(self) -> int:
-        """Joiners, in peer-id order, each take the stage with the fewest peers (ties:
-        the lower total throughput, then the lower index). Peers are counted rather
-        than weighted by throughput because the throughputs of different stages are
-        not comparable (stage 0 measures the whole pipeline's latency)."""
+        """Joiners others cannot dial take stage 0 (it only calls out); the others, in
+        peer-id order, each take the stage with the fewest peers (ties: the lower total
+        throughput, then the lower index). Peers are counted rather than weighted by
+        throughput because the throughputs of different stages are not comparable
+        (stage 0 measures the whole pipeline's latency)."""
+        if not self.reachable:
+            return 0
         stages = range(self.spec.num_stages)
         count = {s: sum(r.state == "training" for r in self.peers.get(s, {}).values()) for s in stages}
         speed = {s: sum(r.throughput for r in self.peers.get(s, {}).values() if r.state == "training")
                  for s in stages}
-        joiners = sorted({self.peer_id, *(p for s in stages for p, r in self.peers.get(s, {}).items()
-                                          if r.state == "joining")})
+        joining = {p: r for s in stages for p, r in self.peers.get(s, {}).items() if r.state == "joining"}
+        count[0] += sum(not r.reachable for r in joining.values())
+        joiners = sorted({self.peer_id, *(p for p, r in joining.items() if r.reachable)})
         for peer in joiners:
             best = min(stages, key=lambda s: (count[s], speed[s], s))
             if peer == self.peer_id:
                 return best
             count[best] += 1
-        raise AssertionError("unreachable: this node is among the joiners")
+        raise AssertionError("not reached: this node is among the joiners")
 
     async def _serve(self) -> None:
         per_activation = self.spec.batch_size * self.spec.seq_len * self.worker.model_config.hidden_size * 4
@@ -365,6 +433,8 @@ class Node:
                                    ServeLimits(max_request_bytes=1024, max_concurrent=8, max_per_peer=2,
                                                handler_timeout_s=5.0),
                                    authorize=self._admit)
+        if self.reachable:  # a client behind a NAT gets no inbound streams to answer anyway
+            await serve_dialback(self.transport, authorize=self._admit)
         await self.transport.serve(protocols.STATE, self.state_sync.handle,
                                    ServeLimits(max_request_bytes=64 << 10, max_concurrent=4, max_per_peer=1,
                                                handler_timeout_s=self.config.state_download_timeout_s),
@@ -374,7 +444,8 @@ class Node:
         """Every step is bounded: a dead daemon or DHT process must not hang the exit."""
         self._state = "leaving"
         if self.transport is not None:
-            for name in (protocols.FORWARD, protocols.PAIR, protocols.OUTER, protocols.STATE, protocols.STATUS):
+            for name in (protocols.FORWARD, protocols.PAIR, protocols.OUTER, protocols.STATE, protocols.STATUS,
+                         DIALBACK):
                 await _bounded(self.transport.stop_serving(name), 3.0, f"removing the {name} handler")
         if self.dht is not None and self.stage is not None and self.dht.is_alive():
             # a `leaving` record: peers stop routing to us at once instead of at record expiry
@@ -413,7 +484,8 @@ class Node:
                   "tokens": stats.tokens, "microbatches_done": stats.microbatches_done,
                   "microbatches_lost": stats.microbatches_lost, "retries": stats.retries,
                   "rounds_with_partner": stats.rounds_with_partner, "local_only_rounds": stats.local_only_rounds,
-                  "bytes_sent": self.transport.bytes_sent, "bytes_received": self.transport.bytes_received}
+                  "bytes_sent": self.transport.bytes_sent, "bytes_received": self.transport.bytes_received,
+                  "streams_served": self.transport.streams_served}
         if w.loss_ema is not None:
             values["train_loss"] = w.loss_ema
         self.metrics.log(w.inner_step, values)
@@ -468,8 +540,14 @@ class Node:
 
     async def _connectivity_loop(self) -> None:
         """Remember whom we were connected to; when every connection is gone (a network
-        blip, or every peer we knew restarted), dial the initial and remembered peers."""
+        blip, or every peer we knew restarted), dial the initial and remembered peers.
+        Initial peers we are not connected to are dialled again too, with a back-off: a
+        bootstrap that restarts has forgotten the swarm, and the DHT forgot it when its
+        calls failed; dialling it puts each of us back in its routing table."""
         alone_checks = 0
+        redial = Backoff(self.config.connectivity_check_s, MAX_REDIAL_S)
+        initial = dict(zip(peer_ids_of(self.config.initial_peers), self.config.initial_peers))
+        initial.pop(self.peer_id, None)
         while True:
             await asyncio.sleep(self.config.connectivity_check_s * random.uniform(0.8, 1.2))
             try:
@@ -486,10 +564,26 @@ class Node:
             alone_checks = 0 if connected else alone_checks + 1
             if alone_checks >= 2:
                 await self._rebootstrap()
+                continue
+            missing = [maddr for peer, maddr in initial.items() if peer not in connected]
+            if connected and missing and redial.due():  # alone, the re-bootstrap above dials them
+                reached = await self._redial(missing)
+                redial.done(success=reached > 0)
+
+    async def _redial(self, maddrs: list[str]) -> int:
+        try:
+            reached = await self.dht.rebootstrap(maddrs, timeout_s=5.0)
+        except (TimeoutError, PeerError) as exc:
+            log.debug("re-dialling initial peers failed: %s", exc)
+            return 0
+        if reached:
+            log.info("reconnected to %d initial peer(s)", reached)
+        return reached
 
     async def _rebootstrap(self) -> None:
+        initial_ids = set(peer_ids_of(self.config.initial_peers))
         known = [f"{addr}/p2p/{peer}" for peer, addrs in self._known_peers.items() for addr in addrs
-                 if "/p2p/" not in addr]
+                 if "/p2p/" not in addr and peer not in initial_ids]
         log.warning("no connection to any peer; re-bootstrapping from %d initial and %d known peers",
                     len(self.config.initial_peers), len(self._known_peers))
         try:
@@ -512,7 +606,17 @@ class Node:
                     await self._refresh_registry()
             except TimeoutError:
                 log.warning("registry read timed out")
+            if not self.reachable:
+                await self._meet_a_seeking_peer()
 
+    async def _meet_a_seeking_peer(self) -> None:
+        """Nobody can call a node behind a NAT, so nobody can pull its round forward the
+        way a proposal does (see _maybe_round_early). It looks instead: a reachable peer
+        of its stage that announces ``seeking`` is waiting for a partner right now, and if
+        we are past half of our round we take ours early and propose."""
+        if (isinstance(self.pairing, PairingCoordinator) and self.pairing.state.value == "idle"
+                and any(r.seeking for r in self.callable_peers(self.stage).values())):
+            await self._maybe_round_early(wait_s=0.0)
     async def _refresh_registry(self, all_stages: bool = False) -> None:
         if all_stages or self.stage is None:
             stages = range(self.spec.num_stages)
@@ -567,6 +671,11 @@ class Node:
 
     def live_peers(self, stage: int) -> dict[str, PeerRecord]:
         return {p: r for p, r in self.peers.get(stage, {}).items() if r.state == "training"}
+
+    def callable_peers(self, stage: int) -> dict[str, PeerRecord]:
+        """Live peers we can open streams to: routing, pairing proposals and state
+        downloads go only there (a peer behind a NAT calls out, and is never called)."""
+        return {p: r for p, r in self.live_peers(stage).items() if r.reachable}
 
     # -- the data path -------------------------------------------------------------
     async def _producer_loop(self) -> None:
@@ -660,7 +769,7 @@ class Node:
             if remaining <= 0 or attempts > self.config.hop_retries:
                 raise NotEnoughPeers(f"no stage-{next_stage} peer completed the micro-batch "
                                      f"after {attempts} attempts")
-            candidates = [Candidate(p, r.throughput, r.queue) for p, r in self.live_peers(next_stage).items()]
+            candidates = [Candidate(p, r.throughput, r.queue) for p, r in self.callable_peers(next_stage).items()]
             peer = self.chooser.choose(candidates, exclude=tried)
             if peer is None:
                 await asyncio.sleep(min(0.5, remaining))  # the registry loop may show someone by then
@@ -793,12 +902,15 @@ class Node:
 
     async def _seek_partners(self, round_no: int, own) -> None:
         started = time.monotonic()
-        live = lambda: [p for p in self.live_peers(self.stage) if not self.chooser.is_banned(p)]  # noqa: E731
-        had_company = bool(live())
+        live = lambda: [p for p in self.callable_peers(self.stage) if not self.chooser.is_banned(p)]  # noqa: E731
+        # Peers others cannot dial only ever call us: keep the round open for them.
+        callers = any(not r.reachable and not self.chooser.is_banned(p) for p, r in self.live_peers(self.stage).items())
+        had_company = callers or bool(live())
+        expect_request = self._round_requested or callers
         if isinstance(self.pairing, GroupRound):
             gathered = await self.pairing.run_round(round_no, self._outer_reply, members=live,
                                                     send=self._send_outer, on_peer_failure=self.chooser.report_failure,
-                                                    expect_request=self._round_requested)
+                                                    expect_request=expect_request)
             partners = list(gathered)
             others = list(gathered.values())
         else:
@@ -806,7 +918,7 @@ class Node:
                 round_no, self._outer_reply,
                 candidates=lambda: [(p, self.peers[self.stage][p].seeking) for p in live()],
                 propose=self._send_proposal, send=self._send_outer, on_peer_failure=self.chooser.report_failure,
-                expect_request=self._round_requested)
+                expect_request=expect_request)
             partners = [result.partner] if result else []
             others = [result.payload] if result else []
         self._outer_reply = None
@@ -931,6 +1043,22 @@ class Node:
             self._peer_fault(remote, f"bad outer exchange ({exc})")
             self.chooser.report_failure(remote)
             return encode_frame({"ok": False, "error": "protocol"})
+
+class Backoff:
+    """Attempts spaced ``first_s``, then twice as far each failure, at most ``max_s``."""
+
+    def __init__(self, first_s: float, max_s: float, clock=time.monotonic):
+        self.first_s, self.max_s, self.clock = first_s, max_s, clock
+        self.interval_s = first_s
+        self.next_at = 0.0
+
+    def due(self) -> bool:
+        return self.clock() >= self.next_at
+
+    def done(self, success: bool) -> None:
+        self.interval_s = self.first_s if success else min(self.max_s, 2 * self.interval_s)
+        self.next_at = self.clock() + self.interval_s
+
 
 def _norm(tensors: list[torch.Tensor]) -> float:
     return math.sqrt(sum(float(t.float().pow(2).sum()) for t in tensors))

@@ -11,7 +11,7 @@ class NodeConfig:
     initial_peers: tuple[str, ...] = ()
     run_id: str | None = None  # which run to join when the initial peers publish several
     spec_find_timeout_s: float = 20.0  # how long to wait for an initial peer's run spec
-    host_maddrs: tuple[str, ...] = ("/ip4/127.0.0.1/tcp/0",)
+    host_maddrs: tuple[str, ...] = ("/ip4/0.0.0.0/tcp/0",)  # every interface: others must reach us
     announce_maddrs: tuple[str, ...] = ()
     identity_path: str | None = None
     client_mode: bool = False

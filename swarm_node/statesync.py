@@ -81,7 +81,7 @@ class StateSync:
         """From the most advanced live peers of our stage, trying up to three; whether
         it succeeded (when not, the worker's state is untouched)."""
         node = self.node
-        donors = sorted(((r.inner_step, p) for p, r in node.live_peers(node.stage).items() if r.inner_step > 0),
+        donors = sorted(((r.inner_step, p) for p, r in node.callable_peers(node.stage).items() if r.inner_step > 0),
                         reverse=True)
         for _, donor in donors[:MAX_DONORS]:
             try:

@@ -9,10 +9,12 @@ so owner-tagged records (see net/identity.py) cannot be overwritten by others.""
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import shutil
 import signal
+import socket
 import tempfile
 import threading
 from collections.abc import Sequence
@@ -50,12 +52,14 @@ os.register_at_fork(after_in_child=_forget_parent_signal_handlers)
 
 
 class SwarmDHT:
-    def __init__(self, dht: DHT, validator, throwaway_dir: Path | None = None, client_mode: bool = False):
+    def __init__(self, dht: DHT, validator, throwaway_dir: Path | None = None, client_mode: bool = False,
+                 start_kwargs: dict | None = None):
         self.dht = dht
         self.peer_id = str(dht.peer_id)
         self.client_mode = client_mode
         self._owner = owner_subkey(validator)
         self._throwaway_dir = throwaway_dir
+        self._start_kwargs = start_kwargs or {}
         self._p2p: P2P | None = None
 
     @classmethod
@@ -65,6 +69,7 @@ class SwarmDHT:
         """Start the DHT. Without ``identity_path`` the peer gets a throwaway identity
         (deleted at shutdown). When the initial peers cannot call this peer back, it
         falls back to client mode with relays by itself and says so."""
+        refuse_taken_ports(host_maddrs)
         throwaway_dir = None
         if identity_path is None:
             throwaway_dir = Path(tempfile.mkdtemp(prefix="swarm-identity-"))
@@ -90,7 +95,22 @@ class SwarmDHT:
             if throwaway_dir is not None:
                 shutil.rmtree(throwaway_dir, ignore_errors=True)
             raise
-        return cls(dht, validator, throwaway_dir, client_mode)
+        return cls(dht, validator, throwaway_dir, client_mode, kwargs)
+
+    async def restart_in_client_mode(self) -> None:
+        """Start again, same identity, as a DHT client behind relays: for a node others
+        cannot dial (its peers would keep trying to, and time out, if it served the DHT).
+        Whoever replicated the old P2P client must replicate again."""
+        if self._p2p is not None:
+            await self._p2p.shutdown()
+            self._p2p = None
+        await self._stop_child()
+        initial_peers = self._start_kwargs.get("initial_peers", ())
+        timeout_s = self._start_kwargs.get("startup_timeout", 60.0)
+        # the identity is free: it was ours a moment ago, and the peers may not have noticed yet
+        kwargs = dict(self._start_kwargs, check_if_identity_free=False)
+        self.dht = await _start_dht(kwargs, True, initial_peers, timeout_s)
+        self.client_mode = True
 
     def is_alive(self) -> bool:
         """hivemind runs the DHT in a child process; it can die under us (OOM killer, kill)."""
@@ -167,8 +187,16 @@ class SwarmDHT:
         return {str(sub): entry.value for sub, entry in found.value.items() if hasattr(entry, "value")}
 
     async def shutdown(self) -> None:
-        """Stop the DHT process. Runs on a daemon thread: if the child is wedged and the
-        caller gives up waiting, the thread must not keep this process from exiting."""
+        """Stop the DHT process and forget a throwaway identity."""
+        try:
+            await self._stop_child()
+        finally:
+            if self._throwaway_dir is not None:
+                shutil.rmtree(self._throwaway_dir, ignore_errors=True)
+
+    async def _stop_child(self) -> None:
+        """Runs on a daemon thread: if the child is wedged and the caller gives up
+        waiting, the thread must not keep this process from exiting."""
         loop = asyncio.get_running_loop()
         done = loop.create_future()
 
@@ -179,11 +207,28 @@ class SwarmDHT:
                 loop.call_soon_threadsafe(lambda: done.done() or done.set_result(None))
 
         threading.Thread(target=stop, name="dht-shutdown", daemon=True).start()
-        try:
-            await done
-        finally:
-            if self._throwaway_dir is not None:
-                shutil.rmtree(self._throwaway_dir, ignore_errors=True)
+        await done
+
+
+def refuse_taken_ports(host_maddrs: Sequence[str]) -> None:
+    """A fixed port another program listens on: say so now. (The daemon binds with
+    SO_REUSEPORT, so a second one on the same port may even start, and then the kernel
+    deals connections for either peer to both.)"""
+    for text in host_maddrs:
+        parts = text.strip("/").split("/")
+        if len(parts) < 4 or parts[0] not in ("ip4", "ip6") or parts[2] != "tcp" or parts[3] in ("", "0"):
+            continue
+        family = socket.AF_INET6 if parts[0] == "ip6" else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a TIME_WAIT leftover is no owner
+            try:
+                probe.bind((parts[1], int(parts[3])))
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    raise ConfigError(f"TCP port {parts[3]} is in use (another node or program on this machine?): "
+                                      "pass --port with a free port (and forward that one if this machine is "
+                                      "behind a router)") from None
+                raise ConfigError(f"cannot listen on {text}: {exc.strerror}") from None
 
 
 class _Unreachable(Exception):

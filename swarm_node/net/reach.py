@@ -1,20 +1,42 @@
-"""Can a peer be reached at the addresses it announces? Dialled from a throwaway
-libp2p daemon in this process, so the check goes through the same transport, security
-handshake and peer-id check a volunteer's node would use."""
+"""Can a peer be reached at the addresses it announces? Two checks, both dialled from a
+throwaway libp2p daemon, so they go through the same transport, security handshake and
+peer-id check a volunteer's node would use, over a fresh connection (an existing one
+would prove nothing: a node behind a NAT can be called back over the connection it
+opened itself).
+
+- ``dial_check``: the bootstrap dials its own announced addresses at start-up.
+- The dial-back protocol (``/swarm-node/dialback/1.0.0``): a joining node asks a peer to
+  dial it back. Like libp2p's AutoNAT, the server dials only the address the caller's
+  connection came from (with the ports the caller names), never an address the caller
+  merely claims, so it cannot be used to make us dial third parties."""
 
 from __future__ import annotations
 
 import asyncio
 import ipaddress
 import logging
+import random
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from hivemind.p2p import P2P, P2PDaemonError, PeerID
 from hivemind.utils.multiaddr import Multiaddr
 
+from swarm_node.errors import PeerError, PeerRefused, ProtocolError
+from swarm_node.net.transport import ServeLimits, Transport, short_id
+from swarm_node.wire.codec import FrameLimits, decode_frame, encode_frame
+
 log = logging.getLogger(__name__)
 
+DIALBACK = "/swarm-node/dialback/1.0.0"  # "dial me back on these ports": a few bytes each way
 MAX_ADDRESSES_CHECKED = 4
+DIAL_TIMEOUT_S = 8.0
+ASK_TIMEOUT_S = 2 * MAX_ADDRESSES_CHECKED * DIAL_TIMEOUT_S  # the server dials each port in turn
+DIALBACK_LIMITS = FrameLimits(max_header_bytes=1024, max_payload_bytes=0, max_tensors=0)
+DIALBACK_SERVE_LIMITS = ServeLimits(max_request_bytes=1024, max_concurrent=4, max_per_peer=1,
+                                    handler_timeout_s=ASK_TIMEOUT_S)
+BUSY_RETRIES = 4  # volunteers who start together ask the bootstrap at the same moment
+BUSY_PAUSE_S = (0.5, 2.0)
 
 
 async def dial_check(peer_id: str, maddrs: Sequence[str], timeout_s: float = 10.0) -> dict[str, str | None]:
@@ -38,13 +60,125 @@ async def dial_check(peer_id: str, maddrs: Sequence[str], timeout_s: float = 10.
     return results
 
 
+# -- the dial-back protocol -------------------------------------------------------------
+
+async def serve_dialback(transport: Transport, authorize=lambda remote: True) -> None:
+    """Answer dial-back requests: bootstraps and nodes both serve them, so a joiner can
+    ask whoever it reached first."""
+    await transport.serve(DIALBACK, _handle_dialback, DIALBACK_SERVE_LIMITS, authorize=authorize, with_address=True)
+
+
+async def _handle_dialback(remote: str, request: bytes, observed: Multiaddr) -> bytes:
+    try:
+        ports = _requested_ports(request)
+    except ProtocolError as exc:
+        return encode_frame({"kind": "dialback", "ok": False, "error": f"protocol: {exc}"})
+    host = observed_host(observed)
+    if host is None:  # relayed, or an address family we cannot dial back
+        return encode_frame({"kind": "dialback", "ok": False, "error": f"cannot dial back {observed}"})
+    targets = [f"{host}/tcp/{port}" for port in ports]
+    results = await dial_check(remote, targets, DIAL_TIMEOUT_S)
+    log.debug("dial-back for %s: %s", short_id(remote), results)
+    return encode_frame({"kind": "dialback", "ok": True, "observed": host,
+                         "results": {target.rsplit("/", 1)[1]: results.get(target) for target in targets}})
+
+
+def _requested_ports(request: bytes) -> list[int]:
+    header, _ = decode_frame(request, DIALBACK_LIMITS)
+    ports = header.get("ports")
+    if header.get("kind") != "dialback" or not isinstance(ports, list) or not ports:
+        raise ProtocolError("not a dial-back request")
+    if len(ports) > MAX_ADDRESSES_CHECKED or not all(type(p) is int and 0 < p < 65536 for p in ports):
+        raise ProtocolError(f"at most {MAX_ADDRESSES_CHECKED} TCP ports, 1-65535")
+    return list(dict.fromkeys(ports))
+
+
+def observed_host(addr: Multiaddr) -> str | None:
+    """``/ip4/A`` or ``/ip6/A`` of a connection's remote address; None when relayed."""
+    names = [p.name for p in addr.protocols()]
+    if "p2p-circuit" in names:
+        return None
+    for family in ("ip4", "ip6"):
+        if family in names:
+            return f"/{family}/{addr.value_for_protocol(family)}"
+    return None
+
+
+@dataclass(frozen=True)
+class Reachability:
+    """What peers measured by dialling this node back. ``reachable`` is None when nobody
+    could check (no peer answered the request)."""
+    reachable: bool | None
+    observed: str | None = None  # our address as the checking peer saw it
+    checked_by: tuple[str, ...] = ()
+    failures: dict[str, str] = field(default_factory=dict)  # "/ip4/A/tcp/P" -> why it did not answer
+
+    def unreachable_at(self) -> str:
+        return "; ".join(f"{addr}: {why}" for addr, why in self.failures.items())
+
+
+async def check_reachability(transport: Transport, servers: Sequence[str], ports: Sequence[int], *,
+                             max_answers: int = 2) -> Reachability:
+    """Ask ``servers`` in turn to dial us back on ``ports``. Reachable as soon as one
+    reached us; unreachable when ``max_answers`` peers (or every peer that answered)
+    failed to: one peer's own broken network, or a lie, does not decide alone."""
+    request = encode_frame({"kind": "dialback", "ports": list(ports)[:MAX_ADDRESSES_CHECKED]})
+    checked_by: list[str] = []
+    failures: dict[str, str] = {}
+    observed = None
+    for server in dict.fromkeys(servers):
+        if server == transport.peer_id:
+            continue
+        try:
+            header, results = await _ask(transport, server, request)
+        except PeerError as exc:
+            log.debug("dial-back by %s failed: %s", short_id(server), exc)
+            continue
+        checked_by.append(server)
+        observed = header["observed"]
+        if any(why is None for why in results.values()):
+            return Reachability(True, observed, tuple(checked_by))
+        failures.update({f"{observed}/tcp/{port}": why for port, why in results.items()})
+        if len(checked_by) >= max_answers:
+            break
+    return Reachability(False if checked_by else None, observed, tuple(checked_by), failures)
+
+
+async def _ask(transport: Transport, server: str, request: bytes) -> tuple[dict, dict[str, str | None]]:
+    for attempt in range(BUSY_RETRIES + 1):
+        try:
+            raw = await transport.request(server, DIALBACK, request, timeout_s=ASK_TIMEOUT_S, max_response_bytes=4096)
+        except PeerRefused:  # busy checking others
+            if attempt == BUSY_RETRIES:
+                raise
+            await asyncio.sleep(random.uniform(*BUSY_PAUSE_S))  # a back-off, not synchronisation
+            continue
+        header, _ = decode_frame(raw, DIALBACK_LIMITS)
+        return header, _results(header)
+    raise AssertionError("not reached")
+
+
+def _results(header: dict) -> dict[str, str | None]:
+    if not header.get("ok"):
+        raise PeerError(str(header.get("error", "refused"))[:200])
+    results, observed = header.get("results"), header.get("observed")
+    if (not isinstance(results, dict) or not isinstance(observed, str) or len(observed) > 64
+            or not all(isinstance(k, str) and (v is None or isinstance(v, str)) for k, v in results.items())):
+        raise ProtocolError("malformed dial-back answer")
+    return {k[:8]: v if v is None else v[:200] for k, v in list(results.items())[:MAX_ADDRESSES_CHECKED]}
+
+
+# -- addresses ---------------------------------------------------------------------------
+
 def address_scope(maddr: str) -> str:
-    """'loopback', 'private', 'public', 'unspecified' or 'dns' for an /ip4|ip6|dns address."""
+    """'loopback', 'private', 'public', 'unspecified', 'dns' or 'local-name' for a
+    multiaddr (a one-label DNS name such as a container's service name resolves only
+    on its own network)."""
     parts = maddr.strip("/").split("/")
     if len(parts) < 2:
         return "unknown"
     if parts[0].startswith("dns"):
-        return "dns"
+        return "dns" if "." in parts[1].strip(".") else "local-name"
     try:
         ip = ipaddress.ip_address(parts[1])
     except ValueError:
@@ -56,3 +190,21 @@ def address_scope(maddr: str) -> str:
     if ip.is_private or ip.is_link_local:
         return "private"
     return "public"
+
+
+def ordered_for_others(maddrs: Sequence[str]) -> list[str]:
+    """Public addresses first, loopback last: the first one is what people copy."""
+    rank = {"public": 0, "dns": 0, "private": 1, "local-name": 2, "unknown": 2, "loopback": 3, "unspecified": 4}
+    return sorted(dict.fromkeys(maddrs), key=lambda m: rank.get(address_scope(m), 2))
+
+
+def tcp_ports(maddrs: Sequence[str]) -> list[int]:
+    """The TCP ports of ``maddrs`` others could dial (loopback and wildcard ones left out)."""
+    ports = []
+    for text in maddrs:
+        parts = text.strip("/").split("/")
+        if "tcp" in parts and address_scope(text) not in ("loopback", "unspecified"):
+            port = parts[parts.index("tcp") + 1]
+            if port.isdigit() and int(port) > 0:
+                ports.append(int(port))
+    return list(dict.fromkeys(ports))

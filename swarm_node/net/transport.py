@@ -31,7 +31,9 @@ log = logging.getLogger(__name__)
 LENGTH_BYTES = 8
 DISCARD_CHUNK_BYTES = 64 << 10
 BUSY_DRAIN_TIMEOUT_S = 5.0  # a caller told "busy" has sent its request already; more is a stall
-Handler = Callable[[str, bytes], Awaitable[bytes]]
+Handler = Callable[[str, bytes], Awaitable[bytes]]  # (caller's peer id, request) -> response
+# The same, also given the remote address of the caller's connection (a Multiaddr).
+AddressedHandler = Callable[[str, bytes, object], Awaitable[bytes]]
 Authorize = Callable[[str], bool]
 
 
@@ -82,6 +84,7 @@ class Transport:
         self.peer_id = str(p2p.peer_id)
         self.bytes_sent = 0
         self.bytes_received = 0
+        self.streams_served = 0  # inbound streams answered (a node nobody can dial answers none)
         self._active_per_peer: dict[tuple[str, str], int] = defaultdict(int)
         self._refused: set[str] = set()  # peers already logged as refused (once each)
 
@@ -107,10 +110,11 @@ class Transport:
             if writer is not None:
                 writer.close()
 
-    async def serve(self, protocol: str, handler: Handler, limits: ServeLimits,
-                    authorize: Authorize = lambda remote: True) -> None:
+    async def serve(self, protocol: str, handler: Handler | AddressedHandler, limits: ServeLimits,
+                    authorize: Authorize = lambda remote: True, *, with_address: bool = False) -> None:
         """Serve ``protocol``. ``authorize`` sees the caller's authenticated peer id (from
-        the libp2p handshake); a caller it refuses gets its stream closed unread."""
+        the libp2p handshake); a caller it refuses gets its stream closed unread. With
+        ``with_address`` the handler also gets the connection's remote address."""
         gate = asyncio.Semaphore(limits.max_concurrent)
         # Streams being told "busy" are bounded too: past this many, a flood is closed unread.
         refusing = asyncio.Semaphore(2 * limits.max_concurrent)
@@ -135,8 +139,10 @@ class Transport:
                 try:
                     async with gate, asyncio.timeout(limits.handler_timeout_s):
                         request = await read_frame(reader, limits.max_request_bytes)
+                        self.streams_served += 1
                         self.bytes_received += len(request) + LENGTH_BYTES
-                        response = await handler(remote, request)
+                        response = await (handler(remote, request, info.addr) if with_address
+                                          else handler(remote, request))
                         await write_frame(writer, response)
                         self.bytes_sent += len(response) + LENGTH_BYTES
                 finally:

@@ -31,6 +31,12 @@ class PeerRecord:
     partner_rounds: int = 0  # outer rounds averaged with a partner
     local_rounds: int = 0  # outer rounds that found no partner
     last_error: str = ""  # the latest failure, one line, for dashboards
+    # False: others cannot open connections to this node (a NAT; peers dialled it back
+    # and failed). It then only calls out: nobody routes to it or proposes pairs to it.
+    reachable: bool = True
+    # Progress over the last minute, so a dashboard can tell training from stuck.
+    recent_steps: int = 0  # inner steps taken
+    recent_microbatches: int = 0  # micro-batches completed (sent and back, or served)
 
     def to_wire(self) -> dict:
         return asdict(self)
@@ -44,12 +50,15 @@ class PeerRecord:
                 stage=_int(raw["stage"], 0, 1024), spec_hash=_str(raw["spec_hash"]), version=_str(raw["version"]),
                 state=_str(raw.get("state", "training")), throughput=_float(raw.get("throughput", 0.0)),
                 queue=_int(raw.get("queue", 0), 0, 10**6), inner_step=_int(raw.get("inner_step", 0), 0, 10**12),
-                outer_round=_int(raw.get("outer_round", 0), 0, 10**12), seeking=bool(raw.get("seeking", False)),
+                outer_round=_int(raw.get("outer_round", 0), 0, 10**12), seeking=_bool(raw.get("seeking", False)),
                 loss=None if raw.get("loss") is None else _float(raw["loss"]),
                 tokens=_int(raw.get("tokens", 0), 0, 10**18), lost=_int(raw.get("lost", 0), 0, 10**12),
                 partner_rounds=_int(raw.get("partner_rounds", 0), 0, 10**12),
                 local_rounds=_int(raw.get("local_rounds", 0), 0, 10**12),
-                last_error=_str(raw.get("last_error", ""), MAX_ERROR_CHARS))
+                last_error=_str(raw.get("last_error", ""), MAX_ERROR_CHARS),
+                reachable=_bool(raw.get("reachable", True)),
+                recent_steps=_int(raw.get("recent_steps", 0), 0, 10**9),
+                recent_microbatches=_int(raw.get("recent_microbatches", 0), 0, 10**9))
         except KeyError as exc:
             raise ProtocolError(f"registry record lacks {exc}") from None
         if record.state not in STATES:
@@ -60,6 +69,12 @@ class PeerRecord:
 def _int(value: object, low: int, high: int) -> int:
     if type(value) is not int or not low <= value <= high:
         raise ProtocolError(f"bad integer field {value!r}")
+    return value
+
+
+def _bool(value: object) -> bool:
+    if type(value) is not bool:
+        raise ProtocolError(f"bad flag {value!r}")
     return value
 
 

@@ -15,7 +15,7 @@ from swarm_node.discovery import find_run_spec, publish_spec, spec_key
 from swarm_node.errors import ConfigError, IncompatibleRun, SwarmError
 from swarm_node.net import dht as dht_module
 from swarm_node.net.dht import SwarmDHT
-from swarm_node.node import Node
+from swarm_node.node import Backoff, Node
 from swarm_node.node_config import NodeConfig
 from swarm_node.spec import RunSpec
 
@@ -132,14 +132,16 @@ def test_rebootstrap_reconnects_to_a_restarted_peer(tmp_path):
 
 def test_a_node_alone_rebootstraps_from_initial_and_known_peers():
     class LonelyDHT:
+        peer_id = "QmSelf"
+
         def __init__(self):
             self.calls = []
-            self.answers = [{"QmKnown": ["/ip4/10.0.0.2/tcp/5"]}, {}, {}]
+            self.answers = [{"QmKnown": ["/ip4/10.0.0.2/tcp/5"], "QmBoot": ["/ip4/127.0.0.1/tcp/9"]}, {}, {}]
 
         async def connected_peers(self):
             return self.answers.pop(0) if self.answers else {}
 
-        async def rebootstrap(self, maddrs):
+        async def rebootstrap(self, maddrs, timeout_s=10.0):
             self.calls.append(list(maddrs))
             node.stop()
             return 1
@@ -154,6 +156,49 @@ def test_a_node_alone_rebootstraps_from_initial_and_known_peers():
 
     run(scenario())
     assert node.dht.calls == [["/ip4/127.0.0.1/tcp/9/p2p/QmBoot", "/ip4/10.0.0.2/tcp/5/p2p/QmKnown"]]
+
+
+def test_a_node_dials_an_initial_peer_it_lost_again_even_when_connected_to_others():
+    """A restarted bootstrap has forgotten the swarm, and the nodes' DHTs forgot the
+    bootstrap when their calls to it failed: unless the nodes dial it, it stays empty."""
+    class CompanionableDHT:
+        peer_id = "QmSelf"
+
+        def __init__(self):
+            self.calls = []
+
+        async def connected_peers(self):
+            return {"QmOther": ["/ip4/10.0.0.2/tcp/5"]}
+
+        async def rebootstrap(self, maddrs, timeout_s=10.0):
+            self.calls.append(list(maddrs))
+            node.stop()
+            return 1
+
+    node = Node(SPEC, NodeConfig(initial_peers=("/ip4/127.0.0.1/tcp/9/p2p/QmBoot",), connectivity_check_s=0.01))
+    node.dht = CompanionableDHT()
+
+    async def scenario():
+        task = asyncio.create_task(node._connectivity_loop())
+        await node._stop.wait()
+        task.cancel()
+
+    run(scenario())
+    assert node.dht.calls == [["/ip4/127.0.0.1/tcp/9/p2p/QmBoot"]]
+
+
+def test_redials_back_off_while_they_fail_and_reset_once_one_succeeds():
+    now = [0.0]
+    backoff = Backoff(5.0, 20.0, clock=lambda: now[0])
+    gaps = []
+    for success in (False, False, False, False, True, False):
+        assert backoff.due()
+        backoff.done(success)
+        gaps.append(backoff.next_at - now[0])
+        now[0] = backoff.next_at - 0.001
+        assert not backoff.due()
+        now[0] += 0.001
+    assert gaps == [10.0, 20.0, 20.0, 20.0, 5.0, 10.0]
 
 
 def _caught_and_ignored(pid: int) -> tuple[int, int]:

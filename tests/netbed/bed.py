@@ -221,13 +221,18 @@ class TestBed:
         return a.rtt_ms + b.rtt_ms
 
     # -- tearing down ----------------------------------------------------------------
-    def stop_processes(self, host: Host, grace_s: float = 30.0) -> None:
-        for process in host.processes:
+    def stop_processes(self, *hosts: Host, grace_s: float = 30.0) -> None:
+        """SIGTERM to every process of ``hosts`` at once, then wait for each (SIGKILL
+        after ``grace_s``): shutting down one after the other would add up their graces."""
+        processes = [p for host in hosts for p in host.processes]
+        for process in processes:
+            if process.poll() is None:
+                _signal_group(process.pid, signal.SIGTERM)
+        for process in processes:
             stop(process, grace_s)
 
     def close(self) -> None:
-        for host in self.hosts.values():
-            self.stop_processes(host, grace_s=10.0)
+        self.stop_processes(*self.hosts.values(), grace_s=10.0)
         for namespace in reversed(self._namespaces):
             _delete_namespace(namespace)  # kills whatever still runs inside first
         self._namespaces.clear()

@@ -93,10 +93,3 @@ def join(workdir: Path, name: str, *args: str) -> subprocess.Popen:
                             env=dict(os.environ, OMP_NUM_THREADS="1"))
     log.close()
     return proc
-
-
-def chromium_binary() -> str | None:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        if shutil.which(name):
-            return shutil.which(name)
-    return None

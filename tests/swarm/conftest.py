@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -36,7 +35,7 @@ class SwarmHarness:
     def spawn(self, stage: int, *extra: str, name: str) -> subprocess.Popen:
         cmd = [sys.executable, "-m", "swarm_node", "join", "--initial-peers", self.maddr, "--config",
                str(self.spec_path), "--stage", str(stage), "--device", "cpu", "--threads", "1", "--run-dir",
-               str(self.tmp_path), "--no-progress", *extra]
+               str(self.tmp_path), "--no-progress", "--host-maddrs", "/ip4/127.0.0.1/tcp/0", *extra]
         log = open(self.tmp_path / f"{name}.log", "wb")
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                 env=dict(os.environ, OMP_NUM_THREADS="1"))
@@ -94,24 +93,3 @@ def harness_factory(tmp_path):
     yield make
     for h in harnesses:
         h.close()
-
-
-@pytest.fixture(scope="session")
-def chromium() -> str:
-    """Headless Chromium for the dashboard test: Debian's package, installed here where
-    missing (as root, from the Debian mirror)."""
-    from bootstrap_harness import chromium_binary
-
-    path = chromium_binary()
-    if path is None and os.geteuid() == 0 and shutil.which("apt-get"):
-        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True, timeout=600)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "chromium"], env=env,
-                       capture_output=True, timeout=900)
-        path = chromium_binary()
-    if path is None:
-        message = "chromium is missing and could not be installed (needs root and apt-get: apt-get install chromium)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return path

@@ -55,7 +55,8 @@ def start_node(tmp_path: Path, name: str, spec_path: Path, *extra: str) -> tuple
     """A `swarm-node join` process of stage 0 and the multiaddr it prints."""
     log_path = tmp_path / f"{name}.log"
     cmd = [sys.executable, "-m", "swarm_node", "join", "--config", str(spec_path), "--stage", "0", "--device", "cpu",
-           "--threads", "1", "--run-dir", str(tmp_path / name), "--metrics", "none", "--no-progress", *extra]
+           "--threads", "1", "--run-dir", str(tmp_path / name), "--metrics", "none", "--no-progress",
+           "--host-maddrs", "/ip4/127.0.0.1/tcp/0", *extra]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                 env=dict(os.environ, OMP_NUM_THREADS="1"))

@@ -65,12 +65,13 @@ def test_records_of_another_spec_or_stage_are_not_shown():
 
 def test_prometheus_text_parses_and_carries_the_swarm():
     view = SwarmView("run-1", HASH, num_stages=2)
-    view.ingest(1.0, {"a": rec(0, tokens=10, throughput=5.5, inner_step=7),
+    view.ingest(1.0, {"a": rec(0, tokens=10, throughput=5.5, inner_step=7, recent_steps=7),
                       "b": rec(1, loss=2.25, lost=1, last_error='quote " and \\ and \n newline')})
     text = prometheus_text(view, up=True, peer_id="QmBoot", version="0.1.0", now_s=5.0)
     families = {f.name: f for f in text_string_to_metric_families(text)}
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples}
     assert samples[("swarm_peers", (("stage", "0"), ("state", "training")))] == 1
+    assert samples[("swarm_peers", (("stage", "1"), ("state", "starting")))] == 1  # b never made progress
     assert samples[("swarm_peer_inner_step", (("peer", "a"), ("stage", "0")))] == 7
     assert samples[("swarm_train_loss", ())] == 2.25
     assert samples[("swarm_peer_microbatches_lost_total", (("peer", "b"), ("stage", "1")))] == 1
@@ -111,3 +112,22 @@ def test_status_server_answers_get_and_closes_on_bad_requests():
     assert post.startswith(b"HTTP/1.1 405") and missing.startswith(b"HTTP/1.1 404")
     assert garbage == b"" and huge == b""  # closed without an answer
     assert after.startswith(b"HTTP/1.1 200")  # still serving
+
+
+def test_a_peer_is_shown_training_only_while_it_makes_progress():
+    """A record saying "training" at step 0 with every micro-batch lost is no training
+    peer (the defect: a dashboard listed nodes that trained nothing as training)."""
+    view = SwarmView("r", HASH, num_stages=2)
+    shown = lambda: {p["short_id"]: p["state"] for s in view.status()["stages"] for p in s["peers"]}  # noqa: E731
+    view.ingest(0.0, {"a": rec(0, lost=5), "b": rec(1, state="joining")})
+    assert shown() == {"a": "starting", "b": "joining"}
+    view.ingest(2.0, {"a": rec(0, inner_step=3, recent_steps=3), "b": rec(1, recent_microbatches=4)})
+    assert shown() == {"a": "training", "b": "training"}
+    view.ingest(4.0, {"a": rec(0, inner_step=5, recent_steps=5), "b": rec(1, recent_microbatches=4)})
+    # a's own last minute shows nothing any more, and we saw no step since: stuck
+    for t in (20.0, 30.0):
+        view.ingest(t, {"a": rec(0, inner_step=5), "b": rec(1, recent_microbatches=4)})
+    assert shown() == {"a": "stalled", "b": "training"}
+    view.ingest(32.0, {"a": rec(0, inner_step=6), "b": rec(1, recent_microbatches=4)})  # a step seen by us
+    assert shown()["a"] == "training"
+    assert view.status()["stages"][0]["peers"][0]["reachable"] is True

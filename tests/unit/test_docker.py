@@ -20,7 +20,7 @@ import yaml
 from hivemind.utils.multiaddr import Multiaddr
 
 from swarm_bootstrap.cli import build_parser as bootstrap_parser
-from swarm_bootstrap.peer import _ordered_for_volunteers
+from swarm_node.net.reach import ordered_for_others
 from swarm_node.cli import build_parser as node_parser
 
 REPO = Path(__file__).resolve().parents[2]
@@ -206,7 +206,11 @@ def test_the_bootstrap_prints_the_public_address_first_for_volunteers():
     public = interpolate(option_values(RAW["services"]["bootstrap"]["command"], "--announce-maddrs"),
                          {"SWARM_PUBLIC_IP": "8.8.8.8"})
     peer = "/p2p/QmThsS"
-    assert _ordered_for_volunteers([m + peer for m in public])[0] == "/ip4/8.8.8.8/tcp/31337" + peer
+    assert ordered_for_others([m + peer for m in public])[0] == "/ip4/8.8.8.8/tcp/31337" + peer
+    # a home network's address still comes before the service name only the containers resolve
+    home = interpolate(option_values(RAW["services"]["bootstrap"]["command"], "--announce-maddrs"),
+                       {"SWARM_PUBLIC_IP": "192.168.1.20"})
+    assert ordered_for_others([m + peer for m in reversed(home)])[0] == "/ip4/192.168.1.20/tcp/31337" + peer
     assert announced[0] == "/ip4/127.0.0.1/tcp/31337"  # without an .env: a run on this host alone
 
 

@@ -6,6 +6,7 @@ test_hf_export_slow.py."""
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import stat
 from contextlib import contextmanager
@@ -95,7 +96,7 @@ def test_force_averages_far_apart_checkpoints_with_one_warning_per_stage(tmp_pat
             checkpoint(tmp_path / "s1-new", 1, step=1426, round_=142, offset=3.0)]
     out = tmp_path / "hf"
     assert export("--checkpoint", *map(str, dirs), "--out", str(out), "--force") == 0
-    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 2, warnings
     assert warnings[0].startswith("stage 0: averaging checkpoints more than 2 outer rounds apart as --force asks")
     assert warnings[1].startswith("stage 1:")

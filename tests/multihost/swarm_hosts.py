@@ -1,0 +1,125 @@
+"""A bootstrap and volunteers on test-bed hosts, started the way people start them: the
+host runs `swarm-bootstrap`, every volunteer types the line it printed. Waits poll for
+a condition with a deadline, never sleep for a guessed time."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from netbed import Host, TestBed, host_env
+
+REPO = Path(__file__).resolve().parents[2]
+VENV_BIN = Path(sys.executable).parent  # swarm-node and swarm-bootstrap are on the PATH as installed
+EXAMPLE_SPEC = REPO / "examples" / "debug-synthetic.toml"
+HTTP_PORT = 8080
+
+
+def volunteer_env(**extra: str) -> dict[str, str]:
+    return host_env(PATH=f"{VENV_BIN}:{os.environ.get('PATH', '')}", **extra)
+
+
+def run_spec_file(workdir: Path, inner_steps: int = 20, run_id: str = "multihost") -> Path:
+    """The example run with shorter rounds, so that a test sees several of them."""
+    text = EXAMPLE_SPEC.read_text()
+    text = re.sub(r"(?m)^inner_steps = \d+", f"inner_steps = {inner_steps}", text)
+    text = re.sub(r'(?m)^run_id = "[^"]*"', f'run_id = "{run_id}"', text)
+    path = workdir / f"{run_id}.toml"
+    path.write_text(text)
+    return path
+
+
+def wait_for(condition, timeout_s: float, what: str, logs: Path | None = None):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.5)  # polling interval, not synchronisation
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}" + (f"; logs in {logs}" if logs else ""))
+
+
+class BootstrapOnHost:
+    """`swarm-bootstrap` on a host of its own, with the defaults a host would use."""
+
+    def __init__(self, bed: TestBed, host: Host, workdir: Path, *args: str, name: str = "bootstrap"):
+        self.bed, self.host, self.workdir, self.args, self.name = bed, host, workdir, args, name
+        self.identity = workdir / f"{name}.key"
+        self.log = workdir / f"{name}.log"
+        self.process = None
+        self.start()
+
+    def start(self) -> None:
+        self.log.write_text("")
+        argv = [str(VENV_BIN / "swarm-bootstrap"), "--identity", str(self.identity), "--http-port", str(HTTP_PORT),
+                *self.args]
+        self.process = self.bed.popen(self.host, argv, cwd=self.workdir, env=volunteer_env(), log=self.log)
+
+    def join_line(self, timeout_s: float = 60) -> str:
+        """The line it prints for volunteers, exactly."""
+        def printed():
+            assert self.process.poll() is None, f"bootstrap exited: {self.log.read_text()[-3000:]}"
+            lines = [ln.strip() for ln in self.log.read_text().splitlines()]
+            return next((ln for ln in lines if ln.startswith("swarm-node join --initial-peers")), None)
+
+        return wait_for(printed, timeout_s, "the bootstrap to print the join line", self.log)
+
+    @property
+    def maddr(self) -> str:
+        return self.join_line().split()[-1]
+
+    @property
+    def peer_id(self) -> str:
+        return self.maddr.rsplit("/p2p/", 1)[1]
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        def fetch():
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{HTTP_PORT}{path}", timeout=10) as reply:
+                    return reply.status, reply.read()
+            except urllib.error.HTTPError as exc:
+                return exc.code, exc.read()
+            except OSError as exc:  # not listening (yet, or any more)
+                return 0, str(exc).encode()
+
+        return self.bed.call(self.host, fetch, timeout_s=30)
+
+    def status(self) -> dict | None:
+        code, body = self.get("/api/status")
+        return json.loads(body) if code == 200 else None
+
+    def peers(self) -> list[dict]:
+        status = self.status()
+        return [p for stage in status["stages"] for p in stage["peers"]] if status else []
+
+
+class Volunteer:
+    """`swarm-node join` typed on a host of its own: the bootstrap's line, plus ``extra``."""
+
+    def __init__(self, bed: TestBed, host: Host, workdir: Path, line: str, *extra: str):
+        self.bed, self.host = bed, host
+        self.workdir = workdir / host.name
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.log = self.workdir / "join.log"
+        self.command = " ".join([line, *map(shlex.quote, extra)])
+        self.process = bed.popen(host, ["bash", "-c", self.command], cwd=self.workdir, env=volunteer_env(),
+                                 log=self.log)
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def peer_id(self) -> str | None:
+        found = re.search(r"node (\w+): stage (\d+) of", self.text())
+        return found.group(1) if found else None
+
+    def metrics(self) -> list[dict]:
+        """The JSON lines the node wrote after each outer round (and at exit)."""
+        return [json.loads(line) for path in sorted((self.workdir / "runs").glob("*/metrics-*.jsonl"))
+                for line in path.read_text().splitlines() if line.strip()]
