@@ -9,6 +9,7 @@ import dataclasses
 import hashlib
 import json
 import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +20,56 @@ from swarm_node.errors import ConfigError
 from swarm_node.optim.inner import InnerHyper
 from swarm_node.optim.methods import MethodSpec, default_method
 from swarm_node.optim.outer import OuterHyper
+
+
+# Methods the networked node implements; ddp (gradients averaged every step) is simulated only.
+SWARM_METHODS = ("noloco", "diloco", "local")
+
+
+@dataclass(frozen=True)
+class SettingNames:
+    """What the user calls the model settings where the message is read: keys of a spec
+    file, or command-line flags."""
+    model: str
+    stages: str
+    layers: str
+
+
+SPEC_NAMES = SettingNames(model="model_size", stages="num_stages", layers="layers_per_stage")
+CLI_NAMES = SettingNames(model="--model", stages="--stages", layers="--layers-per-stage")
+
+
+def check_model_split(model_size: str, num_stages: int, layers_per_stage: Sequence[int] | None,
+                      names: SettingNames = SPEC_NAMES) -> None:
+    """Refuse an unknown model size or a layer split the stages cannot be built with,
+    with a message that says what to change. Reads only the size table: no model is built."""
+    from swarm_node.model.config import NAMED_SIZES
+    from swarm_node.model.stages import split_layers
+
+    layers_of = {name: size[1] for name, size in NAMED_SIZES.items()}
+    if model_size not in layers_of:
+        known = ", ".join(f"{name} ({layers} layers)" for name, layers in layers_of.items())
+        raise ConfigError(f"unknown model size {model_size!r} for {names.model}; choose one of {known}")
+    layers = layers_of[model_size]
+    try:
+        split_layers(layers, num_stages, layers_per_stage)
+    except ValueError:
+        if layers_per_stage is not None:
+            raise ConfigError(f"{names.layers} {','.join(map(str, layers_per_stage))} does not fit the {model_size} "
+                              f"model's {layers} layers in {num_stages} stages: give {num_stages} counts that sum to "
+                              f"{layers}, none negative and at least 1 for each middle stage") from None
+        # The even split fails only when there are more stages than layers (and more than two).
+        fixes = [f"{names.stages} {max(layers, 2)} or fewer"]
+        bigger = [f"{name}: {n} layers" for name, n in layers_of.items() if n >= num_stages]
+        if bigger:
+            fixes.append(f"a bigger {names.model} ({', '.join(bigger)})")
+        spare = layers - (num_stages - 2)  # first and last stages may hold no layers, middle ones need one
+        if spare >= 0:
+            explicit = [0] + [1] * (num_stages - 2) + [spare]
+            fixes.append(f"{names.layers} {','.join(map(str, explicit))}")
+        choices = fixes[0] if len(fixes) == 1 else f"{', '.join(fixes[:-1])} or {fixes[-1]}"
+        raise ConfigError(f"the {model_size} model has {layers} layers, which cannot be split into {num_stages} "
+                          f"stages: use {choices}") from None
 
 
 @dataclass(frozen=True)
@@ -44,6 +95,12 @@ class RunSpec:
             raise ConfigError("num_stages, seq_len, batch_size and samples_per_step must be positive")
         if not all(isinstance(p, str) and 0 < len(p) <= 128 for p in self.allowed_peers):
             raise ConfigError("allowed_peers must list peer ids (base58 strings)")
+        # Checked here, from the size table alone, so that a spec file, a published spec and
+        # `swarm-node local` all refuse an impossible model before any process or daemon starts.
+        check_model_split(self.model_size, self.num_stages, self.layers_per_stage, SPEC_NAMES)
+        if self.method.name not in SWARM_METHODS:
+            raise ConfigError(f"method {self.method.name!r} runs only in the simulator (swarm-node sim); a swarm "
+                              f"trains with {', '.join(SWARM_METHODS)}")
 
     def admits(self, peer_id: str) -> bool:
         return not self.allowed_peers or peer_id in self.allowed_peers
@@ -131,4 +188,4 @@ def _version_tuple(version: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
-__all__ = ["OuterHyper", "RunSpec"]
+__all__ = ["CLI_NAMES", "SPEC_NAMES", "OuterHyper", "RunSpec", "SettingNames", "check_model_split"]

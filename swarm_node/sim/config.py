@@ -7,9 +7,11 @@ from dataclasses import dataclass
 from swarm_node.data.spec import DataSpec
 from swarm_node.optim.inner import InnerHyper
 from swarm_node.optim.methods import MethodSpec
+from swarm_node.spec import SettingNames, check_model_split
 from swarm_node.wire.codec import WIRE_PRECISIONS
 
 ROUTINGS = ("random", "fixed")
+FIELD_NAMES = SettingNames(model="model_size", stages="stages", layers="layers_per_stage")
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,7 @@ class SimConfig:
             raise ValueError(f"routing must be one of {ROUTINGS}")
         if self.wire_dtype not in WIRE_PRECISIONS:
             raise ValueError(f"wire_dtype must be one of {tuple(WIRE_PRECISIONS)}")
+        check_model_split(self.model_size, self.stages, self.layers_per_stage, FIELD_NAMES)
 
     @property
     def tokens_per_step(self) -> int:

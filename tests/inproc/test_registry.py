@@ -49,7 +49,7 @@ def _joiner(peer_id: str, spec: RunSpec, peers: dict) -> Node:
 
 
 def test_simultaneous_joiners_spread_over_stages_and_agree_on_it():
-    spec = RunSpec(run_id="r", num_stages=3)
+    spec = RunSpec(run_id="r", model_size="tiny", num_stages=3)  # debug has 2 layers: too few for 3 stages
 
     def rec(stage, state, throughput=0.0):
         return PeerRecord(stage=stage, spec_hash=spec.spec_hash(), version=__version__, state=state,

@@ -111,3 +111,12 @@ def test_cli_reports_bad_settings_in_one_line(capsys):
     code = main(["sim", "--model", "enormous", "--steps", "1", "--no-progress"])
     assert code == 2
     assert "unknown model size" in capsys.readouterr().err
+
+
+def test_config_refuses_a_split_the_model_cannot_take_before_loading_anything():
+    from swarm_node.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="the debug model has 2 layers, which cannot be split into 3 stages: "
+                                          "use stages 2 or fewer"):
+        small_config("noloco", stages=3)
+    assert small_config("noloco", stages=3, layers_per_stage=(0, 1, 1)).stages == 3

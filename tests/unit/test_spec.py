@@ -1,4 +1,5 @@
 import dataclasses
+import re
 
 import pytest
 
@@ -74,3 +75,48 @@ def test_example_run_specs_parse():
     assert examples
     for path in examples:
         RunSpec.from_toml(path)
+
+
+def test_a_split_the_model_cannot_take_is_refused_with_the_fixes():
+    with pytest.raises(ConfigError) as caught:
+        RunSpec(model_size="debug", num_stages=3)
+    message = str(caught.value)
+    assert "the debug model has 2 layers, which cannot be split into 3 stages" in message
+    assert "num_stages 2 or fewer" in message and "tiny: 4 layers" in message
+    assert "layers_per_stage 0,1,1" in message
+    RunSpec(model_size="debug", num_stages=3, layers_per_stage=(0, 1, 1))  # the suggested split is accepted
+    RunSpec(model_size="tiny", num_stages=3)
+
+
+@pytest.mark.parametrize("stages", [3, 4, 5, 6])
+def test_every_suggested_explicit_split_is_accepted(stages):
+    checked = 0
+    for size in ("debug", "tiny"):
+        try:
+            RunSpec(model_size=size, num_stages=stages)
+        except ConfigError as exc:
+            suggested = re.search(r"layers_per_stage ([\d,]+)", str(exc))
+            if suggested:
+                split = tuple(int(x) for x in suggested.group(1).split(","))
+                assert RunSpec(model_size=size, num_stages=stages, layers_per_stage=split).layers_per_stage == split
+                checked += 1
+    assert checked >= 1
+
+
+def test_unknown_model_size_lists_the_known_ones():
+    with pytest.raises(ConfigError, match=r"unknown model size 'huge'.*debug \(2 layers\).*large \(32 layers\)"):
+        RunSpec(model_size="huge")
+
+
+@pytest.mark.parametrize("raw", [{"num_stages": 3}, {"model_size": "huge"}, {"layers_per_stage": [1, 2]},
+                                 {"num_stages": 2, "layers_per_stage": [0, 1, 1]}, {"method": {"name": "ddp"}}])
+def test_spec_files_with_impossible_models_or_methods_are_refused(raw):
+    with pytest.raises(ConfigError, match="invalid run spec"):
+        RunSpec.from_dict(raw)
+
+
+def test_ddp_is_refused_for_a_swarm_and_the_message_says_where_it_runs():
+    from swarm_node.optim import default_method
+
+    with pytest.raises(ConfigError, match=r"only in the simulator \(swarm-node sim\)"):
+        RunSpec(method=default_method("ddp"))
