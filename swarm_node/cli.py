@@ -27,46 +27,67 @@ def _int_list(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
+MODEL_HELP = "debug (2 layers) | tiny (4) | small (12) | medium (24) | large (32); default: %(default)s"
+DATA_HELP = ("synthetic[:alphabet=16,order=2,...] | corpus (the bundled docstrings) | text:PATH | bin:PATH | hf:PATH "
+             "| PATH; default: %(default)s")
+THREADS_DEFAULT_HELP = ("default: the cores not already busy (measured over half a second at the start), at least "
+                        "1: more threads than free cores leave torch's threads spinning, waiting for each other")
+
+
 def _add_sim_parser(sub) -> None:
     p = sub.add_parser("sim", help="train an in-process swarm (R replicas x S stages) in one process",
                        description="Simulate a swarm in one process: random routing between stages, "
                                    "the real inner and outer optimizers, fresh random pairs every round.")
-    p.add_argument("--method", choices=("noloco", "diloco", "ddp", "local"), default="noloco")
-    p.add_argument("--replicas", type=_positive_int, default=4, help="workers per stage (R)")
-    p.add_argument("--stages", type=_positive_int, default=2, help="pipeline stages (S)")
-    p.add_argument("--model", default="debug", help="debug | tiny | small | medium | large")
-    p.add_argument("--layers-per-stage", type=_int_list, default=None, help="explicit split, e.g. 5,7")
-    p.add_argument("--data", default="corpus",
-                   help="synthetic[:alphabet=16,order=2,...] | corpus | text:PATH | bin:PATH | PATH")
-    p.add_argument("--tokenizer", default=None, help="Hugging Face tokenizer.json (default: bytes)")
-    p.add_argument("--seq-len", type=_positive_int, default=64)
-    p.add_argument("--batch-size", type=_positive_int, default=8, help="sequences per worker per step")
-    p.add_argument("--steps", type=_positive_int, default=1000, help="inner optimizer steps per worker")
-    p.add_argument("--inner-steps", type=_positive_int, default=None, help="H (default: 50 noloco, 100 diloco)")
-    p.add_argument("--lr", type=float, default=None, help="peak inner lr (default depends on --model)")
-    p.add_argument("--warmup-steps", type=int, default=None, help="default: 4%% of --steps")
-    p.add_argument("--weight-decay", type=float, default=0.0)
-    p.add_argument("--alpha", type=float, default=None, help="outer momentum")
-    p.add_argument("--beta", type=float, default=None, help="outer learning rate")
-    p.add_argument("--gamma", type=float, default=None, help="NoLoCo pull towards the group mean")
+    p.add_argument("--method", choices=("noloco", "diloco", "ddp", "local"), default="noloco",
+                   help="how the replicas of a stage keep in step: noloco (random groups, default), diloco "
+                        "(all replicas of the stage), ddp (gradients averaged every step: the reference) or local "
+                        "(no exchange: the baseline)")
+    p.add_argument("--replicas", type=_positive_int, default=4, help="workers per stage (R); default: %(default)s")
+    p.add_argument("--stages", type=_positive_int, default=2, help="pipeline stages (S); default: %(default)s")
+    p.add_argument("--model", default="debug", help=MODEL_HELP)
+    p.add_argument("--layers-per-stage", type=_int_list, default=None, metavar="N,N,...",
+                   help="explicit split of the layers, e.g. 5,7 (default: even, earlier stages take the remainder)")
+    p.add_argument("--data", default="corpus", help=DATA_HELP)
+    p.add_argument("--tokenizer", default=None, metavar="PATH",
+                   help="Hugging Face tokenizer.json (default: bytes)")
+    p.add_argument("--seq-len", type=_positive_int, default=64, help="tokens per sequence; default: %(default)s")
+    p.add_argument("--batch-size", type=_positive_int, default=8,
+                   help="sequences per worker per step; default: %(default)s")
+    p.add_argument("--steps", type=_positive_int, default=1000,
+                   help="inner optimizer steps per worker; default: %(default)s")
+    p.add_argument("--inner-steps", type=_positive_int, default=None, metavar="H",
+                   help="inner steps between outer rounds (default: 50 noloco, 100 diloco)")
+    p.add_argument("--lr", type=float, default=None,
+                   help="peak inner learning rate (default: by --model, from 3e-3 for debug to 1.2e-4 for large)")
+    p.add_argument("--warmup-steps", type=int, default=None, help="learning-rate warm-up (default: 4%% of --steps)")
+    p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay; default: %(default)s")
+    p.add_argument("--alpha", type=float, default=None, help="outer momentum (default: 0.5 noloco, 0.3 diloco)")
+    p.add_argument("--beta", type=float, default=None, help="outer learning rate (default: 0.7)")
+    p.add_argument("--gamma", type=float, default=None,
+                   help="NoLoCo pull towards the group mean (default: 0.7)")
     p.add_argument("--nesterov", action="store_true", help="Nesterov outer momentum instead of heavy-ball")
-    p.add_argument("--group-size", type=int, default=2, help="NoLoCo group size")
-    p.add_argument("--routing", choices=("random", "fixed"), default="random")
+    p.add_argument("--group-size", type=int, default=2, help="NoLoCo group size; default: %(default)s (pairs)")
+    p.add_argument("--routing", choices=("random", "fixed"), default="random",
+                   help="random: a fresh random path through the stages per micro-batch (default); fixed: "
+                        "replica r always uses worker r of every stage")
     p.add_argument("--wire-dtype", choices=("fp32", "fp16", "bf16"), default="fp32",
-                   help="precision of activations/gradients between stages")
-    p.add_argument("--eval-every", type=_positive_int, default=None, help="steps between evaluations")
-    p.add_argument("--eval-batches", type=_positive_int, default=8)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cpu", help="cpu | cuda | auto")
-    p.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads")
-    p.add_argument("--json-out", type=Path, default=None)
-    p.add_argument("--plot", type=Path, default=None, help="write a PNG of the loss curves")
-    p.add_argument("--no-progress", action="store_true")
+                   help="precision of activations/gradients between stages; default: %(default)s")
+    p.add_argument("--eval-every", type=_positive_int, default=None, metavar="STEPS",
+                   help="steps between evaluations (default: --steps / 20)")
+    p.add_argument("--eval-batches", type=_positive_int, default=8, metavar="N",
+                   help="validation batches of 64 windows per evaluation; default: %(default)s")
+    p.add_argument("--seed", type=int, default=0, help="initial weights and data order; default: %(default)s")
+    p.add_argument("--device", default="cpu", help="cpu | cuda | auto; default: %(default)s")
+    p.add_argument("--threads", type=_positive_int, default=None, help=f"torch CPU threads; {THREADS_DEFAULT_HELP}")
+    p.add_argument("--json-out", type=Path, default=None, metavar="PATH", help="write the JSON summary here")
+    p.add_argument("--plot", type=Path, default=None, metavar="PATH", help="write a PNG of the loss curves")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(handler=_run_sim)
 
 
 def _run_sim(args: argparse.Namespace) -> int:
     import dataclasses
+    import logging
 
     import torch
 
@@ -75,9 +96,15 @@ def _run_sim(args: argparse.Namespace) -> int:
     from swarm_node.optim import InnerHyper, default_method
     from swarm_node.sim.config import SimConfig
     from swarm_node.sim.run import run_simulation
+    from swarm_node.spec import CLI_NAMES, check_model_split
+    from swarm_node.system import default_threads
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    check_model_split(args.model, args.stages, args.layers_per_stage, CLI_NAMES)
+    threads = args.threads or default_threads()
+    torch.set_num_threads(threads)
+    if args.threads is None:
+        logging.getLogger("swarm_node.sim").info("using %d torch thread%s (--threads to change)", threads,
+                                                 "s" if threads > 1 else "")
     data = DataSpec.parse(args.data)
     if args.tokenizer:
         data = dataclasses.replace(data, tokenizer_path=args.tokenizer)
@@ -276,55 +303,80 @@ def _add_local_parser(sub) -> None:
     p = sub.add_parser("local", help="run a whole swarm of node processes on this machine",
                        description="Start a bootstrap DHT and S x R node processes on loopback, train, "
                                    "evaluate, and shut everything down.")
-    p.add_argument("--stages", type=_positive_int, default=2)
-    p.add_argument("--replicas", type=_positive_int, default=2, help="nodes per stage")
-    p.add_argument("--model", default="debug")
-    p.add_argument("--data", default="corpus")
-    p.add_argument("--seq-len", type=_positive_int, default=64)
-    p.add_argument("--batch-size", type=_positive_int, default=8)
-    p.add_argument("--steps", type=_positive_int, default=200, help="inner steps of each stage-0 node")
+    p.add_argument("--stages", type=_positive_int, default=2, help="pipeline stages (S); default: %(default)s")
+    p.add_argument("--replicas", type=_positive_int, default=2, help="nodes per stage (R); default: %(default)s")
+    p.add_argument("--model", default="debug", help=MODEL_HELP)
+    p.add_argument("--layers-per-stage", type=_int_list, default=None, metavar="N,N,...",
+                   help="explicit split of the layers, e.g. 0,1,1 (default: even, earlier stages take the "
+                        "remainder; first and last stages may hold none)")
+    p.add_argument("--data", default="corpus", help=DATA_HELP)
+    p.add_argument("--seq-len", type=_positive_int, default=64, help="tokens per sequence; default: %(default)s")
+    p.add_argument("--batch-size", type=_positive_int, default=8,
+                   help="sequences per micro-batch and per inner step; default: %(default)s")
+    p.add_argument("--steps", type=_positive_int, default=200,
+                   help="inner steps of each stage-0 node; default: %(default)s")
     p.add_argument("--method", choices=("noloco", "diloco", "local"), default="noloco",
-                   help="local: no weight exchange (the baseline)")
-    p.add_argument("--inner-steps", type=_positive_int, default=None, help="H (default: 50 noloco, 100 diloco)")
-    p.add_argument("--lr", type=float, default=None)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--round-timeout", type=float, default=15.0)
-    p.add_argument("--threads-per-node", type=_positive_int, default=1, help="torch CPU threads of each node")
+                   help="noloco (random pairs, default), diloco (all nodes of the stage) or local (no weight "
+                        "exchange: the baseline)")
+    p.add_argument("--inner-steps", type=_positive_int, default=None, metavar="H",
+                   help="inner steps between outer rounds (default: 50 noloco, 100 diloco)")
+    p.add_argument("--lr", type=float, default=None,
+                   help="peak inner learning rate (default: by --model, from 3e-3 for debug to 1.2e-4 for large)")
+    p.add_argument("--seed", type=int, default=0, help="initial weights and data order; default: %(default)s")
+    p.add_argument("--device", default="cpu", help="device of every node: cpu | cuda[:N] | auto; default: %(default)s")
+    p.add_argument("--round-timeout", type=float, default=15.0, metavar="SECONDS",
+                   help="seconds a node seeks a partner per outer round; default: %(default)s")
+    p.add_argument("--threads-per-node", type=_positive_int, default=1,
+                   help="torch CPU threads of each node; default: %(default)s")
     p.add_argument("--eval-batches", type=_positive_int, default=8, metavar="N",
-                   help="validation batches of 64 windows for the final loss (the bundled corpus has 8)")
-    p.add_argument("--run-dir", type=Path, default=None, help="keep logs, weights and summaries here")
-    p.add_argument("--json-out", type=Path, default=None)
+                   help="validation batches of 64 windows for the final loss (the bundled corpus has 8); "
+                        "default: %(default)s")
+    p.add_argument("--run-dir", type=Path, default=None, metavar="DIR",
+                   help="keep logs, weights and summaries here (default: a temporary directory, removed)")
+    p.add_argument("--checkpoint-dir", type=Path, default=None, metavar="DIR",
+                   help="every node writes checkpoints to DIR/stageS-rR (after every outer round and at the end); "
+                        "`swarm-node export --checkpoint DIR/stage0-r0 DIR/stage1-r0 ... --out MODEL` turns them "
+                        "into a model, as the run's last lines say")
+    p.add_argument("--json-out", type=Path, default=None, metavar="PATH", help="write the JSON summary here")
     p.add_argument("--chaos-kills", type=int, default=0, metavar="N",
                    help="fault injection: SIGKILL N random nodes at random moments of the run")
     p.add_argument("--chaos-restarts", type=int, default=0, metavar="M",
                    help="start M of the killed nodes again from their checkpoints")
-    p.add_argument("--chaos-seed", type=int, default=0)
+    p.add_argument("--chaos-seed", type=int, default=0, metavar="SEED",
+                   help="which nodes are killed and when; default: %(default)s")
     p.add_argument("--dashboard-port", type=int, default=None, metavar="PORT",
                    help="also run a swarm-bootstrap serving the live dashboard on this port (0: any free port)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(handler=_run_local)
 
 
 def _run_local(args: argparse.Namespace) -> int:
+    import logging
     import secrets
 
     from swarm_node.config import default_warmup_steps, suggested_lr
     from swarm_node.data.spec import DataSpec
     from swarm_node.local import ChaosPlan, LocalConfig, run_local
     from swarm_node.optim import InnerHyper, default_method
-    from swarm_node.spec import RunSpec
+    from swarm_node.spec import CLI_NAMES, RunSpec, check_model_split
 
+    # First, with the flags' names; RunSpec checks the same again with its keys' names.
+    check_model_split(args.model, args.stages, args.layers_per_stage, CLI_NAMES)
+    method = default_method(args.method, inner_steps=args.inner_steps)
+    if method.has_outer_step and method.inner_steps > args.steps:
+        logging.getLogger("swarm_node.local").warning(
+            "--steps %d is shorter than one outer round (H = %d inner steps): the nodes will not exchange weights; "
+            "lower --inner-steps or raise --steps", args.steps, method.inner_steps)
     spec = RunSpec(run_id=f"local-{secrets.token_hex(4)}", model_size=args.model, num_stages=args.stages,
-                   seq_len=args.seq_len, batch_size=args.batch_size, samples_per_step=args.batch_size,
-                   total_steps=args.steps, seed=args.seed, data=DataSpec.parse(args.data),
-                   method=default_method(args.method, inner_steps=args.inner_steps),
+                   layers_per_stage=args.layers_per_stage, seq_len=args.seq_len, batch_size=args.batch_size,
+                   samples_per_step=args.batch_size, total_steps=args.steps, seed=args.seed,
+                   data=DataSpec.parse(args.data), method=method,
                    inner=InnerHyper(lr=args.lr or suggested_lr(args.model),
                                     warmup_steps=default_warmup_steps(args.steps), total_steps=args.steps))
     config = LocalConfig(replicas=args.replicas, steps=args.steps, device=args.device,
                          round_timeout_s=args.round_timeout, run_dir=args.run_dir, progress=not args.no_progress,
                          threads_per_node=args.threads_per_node, eval_batches=args.eval_batches,
-                         dashboard_port=args.dashboard_port,
+                         dashboard_port=args.dashboard_port, checkpoint_dir=args.checkpoint_dir,
                          chaos=ChaosPlan(kills=args.chaos_kills, restarts=min(args.chaos_restarts, args.chaos_kills),
                                          seed=args.chaos_seed) if args.chaos_kills else None)
     summary = run_local(spec, config, args.json_out)

@@ -4,7 +4,8 @@ Starts a bootstrap DHT in this process, S x R node processes on loopback (each a
 ``swarm-node join``), shows one progress bar with the swarm's loss and tokens/s, and
 when the stage-0 nodes have done their steps stops the rest, collects every peer's
 final weights, evaluates, and writes a JSON summary. A node that dies is reported and
-the others carry on."""
+the others carry on. Everything that can be checked before a process starts (the run
+spec, the data, the checkpoint directory) is checked first."""
 
 from __future__ import annotations
 
@@ -26,15 +27,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from swarm_node.data.dataset import load_windows
-from swarm_node.errors import SwarmError
+from swarm_node.data.dataset import TokenWindows, load_windows
+from swarm_node.errors import ConfigError, SwarmError
 from swarm_node.model.config import model_config
 from swarm_node.model.stages import build_stage
 from swarm_node.net.dht import SwarmDHT
-from swarm_node.obs.progress import TrainingProgress
+from swarm_node.obs.progress import EvaluationProgress, TrainingProgress
 from swarm_node.registry import read_stage
 from swarm_node.spec import RunSpec
-from swarm_node.train.evaluate import average_into, path_val_loss, weight_spread
+from swarm_node.system import default_threads
+from swarm_node.train.checkpoint import PREFIX as CHECKPOINT_PREFIX
+from swarm_node.train.evaluate import average_into, path_val_loss, val_batch_count, weight_spread
 from swarm_node.wire.records import PeerRecord
 
 log = logging.getLogger("swarm_node.local")
@@ -70,6 +73,8 @@ class LocalConfig:
     stop_grace_s: float = 30.0
     dashboard_port: int | None = None  # run a real swarm-bootstrap with its dashboard here (0: any port)
     chaos: ChaosPlan | None = None
+    checkpoint_dir: Path | None = None  # every node writes checkpoints to its own sub-directory of this
+    eval_threads: int | None = None  # torch threads of the final evaluation (default: the cores free then)
 
 
 @dataclass
@@ -103,12 +108,38 @@ class LocalSwarm:
         self._restarts: list[tuple[float, tuple[int, int]]] = []  # (monotonic time, (stage, replica))
         self._to_restart: set[tuple[int, int]] = set()
         self.loss_curve: list[tuple[int, float]] = []
+        self.data: TokenWindows | None = None  # loaded before any process starts, evaluated on at the end
+
+    def node_checkpoint_dir(self, stage: int, replica: int) -> Path | None:
+        """Where the node writes its checkpoints: under --checkpoint-dir, or in the run dir when
+        chaos may restart it (it resumes from there), or nowhere."""
+        if self.config.checkpoint_dir is not None:
+            return Path(self.config.checkpoint_dir) / f"stage{stage}-r{replica}"
+        if self.config.chaos is not None:
+            return self.run_dir / f"checkpoints-s{stage}-r{replica}"
+        return None
+
+    def preflight(self) -> None:
+        """Refuse what would make the nodes fail, before any process or daemon starts: the
+        spec itself was checked when it was built; here the data and the checkpoint dirs."""
+        try:
+            self.data = load_windows(self.spec.data, self.spec.seq_len)
+        except (OSError, ValueError, ImportError) as exc:
+            raise ConfigError(f"the data {self.spec.data.describe()} cannot be loaded: {exc}; check --data") from None
+        if self.config.checkpoint_dir is not None:
+            used = [d for s in range(self.spec.num_stages) for r in range(self.config.replicas)
+                    if (d := self.node_checkpoint_dir(s, r)).is_dir() and any(d.glob(f"{CHECKPOINT_PREFIX}*"))]
+            if used:
+                raise ConfigError(f"--checkpoint-dir {self.config.checkpoint_dir} already holds checkpoints of an "
+                                  f"earlier run ({used[0]}); a new local run cannot continue them: give a new or "
+                                  "empty directory")
 
     async def run(self) -> dict:
         started = time.perf_counter()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         sockets_before = daemon_sockets()
         try:
+            self.preflight()
             spec_path = self.run_dir / "run-spec.json"
             self.spec.write_json(spec_path)
             initial = [await self._start_dashboard(spec_path)] if self.config.dashboard_port is not None else []
@@ -188,7 +219,9 @@ class LocalSwarm:
             cmd += ["--max-steps", str(self.config.steps), "--data-shard", f"{replica}/{self.config.replicas}"]
         if self.config.chaos is not None:  # a node that may be restarted keeps its identity and state
             cmd += ["--identity", str(self.run_dir / f"identity-s{stage}-r{replica}.key"),
-                    "--checkpoint-dir", str(self.run_dir / f"checkpoints-s{stage}-r{replica}")]
+                    "--checkpoint-dir", str(self.node_checkpoint_dir(stage, replica))]
+        elif self.config.checkpoint_dir is not None:
+            cmd += ["--checkpoint-dir", str(self.node_checkpoint_dir(stage, replica))]
         with open(log_path, "wb") as out:
             process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         child = Child(stage, replica, process, log_path, restarted=restarted)
@@ -248,6 +281,10 @@ class LocalSwarm:
                 self._poll_children()
                 drivers = [c for c in self.children if c.stage == 0]
                 if all(c.returncode is not None for c in drivers) and not self._restarts:
+                    if any(c.returncode == 0 for c in drivers):  # a driver exits cleanly after its last step
+                        bar.finish(self.config.steps)
+                    bar.close()
+                    log.info("stage 0 has done its %d steps; stopping the other nodes", self.config.steps)
                     return
                 if all(c.returncode is not None and c.returncode != 0 for c in self.children if c.stage > 0) \
                         and self.spec.num_stages > 1:
@@ -261,8 +298,8 @@ class LocalSwarm:
                 if losses:
                     self.loss_curve.append((tokens, float(np.mean(losses))))
                 if step is not None:
-                    bar.update(min(step, self.config.steps), tokens, self.loss_curve[-1][1] if losses else float("nan"),
-                               None, time.perf_counter() - started)
+                    last_loss = self.loss_curve[-1][1] if self.loss_curve else None  # none before the first
+                    bar.update(min(step, self.config.steps), tokens, last_loss, None, time.perf_counter() - started)
                 await asyncio.sleep(0.5)
         finally:
             bar.close()
@@ -312,13 +349,18 @@ class LocalSwarm:
                      "inner_steps": 0, "outer_rounds": 0, "rounds_with_partner": 0, "local_only_rounds": 0,
                      "bytes_sent": 0, "bytes_received": 0, "microbatches_done": 0, "microbatches_lost": 0,
                      "retries": 0}
+            checkpoints = self.node_checkpoint_dir(child.stage, child.replica)
+            written = self.config.checkpoint_dir is not None and any(checkpoints.glob(f"{CHECKPOINT_PREFIX}*"))
+            entry["checkpoint_dir"] = str(checkpoints) if written else None  # where `export` finds this node
             if info is not None:
                 entry.update({k: info[k] for k in entry if k in info and k not in ("status", "pid", "restarted")})
                 weights = self.run_dir / info["weights_file"]
                 if weights.exists():
                     stage_weights[child.stage][child.replica] = torch.load(weights, map_location="cpu")
             peers.append(entry)
+        began = time.perf_counter()
         evaluation = self._evaluate(stage_weights)
+        evaluation["eval_s"] = time.perf_counter() - began
         tokens = sum(p["microbatches_done"] for p in peers if p["stage"] == 0) * self.spec.batch_size \
             * self.spec.seq_len
         final = evaluation["final_val_loss"]
@@ -331,7 +373,9 @@ class LocalSwarm:
                 "run_spec_hash": self.spec.spec_hash(), "method": self.spec.method.name}
 
     def _evaluate(self, stage_weights: dict[int, dict[int, dict]]) -> dict:
-        data = load_windows(self.spec.data, self.spec.seq_len)
+        """Validation loss of the initial model, of every replica's path (replica r at every
+        stage) and of the consensus model (each stage the mean of its replicas)."""
+        data = self.data if self.data is not None else load_windows(self.spec.data, self.spec.seq_len)
         config = model_config(self.spec.model_size, vocab_size=data.vocab_size, max_seq_len=self.spec.seq_len)
 
         def stage_module(stage: int, state: dict | None):
@@ -341,19 +385,42 @@ class LocalSwarm:
                 module.load_state_dict(state)
             return module
 
-        kwargs = dict(batch_size=self.config.eval_batch_size, max_batches=self.config.eval_batches)
-        initial = path_val_loss([stage_module(s, None) for s in range(self.spec.num_stages)], data, **kwargs)
-        modules = {s: {r: stage_module(s, w) for r, w in ws.items()} for s, ws in stage_weights.items()}
-        losses = []
-        for replica in range(self.config.replicas):
-            if all(replica in modules[s] for s in modules):
-                losses.append(path_val_loss([modules[s][replica] for s in sorted(modules)], data, **kwargs))
-        complete = all(modules[s] for s in modules)
-        consensus = path_val_loss([average_into(stage_module(s, None), list(modules[s].values()))
-                                   for s in sorted(modules)], data, **kwargs) if complete else None
+        stages = range(self.spec.num_stages)
+        replicas = [r for r in range(self.config.replicas) if all(r in stage_weights[s] for s in stages)]
+        complete = all(stage_weights[s] for s in stages)
+        batches = val_batch_count(data, self.config.eval_batch_size, self.config.eval_batches)
+        threads = self.config.eval_threads or default_threads()  # measured now: our nodes have stopped
+        log.info("evaluating %d model paths (the initial weights, %d replicas%s) on %d validation batch%s of %d "
+                 "windows with %d torch thread%s", 1 + len(replicas) + complete, len(replicas),
+                 ", the consensus model" if complete else "", batches, "es" if batches > 1 else "",
+                 self.config.eval_batch_size, threads, "s" if threads > 1 else "")
+        progress = EvaluationProgress(1 + len(replicas) + complete, batches, log, enabled=self.config.progress)
+
+        def evaluate(what: str, path: list) -> float:
+            progress.start(what)
+            began = time.perf_counter()
+            loss = path_val_loss(path, data, batch_size=self.config.eval_batch_size,
+                                 max_batches=self.config.eval_batches, on_batch=progress.advance)
+            progress.finished(what, loss, time.perf_counter() - began)
+            return loss
+
+        # Set in this (worker) thread, which does all the work: OpenMP keeps a thread count per
+        # OS thread; the previous count is restored afterwards.
+        threads_before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            initial = evaluate("the initial weights", [stage_module(s, None) for s in stages])
+            modules = {s: {r: stage_module(s, w) for r, w in ws.items()} for s, ws in stage_weights.items()}
+            losses = [evaluate(f"replica {r}", [modules[s][r] for s in stages]) for r in replicas]
+            consensus = evaluate("the consensus model", [average_into(stage_module(s, None),
+                                                                      list(modules[s].values())) for s in stages]) \
+                if complete else None
+        finally:
+            progress.close()
+            torch.set_num_threads(threads_before)
         final = float(np.mean(losses)) if losses else consensus
         return {"initial_val_loss": initial, "final_val_loss": final, "final_consensus_val_loss": consensus,
-                "replica_weight_std": [weight_spread(list(modules[s].values())) for s in sorted(modules)],
+                "replica_weight_std": [weight_spread(list(modules[s].values())) for s in stages],
                 "entropy_floor": data.entropy_floor}
 
 
@@ -396,19 +463,36 @@ def _reap_group(pgid: int) -> None:
 def run_local(spec: RunSpec, config: LocalConfig, json_out: Path | None) -> dict:
     swarm = LocalSwarm(spec, config)
     # SIGTERM takes the Ctrl-C path: the nodes are stopped and the run dir removed.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    summary = asyncio.run(swarm.run())
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        summary = asyncio.run(swarm.run())
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     lost = [p for p in summary["peers"] if p["status"] == "lost"]
-    log.info("swarm: final val loss %s, %s tokens in %.1f s (%.0f tok/s); %d of %d peers lost",
+    consensus = summary["final_consensus_val_loss"]
+    log.info("swarm: final val loss %s%s, %s tokens in %.1f s (%.0f tok/s), evaluated in %.1f s; %d of %d peers lost",
              f"{summary['final_val_loss']:.4f}" if summary["final_val_loss"] is not None else "n/a",
-             f"{summary['tokens']:,}", summary["wall_s"], summary["tokens_per_s"] or 0, len(lost),
+             f" (consensus model {consensus:.4f})" if consensus is not None else "",
+             f"{summary['tokens']:,}", summary["wall_s"], summary["tokens_per_s"] or 0, summary["eval_s"], len(lost),
              len(summary["peers"]))
     for p in summary["peers"]:
         log.info("  stage %d %s pid %d: %s, %d steps, %d rounds (%d with a partner), %d micro-batches, %d lost",
                  p["stage"], (p["peer_id"] or "?")[-6:], p["pid"], p["status"], p["inner_steps"], p["outer_rounds"],
                  p["rounds_with_partner"], p["microbatches_done"], p["microbatches_lost"])
+    log.info(export_hint(summary, config))
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(summary, indent=2) + "\n")
         log.info("wrote %s", json_out)
     return summary
+
+
+def export_hint(summary: dict, config: LocalConfig) -> str:
+    """How to turn the nodes' checkpoints into one model (or how to keep them next time)."""
+    if config.checkpoint_dir is None:
+        return "the trained weights are not kept: run with --checkpoint-dir DIR to export a model afterwards"
+    dirs = [p["checkpoint_dir"] for p in sorted(summary["peers"], key=lambda p: p["stage"]) if p.get("checkpoint_dir")]
+    if not dirs:
+        return f"no node wrote a checkpoint under {config.checkpoint_dir}"
+    return ("export the model (the replicas of each stage averaged; give one directory per stage for a single "
+            f"replica's model): swarm-node export --checkpoint {' '.join(dict.fromkeys(dirs))} --out MODEL_DIR")

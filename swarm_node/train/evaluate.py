@@ -3,7 +3,7 @@ a consensus model, and the spread of weights across the workers of a stage."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -13,7 +13,9 @@ from swarm_node.model.stages import PipelineStage
 
 @torch.no_grad()
 def path_val_loss(stages: Sequence[PipelineStage], data: TokenWindows, *, batch_size: int, max_batches: int,
-                  device: torch.device | str = "cpu") -> float:
+                  device: torch.device | str = "cpu", on_batch: Callable[[], None] | None = None) -> float:
+    """Mean validation loss of the model the ``stages`` form, over the first ``max_batches``
+    validation batches; ``on_batch`` is called after each (for progress displays)."""
     was_training = [s.training for s in stages]
     for s in stages:
         s.eval()
@@ -25,10 +27,17 @@ def path_val_loss(stages: Sequence[PipelineStage], data: TokenWindows, *, batch_
                 hidden = stage(hidden, targets.to(device) if stage.is_last else None)
             total += float(hidden) * len(inputs)
             count += len(inputs)
+            if on_batch is not None:
+                on_batch()
     finally:
         for s, mode in zip(stages, was_training):
             s.train(mode)
     return total / count
+
+
+def val_batch_count(data: TokenWindows, batch_size: int, max_batches: int) -> int:
+    """How many batches ``path_val_loss`` evaluates."""
+    return min(max_batches, -(-data.num_val_windows // batch_size))
 
 
 @torch.no_grad()
