@@ -77,7 +77,8 @@ def _add_sim_parser(sub) -> None:
     p.add_argument("--eval-batches", type=_positive_int, default=8, metavar="N",
                    help="validation batches of 64 windows per evaluation; default: %(default)s")
     p.add_argument("--seed", type=int, default=0, help="initial weights and data order; default: %(default)s")
-    p.add_argument("--device", default="cpu", help="cpu | cuda | auto; default: %(default)s")
+    p.add_argument("--device", default="cpu",
+                   help="cpu | cuda[:N] | mps | auto (CUDA, else Apple MPS, else CPU); default: %(default)s")
     p.add_argument("--threads", type=_positive_int, default=None, help=f"torch CPU threads; {THREADS_DEFAULT_HELP}")
     p.add_argument("--json-out", type=Path, default=None, metavar="PATH", help="write the JSON summary here")
     p.add_argument("--plot", type=Path, default=None, metavar="PATH", help="write a PNG of the loss curves")
@@ -189,8 +190,8 @@ def _add_join_parser(sub) -> None:
                    help="the slowest upload expected among peers; outer exchanges of large stages get deadlines "
                         "that fit it (default %(default)s)")
     p.add_argument("--threads", type=_positive_int, default=None,
-                   help="torch CPU threads (default: the cores this process may use, less what other processes "
-                        "keep busy)")
+                   help="torch CPU threads of the training thread (default: OMP_NUM_THREADS if set, else the cores "
+                        "other processes leave free, less one for this node's networking)")
     p.add_argument("--no-state-download", action="store_true",
                    help="start from the run's initial weights instead of a live peer's state")
     p.add_argument("--checkpoint-dir", type=Path, default=None,
@@ -267,16 +268,12 @@ def _ratio(text: str) -> float:
 def _run_join(args: argparse.Namespace) -> int:
     import asyncio
 
-    import torch
-
     from swarm_node.config import resolve_device
     from swarm_node.node import Node
     from swarm_node.node_config import NodeConfig
     from swarm_node.spec import RunSpec
-    from swarm_node.system import use_uvloop
+    from swarm_node.system import node_threads, use_uvloop
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     if args.initial_peers_file is not None:
         args.initial_peers = [*args.initial_peers, *_read_maddrs(args.initial_peers_file)]
     if args.config is None and not args.initial_peers:
@@ -293,6 +290,7 @@ def _run_join(args: argparse.Namespace) -> int:
                         activation_wire=args.wire_dtype, outer_wire=args.wire_dtype,
                         max_update_ratio=args.max_update_ratio, http_host=args.http_host,
                         metrics_sinks=tuple(m for m in args.metrics if m != "none"), metrics_dir=args.metrics_dir,
+                        threads=args.threads or node_threads(),
                         http_port=args.http_port, progress=not args.no_progress)
     use_uvloop()
     asyncio.run(Node(spec, config).run())
@@ -323,7 +321,8 @@ def _add_local_parser(sub) -> None:
     p.add_argument("--lr", type=float, default=None,
                    help="peak inner learning rate (default: by --model, from 3e-3 for debug to 1.2e-4 for large)")
     p.add_argument("--seed", type=int, default=0, help="initial weights and data order; default: %(default)s")
-    p.add_argument("--device", default="cpu", help="device of every node: cpu | cuda[:N] | auto; default: %(default)s")
+    p.add_argument("--device", default="cpu",
+                   help="device of every node: cpu | cuda[:N] | mps | auto; default: %(default)s")
     p.add_argument("--round-timeout", type=float, default=15.0, metavar="SECONDS",
                    help="seconds a node seeks a partner per outer round; default: %(default)s")
     p.add_argument("--threads-per-node", type=_positive_int, default=1,

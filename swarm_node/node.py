@@ -61,6 +61,7 @@ from swarm_node.obs.sinks import Sinks, open_sinks
 from swarm_node.statesync import StateSync
 from swarm_node.system import raise_open_file_limit
 from swarm_node.train.checkpoint import CheckpointError, latest_checkpoint, save_checkpoint
+from swarm_node.train.device import explain_run_oom
 from swarm_node.train.screen import MagnitudeScreen
 from swarm_node.train.worker import StageWorker, finite, throughput_ema
 from swarm_node.wire.codec import WIRE_PRECISIONS, FrameLimits, decode_frame, encode_frame
@@ -107,7 +108,11 @@ class Node:
         self._last_error = ""
         self._known_peers: dict[str, list[str]] = {}  # peer -> addresses, for re-bootstrapping
         self.peers: dict[int, dict[str, PeerRecord]] = {}
-        self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compute")
+        # OpenMP keeps a thread count per OS thread: set it in the compute thread itself
+        # (torch.set_num_threads on the main thread does not reach it).
+        self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compute",
+                                           initializer=torch.set_num_threads if config.threads else None,
+                                           initargs=(config.threads,) if config.threads else ())
         self._compute_closed = False
         self._stop = asyncio.Event()
         self._round_due = asyncio.Event()
@@ -139,6 +144,7 @@ class Node:
         self.metrics: Sinks | None = None
         self.status = "running"
         self.reachability: Reachability | None = None  # what peers measured dialling us back
+        self._fatal: SwarmError | None = None  # ends run() once the node has shut down (out of memory)
         self._recent_steps = RecentGrowth()
         self._recent_microbatches = RecentGrowth()
 
@@ -146,7 +152,20 @@ class Node:
     async def compute(self, fn, *args, **kwargs):
         if self._compute_closed:  # a stream handler the daemon still runs while we shut down
             raise PeerRefused("this node is shutting down")
-        return await asyncio.get_running_loop().run_in_executor(self._compute, partial(fn, *args, **kwargs))
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._compute, partial(fn, *args, **kwargs))
+        except Exception as exc:
+            if self.stage is None or self.data is None:
+                raise
+            error = explain_run_oom(exc, self.spec, stage=self.stage, vocab_size=self.data.vocab_size,
+                                    device=self.config.device)
+            if error is None:
+                raise
+            # The device is full: wherever it happened (a peer's request, our producer),
+            # the node stops and run() ends with this one line.
+            self._fatal = self._fatal or error
+            self.stop()
+            raise error from exc
 
     @property
     def peer_id(self) -> str:
@@ -212,6 +231,8 @@ class Node:
             raise
         finally:
             await self._shutdown()
+        if self._fatal is not None:
+            raise self._fatal
         return self.summary()
 
     async def _start(self) -> None:
@@ -1070,7 +1091,9 @@ def _rms(t: torch.Tensor) -> float:
 
 def _partner_magnitudes(worker: StageWorker, phi: list[torch.Tensor], delta: list[torch.Tensor]) -> tuple[float, float]:
     """On the compute thread: the norm of a partner's Delta and its phi's distance from ours."""
-    distance = math.sqrt(sum(float((p.float() - own).pow(2).sum()) for p, own in zip(phi, worker.slow.phi)))
+    # the partner's tensors were decoded on the CPU; ours live on the training device
+    distance = math.sqrt(sum(float((p.to(own.device, torch.float32) - own).pow(2).sum())
+                             for p, own in zip(phi, worker.slow.phi)))
     return _norm(delta), distance
 
 

@@ -17,6 +17,7 @@ class NodeConfig:
     client_mode: bool = False
     stage: int | None = None  # None: choose automatically
     device: str = "cpu"
+    threads: int | None = None  # torch threads of the compute thread (None: torch's default)
     data_shard: tuple[int, int] | None = None  # (shard id, shard count); default: from the peer id
     max_steps: int | None = None  # stop after this many inner steps (stage 0 drives the run)
     run_dir: Path | None = None  # where the summary and final weights are written

@@ -98,3 +98,12 @@ def default_threads() -> int:
     2-core machine busy, a simulator run took twice as long with 2 threads as with 1;
     on an idle machine 2 threads were twice as fast)."""
     return max(1, int(free_cores() + 0.2))
+
+
+def node_threads() -> int:
+    """Torch threads of a training node: OMP_NUM_THREADS when set, else the free cores
+    less one, which the node's event loop, DHT process and libp2p daemon need."""
+    configured = os.environ.get("OMP_NUM_THREADS", "")
+    if configured.isdigit() and int(configured) > 0:
+        return int(configured)
+    return max(1, default_threads() - 1)

@@ -12,12 +12,12 @@ from swarm_node.errors import ConfigError
 from swarm_node.spec import RunSpec
 
 MAX_ROUNDS_APART = 2
-# Without outer rounds (ddp, local) there is no natural unit; a tenth of the newest
+# Without outer rounds (local-only training) there is no natural unit; a tenth of the newest
 # checkpoint's steps keeps peers that stopped at about the same time together.
 MAX_RELATIVE_STEPS_APART = 0.10
 
 SPREAD_RULE = (f"more than {MAX_ROUNDS_APART} outer rounds or {MAX_ROUNDS_APART}*H inner steps apart, H being the "
-               f"run's method.inner_steps; for methods without outer rounds (ddp, local): more than "
+               f"run's method.inner_steps; for a run without outer rounds (method local): more than "
                f"{MAX_RELATIVE_STEPS_APART:.0%} of the newest checkpoint's inner steps apart")
 
 

@@ -32,7 +32,7 @@ def test_a_volunteer_behind_nat_trains_stage_0_and_pairs_by_calling_out(bed, tmp
     others = [p for sid, p in peers.items() if sid != home.peer_id()]
     assert all(p["reachable"] for p in others) and sorted(p["stage"] for p in others) == [0, 1]
     warnings = [ln for ln in home.text().splitlines() if "cannot be reached by other peers" in ln]
-    assert len(warnings) == 1 and f"TCP port 31338" in warnings[0] and "--public-ip" in warnings[0], warnings
+    assert len(warnings) == 1 and "TCP port 31338" in warnings[0] and "--public-ip" in warnings[0], warnings
     assert f"/ip4/{home.host.public_address}" in warnings[0]  # where the peers saw it, and dialled in vain
     bed.stop_processes(home.host, *(v.host for v in public))
     final = home.metrics()[-1]

@@ -29,8 +29,8 @@ H = 10
 SPEC = RunSpec(run_id="export", model_size="debug", num_stages=2, seq_len=16, batch_size=4, samples_per_step=4,
                data=DataSpec(kind="synthetic"), method=default_method("noloco", inner_steps=H),
                inner=InnerHyper(lr=3e-3, warmup_steps=1, total_steps=2000))
-DDP_SPEC = RunSpec(run_id="export-ddp", model_size="debug", num_stages=2, seq_len=16, batch_size=4,
-                   samples_per_step=4, data=DataSpec(kind="synthetic"), method=default_method("ddp"),
+LOCAL_SPEC = RunSpec(run_id="export-local", model_size="debug", num_stages=2, seq_len=16, batch_size=4,
+                   samples_per_step=4, data=DataSpec(kind="synthetic"), method=default_method("local"),
                    inner=InnerHyper(lr=3e-3, warmup_steps=1, total_steps=2000))
 VOCAB = 16
 
@@ -106,10 +106,10 @@ def test_force_averages_far_apart_checkpoints_with_one_warning_per_stage(tmp_pat
 
 
 def test_without_outer_rounds_checkpoints_more_than_a_tenth_of_the_steps_apart_are_refused(tmp_path):
-    s0 = checkpoint(tmp_path / "s0", 0, step=1000, round_=0, spec=DDP_SPEC)
-    a = checkpoint(tmp_path / "a", 1, step=1000, round_=0, spec=DDP_SPEC)
-    close = checkpoint(tmp_path / "close", 1, step=1111, round_=0, spec=DDP_SPEC)  # 111 <= 10 % of 1111
-    far = checkpoint(tmp_path / "far", 1, step=1112, round_=0, spec=DDP_SPEC)
+    s0 = checkpoint(tmp_path / "s0", 0, step=1000, round_=0, spec=LOCAL_SPEC)
+    a = checkpoint(tmp_path / "a", 1, step=1000, round_=0, spec=LOCAL_SPEC)
+    close = checkpoint(tmp_path / "close", 1, step=1111, round_=0, spec=LOCAL_SPEC)  # 111 <= 10 % of 1111
+    far = checkpoint(tmp_path / "far", 1, step=1112, round_=0, spec=LOCAL_SPEC)
     assert assemble([s0, a, close]).peers_per_stage == [1, 2]
     with pytest.raises(ConfigError, match=r"more than 10% of the newest one's 1112 inner steps apart \(.*far at "
                                           r"inner step 1112\)"):
@@ -127,8 +127,8 @@ def test_a_stage_given_twice_from_one_peer_is_refused_even_with_force(tmp_path, 
 
 def test_checkpoints_of_different_runs_are_refused_even_with_force(tmp_path):
     s0 = checkpoint(tmp_path / "s0", 0, step=70, round_=7)
-    other = checkpoint(tmp_path / "s1", 1, step=70, round_=7, spec=DDP_SPEC)
-    with pytest.raises(ConfigError, match=f"{other} belongs to run spec {DDP_SPEC.spec_hash()} .* "
+    other = checkpoint(tmp_path / "s1", 1, step=70, round_=7, spec=LOCAL_SPEC)
+    with pytest.raises(ConfigError, match=f"{other} belongs to run spec {LOCAL_SPEC.spec_hash()} .* "
                                           f"{s0} to {SPEC.spec_hash()} .*give checkpoints of one run only"):
         assemble([s0, other], force=True)
 
