@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One entry point for people and CI. Creates (or reuses) ./.venv, installs the project
-# with the pinned CPU-friendly torch, then runs what you ask for.
+# (with torch's CPU build unless the venv already has a torch), then runs what you ask for.
 #
 #   ./dev.sh demo        a local swarm (2 stages x 2 node processes) on the bundled corpus
 #   ./dev.sh test        the default test suite (slow tests excluded)
@@ -36,11 +36,25 @@ ensure_venv() {
     want="$(cat pyproject.toml setup.py | sha256sum | cut -d' ' -f1)-torch$TORCH_VERSION"
     if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
         echo "dev.sh: installing swarm-node and its dependencies into $VENV (about 2 minutes)" >&2
-        # torch is named with an exact version so pip takes the CPU wheel these machines
-        # carry instead of resolving the newest CUDA build (several GB).
+        ensure_torch
         "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
-            "torch==$TORCH_VERSION" -e ".[$extras]" 2> >(grep -v "is ignored: it is neither" >&2)
+            -e ".[$extras]" 2> >(grep -v "is ignored: it is neither" >&2)
         echo "$want" > "$stamp"
+    fi
+}
+
+ensure_torch() {
+    # A torch already in the venv stays (a CUDA build you installed on purpose, say).
+    # Otherwise the CPU build: PyPI's Linux x86_64 wheel of torch is the CUDA one, several
+    # GB, so ask for the +cpu build, from a local wheel or index when pip has one, else
+    # from PyTorch's CPU index (about 200 MB). Other platforms' PyPI wheels are CPU builds.
+    "$VENV/bin/python" -c "import torch" 2>/dev/null && return 0
+    local pip=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
+    if [[ "$(uname -s)-$(uname -m)" == Linux-x86_64 ]]; then
+        "${pip[@]}" "torch==$TORCH_VERSION+cpu" 2>/dev/null ||
+            "${pip[@]}" "torch==$TORCH_VERSION+cpu" --extra-index-url https://download.pytorch.org/whl/cpu
+    else
+        "${pip[@]}" "torch==$TORCH_VERSION"
     fi
 }
 

@@ -290,7 +290,7 @@ def _run_join(args: argparse.Namespace) -> int:
                         activation_wire=args.wire_dtype, outer_wire=args.wire_dtype,
                         max_update_ratio=args.max_update_ratio, http_host=args.http_host,
                         metrics_sinks=tuple(m for m in args.metrics if m != "none"), metrics_dir=args.metrics_dir,
-                        threads=args.threads or node_threads(),
+                        threads=args.threads or node_threads(), command_line=("swarm-node", *args.argv),
                         http_port=args.http_port, progress=not args.no_progress)
     use_uvloop()
     asyncio.run(Node(spec, config).run())
@@ -400,6 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     from swarm_node.obs.logs import setup_logging
 
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     setup_logging(args.verbose)
     try:
         return args.handler(args)

@@ -10,12 +10,15 @@ remote call has a deadline; every queue and handler is capped.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
 import os
 import random
+import shlex
 import signal
+import sys
 import time
 from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from functools import partial
 
 import torch
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from swarm_node import __version__
 from swarm_node.data.dataset import TokenWindows, load_windows
@@ -56,6 +60,7 @@ from swarm_node.registry import publish_record, read_stage
 from swarm_node.routing.chooser import Candidate, PeerChooser
 from swarm_node.spec import RunSpec
 from swarm_node.node_status import NodeStatus, handle_status_request
+from swarm_node.obs.progress import NodeProgress, NodeSnapshot
 from swarm_node.obs.recent import RecentGrowth
 from swarm_node.obs.sinks import Sinks, open_sinks
 from swarm_node.statesync import StateSync
@@ -145,8 +150,12 @@ class Node:
         self.status = "running"
         self.reachability: Reachability | None = None  # what peers measured dialling us back
         self._fatal: SwarmError | None = None  # ends run() once the node has shut down (out of memory)
+        self._last_checkpoint: Path | None = None
         self._recent_steps = RecentGrowth()
         self._recent_microbatches = RecentGrowth()
+        self._token_rate = RecentGrowth(window_s=30.0)
+        self._loss_seen: float | None = None  # EMA of the losses the last stage reports back to us
+        self._last_round: tuple[int, str | None, float] | None = None  # (round, partner, monotonic time)
 
     # -- helpers -----------------------------------------------------------------
     async def compute(self, fn, *args, **kwargs):
@@ -211,26 +220,28 @@ class Node:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self.stop)
-        try:
-            await self._start()
-            async with asyncio.TaskGroup() as tg:
-                tasks = [tg.create_task(self._heartbeat_loop()), tg.create_task(self._registry_loop()),
-                         tg.create_task(self._outer_loop()), tg.create_task(self._publish_loop()),
-                         tg.create_task(self._connectivity_loop())]
-                if self.worker.is_first:
-                    tasks.append(tg.create_task(self._producer_loop()))
-                await self._stop.wait()
-                self._state = "leaving"
-                self.status = "finished"
-                for task in tasks:
-                    task.cancel()
-        except BaseExceptionGroup as group:
-            known = known_failure(group)  # e.g. the DHT died: one line for the user
-            if known is not None:
-                raise known from None
-            raise
-        finally:
-            await self._shutdown()
+        # on a terminal, log lines print above the live progress line
+        with logging_redirect_tqdm() if self._live_progress() else contextlib.nullcontext():
+            try:
+                await self._start()
+                async with asyncio.TaskGroup() as tg:
+                    tasks = [tg.create_task(self._heartbeat_loop()), tg.create_task(self._registry_loop()),
+                             tg.create_task(self._outer_loop()), tg.create_task(self._publish_loop()),
+                             tg.create_task(self._connectivity_loop()), tg.create_task(self._progress_loop())]
+                    if self.worker.is_first:
+                        tasks.append(tg.create_task(self._producer_loop()))
+                    await self._stop.wait()
+                    self._state = "leaving"
+                    self.status = "finished"
+                    for task in tasks:
+                        task.cancel()
+            except BaseExceptionGroup as group:
+                known = known_failure(group)  # e.g. the DHT died: one line for the user
+                if known is not None:
+                    raise known from None
+                raise
+            finally:
+                await self._shutdown()
         if self._fatal is not None:
             raise self._fatal
         return self.summary()
@@ -383,7 +394,10 @@ class Node:
             tensors, meta = await self.compute(self._checkpoint_snapshot)
             path = await asyncio.to_thread(save_checkpoint, self.config.checkpoint_dir, meta["inner_step"], tensors,
                                            meta)
-            log.info("checkpoint %s written (%s)", path.name, why)
+            self._last_checkpoint = path
+            # one after every round is routine; the shutdown one is what a volunteer looks for
+            log.log(logging.INFO if why == "on shutdown" else logging.DEBUG, "checkpoint %s written (%s)", path.name,
+                    why)
         except OSError as exc:  # a full or read-only disk: keep training, say so
             log.error("could not write a checkpoint to %s: %s", self.config.checkpoint_dir, exc)
 
@@ -455,7 +469,7 @@ class Node:
                                                handler_timeout_s=5.0),
                                    authorize=self._admit)
         if self.reachable:  # a client behind a NAT gets no inbound streams to answer anyway
-            await serve_dialback(self.transport, authorize=self._admit)
+            await serve_dialback(self.transport, authorize=self._admit, on_fault=self._peer_fault)
         await self.transport.serve(protocols.STATE, self.state_sync.handle,
                                    ServeLimits(max_request_bytes=64 << 10, max_concurrent=4, max_per_peer=1,
                                                handler_timeout_s=self.config.state_download_timeout_s),
@@ -486,6 +500,18 @@ class Node:
             await _bounded(self.status_pages.close(), 3.0, "closing the status endpoints")
         self._compute_closed = True
         self._compute.shutdown(wait=True, cancel_futures=True)
+        if self.worker is not None and self.status == "finished":
+            log.info("%s", self._how_to_resume())
+
+    def _how_to_resume(self) -> str:
+        """The last line a volunteer sees: where its progress is, and what to type to go on."""
+        done = f"stopped at inner step {self.worker.inner_step} (outer round {self.worker.outer_round})"
+        command = " ".join(shlex.quote(arg) for arg in self.config.command_line) or "swarm-node join ..."
+        if self._last_checkpoint is None:
+            return (f"{done}; nothing was saved. To resume next time, start with --checkpoint-dir DIR "
+                    f"--identity FILE: {command} --checkpoint-dir DIR --identity FILE")
+        keep_id = "" if self.config.identity_path else " (add --identity FILE to keep this peer id next time)"
+        return f"{done}; checkpoint {self._last_checkpoint}. Resume with: {command}{keep_id}"
 
     def _open_metrics(self) -> None:
         cfg = self.config
@@ -698,6 +724,42 @@ class Node:
         downloads go only there (a peer behind a NAT calls out, and is never called)."""
         return {p: r for p, r in self.live_peers(stage).items() if r.reachable}
 
+    # -- what the volunteer sees ------------------------------------------------------
+    async def _progress_loop(self) -> None:
+        progress = NodeProgress(log, live=self._live_progress())
+        try:
+            while True:
+                await asyncio.sleep(progress.period_s)
+                progress.show(self._snapshot())
+        finally:
+            progress.close()
+
+    def _live_progress(self) -> bool:
+        return self.config.progress and sys.stderr.isatty()
+
+    def _snapshot(self) -> NodeSnapshot:
+        w = self.worker
+        tokens_per_microbatch = self.spec.batch_size * self.spec.seq_len
+        grown, span_s = self._token_rate.sample_rate(self.stats.microbatches_done)
+        last = self._last_round
+        recent = self._recent_microbatches.sample(self.stats.microbatches_done)
+        return NodeSnapshot(
+            inner_step=w.inner_step, max_steps=self.config.max_steps,
+            loss=w.loss_ema if w.is_last else self._loss_seen,
+            tokens_per_s=grown * tokens_per_microbatch / span_s if span_s > 0 else 0.0,
+            stage=self.stage, num_stages=self.spec.num_stages, peers_in_stage=len(self.live_peers(self.stage)),
+            last_round=last[0] if last else None, last_partner=last[1] if last else None,
+            last_round_ago_s=time.monotonic() - last[2] if last else None,
+            stalled=None if recent else self._last_error or self._waiting_for())
+
+    def _waiting_for(self) -> str:
+        if self.worker.is_first and not self.worker.is_last:
+            return f"no micro-batch came back from stage {self.stage + 1} in the last minute"
+        return f"no work from stage {self.stage - 1} in the last minute" if self.stage else "nothing done"
+
+    def _note_loss(self, loss: float) -> None:
+        self._loss_seen = loss if self._loss_seen is None else 0.95 * self._loss_seen + 0.05 * loss
+
     # -- the data path -------------------------------------------------------------
     async def _producer_loop(self) -> None:
         """Stage 0: keep up to max_in_flight micro-batches in the pipeline."""
@@ -759,7 +821,8 @@ class Node:
             else:
                 hidden = await self.compute(self.worker.forward, inputs)
                 try:
-                    grad, _ = await self._send_downstream(hidden, targets, self.config.hop_timeout_s)
+                    grad, loss = await self._send_downstream(hidden, targets, self.config.hop_timeout_s)
+                    self._note_loss(loss)
                 except (PeerError, NotEnoughPeers, TimeoutError) as exc:
                     self.stats.microbatches_lost += 1
                     self._note_failure(f"micro-batch lost: {exc}")
@@ -834,6 +897,7 @@ class Node:
             else:
                 out = await self.compute(self.worker.forward, hidden)
                 grad_out, loss = await self._send_downstream(out, targets, budget * 0.9)
+                self._note_loss(loss)
                 grad, due = await self.compute(_backward_step, self.worker, hidden, grad_out)
             self._throughput = throughput_ema(self._throughput, len(hidden), time.perf_counter() - started)
             self.stats.microbatches_done += 1
@@ -945,11 +1009,15 @@ class Node:
         self._outer_reply = None
         self._round_requested = False
         await self.compute(self.worker.apply_outer, own, others)
+        self._last_round = (round_no, short_id(partners[0]) if partners else None, time.monotonic())
         if not others:
             self.stats.local_only_rounds += 1
             if had_company:  # alone in the stage, a local-only round is the plan, not a failure
                 self._note_failure(f"round {round_no}: no partner, local-only step")
-            log.info("round %d: no partner found in %.1fs, local-only step", round_no, time.monotonic() - started)
+                log.info("round %d: no partner found in %.1fs, local-only step", round_no,
+                         time.monotonic() - started)
+            else:
+                log.info("round %d: no other peer in stage %d, local-only step", round_no, self.stage)
         else:
             self.stats.rounds_with_partner += 1
             self.stats.partners.extend(partners)
@@ -1107,7 +1175,10 @@ def _decode_gradient(raw: bytes, limits: FrameLimits, shape: torch.Size) -> tupl
     grad = tensors[0].float()
     if not finite(grad):
         raise ProtocolError("non-finite gradient")
-    return grad, float(header.get("loss", float("nan"))), _rms(grad)
+    loss = header.get("loss")
+    if type(loss) not in (int, float) or not math.isfinite(loss):
+        raise ProtocolError(f"bad loss {str(loss)[:40]!r}")
+    return grad, float(loss), _rms(grad)
 
 
 async def _bounded(awaitable, timeout_s: float, what: str) -> None:

@@ -57,6 +57,7 @@ class NodeConfig:
     http_host: str = "127.0.0.1"
     http_port: int | None = None  # serve /healthz, /metrics, /api/status here (0: any free port)
     progress: bool = True
+    command_line: tuple[str, ...] = ()  # how the node was started: the resume hint repeats it
 
     def exchange_timeout_for(self, payload_bytes: int) -> float:
         """The deadline of one outer exchange whose payload is ``payload_bytes`` each way,

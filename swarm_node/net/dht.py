@@ -28,6 +28,7 @@ from hivemind.utils.multiaddr import Multiaddr
 
 from swarm_node.errors import ConfigError, PeerError, SwarmError
 from swarm_node.net.identity import ensure_identity, owner_subkey, peer_id_of_owner, record_validator
+from swarm_node.net.logs import route_hivemind_logs
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,7 @@ def _forget_parent_signal_handlers() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_parent_signal_handlers)
+route_hivemind_logs()  # every program that talks to peers starts here
 
 
 class SwarmDHT:

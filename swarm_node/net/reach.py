@@ -16,7 +16,7 @@ import asyncio
 import ipaddress
 import logging
 import random
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from hivemind.p2p import P2P, P2PDaemonError, PeerID
@@ -62,25 +62,47 @@ async def dial_check(peer_id: str, maddrs: Sequence[str], timeout_s: float = 10.
 
 # -- the dial-back protocol -------------------------------------------------------------
 
-async def serve_dialback(transport: Transport, authorize=lambda remote: True) -> None:
+Fault = Callable[[str, str], None]  # (caller, why): a malformed request, counted against the caller
+Dial = Callable[[str, Sequence[str], float], Awaitable[dict[str, str | None]]]
+
+
+async def serve_dialback(transport: Transport, authorize=lambda remote: True, on_fault: Fault | None = None) -> None:
     """Answer dial-back requests: bootstraps and nodes both serve them, so a joiner can
     ask whoever it reached first."""
-    await transport.serve(DIALBACK, _handle_dialback, DIALBACK_SERVE_LIMITS, authorize=authorize, with_address=True)
+    await transport.serve(DIALBACK, dialback_handler(on_fault or _log_once()), DIALBACK_SERVE_LIMITS,
+                          authorize=authorize, with_address=True)
 
 
-async def _handle_dialback(remote: str, request: bytes, observed: Multiaddr) -> bytes:
-    try:
-        ports = _requested_ports(request)
-    except ProtocolError as exc:
-        return encode_frame({"kind": "dialback", "ok": False, "error": f"protocol: {exc}"})
-    host = observed_host(observed)
-    if host is None:  # relayed, or an address family we cannot dial back
-        return encode_frame({"kind": "dialback", "ok": False, "error": f"cannot dial back {observed}"})
-    targets = [f"{host}/tcp/{port}" for port in ports]
-    results = await dial_check(remote, targets, DIAL_TIMEOUT_S)
-    log.debug("dial-back for %s: %s", short_id(remote), results)
-    return encode_frame({"kind": "dialback", "ok": True, "observed": host,
-                         "results": {target.rsplit("/", 1)[1]: results.get(target) for target in targets}})
+def dialback_handler(on_fault: Fault, dial: Dial = dial_check):
+    async def handle(remote: str, request: bytes, observed: Multiaddr) -> bytes:
+        try:
+            ports = _requested_ports(request)
+        except ProtocolError as exc:
+            on_fault(remote, f"bad dial-back request ({exc})")
+            return encode_frame({"kind": "dialback", "ok": False, "error": f"protocol: {exc}"[:200]})
+        host = observed_host(observed)
+        if host is None:  # relayed, or an address family we cannot dial back
+            return encode_frame({"kind": "dialback", "ok": False, "error": f"cannot dial back {observed}"[:200]})
+        targets = [f"{host}/tcp/{port}" for port in ports]
+        results = await dial(remote, targets, DIAL_TIMEOUT_S)
+        log.debug("dial-back for %s: %s", short_id(remote), results)
+        return encode_frame({"kind": "dialback", "ok": True, "observed": host,
+                             "results": {target.rsplit("/", 1)[1]: results.get(target) for target in targets}})
+
+    return handle
+
+
+def _log_once(max_peers: int = 4096) -> Fault:
+    seen: set[str] = set()
+
+    def fault(remote: str, why: str) -> None:
+        if remote not in seen:
+            if len(seen) >= max_peers:
+                seen.clear()  # bounded: at worst a peer is logged a second time
+            seen.add(remote)
+            log.warning("peer %s: %s", short_id(remote), why)
+
+    return fault
 
 
 def _requested_ports(request: bytes) -> list[int]:
@@ -193,8 +215,9 @@ def address_scope(maddr: str) -> str:
 
 
 def ordered_for_others(maddrs: Sequence[str]) -> list[str]:
-    """Public addresses first, loopback last: the first one is what people copy."""
-    rank = {"public": 0, "dns": 0, "private": 1, "local-name": 2, "unknown": 2, "loopback": 3, "unspecified": 4}
+    """Public addresses first, loopback and names only a local network resolves (a
+    container's service name) last: the first one is what people copy."""
+    rank = {"public": 0, "dns": 0, "private": 1, "unknown": 2, "loopback": 3, "local-name": 4, "unspecified": 5}
     return sorted(dict.fromkeys(maddrs), key=lambda m: rank.get(address_scope(m), 2))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from dataclasses import dataclass
 
 from tqdm import tqdm
 
@@ -67,6 +68,56 @@ class EvaluationProgress:
         self.bar.clear()  # the log line must not land inside the bar
         self.log.info("evaluated %s (%d of %d): val loss %.4f in %.1f s", what, self.done, self.paths, loss, seconds)
         self.bar.refresh()
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+@dataclass(frozen=True)
+class NodeSnapshot:
+    """What a volunteer wants to see of its node at a glance."""
+    inner_step: int
+    max_steps: int | None
+    loss: float | None  # the last stage's training loss, as the node last saw it
+    tokens_per_s: float
+    stage: int
+    num_stages: int
+    peers_in_stage: int  # live peers of our stage besides us
+    last_round: int | None = None
+    last_partner: str | None = None  # short id; None: the last round was local-only
+    last_round_ago_s: float | None = None
+    stalled: str | None = None  # why nothing completed lately, when nothing did
+
+
+def node_status_line(s: NodeSnapshot) -> str:
+    step = f"step {s.inner_step:,}" + (f"/{s.max_steps:,}" if s.max_steps else "")
+    parts = [step, f"loss {s.loss:.3f}" if s.loss is not None else "loss -", f"{s.tokens_per_s:,.0f} tok/s",
+             f"stage {s.stage} of {s.num_stages} with {s.peers_in_stage} other peer{'s' if s.peers_in_stage != 1 else ''}"]
+    if s.last_round is not None:
+        who = f"with {s.last_partner}" if s.last_partner else "alone"
+        parts.append(f"round {s.last_round} {who} {s.last_round_ago_s:.0f}s ago")
+    if s.stalled:
+        parts.append(f"stalled: {s.stalled}")
+    return " | ".join(parts)
+
+
+class NodeProgress:
+    """A node's status: one live line on a terminal, redrawn every second; elsewhere (a
+    service's log, --no-progress) a log line a minute."""
+
+    def __init__(self, log: logging.Logger, live: bool, log_every_s: float = 60.0):
+        self.log = log
+        self.live = live
+        self.period_s = 1.0 if live else log_every_s
+        self.bar = tqdm(total=None, bar_format="{desc}", file=sys.stderr, dynamic_ncols=True, disable=not live,
+                        leave=False)
+
+    def show(self, snapshot: NodeSnapshot) -> None:
+        line = node_status_line(snapshot)
+        if self.live:
+            self.bar.set_description_str(line)
+        else:
+            self.log.info("progress: %s", line)
 
     def close(self) -> None:
         self.bar.close()

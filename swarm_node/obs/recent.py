@@ -19,9 +19,14 @@ class RecentGrowth:
     def sample(self, value: int) -> int:
         """Record the counter's current ``value``; returns its growth over the window (or
         since the first sample, when that is more recent)."""
+        return self.sample_rate(value)[0]
+
+    def sample_rate(self, value: int) -> tuple[int, float]:
+        """``sample``'s growth and the seconds it covers."""
         now = self.clock()
         self._samples.append((now, value))
         # keep one sample at or before the window's start, as the baseline
         while len(self._samples) > 1 and self._samples[1][0] <= now - self.window_s:
             self._samples.popleft()
-        return value - self._samples[0][1]
+        first_s, first = self._samples[0]
+        return value - first, now - first_s

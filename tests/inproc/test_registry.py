@@ -66,3 +66,33 @@ def test_simultaneous_joiners_spread_over_stages_and_agree_on_it():
     # ties on peer count go to the stage with less throughput
     tied = {0: {"a": rec(0, "training", 90.0)}, 1: {"b": rec(1, "training", 10.0)}, 2: {"c": rec(2, "training", 40.0)}}
     assert _joiner("Qz", spec, tied)._assign_stage() == 1
+
+
+def test_joiners_nobody_can_reach_take_stage_0_and_the_others_balance_around_them():
+    from swarm_node.net.reach import Reachability
+
+    spec = RunSpec(run_id="r", model_size="tiny", num_stages=2)
+
+    def rec(stage, state, reachable=True):
+        return PeerRecord(stage=stage, spec_hash=spec.spec_hash(), version=__version__, state=state,
+                          reachable=reachable)
+
+    # Qa (behind a NAT), Qb and Qc join together; one reachable peer already trains stage 1
+    everyone = {"Qa": rec(0, "joining", reachable=False), "Qb": rec(0, "joining"), "Qc": rec(1, "joining")}
+    chosen = {}
+    for me in everyone:
+        others = {p: r for p, r in everyone.items() if p != me}
+        node = _joiner(me, spec, {0: {p: r for p, r in others.items() if r.stage == 0},
+                                  1: {"t1": rec(1, "training"), **{p: r for p, r in others.items() if r.stage == 1}}})
+        node.reachability = Reachability(me != "Qa")
+        chosen[me] = node._assign_stage()
+    assert chosen == {"Qa": 0, "Qb": 0, "Qc": 1}  # Qb would have taken stage 0 anyway; Qc sees Qa there
+
+
+def test_nobody_routes_proposes_or_downloads_state_from_an_unreachable_peer():
+    spec = RunSpec(run_id="r", model_size="tiny", num_stages=2)
+    node = _joiner("Qme", spec, {1: {
+        "open": PeerRecord(stage=1, spec_hash=spec.spec_hash(), version=__version__),
+        "natted": PeerRecord(stage=1, spec_hash=spec.spec_hash(), version=__version__, reachable=False)}})
+    assert set(node.live_peers(1)) == {"open", "natted"}
+    assert set(node.callable_peers(1)) == {"open"}

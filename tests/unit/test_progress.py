@@ -35,3 +35,33 @@ def test_the_final_evaluation_logs_a_line_per_path(caplog):
     progress.close()
     assert [r.getMessage() for r in caplog.records] == ["evaluated replica 0 (1 of 2): val loss 2.0000 in 0.5 s",
                                                         "evaluated replica 1 (2 of 2): val loss 2.0000 in 0.5 s"]
+
+
+def test_a_node_status_line_says_step_loss_speed_peers_and_last_round():
+    from swarm_node.obs.progress import NodeSnapshot, node_status_line
+
+    line = node_status_line(NodeSnapshot(inner_step=1234, max_steps=5000, loss=2.3104, tokens_per_s=1530.4, stage=1,
+                                         num_stages=2, peers_in_stage=3, last_round=24, last_partner="ab12cd",
+                                         last_round_ago_s=12.2))
+    assert line == "step 1,234/5,000 | loss 2.310 | 1,530 tok/s | stage 1 of 2 with 3 other peers | " \
+                   "round 24 with ab12cd 12s ago"
+    first = node_status_line(NodeSnapshot(inner_step=0, max_steps=None, loss=None, tokens_per_s=0.0, stage=0,
+                                          num_stages=2, peers_in_stage=1,
+                                          stalled="no micro-batch came back from stage 1 in the last minute"))
+    assert first == "step 0 | loss - | 0 tok/s | stage 0 of 2 with 1 other peer | stalled: no micro-batch came back " \
+                    "from stage 1 in the last minute"
+    assert "nan" not in first
+
+
+def test_without_a_terminal_the_node_status_is_a_log_line_a_minute(caplog):
+    from swarm_node.obs.progress import NodeProgress, NodeSnapshot
+
+    progress = NodeProgress(logging.getLogger("test.node"), live=False)
+    assert progress.period_s == 60.0
+    with caplog.at_level(logging.INFO, logger="test.node"):
+        progress.show(NodeSnapshot(inner_step=5, max_steps=None, loss=None, tokens_per_s=10.0, stage=0,
+                                   num_stages=1, peers_in_stage=0, last_round=0, last_partner=None,
+                                   last_round_ago_s=3.0))
+    progress.close()
+    assert [r.getMessage() for r in caplog.records] == [
+        "progress: step 5 | loss - | 10 tok/s | stage 0 of 1 with 0 other peers | round 0 alone 3s ago"]
