@@ -40,6 +40,7 @@ ensure_venv() {
         "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
             -e ".[$extras]" 2> >(grep -v "is ignored: it is neither" >&2)
         echo "$want" > "$stamp"
+        echo "dev.sh: installed; to run swarm-node and swarm-bootstrap directly: . $VENV/bin/activate" >&2
     fi
 }
 

@@ -49,6 +49,7 @@ from swarm_node.net.dht import SwarmDHT
 from swarm_node.net.reach import (
     DIALBACK,
     Reachability,
+    address_scope,
     check_reachability,
     ordered_for_others,
     serve_dialback,
@@ -315,7 +316,13 @@ class Node:
             self.reachability = Reachability(False)
             return
         ports = tcp_ports(self.dht.visible_maddrs())
-        if not ports:  # loopback only: a swarm on this machine, where everyone can dial everyone
+        if not ports:  # listening on loopback only
+            if all(address_scope(m) == "loopback" for m in self.config.initial_peers):
+                return  # a swarm on this machine, where everyone can dial everyone
+            log.warning("this node listens on loopback only (%s), so peers on other machines cannot reach it: it "
+                        "trains stage 0 and starts its own pairings, and nobody routes work to it. To take any "
+                        "stage, listen on every interface: leave out --host-maddrs", " ".join(self.config.host_maddrs))
+            await self._become_client(Reachability(False))
             return
         others = [p for s in range(self.spec.num_stages) for p in self.callable_peers(s)]
         random.shuffle(others)
@@ -333,9 +340,13 @@ class Node:
                         ", ".join(short_id(p) for p in result.checked_by), ", ".join(result.failures),
                         self._open_port_advice())
             log.debug("dial-back failures: %s", result.unreachable_at())
-            await self.dht.restart_in_client_mode()
-            self.transport = Transport(await self.dht.replicate_p2p())
-            await self._refresh_registry(all_stages=True)
+            await self._become_client(result)
+
+    async def _become_client(self, reachability: Reachability) -> None:
+        self.reachability = reachability
+        await self.dht.restart_in_client_mode()
+        self.transport = Transport(await self.dht.replicate_p2p())
+        await self._refresh_registry(all_stages=True)
 
     def _open_port_advice(self) -> str:
         ports = tcp_ports(self.dht.visible_maddrs()) or ["PORT"]

@@ -73,6 +73,8 @@ def test_four_volunteers_typing_the_printed_line_train_together(public_run):
         text = v.text()
         assert f"published by {boot.peer_id[-6:]}" in text and "cannot be reached" not in text
         assert f"reachability: {boot.peer_id[-6:]} dialled this node back at /ip4/{v.host.address}" in text, text
+        # what a node prints for others names an address of its own host, first
+        assert f"join through this node with --initial-peers /ip4/{v.host.address}/tcp/31338/p2p/" in text
 
 
 def test_a_second_bootstrap_on_another_host_serves_the_same_run(public_run):
@@ -140,10 +142,14 @@ def test_dashboard_shows_the_peer_table_and_a_loss_plot_from_real_data(public_ru
 
 
 def test_a_volunteer_with_an_incompatible_spec_refuses_and_exits_nonzero(public_run):
+    """It joins through the line a volunteer's node printed, from another host: any
+    node's address works as an initial peer (every node publishes the spec it follows)."""
     bed, workdir = public_run["bed"], public_run["workdir"]
     other = workdir / "other.toml"
     other.write_text(public_run["spec"].read_text().replace("seq_len = 64", "seq_len = 32"))
-    wrong = Volunteer(bed, bed.add_host("wrong"), workdir, public_run["line"], "--config", str(other))
+    node_line = re.search(r"join through this node with (--initial-peers \S+)", public_run["volunteers"][0].text())
+    wrong = Volunteer(bed, bed.add_host("wrong"), workdir, f"swarm-node join {node_line.group(1)}", "--config",
+                      str(other))
     assert wrong.process.wait(timeout=120) == 2
     last = wrong.text().strip().splitlines()[-1]
     assert "your run spec file has hash" in last and "leave the file out" in last, last
@@ -177,3 +183,14 @@ def test_training_outlives_every_bootstrap_and_a_restarted_one_lists_the_swarm_a
 def _last_step(volunteer: Volunteer) -> int:
     metrics = volunteer.metrics()
     return metrics[-1]["step"] if metrics else 0
+
+
+def test_a_volunteer_listening_on_loopback_only_says_so_and_trains_stage_0(public_run):
+    """What `join` did by default before: others could not dial it, and it did not know."""
+    bed, boot, workdir = public_run["bed"], public_run["boot"], public_run["workdir"]
+    shy = Volunteer(bed, bed.add_host("shy"), workdir, boot.join_line(), "--host-maddrs", "/ip4/127.0.0.1/tcp/0")
+    found = wait_for(lambda: next((p for p in boot.peers() if p["short_id"] == shy.peer_id()
+                                   and p["state"] == "training"), None), 120, "the loopback volunteer to train",
+                     workdir)
+    assert found["stage"] == 0 and not found["reachable"]
+    assert "this node listens on loopback only (/ip4/127.0.0.1/tcp/0)" in shy.text()
