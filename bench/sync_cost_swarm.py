@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench.sync_cost_net import Namespaces, host_address
+from bench.sync_cost_net import Namespaces
 from bench.sync_cost_ipc import REPLY_MARK, SeekingBoard
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -108,7 +108,7 @@ class Swarm:
         self.close()
 
     def _argv(self, rank: int, initial_peers: list[str]) -> list[str]:
-        host = host_address(rank) if self.namespaces else "127.0.0.1"
+        host = self.namespaces.address(rank) if self.namespaces else "127.0.0.1"
         argv = [sys.executable, "-m", "bench.sync_cost_peer", "--rank", str(rank), "--host", host,
                 "--board", str(self.board_path), "--num-slots", str(self.num_peers)]
         if initial_peers:

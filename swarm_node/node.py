@@ -626,17 +626,16 @@ class Node:
             missing = [maddr for peer, maddr in initial.items() if peer not in connected]
             if connected and missing and redial.due():  # alone, the re-bootstrap above dials them
                 reached = await self._redial(missing)
+                if reached and redial.failures:  # it was down: worth a line
+                    log.info("reconnected to %d initial peer(s) after %d failed attempts", reached, redial.failures)
                 redial.done(success=reached > 0)
 
     async def _redial(self, maddrs: list[str]) -> int:
         try:
-            reached = await self.dht.rebootstrap(maddrs, timeout_s=5.0)
+            return await self.dht.rebootstrap(maddrs, timeout_s=5.0)
         except (TimeoutError, PeerError) as exc:
             log.debug("re-dialling initial peers failed: %s", exc)
             return 0
-        if reached:
-            log.info("reconnected to %d initial peer(s)", reached)
-        return reached
 
     async def _rebootstrap(self) -> None:
         initial_ids = set(peer_ids_of(self.config.initial_peers))
@@ -1151,11 +1150,13 @@ class Backoff:
         self.first_s, self.max_s, self.clock = first_s, max_s, clock
         self.interval_s = first_s
         self.next_at = 0.0
+        self.failures = 0  # in a row
 
     def due(self) -> bool:
         return self.clock() >= self.next_at
 
     def done(self, success: bool) -> None:
+        self.failures = 0 if success else self.failures + 1
         self.interval_s = self.first_s if success else min(self.max_s, 2 * self.interval_s)
         self.next_at = self.clock() + self.interval_s
 

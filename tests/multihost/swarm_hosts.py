@@ -9,12 +9,12 @@ import os
 import re
 import shlex
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 from netbed import Host, TestBed, host_env
+from polling import wait_for as _wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent  # swarm-node and swarm-bootstrap are on the PATH as installed
@@ -37,13 +37,8 @@ def run_spec_file(workdir: Path, inner_steps: int = 20, run_id: str = "multihost
 
 
 def wait_for(condition, timeout_s: float, what: str, logs: Path | None = None):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.5)  # polling interval, not synchronisation
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}" + (f"; logs in {logs}" if logs else ""))
+    """Polls every half second: a poll is often an HTTP request made from another host."""
+    return _wait_for(condition, timeout_s, what, logs, interval_s=0.5)
 
 
 class BootstrapOnHost:

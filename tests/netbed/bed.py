@@ -33,7 +33,7 @@ from .netns import call_in
 PREFIX = "snb"
 WAN_SUBNET = "10.201.0"
 LAN_SUBNET = "192.168.1"
-MTU = 9000  # fewer, larger frames for the userspace delay stage; the same on every link
+JUMBO_MTU = 9000  # fewer, larger frames for the userspace delay stage; the same on every link
 DELAY_PROGRAM = Path(__file__).with_name("delay.py")
 LEFTOVER = re.compile(rf"^{PREFIX}-(\d+)-")
 
@@ -96,8 +96,9 @@ class TestBed:
 
     __test__ = False  # not a pytest test class
 
-    def __init__(self, label: str = "t"):
+    def __init__(self, label: str = "t", mtu: int = JUMBO_MTU):
         self.prefix = f"{PREFIX}-{os.getpid()}-{label}"
+        self.mtu = mtu
         self.hosts: dict[str, Host] = {}
         self._namespaces: list[str] = []
         self._relays: list[subprocess.Popen] = []
@@ -113,7 +114,7 @@ class TestBed:
         try:
             self._add_namespace(self.wan)
             _ip(self.wan, "link", "add", "br0", "type", "bridge")
-            _ip(self.wan, "link", "set", "br0", "mtu", str(MTU), "up")
+            _ip(self.wan, "link", "set", "br0", "mtu", str(self.mtu), "up")
         except BaseException:
             self.close()
             raise
@@ -144,7 +145,7 @@ class TestBed:
             edge, edge_dev = host.edge  # the side that faces the internet
             self._access_link(edge, edge_dev, host.port, rtt_ms)
             _ip(edge, "addr", "add", f"{public}/24", "dev", edge_dev)
-            _ip(edge, "link", "set", edge_dev, "mtu", str(MTU), "up")
+            _ip(edge, "link", "set", edge_dev, "mtu", str(self.mtu), "up")
             if behind_nat:
                 self._home_router(host)
             if rate_mbit is not None:
@@ -175,15 +176,15 @@ class TestBed:
         else:
             _ip(self.wan, "link", "add", port, "type", "veth", "peer", "name", edge_dev, "netns", edge)
         _ip(self.wan, "link", "set", port, "master", "br0")
-        _ip(self.wan, "link", "set", port, "mtu", str(MTU), "up")
+        _ip(self.wan, "link", "set", port, "mtu", str(self.mtu), "up")
 
     def _home_router(self, host: Host) -> None:
         router = host.router
         _ip(router, "link", "add", "lan0", "type", "veth", "peer", "name", "eth0", "netns", host.namespace)
         _ip(router, "addr", "add", f"{LAN_SUBNET}.1/24", "dev", "lan0")
-        _ip(router, "link", "set", "lan0", "mtu", str(MTU), "up")
+        _ip(router, "link", "set", "lan0", "mtu", str(self.mtu), "up")
         _ip(host.namespace, "addr", "add", f"{host.address}/24", "dev", "eth0")
-        _ip(host.namespace, "link", "set", "eth0", "mtu", str(MTU), "up")
+        _ip(host.namespace, "link", "set", "eth0", "mtu", str(self.mtu), "up")
         _ip(host.namespace, "route", "add", "default", "via", f"{LAN_SUBNET}.1")
         _run(["ip", "netns", "exec", router, "sysctl", "-qw", "net.ipv4.ip_forward=1"])
         _run(["ip", "netns", "exec", router, "iptables", "-t", "nat", "-A", "POSTROUTING", "-o", "wan0",
@@ -261,9 +262,9 @@ def stop(process: subprocess.Popen, grace_s: float = 30.0) -> int:
 
 def tbf_args(rate_mbit: float) -> list[str]:
     """A token bucket: bursts of 10 ms of traffic (at least 64 KiB, so the kernel timer
-    keeps up) and at most 100 ms of queue."""
+    keeps up) and at most 50 ms of queue."""
     burst_bytes = max(64 * 1024, int(rate_mbit * 1e6 / 8 / 100))
-    return ["tbf", "rate", f"{rate_mbit:g}mbit", "burst", str(burst_bytes), "latency", "100ms"]
+    return ["tbf", "rate", f"{rate_mbit:g}mbit", "burst", str(burst_bytes), "latency", "50ms"]
 
 
 def _signal_group(pgid: int, sig: int) -> None:

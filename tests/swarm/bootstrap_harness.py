@@ -13,6 +13,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from polling import wait_for
+
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_SPEC = REPO / "examples" / "debug-synthetic.toml"
 
@@ -21,16 +23,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def wait_for(condition, timeout_s: float, what: str, logs: Path | None = None):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.2)  # polling interval, not synchronisation
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}" + (f"; logs in {logs}" if logs else ""))
 
 
 def stop(proc: subprocess.Popen, timeout_s: float = 30) -> int:

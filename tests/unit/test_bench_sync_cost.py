@@ -1,10 +1,14 @@
 """The sync-cost benchmark's pure logic: round statistics, the summary the latency model
-reads, the namespace commands, the seeking board and the report (no peers started)."""
+reads, the seeking board and the report (no peers started), and its hosts on the test bed."""
 
 import random
+import subprocess
+
+import pytest
 
 from bench import sync_cost, sync_cost_net
 from bench.sync_cost_ipc import SeekingBoard
+from tests.netbed.bed import tbf_args
 
 PLAN = sync_cost.Plan(settings=(sync_cost.Setting("loopback", None, ((1_000_000, (2, 4)),)),),
                       plain_rounds=1, straggler_rounds=1, message_repeats=1, inner_phase_s=1.0, slow_factor=3.0)
@@ -87,15 +91,17 @@ def test_markdown_is_rendered_from_the_result_only():
     assert "| loopback | 1M | 4 | 1.00 | 1.5 | 0.25 | 0.20 | 1.00 | 1.00 | 1.00 | 4.00 |" in text
 
 
-def test_namespace_commands_only_touch_our_prefix():
-    cmds = (sync_cost_net.setup_commands(2) + sync_cost_net.shape_commands(2, 50)
-            + sync_cost_net.teardown_commands(2))
-    keywords = {"dev", "name", "master", "netns", "-n", "del", "set"}
-    names = {cmd[i + 1] for cmd in cmds for i, arg in enumerate(cmd[:-1])
-             if i >= 2 and (arg in keywords or (arg == "add" and cmd[1] in ("link", "netns")))}
-    assert names - {"lo"} and all(name.startswith("sba-") for name in names - {"lo"})
-    assert sync_cost_net.tbf_args(200)[:3] == ["tbf", "rate", "200mbit"]
-    assert int(sync_cost_net.tbf_args(1)[4]) >= 64 * 1024
+def test_the_benchmark_peers_live_on_hosts_of_the_test_bed_with_ethernet_frames():
+    if sync_cost_net.available():
+        pytest.skip(sync_cost_net.available())
+    with sync_cost_net.Namespaces(2) as namespaces:
+        prefixes = [namespaces.exec_prefix(rank) for rank in range(2)]
+        addresses = [namespaces.address(rank) for rank in range(2)]
+        namespaces.shape(50)
+        mtu = subprocess.run([*prefixes[0], "cat", "/sys/class/net/eth0/mtu"], capture_output=True, text=True).stdout
+    assert all(p[:3] == ["ip", "netns", "exec"] and p[3].startswith("snb-") for p in prefixes)
+    assert len(set(addresses)) == 2 and mtu.strip() == "1500"
+    assert tbf_args(200)[:3] == ["tbf", "rate", "200mbit"] and int(tbf_args(1)[4]) >= 64 * 1024
 
 
 def test_seeking_board_round_trip(tmp_path):
