@@ -16,7 +16,8 @@ def test_a_volunteer_behind_nat_trains_stage_0_and_pairs_by_calling_out(bed, tmp
     spec = run_spec_file(tmp_path, run_id="nat")
     boot = BootstrapOnHost(bed, bed.add_host("boot"), tmp_path, "--run-spec", str(spec))
     line = boot.join_line()
-    home = Volunteer(bed, bed.add_host("home", behind_nat=True), tmp_path, line)
+    # a home connection: 20 Mbit/s each way, 40 ms added to every round trip
+    home = Volunteer(bed, bed.add_host("home", behind_nat=True, rate_mbit=20, rtt_ms=40), tmp_path, line)
     public = [Volunteer(bed, bed.add_host(f"pub{i}"), tmp_path, line) for i in range(2)]
 
     def home_paired_twice():

@@ -37,7 +37,8 @@ def public_run(module_bed, tmp_path_factory):
     ready_s = time.monotonic() - started
     second = BootstrapOnHost(bed, bed.add_host("boot2"), workdir, "--initial-peers", boot.maddr, name="second")
     second.join_line()
-    volunteers = [Volunteer(bed, bed.add_host(f"v{i}"), workdir, line) for i in range(4)]
+    # two volunteers on distant links (30 ms more to every round trip), two nearby
+    volunteers = [Volunteer(bed, bed.add_host(f"v{i}", rtt_ms=30 if i % 2 else 0), workdir, line) for i in range(4)]
     return {"bed": bed, "boot": boot, "second": second, "line": line, "volunteers": volunteers,
             "workdir": workdir, "spec": spec, "ready_s": ready_s}
 

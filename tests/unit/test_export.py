@@ -58,20 +58,25 @@ def export(*argv: str) -> int:
     return main(["export", *argv])
 
 
-def test_replicas_up_to_two_rounds_apart_are_averaged_and_further_apart_are_refused(tmp_path):
+def test_replicas_up_to_half_the_newest_ones_steps_apart_are_averaged_and_further_apart_are_refused(tmp_path):
     s0 = checkpoint(tmp_path / "s0", 0, step=68, round_=6)
     a = checkpoint(tmp_path / "a", 1, step=68, round_=6, offset=1.0)
-    b = checkpoint(tmp_path / "b", 1, step=68 + 2 * H, round_=8, offset=3.0)  # at the limit: 2 rounds, 2*H steps
+    b = checkpoint(tmp_path / "b", 1, step=136, round_=13, offset=3.0)  # at the limit: 68 of 136 steps apart
     assembled = assemble([s0, a, b])
     assert assembled.peers_per_stage == [1, 2]
     torch.testing.assert_close(assembled.state_dict["lm_head.weight"], initial(1, "lm_head.weight") + 2.0)
-
-    c = checkpoint(tmp_path / "c", 1, step=68 + 2 * H, round_=9)  # one round more
-    with pytest.raises(ConfigError, match="more than 2 outer rounds apart"):
+    c = checkpoint(tmp_path / "c", 1, step=137, round_=13)  # one step more
+    with pytest.raises(ConfigError, match=r"69 inner steps apart, more than 50% of the newest one's 137 and more "
+                                          r"than 2\*H = 20"):
         assemble([s0, a, c])
-    d = checkpoint(tmp_path / "d", 1, step=68 + 2 * H + 1, round_=8)  # one step more
-    with pytest.raises(ConfigError, match=r"more than 2\*H = 20 inner steps apart"):
-        assemble([s0, a, d])
+
+
+def test_early_in_training_two_rounds_apart_are_still_averaged(tmp_path):
+    s0 = checkpoint(tmp_path / "s0", 0, step=5, round_=0)
+    a = checkpoint(tmp_path / "a", 1, step=5, round_=0)
+    assert assemble([s0, a, checkpoint(tmp_path / "b", 1, step=5 + 2 * H, round_=2)]).peers_per_stage == [1, 2]
+    with pytest.raises(ConfigError, match="inner steps apart"):
+        assemble([s0, a, checkpoint(tmp_path / "c", 1, step=5 + 2 * H + 1, round_=2)])
 
 
 def test_far_apart_checkpoints_are_refused_in_one_line_naming_them_and_their_steps(tmp_path, capsys):
@@ -98,21 +103,22 @@ def test_force_averages_far_apart_checkpoints_with_one_warning_per_stage(tmp_pat
     assert export("--checkpoint", *map(str, dirs), "--out", str(out), "--force") == 0
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 2, warnings
-    assert warnings[0].startswith("stage 0: averaging checkpoints more than 2 outer rounds apart as --force asks")
+    assert warnings[0].startswith("stage 0: averaging checkpoints 1358 inner steps apart, more than 50% of the "
+                                  "newest one's 1426 and more than 2*H = 20 as --force asks")
     assert warnings[1].startswith("stage 1:")
     tensors = load_file(out / "model.safetensors")
     torch.testing.assert_close(tensors["lm_head.weight"], initial(1, "lm_head.weight") + 2.0)
     torch.testing.assert_close(tensors["model.embed_tokens.weight"], initial(0, "model.embed_tokens.weight") + 1.0)
 
 
-def test_without_outer_rounds_checkpoints_more_than_a_tenth_of_the_steps_apart_are_refused(tmp_path):
+def test_without_outer_rounds_checkpoints_more_than_half_the_steps_apart_are_refused(tmp_path):
     s0 = checkpoint(tmp_path / "s0", 0, step=1000, round_=0, spec=LOCAL_SPEC)
     a = checkpoint(tmp_path / "a", 1, step=1000, round_=0, spec=LOCAL_SPEC)
-    close = checkpoint(tmp_path / "close", 1, step=1111, round_=0, spec=LOCAL_SPEC)  # 111 <= 10 % of 1111
-    far = checkpoint(tmp_path / "far", 1, step=1112, round_=0, spec=LOCAL_SPEC)
+    close = checkpoint(tmp_path / "close", 1, step=2000, round_=0, spec=LOCAL_SPEC)  # 1000 <= half of 2000
+    far = checkpoint(tmp_path / "far", 1, step=2002, round_=0, spec=LOCAL_SPEC)
     assert assemble([s0, a, close]).peers_per_stage == [1, 2]
-    with pytest.raises(ConfigError, match=r"more than 10% of the newest one's 1112 inner steps apart \(.*far at "
-                                          r"inner step 1112\)"):
+    with pytest.raises(ConfigError, match=r"1002 inner steps apart, more than 50% of the newest one's 2002 \(.*far "
+                                          r"at inner step 2002\)"):
         assemble([s0, a, far])
 
 
