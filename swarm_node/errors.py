@@ -25,6 +25,12 @@ class ProtocolError(PeerError):
     finiteness, version or run-spec hash)."""
 
 
+class StreamClosed(PeerError):
+    """The stream ended before the answer was read: the peer closed it unread (it refuses
+    us, or dropped the request), or a reset inside the libp2p daemons overtook the answer
+    (seen about once per thousand healthy calls on loopback)."""
+
+
 class PeerRefused(PeerError):
     """A peer answered but declined (busy, banned us, wrong stage)."""
 

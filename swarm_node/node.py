@@ -39,6 +39,7 @@ from swarm_node.errors import (
     PeerError,
     PeerRefused,
     ProtocolError,
+    StreamClosed,
     SwarmError,
     known_failure,
 )
@@ -152,6 +153,7 @@ class Node:
         self.reachability: Reachability | None = None  # what peers measured dialling us back
         self._fatal: SwarmError | None = None  # ends run() once the node has shut down (out of memory)
         self._last_checkpoint: Path | None = None
+        self._streams_closed: dict[str, int] = {}  # next-stage peer -> streams ended unanswered in a row
         self._recent_steps = RecentGrowth()
         self._recent_microbatches = RecentGrowth()
         self._token_rate = RecentGrowth(window_s=30.0)
@@ -881,10 +883,20 @@ class Node:
                 if problem:
                     raise ProtocolError(problem)
                 self.chooser.report_success(peer)
+                self._streams_closed.pop(peer, None)
                 return grad, loss
             except PeerRefused as exc:
                 tried.add(peer)
                 log.debug("stage-%d peer %s refused: %s", next_stage, short_id(peer), exc)
+            except StreamClosed as exc:
+                tried.add(peer)
+                if self._note_stream_closed(peer):  # twice in a row: it refuses us, or is unwell
+                    ban = self.chooser.report_failure(peer)
+                    self._note_failure(f"stage-{next_stage} peer {short_id(peer)} failed: {exc}")
+                    log.info("stage-%d peer %s failed (%s, twice in a row); banned for %.0fs", next_stage,
+                             short_id(peer), exc, ban)
+                else:  # once: a reset inside the daemons, retried at once
+                    log.debug("stage-%d peer %s: %s; retrying", next_stage, short_id(peer), exc)
             except PeerError as exc:
                 tried.add(peer)
                 ban = self.chooser.report_failure(peer)
@@ -892,6 +904,14 @@ class Node:
                 log.info("stage-%d peer %s failed (%s); banned for %.0fs", next_stage, short_id(peer), exc, ban)
             finally:
                 self.chooser.finished(peer)
+
+    def _note_stream_closed(self, peer: str) -> bool:
+        """Count a stream that ended before its answer; True from the second in a row."""
+        count = self._streams_closed.pop(peer, 0) + 1
+        self._streams_closed[peer] = count
+        while len(self._streams_closed) > MAX_TRACKED_PEERS:
+            self._streams_closed.pop(next(iter(self._streams_closed)))
+        return count >= 2
 
     async def _handle_forward(self, remote: str, request: bytes) -> bytes:
         """Activations + targets in; gradient wrt those activations + loss out."""

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from hivemind.p2p import P2P, P2PDaemonError, P2PHandlerError, PeerID
 
-from swarm_node.errors import PeerError, PeerRefused, PeerTimeout, ProtocolError
+from swarm_node.errors import PeerError, PeerRefused, PeerTimeout, ProtocolError, StreamClosed
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ async def read_frame(reader: asyncio.StreamReader, max_bytes: int) -> bytes:
             raise ProtocolError(f"frame of {length} bytes exceeds the cap of {max_bytes}")
         return await reader.readexactly(length)
     except asyncio.IncompleteReadError:
-        raise PeerError("stream closed mid-frame") from None
+        raise StreamClosed("stream closed mid-frame") from None
 
 
 async def discard_frame(reader: asyncio.StreamReader, max_bytes: int) -> None:
