@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tqdm import tqdm
@@ -103,12 +105,18 @@ def node_status_line(s: NodeSnapshot) -> str:
 
 class NodeProgress:
     """A node's status: one live line on a terminal, redrawn every second; elsewhere (a
-    service's log, --no-progress) a log line a minute."""
+    service's log, --no-progress) a log line a minute. It is fed every second either
+    way, so rates cover the recent past."""
 
-    def __init__(self, log: logging.Logger, live: bool, log_every_s: float = 60.0):
+    period_s = 1.0
+
+    def __init__(self, log: logging.Logger, live: bool, log_every_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic):
         self.log = log
         self.live = live
-        self.period_s = 1.0 if live else log_every_s
+        self.log_every_s = log_every_s
+        self.clock = clock
+        self._next_log_s = clock() + log_every_s
         self.bar = tqdm(total=None, bar_format="{desc}", file=sys.stderr, dynamic_ncols=True, disable=not live,
                         leave=False)
 
@@ -116,7 +124,8 @@ class NodeProgress:
         line = node_status_line(snapshot)
         if self.live:
             self.bar.set_description_str(line)
-        else:
+        elif self.clock() >= self._next_log_s:
+            self._next_log_s += self.log_every_s
             self.log.info("progress: %s", line)
 
     def close(self) -> None:

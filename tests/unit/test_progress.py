@@ -56,12 +56,14 @@ def test_a_node_status_line_says_step_loss_speed_peers_and_last_round():
 def test_without_a_terminal_the_node_status_is_a_log_line_a_minute(caplog):
     from swarm_node.obs.progress import NodeProgress, NodeSnapshot
 
-    progress = NodeProgress(logging.getLogger("test.node"), live=False)
-    assert progress.period_s == 60.0
+    now = [0.0]
+    progress = NodeProgress(logging.getLogger("test.node"), live=False, clock=lambda: now[0])
+    snapshot = NodeSnapshot(inner_step=5, max_steps=None, loss=None, tokens_per_s=10.0, stage=0, num_stages=1,
+                            peers_in_stage=0, last_round=0, last_partner=None, last_round_ago_s=3.0)
     with caplog.at_level(logging.INFO, logger="test.node"):
-        progress.show(NodeSnapshot(inner_step=5, max_steps=None, loss=None, tokens_per_s=10.0, stage=0,
-                                   num_stages=1, peers_in_stage=0, last_round=0, last_partner=None,
-                                   last_round_ago_s=3.0))
+        for second in range(1, 121):  # fed every second, logged once a minute
+            now[0] = float(second)
+            progress.show(snapshot)
     progress.close()
-    assert [r.getMessage() for r in caplog.records] == [
-        "progress: step 5 | loss - | 10 tok/s | stage 0 of 1 with 0 other peers | round 0 alone 3s ago"]
+    line = "progress: step 5 | loss - | 10 tok/s | stage 0 of 1 with 0 other peers | round 0 alone 3s ago"
+    assert progress.period_s == 1.0 and [r.getMessage() for r in caplog.records] == [line, line]
