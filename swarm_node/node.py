@@ -78,6 +78,7 @@ log = logging.getLogger("swarm_node.node")
 
 MAX_KNOWN_PEERS = 32
 MAX_REDIAL_S = 20.0  # an initial peer that is down is dialled again at most this far apart
+STAGE_SETTLE_PASSES = 3  # looks at the joiners' announced stages before taking one for good
 MAX_TRACKED_PEERS = 4096  # bound on per-peer bookkeeping, whatever number of ids an attacker uses
 PROPOSE_TIMEOUT_S = 5.0  # a pairing proposal is a few bytes: no answer in this time means the peer is unwell
 PROPOSAL_MAX_BYTES = 4096
@@ -417,20 +418,46 @@ class Node:
     async def _pick_stage(self) -> int:
         """Balance peers over stages, also when several join at once: announce a first
         guess, give simultaneous joiners time to announce theirs, then take this
-        node's place in an assignment every joiner computes the same way."""
+        node's place in an assignment every joiner computes the same way. Joiners that
+        did not see each other in time (records spread through the DHT in seconds, and
+        on a busy machine 4 volunteers once split 3 + 1) then even out: while the
+        announced stages differ by two or more, the newest id of a fullest stage moves
+        to an emptiest one."""
         self.stage = self._assign_stage()
         await self._heartbeat()  # state "joining": visible to the others
-        await asyncio.sleep(self.config.registry_poll_s * 2 * random.uniform(1.0, 1.5))
-        await self._refresh_registry(all_stages=True)
-        chosen = self._assign_stage()
-        if chosen != self.stage:
-            log.info("taking stage %d instead of %d: other peers joined at the same time", chosen, self.stage)
-            self._state = "leaving"  # withdraw the guess at once rather than at record expiry
-            await self._heartbeat()
-            self._state = "joining"
-            self.stage = chosen
-            await self._heartbeat()
-        return chosen
+        chosen = None
+        for settle in range(STAGE_SETTLE_PASSES):
+            await asyncio.sleep(self.config.registry_poll_s * 2 * random.uniform(1.0, 1.5))
+            await self._refresh_registry(all_stages=True)
+            chosen = self._assign_stage() if settle == 0 else self._rebalanced_stage()
+            if chosen == self.stage and settle > 0:
+                break
+            if chosen != self.stage:
+                log.info("taking stage %d instead of %d: other peers joined at the same time", chosen, self.stage)
+                self._state = "leaving"  # withdraw the guess at once rather than at record expiry
+                await self._heartbeat()
+                self._state = "joining"
+                self.stage = chosen
+                await self._heartbeat()
+        return self.stage
+
+    def _rebalanced_stage(self) -> int:
+        """Our stage, or an emptiest one when the stages as announced differ by two or
+        more peers and we are the newest id of a fullest stage (nobody behind a NAT
+        moves: it can only hold stage 0)."""
+        stages = range(self.spec.num_stages)
+        announced = {s: [p for p, r in self.peers.get(s, {}).items() if r.state in ("training", "joining")]
+                     for s in stages}
+        announced[self.stage].append(self.peer_id)
+        count = {s: len(peers) for s, peers in announced.items()}
+        if not self.reachable or max(count.values()) - min(count.values()) < 2 or count[self.stage] < max(
+                count.values()):
+            return self.stage
+        movable = [p for p in announced[self.stage] if p == self.peer_id or (
+            self.peers[self.stage][p].state == "joining" and self.peers[self.stage][p].reachable)]
+        if max(movable) != self.peer_id:
+            return self.stage
+        return min(stages, key=lambda s: (count[s], s))
 
     def _assign_stage(self) -> int:
         """Joiners others cannot dial take stage 0 (it only calls out); the others, in

@@ -96,3 +96,36 @@ def test_nobody_routes_proposes_or_downloads_state_from_an_unreachable_peer():
         "natted": PeerRecord(stage=1, spec_hash=spec.spec_hash(), version=__version__, reachable=False)}})
     assert set(node.live_peers(1)) == {"open", "natted"}
     assert set(node.callable_peers(1)) == {"open"}
+
+
+def test_joiners_that_did_not_see_each_other_in_time_even_out_one_move_at_a_time():
+    """Seen on a busy machine: four volunteers started together split 3 + 1, each having
+    seen too few of the others before choosing. Looking again at the stages as announced,
+    the newest id of the fullest stage moves, and only it."""
+    from swarm_node.net.reach import Reachability
+
+    spec = RunSpec(run_id="r", model_size="tiny", num_stages=2)
+
+    def rec(stage, reachable=True):
+        return PeerRecord(stage=stage, spec_hash=spec.spec_hash(), version=__version__, state="joining",
+                          reachable=reachable)
+
+    announced = {"Qa": 0, "Qb": 0, "Qc": 0, "Qd": 1}
+    moves = {}
+    for me, stage in announced.items():
+        view = {s: {p: rec(st) for p, st in announced.items() if st == s and p != me} for s in (0, 1)}
+        node = _joiner(me, spec, view)
+        node.stage = stage
+        moves[me] = node._rebalanced_stage()
+    assert moves == {"Qa": 0, "Qb": 0, "Qc": 1, "Qd": 1}
+    # a joiner behind a NAT never moves: the newest id that can does
+    behind = {"Qa": 0, "Qz": 0, "Qb": 0}
+    node = _joiner("Qb", spec, {0: {"Qa": rec(0), "Qz": rec(0, reachable=False)}, 1: {}})
+    node.stage = 0
+    assert node._rebalanced_stage() == 1 and max(behind) == "Qz"
+    node.reachability = Reachability(False)
+    assert node._rebalanced_stage() == 0
+    # balanced within one: nobody moves
+    node = _joiner("Qc", spec, {0: {"Qa": rec(0)}, 1: {"Qb": rec(1)}})
+    node.stage = 0
+    assert node._rebalanced_stage() == 0

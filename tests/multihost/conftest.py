@@ -7,6 +7,7 @@ apt-get where missing). Without them they are skipped with the reason, except un
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 
@@ -43,3 +44,16 @@ def iptables() -> None:
     reason = unavailable() or ensure_iptables()
     if reason:
         _missing(reason)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def clean_up_on_sigterm():
+    """A CI time-out or `kill` sends SIGTERM, which ends pytest without running fixture
+    teardown: the beds' hosts and their processes would live on. Taken as Ctrl-C,
+    teardown runs."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    yield
+    signal.signal(signal.SIGTERM, previous)

@@ -44,13 +44,22 @@ def public_run(module_bed, tmp_path_factory):
 
 
 def _all_paired_twice(run) -> list[dict]:
+    """Every later test starts from a swarm that trained; when it never did, the first
+    test says so and the rest fail at once instead of each waiting again."""
+    if run.get("never_paired"):
+        pytest.fail(f"the swarm never paired (see the first failure): {run['never_paired']}")
+
     def check():
         for v in run["volunteers"]:
             assert v.process.poll() is None, f"volunteer {v.host.name} exited:\n{v.text()[-3000:]}"
         peers = run["boot"].peers()
         return peers if len(peers) == 4 and all(p["partner_rounds"] >= 2 for p in peers) else None
 
-    return wait_for(check, 300, "every volunteer to average with a partner twice", run["workdir"])
+    try:
+        return wait_for(check, 300, "every volunteer to average with a partner twice", run["workdir"])
+    except AssertionError as exc:
+        run["never_paired"] = str(exc)[:300]
+        raise
 
 
 def test_the_printed_line_names_an_address_other_hosts_can_dial(public_run):
