@@ -58,15 +58,16 @@ def export(*argv: str) -> int:
     return main(["export", *argv])
 
 
-def test_replicas_up_to_half_the_newest_ones_steps_apart_are_averaged_and_further_apart_are_refused(tmp_path):
+def test_replicas_up_to_three_quarters_of_the_newest_ones_steps_apart_are_averaged_and_further_are_refused(
+        tmp_path):
     s0 = checkpoint(tmp_path / "s0", 0, step=68, round_=6)
     a = checkpoint(tmp_path / "a", 1, step=68, round_=6, offset=1.0)
-    b = checkpoint(tmp_path / "b", 1, step=136, round_=13, offset=3.0)  # at the limit: 68 of 136 steps apart
+    b = checkpoint(tmp_path / "b", 1, step=272, round_=27, offset=3.0)  # at the limit: 204 of 272 steps apart
     assembled = assemble([s0, a, b])
     assert assembled.peers_per_stage == [1, 2]
     torch.testing.assert_close(assembled.state_dict["lm_head.weight"], initial(1, "lm_head.weight") + 2.0)
-    c = checkpoint(tmp_path / "c", 1, step=137, round_=13)  # one step more
-    with pytest.raises(ConfigError, match=r"69 inner steps apart, more than 50% of the newest one's 137 and more "
+    c = checkpoint(tmp_path / "c", 1, step=273, round_=27)  # one step more
+    with pytest.raises(ConfigError, match=r"205 inner steps apart, more than 75% of the newest one's 273 and more "
                                           r"than 2\*H = 20"):
         assemble([s0, a, c])
 
@@ -103,7 +104,7 @@ def test_force_averages_far_apart_checkpoints_with_one_warning_per_stage(tmp_pat
     assert export("--checkpoint", *map(str, dirs), "--out", str(out), "--force") == 0
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 2, warnings
-    assert warnings[0].startswith("stage 0: averaging checkpoints 1358 inner steps apart, more than 50% of the "
+    assert warnings[0].startswith("stage 0: averaging checkpoints 1358 inner steps apart, more than 75% of the "
                                   "newest one's 1426 and more than 2*H = 20 as --force asks")
     assert warnings[1].startswith("stage 1:")
     tensors = load_file(out / "model.safetensors")
@@ -111,14 +112,14 @@ def test_force_averages_far_apart_checkpoints_with_one_warning_per_stage(tmp_pat
     torch.testing.assert_close(tensors["model.embed_tokens.weight"], initial(0, "model.embed_tokens.weight") + 1.0)
 
 
-def test_without_outer_rounds_checkpoints_more_than_half_the_steps_apart_are_refused(tmp_path):
+def test_without_outer_rounds_checkpoints_more_than_three_quarters_of_the_steps_apart_are_refused(tmp_path):
     s0 = checkpoint(tmp_path / "s0", 0, step=1000, round_=0, spec=LOCAL_SPEC)
     a = checkpoint(tmp_path / "a", 1, step=1000, round_=0, spec=LOCAL_SPEC)
-    close = checkpoint(tmp_path / "close", 1, step=2000, round_=0, spec=LOCAL_SPEC)  # 1000 <= half of 2000
-    far = checkpoint(tmp_path / "far", 1, step=2002, round_=0, spec=LOCAL_SPEC)
+    close = checkpoint(tmp_path / "close", 1, step=4000, round_=0, spec=LOCAL_SPEC)  # 3000 <= 3/4 of 4000
+    far = checkpoint(tmp_path / "far", 1, step=4004, round_=0, spec=LOCAL_SPEC)
     assert assemble([s0, a, close]).peers_per_stage == [1, 2]
-    with pytest.raises(ConfigError, match=r"1002 inner steps apart, more than 50% of the newest one's 2002 \(.*far "
-                                          r"at inner step 2002\)"):
+    with pytest.raises(ConfigError, match=r"3004 inner steps apart, more than 75% of the newest one's 4004 \(.*far "
+                                          r"at inner step 4004\)"):
         assemble([s0, a, far])
 
 
