@@ -1,14 +1,15 @@
 """BENCHMARKS.md, rendered from bench/results/*.json: every number in it comes from
-those files (each benchmark module's ``markdown(result)`` draws its own section)."""
+those files (each benchmark's ``bench/<name>/benchmark.py`` draws its own section with
+``markdown(result)``)."""
 
 from __future__ import annotations
 
 import importlib
 from pathlib import Path
 
-from bench.common import RESULTS_DIR, load
+from bench.common import ROOT
+from bench.common.results import RESULTS_DIR, load
 
-ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "BENCHMARKS.md"
 SECTIONS = ("sync_cost", "latency_model", "swarm_efficiency", "convergence", "vs_hivemind", "wire_bytes")
 
@@ -52,7 +53,7 @@ def render(results_dir: Path = RESULTS_DIR) -> str:
         m = result["machine"]
         index.append(f"| [{name}](#{name}) | {TITLES[name]} | {result['mode']} | "
                      f"{m['cpu_count']} CPUs, torch {m['torch']} | {result['wall_s']:.0f} s |")
-        module = importlib.import_module(f"bench.{name}")
+        module = importlib.import_module(f"bench.{name}.benchmark")
         sections.append(f'<a id="{name}"></a>\n\n' + module.markdown(result).strip() + "\n")
     return HEADER.format(index="\n".join(index)) + "\n" + "\n".join(sections)
 

@@ -4,10 +4,10 @@ import math
 
 import pytest
 
-from bench.convergence import QUICK, jobs_for, markdown, summarise
-from bench.convergence_stats import (check_ddp_best, check_gaps_grow_with_dp, check_noloco_vs_diloco,
+from bench.common.results import Result
+from bench.convergence.benchmark import QUICK, jobs_for, markdown, summarise
+from bench.convergence.stats import (check_ddp_best, check_gaps_grow_with_dp, check_noloco_vs_diloco,
                                      check_scaling_order, grid_rows, paired_gaps_pct, scaling_rows, spread)
-from bench.common import Result
 
 
 def _run(section, dp, pp, method, seed, loss, outer_lr=None):
@@ -85,7 +85,7 @@ def test_plan_and_markdown_render_from_json_alone():
 
 
 def test_where_noloco_trails_is_said_per_grid_with_its_seeds():
-    from bench.convergence import _where_noloco_behind
+    from bench.convergence.benchmark import _where_noloco_behind
 
     check = {"by_grid": {"8 x 1": {"diff_pct": -2.2, "seeds_holding": 3, "seeds": 3},
                          "4 x 2": {"diff_pct": 0.9, "seeds_holding": 1, "seeds": 3},

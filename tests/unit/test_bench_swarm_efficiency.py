@@ -1,11 +1,11 @@
-"""The arithmetic of bench/swarm_efficiency.py: steady-state windows, step times, profile
+"""The arithmetic of bench/swarm_efficiency/benchmark.py: steady-state windows, step times, profile
 buckets, /proc parsing and CPU accounting, and the report rendered from a result."""
 
 
 import pytest
 
-from bench import swarm_efficiency_analysis as ana
-from bench.swarm_efficiency import markdown
+from bench.swarm_efficiency import analysis as ana
+from bench.swarm_efficiency.benchmark import markdown
 
 WORKER = "/x/swarm_node/train/worker.py"
 MODULE = "/x/torch/nn/modules/module.py"
@@ -96,7 +96,7 @@ def test_markdown_is_rendered_from_the_result_alone():
     machine = {c: 0.05 for c in ("useful", "recompute", "serialisation", "outer", "other", "event_loops", "dht",
                                  "p2pd", "driver", "other_processes", "idle")}
     result = {
-        "command": "python bench/swarm_efficiency.py", "mode": "quick", "notes": ["a note"],
+        "command": "python bench/swarm_efficiency/__main__.py", "mode": "quick", "notes": ["a note"],
         "rows": [{"table": "throughput", "layout": "plain, 4 threads", "tokens_per_s": 1000.0, "ratio": 1.0},
                  {"table": "throughput", "layout": "2x2", "tokens_per_s": 700.0, "ratio": 0.7, "ratio_cores": 0.6,
                   "outer_rounds": 8, "rounds_with_partner": 6, "round_time_mean_s": 2.5},

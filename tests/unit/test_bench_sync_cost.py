@@ -6,8 +6,9 @@ import subprocess
 
 import pytest
 
-from bench import sync_cost, sync_cost_net
-from bench.sync_cost_ipc import SeekingBoard
+from bench.sync_cost import benchmark as sync_cost
+from bench.sync_cost import net as sync_cost_net
+from bench.sync_cost.ipc import SeekingBoard
 from tests.netbed.bed import tbf_args
 
 PLAN = sync_cost.Plan(settings=(sync_cost.Setting("loopback", None, ((1_000_000, (2, 4)),)),),

@@ -3,7 +3,7 @@ sizes against the codec."""
 
 import pytest
 
-from bench.wire_bytes import (
+from bench.wire_bytes.benchmark import (
     CheckRun,
     ModelSize,
     Setting,

@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 from bench import report
-from bench.common import RESULTS_DIR
+from bench.common.results import RESULTS_DIR
 
 KEYS = {"benchmark", "mode", "command", "started", "wall_s", "machine", "rows", "summary", "notes"}
 

@@ -30,9 +30,9 @@ from pathlib import Path
 
 import torch
 
-from bench.common import Result, parse_mode, pyplot
-from bench.vs_hivemind_net import Sandbox
-from bench.vs_hivemind_procs import ChildFailed, run_to_end
+from bench.common.procs import ChildFailed, run_to_end
+from bench.common.results import Result, parse_mode, pyplot
+from bench.common.sandbox import Sandbox
 from swarm_node.model.config import NAMED_SIZES, model_config
 from swarm_node.model.stages import build_stage
 from swarm_node.wire.codec import WIRE_PRECISIONS, encode_frame
@@ -425,7 +425,3 @@ def markdown(result: dict) -> str:
     if result["notes"]:
         lines += ["", "Notes:", "", *[f"- {n}" for n in result["notes"]]]
     return "\n".join(lines) + "\n"
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,7 +1,7 @@
 """One hivemind.Optimizer training peer (or the run's bootstrap DHT) for bench.vs_hivemind.
 
-    python -m bench.vs_hivemind_peer bootstrap --maddr-file F
-    python -m bench.vs_hivemind_peer train --rank R --peers N --maddr-file F --out-dir D [...]
+    python -m bench.vs_hivemind.peer bootstrap --maddr-file F
+    python -m bench.vs_hivemind.peer train --rank R --peers N --maddr-file F --out-dir D [...]
 
 A peer trains the project's Llama-style model (built by swarm_node.model as one full
 stage, the same seed and name-keyed init as a swarm-node node) on its shard of the same

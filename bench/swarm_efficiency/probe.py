@@ -1,8 +1,8 @@
 """Instruments for the swarm-efficiency benchmark: a ``swarm-node local`` whose nodes
 record their progress and profile themselves, and a sampler of per-thread CPU time.
 
-``python -m bench.swarm_efficiency_probe local ARGS`` is ``swarm-node local ARGS``,
-except that it starts each node as ``python -m bench.swarm_efficiency_probe join ...``
+``python -m bench.swarm_efficiency.probe local ARGS`` is ``swarm-node local ARGS``,
+except that it starts each node as ``python -m bench.swarm_efficiency.probe join ...``
 instead of ``python -m swarm_node join ...`` (the library has no hook for the node
 command, so the driver's view of ``subprocess`` is wrapped), and evaluates the final
 weights on one batch of 8 windows instead of 8 of 64: evaluation comes after the
@@ -31,11 +31,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.swarm_efficiency_analysis import Sample, TaskStat, parse_cpu_line, parse_schedstat, parse_stat
+from bench.swarm_efficiency.analysis import Sample, TaskStat, parse_cpu_line, parse_schedstat, parse_stat
 
 PROBE_DIR_ENV = "SWARM_EFFICIENCY_PROBE_DIR"
 PROFILE_STEPS_ENV = "SWARM_EFFICIENCY_PROFILE_STEPS"
-MODULE = "bench.swarm_efficiency_probe"
+MODULE = "bench.swarm_efficiency.probe"
 
 
 # --- the node side --------------------------------------------------------------------

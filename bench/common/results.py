@@ -22,7 +22,9 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+from bench.common import ROOT
+
+RESULTS_DIR = ROOT / "bench" / "results"
 
 
 def machine() -> dict:
@@ -34,7 +36,7 @@ def machine() -> dict:
 
 def parse_mode(description: str, argv: list[str] | None = None,
                extra: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=description)
+    parser = argparse.ArgumentParser(prog=_prog(), description=description)
     parser.add_argument("--full", action="store_true", help="the long version (default: quick)")
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     if extra is not None:
@@ -43,6 +45,15 @@ def parse_mode(description: str, argv: list[str] | None = None,
     args.mode = "full" if args.full else "quick"
     args.out_dir.mkdir(parents=True, exist_ok=True)
     return args
+
+
+def _prog() -> str | None:
+    """``python -m bench.<name>`` when a benchmark runs as its package's ``__main__``
+    (argparse on Python 3.11 would call it ``__main__.py``); otherwise argparse's own."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name.endswith(".__main__"):
+        return f"python -m {spec.name.removesuffix('.__main__')}"
+    return None
 
 
 class Result:

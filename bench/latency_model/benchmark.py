@@ -4,15 +4,15 @@ and inner-step times measured by bench.sync_cost and bench.swarm_efficiency.
 
     .venv/bin/python -m bench.latency_model [--full]
 
-Pure numpy Monte Carlo (bench/latency_model_sim.py), no network. Part 1: critical path
+Pure numpy Monte Carlo (bench/latency_model/sim.py), no network. Part 1: critical path
 of a binary-tree all-reduce among N peers against one pair exchange, log-normal message
 times with std/t in {0, 0.5, 1, 1.5, 2.5}. Part 2: wall time of a run under DiLoCo's
 global barrier against NoLoCo's pairwise waits, inner-step times LogNormal(1, 0.5).
 Part 3: the same models fed with the message times of bench/results/sync_cost.json and
 the inner-step times of bench/results/swarm_efficiency.json where those exist (formats:
-bench/latency_model_inputs.py); without them the section says which inputs were missing
+bench/latency_model/inputs.py); without them the section says which inputs were missing
 and that the paper's defaults stand alone. Plots and BENCHMARKS.md section:
-bench/latency_model_report.py."""
+bench/latency_model/report.py."""
 
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import Result, load, parse_mode
-from bench.latency_model_inputs import label, largest_per_setting, small_n_ratios, source_note, summary_times
-from bench.latency_model_report import markdown, plot
-from bench.latency_model_sim import (Variant, allreduce_to_pair_ratio, barrier_run_times, binomial_tree_paths,
+from bench.common.results import Result, load, parse_mode
+from bench.latency_model.inputs import label, largest_per_setting, small_n_ratios, source_note, summary_times
+from bench.latency_model.report import markdown, plot
+from bench.latency_model.sim import (Variant, allreduce_to_pair_ratio, barrier_run_times, binomial_tree_paths,
                                      level_barrier_paths, lognormal_params, pair_exchange_mean, sample_paths,
                                      slowest_pair_paths)
 
@@ -252,7 +252,3 @@ def main(argv: list[str] | None = None) -> None:
     result = run(args.mode, args.out_dir)
     plot(result.rows, result.out_dir)
     result.write()
-
-
-if __name__ == "__main__":
-    main()

@@ -23,10 +23,10 @@ import tempfile
 from contextlib import ExitStack
 from pathlib import Path
 
-from bench.common import Result, parse_mode, pyplot
-from bench.vs_hivemind_curves import CurvePoint, Point, common_target, swarm_curve, time_to_target, value_at
-from bench.vs_hivemind_net import Sandbox
-from bench.vs_hivemind_runs import Plan, SwarmRun, load_snapshots, run_hivemind, run_swarm_node
+from bench.common.results import Result, parse_mode, pyplot
+from bench.common.sandbox import Sandbox
+from bench.vs_hivemind.curves import CurvePoint, Point, common_target, swarm_curve, time_to_target, value_at
+from bench.vs_hivemind.runs import Plan, SwarmRun, load_snapshots, run_hivemind, run_swarm_node
 from swarm_node.config import suggested_lr
 from swarm_node.data.dataset import load_windows
 from swarm_node.data.spec import DataSpec
@@ -351,7 +351,3 @@ def markdown(result: dict) -> str:
     if result["notes"]:
         lines += ["", "Notes:", "", *[f"- {n}" for n in result["notes"]]]
     return "\n".join(lines) + "\n"
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

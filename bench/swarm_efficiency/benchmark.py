@@ -6,7 +6,7 @@ Plain training is a ``StageWorker`` holding the whole model (one stage: forward,
 backward, the same inner AdamW and schedule, batches of the same corpus), in this
 process, with as many torch threads as the swarm's nodes have together (``swarm-node
 local`` gives each node ``OMP_NUM_THREADS=1`` and ``--threads 1``), and also with one
-thread per core. The swarm runs as ``python -m bench.swarm_efficiency_probe local ...``:
+thread per core. The swarm runs as ``python -m bench.swarm_efficiency.probe local ...``:
 the real driver and node processes, each node timestamping its inner steps, micro-batches
 and outer rounds and profiling itself (see swarm_efficiency_probe.py), while this process
 samples per-thread CPU time of the whole process tree from /proc.
@@ -57,13 +57,13 @@ from pathlib import Path
 
 import torch
 
-from bench import swarm_efficiency_analysis as ana
-from bench.common import Result, parse_mode, pyplot
-from bench.swarm_efficiency_probe import MODULE as PROBE_MODULE
-from bench.swarm_efficiency_probe import PROBE_DIR_ENV, PROFILE_STEPS_ENV, TreeSampler
+from bench.common import ROOT as REPO
+from bench.common.results import Result, parse_mode, pyplot
+from bench.swarm_efficiency import analysis as ana
+from bench.swarm_efficiency.probe import MODULE as PROBE_MODULE
+from bench.swarm_efficiency.probe import PROBE_DIR_ENV, PROFILE_STEPS_ENV, TreeSampler
 
 NAME = "swarm_efficiency"
-REPO = Path(__file__).resolve().parent.parent
 
 
 def threads_per_node() -> int:
@@ -592,7 +592,3 @@ def main(argv: list[str] | None = None) -> int:
     path = result.write()
     plot(json.loads(path.read_text()), result.path(".png"))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

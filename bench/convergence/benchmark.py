@@ -20,8 +20,8 @@ import sys
 import time
 from dataclasses import dataclass
 
-from bench.common import Result, parse_mode, pyplot
-from bench.convergence_stats import (METHOD_ORDER, SCALING_OUTER_LR, SCALING_OUTER_MOMENTUM, check_ddp_best,
+from bench.common.results import Result, parse_mode, pyplot
+from bench.convergence.stats import (METHOD_ORDER, SCALING_OUTER_LR, SCALING_OUTER_MOMENTUM, check_ddp_best,
                                      check_gaps_grow_with_dp, check_noloco_vs_diloco, check_scaling_order, grid_rows,
                                      perplexity, scaling_rows)
 from swarm_node.optim.methods import default_method
@@ -453,7 +453,3 @@ def main(argv: list[str] | None = None) -> int:
     plot(result.rows, result.path(".png"), pyplot())
     result.write()
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """``swarm-node local --stages 1 --replicas N`` for bench.vs_hivemind, with checkpoints on.
 
-    python -m bench.vs_hivemind_swarm --replicas N --steps S --run-dir D --json-out F [...]
+    python -m bench.vs_hivemind.swarm --replicas N --steps S --run-dir D --json-out F [...]
 
 The same swarm as the command line builds (same run spec, same node processes), with
 one difference: every node writes a checkpoint after each outer round, so the benchmark

@@ -1,6 +1,6 @@
 """One peer of the sync-cost benchmark, run as its own process (``python -m
-bench.sync_cost_peer``) with its own hivemind DHT and libp2p daemon, steered by the
-parent (bench/sync_cost.py) through JSON lines:
+bench.sync_cost.peer``) with its own hivemind DHT and libp2p daemon, steered by the
+parent (bench/sync_cost/benchmark.py) through JSON lines:
 
     parent -> peer (stdin):  {"cmd": <name>, ...arguments}
     peer -> parent (stdout): "SBA " + {"ok": true, ...results} or {"ok": false, "error": "..."}
@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from bench.sync_cost_ipc import REPLY_MARK, SeekingBoard
+from bench.sync_cost.ipc import REPLY_MARK, SeekingBoard
 from swarm_node.errors import ProtocolError
 from swarm_node.gossip.pairing import PairingCoordinator, Refused
 from swarm_node.net.dht import SwarmDHT

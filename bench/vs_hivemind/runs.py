@@ -1,5 +1,5 @@
 """Running the two swarms of bench.vs_hivemind side by side in the same way: each in a
-sandbox of its own (bench/vs_hivemind_net.py), its loopback byte counter sampled while
+sandbox of its own (bench/common/sandbox.py), its loopback byte counter sampled while
 it trains, and its peers' weights kept along the way as snapshots on disk
 (``snap-r<replica>-<step>.pt`` holding step, wall time and the model's state dict)."""
 
@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from bench.vs_hivemind_net import Sandbox
-from bench.vs_hivemind_procs import ChildFailed, spawn, stop, wait_all
+from bench.common.procs import ChildFailed, spawn, stop, wait_all
+from bench.common.sandbox import Sandbox
 
 TICK_S = 0.2  # how often the watchers look; a checkpoint lives for at least one round
 NODE_READY = "others can join through this node"  # a swarm-node node's last line before training
@@ -83,7 +83,7 @@ def _watch(processes: Sequence, deadline: float, on_tick: Callable[[], None]) ->
 
 # -- hivemind.Optimizer ------------------------------------------------------------------
 def _peer_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "bench.vs_hivemind_peer", *args]
+    return [sys.executable, "-m", "bench.vs_hivemind.peer", *args]
 
 
 def run_hivemind(plan: Plan, mode: str, work: Path, box: Sandbox | None, lr: float) -> SwarmRun:
@@ -169,7 +169,7 @@ def run_swarm_node(plan: Plan, work: Path, box: Sandbox | None, param_names: lis
     run_dir = out / "run"
     out.mkdir(parents=True)
     summary_path = out / "summary.json"
-    cmd = [sys.executable, "-m", "bench.vs_hivemind_swarm", "--replicas", str(plan.peers), "--model", plan.model,
+    cmd = [sys.executable, "-m", "bench.vs_hivemind.swarm", "--replicas", str(plan.peers), "--model", plan.model,
            "--data", plan.data, "--seq-len", str(plan.seq_len), "--batch-size", str(plan.batch_size),
            "--steps", str(plan.steps), "--inner-steps", str(plan.inner_steps), "--seed", str(plan.seed),
            "--run-dir", str(run_dir), "--json-out", str(summary_path)]

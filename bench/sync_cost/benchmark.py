@@ -4,7 +4,7 @@ all-reduce among all N peers of a stage with hivemind's DecentralizedAverager.
     .venv/bin/python -m bench.sync_cost [--full]
 
 Each peer is its own process with its own hivemind DHT and libp2p daemon
-(bench/sync_cost_peer.py); this parent schedules rounds by wall-clock time and collects
+(bench/sync_cost/peer.py); this parent schedules rounds by wall-clock time and collects
 each peer's ``ready`` and ``end`` times. A stage of P parameters is two fp32 tensors of
 P elements (phi and Delta; no model is needed to move them). Methods:
 
@@ -59,10 +59,10 @@ import time
 from dataclasses import dataclass
 from functools import partial
 
-from bench.common import Result, parse_mode
-from bench.sync_cost_net import Namespaces, available
-from bench.sync_cost_report import markdown, plot
-from bench.sync_cost_swarm import Swarm
+from bench.common.results import Result, parse_mode
+from bench.sync_cost.net import Namespaces, available
+from bench.sync_cost.report import markdown, plot
+from bench.sync_cost.swarm import Swarm
 from swarm_node.node_config import NodeConfig
 
 __all__ = ["main", "markdown", "summarize"]
@@ -392,7 +392,3 @@ def main(argv: list[str] | None = None) -> None:
                     "their second digit; --full takes medians over several rounds.")
     path = result.write()
     plot(json.loads(path.read_text()), result.path(".png"))
-
-
-if __name__ == "__main__":
-    main()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from bench.common import pyplot
+from bench.common.results import pyplot
 
 ALLREDUCE_QUANTITY = "all-reduce / pair critical path"
 

@@ -1,12 +1,12 @@
 """The sync-cost benchmark's plot and its BENCHMARKS.md section, drawn only from the
-result JSON (see bench/sync_cost.py for the keys)."""
+result JSON (see bench/sync_cost/benchmark.py for the keys)."""
 
 from __future__ import annotations
 
 import math
 import statistics
 
-from bench.common import pyplot
+from bench.common.results import pyplot
 
 
 def _size(params: int) -> str:

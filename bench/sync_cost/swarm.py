@@ -1,4 +1,4 @@
-"""The parent's side of the sync-cost benchmark: start peer processes (bench/sync_cost_peer.py),
+"""The parent's side of the sync-cost benchmark: start peer processes (bench/sync_cost/peer.py),
 on loopback or one per network namespace, send them commands and collect their answers.
 
 Every peer runs in its own session, so its process group (the peer, its hivemind DHT
@@ -18,10 +18,9 @@ import threading
 import time
 from pathlib import Path
 
-from bench.sync_cost_net import Namespaces
-from bench.sync_cost_ipc import REPLY_MARK, SeekingBoard
-
-ROOT = Path(__file__).resolve().parent.parent
+from bench.common import ROOT
+from bench.sync_cost.ipc import REPLY_MARK, SeekingBoard
+from bench.sync_cost.net import Namespaces
 
 
 class PeerFailed(RuntimeError):
@@ -109,7 +108,7 @@ class Swarm:
 
     def _argv(self, rank: int, initial_peers: list[str]) -> list[str]:
         host = self.namespaces.address(rank) if self.namespaces else "127.0.0.1"
-        argv = [sys.executable, "-m", "bench.sync_cost_peer", "--rank", str(rank), "--host", host,
+        argv = [sys.executable, "-m", "bench.sync_cost.peer", "--rank", str(rank), "--host", host,
                 "--board", str(self.board_path), "--num-slots", str(self.num_peers)]
         if initial_peers:
             argv += ["--initial-peers", *initial_peers]
