@@ -90,6 +90,11 @@ class Result:
         return path
 
 
+def rerun_command(name: str, mode: str) -> str:
+    """The command that re-runs benchmark ``name`` in ``mode``, as BENCHMARKS.md shows it."""
+    return f".venv/bin/python -m bench.{name}" + (" --full" if mode == "full" else "")
+
+
 def load(name: str, out_dir: Path = RESULTS_DIR) -> dict | None:
     path = out_dir / f"{name}.json"
     return json.loads(path.read_text()) if path.exists() else None

@@ -20,7 +20,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from bench.common.results import Result, parse_mode, pyplot
+from bench.common.results import Result, parse_mode, pyplot, rerun_command
 from bench.convergence.stats import (METHOD_ORDER, SCALING_OUTER_LR, SCALING_OUTER_MOMENTUM, check_ddp_best,
                                      check_gaps_grow_with_dp, check_noloco_vs_diloco, check_scaling_order, grid_rows,
                                      perplexity, scaling_rows)
@@ -422,7 +422,7 @@ def markdown(result: dict) -> str:
     parts = [
         "## convergence: NoLoCo vs DiLoCo vs DDP vs local at equal tokens",
         f"{result['mode'].capitalize()} run, {result['wall_s']:.0f} s on {result['machine']['cpu_count']} CPUs:",
-        f"```bash\n.venv/bin/python -m bench.convergence{' --full' if result['mode'] == 'full' else ''}\n```",
+        f"```bash\n{rerun_command(NAME, result['mode'])}\n```",
         _setup(result),
         "![convergence](bench/results/convergence.png)",
         *(_grid_table(result["rows"], g) for g in grids),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from bench.common.results import pyplot
+from bench.common.results import pyplot, rerun_command
 
 ALLREDUCE_QUANTITY = "all-reduce / pair critical path"
 
@@ -257,7 +257,7 @@ def markdown(result: dict) -> str:
     return f"""## latency_model: the paper's section 5.3 latency model at N up to 1024
 
 ```bash
-.venv/bin/python -m bench.latency_model{' --full' if result['mode'] == 'full' else ''}
+{rerun_command('latency_model', result['mode'])}
 ```
 
 A numpy Monte Carlo of the NoLoCo paper's latency model, no network ({result['mode']} mode).

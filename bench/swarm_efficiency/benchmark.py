@@ -58,7 +58,7 @@ from pathlib import Path
 import torch
 
 from bench.common import ROOT as REPO
-from bench.common.results import Result, parse_mode, pyplot
+from bench.common.results import Result, parse_mode, pyplot, rerun_command
 from bench.swarm_efficiency import analysis as ana
 from bench.swarm_efficiency.probe import MODULE as PROBE_MODULE
 from bench.swarm_efficiency.probe import PROBE_DIR_ENV, PROFILE_STEPS_ENV, TreeSampler
@@ -469,15 +469,12 @@ def _table(rows: list[dict], columns: list[tuple[str, str, str]]) -> list[str]:
 def markdown(result: dict) -> str:
     s = result["summary"]
     parts = ["## Swarm efficiency: a local swarm against plain training", "", _intro(s), "",
-             f"```\n{_command(result)}\n```", "", f"![swarm efficiency](bench/results/{NAME}.png)", "",
+             f"```\n{rerun_command(NAME, result['mode'])}\n```", "",
+             f"![swarm efficiency](bench/results/{NAME}.png)", "",
              *_tables(result), "", _meaning(result)]
     if result.get("notes"):
         parts += ["", *[f"- {note}" for note in result["notes"]]]
     return "\n".join(parts) + "\n"
-
-
-def _command(result: dict) -> str:
-    return f".venv/bin/python -m bench.{NAME}" + (" --full" if result["mode"] == "full" else "")
 
 
 def _intro(s: dict) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from bench.common.results import pyplot
+from bench.common.results import pyplot, rerun_command
 
 
 def _size(params: int) -> str:
@@ -209,7 +209,6 @@ def straggler_paragraph(result: dict, rounds: dict[tuple, dict]) -> str:
 
 def markdown(result: dict) -> str:
     rounds = _rounds(result)
-    command = "python -m bench.sync_cost" + (" --full" if result["mode"] == "full" else "")
     parts = [
         "## Sync cost: NoLoCo pair exchange vs hivemind all-reduce",
         "The critical path of one outer round: each peer sends its phi and Delta (fp16) to one random peer of its "
@@ -217,7 +216,8 @@ def markdown(result: dict) -> str:
         "frame codec, against one `DecentralizedAverager` all-reduce over the same tensors among all N peers of "
         f"the stage ({result['summary'].get('compression', 'fp16').upper()} compression). One process per peer, "
         "each with its own DHT and libp2p daemon; stage sizes are tensors of that many fp32 parameters.",
-        f"Command: `.venv/bin/{command}` ({result['mode']} mode; `--full` adds 50M parameters and 50 Mbit/s). "
+        f"Command: `{rerun_command('sync_cost', result['mode'])}` ({result['mode']} mode; "
+        "`--full` adds 50M parameters and 50 Mbit/s). "
         f"Measured in {result['wall_s']:.0f} s on {result['machine']['cpu_count']} CPUs.",
         "### One message (one payload over one stream, acknowledged)",
         message_table(result),

@@ -23,7 +23,7 @@ import tempfile
 from contextlib import ExitStack
 from pathlib import Path
 
-from bench.common.results import Result, parse_mode, pyplot
+from bench.common.results import Result, parse_mode, pyplot, rerun_command
 from bench.common.sandbox import Sandbox
 from bench.vs_hivemind.curves import CurvePoint, Point, common_target, swarm_curve, time_to_target, value_at
 from bench.vs_hivemind.runs import Plan, SwarmRun, load_snapshots, run_hivemind, run_swarm_node
@@ -322,7 +322,7 @@ def markdown(result: dict) -> str:
     hivemind = ", ".join(m["method"] for m in methods[1:])
     lines = [
         "## vs_hivemind: this project against hivemind.Optimizer", "",
-        f"`.venv/bin/python -m bench.vs_hivemind{' --full' if result['mode'] == 'full' else ''}` "
+        f"`{rerun_command(NAME, result['mode'])}` "
         f"({result['mode']} mode, {result['wall_s']:.0f} s)", "",
         f"{s['peers']} peers, each a separate process, train the project's Llama-style model `{s['model']}` "
         f"({s['params']:,} parameters, one full stage) on their shards of the bundled corpus: "

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from bench.common.procs import ChildFailed, run_to_end
-from bench.common.results import Result, parse_mode, pyplot
+from bench.common.results import Result, parse_mode, pyplot, rerun_command
 from bench.common.sandbox import Sandbox
 from swarm_node.model.config import NAMED_SIZES, model_config
 from swarm_node.model.stages import build_stage
@@ -405,7 +405,7 @@ def markdown(result: dict) -> str:
     table = [r for r in result["rows"] if "bytes_per_sync" in r]
     lines = [
         "## wire_bytes: bytes on the wire per round and per token", "",
-        f"`.venv/bin/python -m bench.wire_bytes{' --full' if result['mode'] == 'full' else ''}` "
+        f"`{rerun_command(NAME, result['mode'])}` "
         f"({result['mode']} mode, {result['wall_s']:.0f} s)", "",
         "What one worker sends (it receives as much), computed from the parameter counts of "
         "`swarm_node/model/config.py` and the wire precisions of `swarm_node/wire/codec.py`. Project sizes use "
