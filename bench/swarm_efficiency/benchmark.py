@@ -8,7 +8,7 @@ process, with as many torch threads as the swarm's nodes have together (``swarm-
 local`` gives each node ``OMP_NUM_THREADS=1`` and ``--threads 1``), and also with one
 thread per core. The swarm runs as ``python -m bench.swarm_efficiency.probe local ...``:
 the real driver and node processes, each node timestamping its inner steps, micro-batches
-and outer rounds and profiling itself (see swarm_efficiency_probe.py), while this process
+and outer rounds and profiling itself (see bench/swarm_efficiency/probe.py), while this process
 samples per-thread CPU time of the whole process tree from /proc.
 
 Steady state: the window from the last stage-0 node reaching inner step A to the first
@@ -177,7 +177,7 @@ class SwarmRun:
     stages: int
     replicas: int
     summary: dict  # what swarm-node local --json-out wrote
-    nodes: list[dict]  # the probes' records (see swarm_efficiency_probe.NodeProbe)
+    nodes: list[dict]  # the probes' records (see probe.NodeProbe)
     compute_profiles: dict[int, dict]  # node pid -> pstats table of its compute thread
     samples: list[ana.Sample]
 
