@@ -13,12 +13,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from swarm_node.errors import PeerError
-from swarm_node.gossip.pairing import PairState, Refused, backoff
+from swarm_node.gossip.pairing import PairState, Refused, backoff, now
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +52,12 @@ class GroupRound:
         self.received = {}
         self.state = PairState.SEEKING
         self.seeking.set()
-        deadline = time.monotonic() + self.round_timeout_s
+        deadline = now() + self.round_timeout_s
         gate = asyncio.Semaphore(self.max_parallel)
 
         async def ask(peer: str) -> None:
             async with gate:
-                remaining = deadline - time.monotonic()
+                remaining = deadline - now()
                 if remaining <= 0 or peer in self.received:
                     return
                 try:
@@ -73,7 +72,7 @@ class GroupRound:
         try:
             while True:
                 missing = [p for p in members() if p not in self.received]
-                if not missing or time.monotonic() >= deadline:
+                if not missing or now() >= deadline:
                     return dict(self.received)
                 self._changed.clear()
                 async with asyncio.TaskGroup() as tg:

@@ -40,7 +40,6 @@ import asyncio
 import enum
 import logging
 import random
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +49,14 @@ from swarm_node.errors import PeerError, PeerTimeout
 log = logging.getLogger(__name__)
 
 MIN_REQUEST_S = 0.25  # do not propose when the round could not use the answer anyway
+
+
+def now() -> float:
+    """The running loop's clock, the one its timers (``asyncio.timeout``, ``sleep``) use:
+    ``time.monotonic()`` on asyncio's own loop (in whole milliseconds on uvloop), and a
+    virtual clock under test, which the deadlines, reservations and back-offs here then
+    follow too."""
+    return asyncio.get_running_loop().time()
 
 
 class PairState(enum.Enum):
@@ -74,7 +81,7 @@ class Refused(Exception):
 async def backoff(wake: asyncio.Event, rng: random.Random, bounds_s: tuple[float, float], deadline: float) -> None:
     """A random pause before the next attempt, cut short when ``wake`` is set or the
     round deadline comes."""
-    pause = min(rng.uniform(*bounds_s), max(0.0, deadline - time.monotonic()))
+    pause = min(rng.uniform(*bounds_s), max(0.0, deadline - now()))
     await wait_set(wake, pause)
 
 
@@ -116,7 +123,7 @@ class PairingCoordinator:
             raise Refused("not-ready" if self.state is PairState.IDLE else "busy")
         self.state = PairState.RESERVED
         self._counterpart = remote
-        self._reserved_until = time.monotonic() + self.propose_timeout_s + self.request_timeout_s
+        self._reserved_until = now() + self.propose_timeout_s + self.request_timeout_s
         self._changed.set()
 
     def claim(self, remote: str) -> None:
@@ -125,7 +132,7 @@ class PairingCoordinator:
         if self.state is not PairState.RESERVED or self._counterpart != remote:
             raise Refused("no-reservation")
         self.state = PairState.EXCHANGING
-        self._reserved_until = time.monotonic() + self.request_timeout_s  # the node's handler is cut by then
+        self._reserved_until = now() + self.request_timeout_s  # the node's handler is cut by then
 
     def complete(self, remote: str, payload: Any) -> Any:
         """The claimed payload checked out: the pair is made; returns our payload."""
@@ -175,7 +182,7 @@ class PairingCoordinator:
             return None
         self.state = PairState.SEEKING
         self.seeking.set()
-        deadline = time.monotonic() + self.round_timeout_s
+        deadline = now() + self.round_timeout_s
         try:
             while True:
                 if self._accepted is not None:
@@ -183,7 +190,7 @@ class PairingCoordinator:
                 if self.state in (PairState.RESERVED, PairState.EXCHANGING):
                     await self._await_reserved_peer(round_no)
                     continue
-                remaining = deadline - time.monotonic()
+                remaining = deadline - now()
                 if remaining <= 0:
                     return None
                 live = candidates()
@@ -241,13 +248,13 @@ class PairingCoordinator:
     async def _await_reserved_peer(self, round_no: int) -> None:
         """Reserved: wait for that peer's payload to arrive and be checked, or for the
         reservation to lapse."""
-        if time.monotonic() >= self._reserved_until:
+        if now() >= self._reserved_until:
             log.info("round %d: %s reserved us but its payload did not arrive in time", round_no,
                      (self._counterpart or "")[-6:])
             self._back_to_seeking()
             return
         self._changed.clear()
-        await wait_set(self._changed, self._reserved_until - time.monotonic())
+        await wait_set(self._changed, self._reserved_until - now())
 
     def _back_to_seeking(self) -> None:
         self.state = PairState.SEEKING
