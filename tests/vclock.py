@@ -22,6 +22,11 @@ of another executor wrapped with ``asyncio.wrap_future``) need ``with
 loop.real_time(): ...`` around the wait; otherwise this loop is only for code that
 does not wait on threads.
 
+Code that spins (a task that never waits, say on a time-out already passed) freezes the
+virtual clock, so the time-out that would end it on a real clock never comes: after
+``busy_turn_limit`` loop turns in a row with callbacks always ready the loop raises
+RuntimeError instead of hanging.
+
 Code under test must read the loop's clock (``asyncio.get_running_loop().time()``),
 not ``time.monotonic()``, or its deadlines and the loop's timers disagree.
 
@@ -78,7 +83,9 @@ class _VirtualSelector:
 
     def select(self, timeout: float | None = None) -> list:
         if timeout is not None and timeout <= 0:
+            self._loop._note_busy_turn()
             return self._selector.select(0)  # callbacks are ready: just poll
+        self._loop._busy_turns = 0
         events = self._selector.select(0)
         if events:
             return events  # I/O or a thread-safe call is waiting: time stands still
@@ -97,14 +104,27 @@ class _VirtualSelector:
 class VirtualClockLoop(asyncio.SelectorEventLoop):
     """A selector event loop whose ``time()`` is virtual; see the module docstring."""
 
-    def __init__(self, start: float = 0.0, selector: selectors.BaseSelector | None = None):
+    def __init__(self, start: float = 0.0, selector: selectors.BaseSelector | None = None,
+                 busy_turn_limit: int | None = 200_000):
         self._now = float(start)
         self._jobs: set[_Job] = set()
         self._real_time_holds = 0
+        self._busy_turns = 0  # loop turns in a row that had callbacks ready, so time stood still
+        self.busy_turn_limit = busy_turn_limit
         super().__init__(_VirtualSelector(selector or selectors.DefaultSelector(), self))
 
     def time(self) -> float:
         return self._now
+
+    def _note_busy_turn(self) -> None:
+        """Code that spins (a task that never waits, a time-out recomputed as already
+        passed) freezes the virtual clock, so a time-out meant to end the spin never
+        comes: fail after ``busy_turn_limit`` such turns rather than hang."""
+        self._busy_turns += 1
+        if self.busy_turn_limit is not None and self._busy_turns > self.busy_turn_limit:
+            self._busy_turns = 0  # the clean-up after this error gets turns of its own
+            raise RuntimeError(f"the virtual clock stood still for {self.busy_turn_limit} loop turns with "
+                               f"callbacks always ready, at virtual time {self._now}: a task spins")
 
     def _advance(self, seconds: float) -> None:
         later = self._now + seconds

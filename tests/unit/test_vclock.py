@@ -2,6 +2,7 @@
 their order, real wake-ups still work, and threads are waited for in real time."""
 
 import asyncio
+import contextlib
 import socket
 import threading
 import time
@@ -264,6 +265,23 @@ def test_an_unseen_thread_needs_real_time():
 
     assert run(wait_for_thread(hold=True)) == "answer"
     assert run(wait_for_thread(hold=False)) == "timed out at 30.0"
+
+
+def test_a_spinning_task_fails_instead_of_hanging():
+    """A time-out recomputed as already passed makes a task spin; on a real clock the
+    outer time-out would end it, on the virtual one time stands still: the loop says so."""
+    async def spin():
+        never = asyncio.Event()
+        async with asyncio.timeout(5):
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(-0.1):
+                        await never.wait()
+
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="virtual clock stood still"):
+        run(spin())
+    assert time.monotonic() - start < 30
 
 
 def test_run_cancels_leftover_tasks_and_closes_the_loop():
