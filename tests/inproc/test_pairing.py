@@ -1,10 +1,15 @@
 """The pairing rule in-process: many coordinators on a fake network whose calls go
-straight to the other coordinator's handler (with random delivery delays)."""
+straight to the other coordinator's handler (with random delivery delays).
+
+Everything runs on the virtual clock of tests/vclock.py: delivery delays, a dead peer's
+time-out and the round deadlines take no real time, and the outcome of a seed does not
+depend on how loaded the machine is."""
 
 import asyncio
 import random
 
 import pytest
+import vclock
 
 from swarm_node.errors import PeerTimeout
 from swarm_node.gossip.pairing import PairingCoordinator, Refused
@@ -81,7 +86,7 @@ def assert_mutual(results: dict) -> None:
 
 @pytest.mark.parametrize("n,seed", [(2, 0), (4, 1), (5, 2), (8, 3), (7, 4), (16, 5)])
 def test_pairs_are_mutual_and_everyone_but_an_odd_one_pairs(n, seed):
-    results = asyncio.run(run_swarm(n, seed))
+    results = vclock.run(run_swarm(n, seed))
     assert_mutual(results)
     unpaired = [name for name, r in results.items() if r is None]
     assert len(unpaired) == n % 2
@@ -92,7 +97,7 @@ def test_payloads_move_only_between_agreed_partners(n, seed):
     """Refusals cost a proposal, never a payload: with payloads 30x slower than a proposal
     (a large stage) everyone still pairs, and each pair moves its payload exactly once."""
     net = FakeNetwork(n, seed, payload_s=0.1, round_timeout_s=2.0)
-    results = asyncio.run(net.run(start_jitter_s=0.0))
+    results = vclock.run(net.run(start_jitter_s=0.0))
     assert_mutual(results)
     assert all(r is not None for r in results.values())
     assert net.payloads == n // 2
@@ -107,23 +112,31 @@ def test_crossed_proposals_pair_at_once(tie_break):
     for seed in range(10):
         net = FakeNetwork(2, seed, tie_break=tie_break)
         net.rng.uniform = lambda a, b: 0.001  # both start together, every hop the same
-        results = asyncio.run(net.run(start_jitter_s=0.0))
+        results = vclock.run(net.run(start_jitter_s=0.0))
         assert_mutual(results)
         counts.append(net.proposals)
+        if tie_break and net.proposals == 2:  # the larger id accepted, so the smaller sent the payload
+            assert results["peer0"].initiated and not results["peer1"].initiated
     assert (max(counts) == 2) == tie_break
 
 
 def test_pairing_differs_between_rounds():
     partners = {frozenset((a, r.partner)) for seed in range(6)
-                for a, r in asyncio.run(run_swarm(4, seed)).items() if r}
+                for a, r in vclock.run(run_swarm(4, seed)).items() if r}
     assert len(partners) > 2
 
 
 def test_a_dead_peer_costs_at_most_the_round_deadline():
-    loop_results = asyncio.run(run_swarm(4, 7, dead=frozenset({"peer3"}), round_timeout_s=1.0))
+    async def timed():
+        results = await run_swarm(4, 7, dead=frozenset({"peer3"}), round_timeout_s=1.0)
+        return results, asyncio.get_running_loop().time()
+
+    loop_results, ended_at = vclock.run(timed())
     paired = [r for r in loop_results.values() if r is not None]
     assert len(paired) == 2  # two of the three live peers pair, the third goes local-only
     assert all(r.partner != "peer3" for r in paired)
+    # Virtual time: the last start (jitter) + the deadline + an exchange begun just before it (4 hops).
+    assert ended_at <= 0.02 + 1.0 + 4 * 0.003
 
 
 def test_refuses_when_not_seeking():
@@ -146,13 +159,17 @@ def test_a_reservation_admits_only_its_peer_and_lapses_when_the_payload_never_co
     async def scenario():
         node = PairingCoordinator(round_timeout_s=5.0, request_timeout_s=0.2, propose_timeout_s=0.1)
         task = await _seeking_alone(node)
+        loop = asyncio.get_running_loop()
         node.on_propose("ghost")  # accepted, then the proposer dies
+        reserved_at = loop.time()
         with pytest.raises(Refused, match="busy"):
             node.on_propose("other")
         with pytest.raises(Refused, match="no-reservation"):
             node.claim("other")
-        while node.state.value != "seeking":  # the lapse, after propose + request timeouts
-            await asyncio.sleep(0.02)
+        async with asyncio.timeout(5):  # (virtual time: a reservation that never lapses fails here at once)
+            while node.state.value != "seeking":  # the lapse, after propose + request timeouts
+                await asyncio.sleep(0.02)
+        assert 0.1 + 0.2 - 1e-9 <= loop.time() - reserved_at <= 0.1 + 0.2 + 0.02 + 1e-9
         with pytest.raises(Refused, match="no-reservation"):
             node.claim("ghost")
         node.on_propose("other")
@@ -160,7 +177,7 @@ def test_a_reservation_admits_only_its_peer_and_lapses_when_the_payload_never_co
         assert node.complete("other", "theirs") == "mine"
         return await task
 
-    result = asyncio.run(scenario())
+    result = vclock.run(scenario())
     assert (result.partner, result.payload, result.initiated) == ("other", "theirs", False)
 
 
@@ -181,7 +198,7 @@ def test_a_bad_payload_releases_the_reservation():
         assert await node.answer("good", fine) == "mine"
         return await task
 
-    assert asyncio.run(scenario()).partner == "good"
+    assert vclock.run(scenario()).partner == "good"
 
 
 def test_a_reserved_node_holds_its_round_open_past_the_deadline():
@@ -195,7 +212,7 @@ def test_a_reserved_node_holds_its_round_open_past_the_deadline():
         node.complete("slow", "late")
         return await task
 
-    assert asyncio.run(scenario()).payload == "late"
+    assert vclock.run(scenario()).payload == "late"
 
 
 async def run_group(n: int, seed: int, dead: set[str] = frozenset()):
@@ -224,14 +241,14 @@ async def run_group(n: int, seed: int, dead: set[str] = frozenset()):
 
 @pytest.mark.parametrize("n", [2, 3, 6])
 def test_group_round_gathers_every_members_contribution(n):
-    results = asyncio.run(run_group(n, seed=n))
+    results = vclock.run(run_group(n, seed=n))
     for name, gathered in results.items():
         assert set(gathered) == {p for p in results if p != name}
         assert all(payload == f"payload-of-{peer}" for peer, payload in gathered.items())
 
 
 def test_group_round_goes_on_without_a_dead_member():
-    results = asyncio.run(run_group(4, seed=9, dead={"peer0"}))
+    results = vclock.run(run_group(4, seed=9, dead={"peer0"}))
     assert all(set(g) == {p for p in results if p != name} for name, g in results.items())
 
 
@@ -251,4 +268,4 @@ def test_a_cancelled_round_ends_even_when_cancelled_as_it_wakes():
         await asyncio.wait({task}, timeout=2.0)
         return task.cancelled()
 
-    assert asyncio.run(scenario())
+    assert vclock.run(scenario())
