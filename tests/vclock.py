@@ -47,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import inspect
 import math
 import selectors
 import time
@@ -148,7 +149,7 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
             self._real_time_holds -= 1
 
     def run_in_executor(self, executor, func, *args):
-        if asyncio.iscoroutine(func) or asyncio.iscoroutinefunction(func):
+        if asyncio.iscoroutine(func) or inspect.iscoroutinefunction(func):
             raise TypeError("coroutines cannot be used with run_in_executor()")
         job = _Job()
 
@@ -182,7 +183,7 @@ def run(coro: Coroutine[Any, Any, T], *, debug: bool | None = None) -> T:
 def virtual_clock(test):
     """Decorator for an ``async def`` test: pytest sees a plain function with the same
     parameters (fixtures and parametrize work) that runs the test on a virtual loop."""
-    if not asyncio.iscoroutinefunction(test):
+    if not inspect.iscoroutinefunction(test):
         raise TypeError(f"{test.__qualname__} is not an async function")
 
     @functools.wraps(test)
