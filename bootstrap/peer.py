@@ -20,12 +20,12 @@ from swarm_bootstrap.view import SwarmView, prometheus_text
 from swarm_node.obs.http import Response, StatusServer
 
 from swarm_node import __version__
-from swarm_node.discovery import SPEC_REPUBLISH_S, find_run_spec, publish_spec, spec_key
+from swarm_node.membership.discovery import SPEC_REPUBLISH_S, find_run_spec, publish_spec, spec_key
 from swarm_node.errors import ConfigError, SwarmError, known_failure
 from swarm_node.net.dht import SwarmDHT
 from swarm_node.net.reach import address_scope, dial_check, ordered_for_others, serve_dialback
 from swarm_node.net.transport import Transport, short_id
-from swarm_node.registry import read_stage
+from swarm_node.membership.registry import read_stage
 from swarm_node.spec import RunSpec
 from swarm_node.system import raise_open_file_limit
 

@@ -293,7 +293,10 @@ def _run_join(args: argparse.Namespace) -> int:
                         threads=args.threads or node_threads(), command_line=("swarm-node", *args.argv),
                         http_port=args.http_port, progress=not args.no_progress)
     use_uvloop()
-    asyncio.run(Node(spec, config).run())
+    node = Node(spec, config)
+    if args.on_node is not None:
+        args.on_node(node)
+    asyncio.run(node.run())
     return 0
 
 
@@ -396,11 +399,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, on_node=None) -> int:
+    """``on_node``: called with the Node that ``join`` built, before it starts (instruments use it)."""
     from swarm_node.obs.logs import setup_logging
 
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
+    args.on_node = on_node
     setup_logging(args.verbose)
     try:
         return args.handler(args)

@@ -15,8 +15,8 @@ import logging
 import os
 import random
 import shutil
-import socket
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -29,14 +29,14 @@ import torch
 
 from swarm_node.data.dataset import TokenWindows, load_windows
 from swarm_node.errors import ConfigError, SwarmError
+from swarm_node.membership.registry import read_stage
 from swarm_node.model.config import model_config
 from swarm_node.model.stages import build_stage
 from swarm_node.net.dht import SwarmDHT
 from swarm_node.obs.progress import EvaluationProgress, TrainingProgress
-from swarm_node.registry import read_stage
 from swarm_node.spec import RunSpec
+from swarm_node.state.checkpoint import PREFIX as CHECKPOINT_PREFIX
 from swarm_node.system import default_threads
-from swarm_node.train.checkpoint import PREFIX as CHECKPOINT_PREFIX
 from swarm_node.train.evaluate import average_into, path_val_loss, val_batch_count, weight_spread
 from swarm_node.wire.records import PeerRecord
 

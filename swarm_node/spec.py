@@ -21,7 +21,6 @@ from swarm_node.optim.inner import InnerHyper
 from swarm_node.optim.methods import MethodSpec, default_method
 from swarm_node.optim.outer import OuterHyper
 
-
 # Methods the networked node implements; ddp (gradients averaged every step) is simulated only.
 SWARM_METHODS = ("noloco", "diloco", "local")
 

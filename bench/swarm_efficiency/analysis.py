@@ -71,15 +71,15 @@ Func = tuple[str, str]
 
 WORKER = "swarm_node/train/worker.py"
 CODEC = "swarm_node/wire/codec.py"
-NODE = "swarm_node/node.py"
+CHECK = "swarm_node/gossip/partner_check.py"
 MODULE_CALL: Func = ("torch/nn/modules/module.py", "_wrapped_call_impl")
 
 # The work plain training does too: forward, backward, the inner optimizer step.
 USEFUL: tuple[Func, ...] = ((WORKER, "forward"), (WORKER, "backward"), (WORKER, "forward_backward_last"),
                             (WORKER, "step"))
 SERIALISATION: tuple[Func, ...] = ((CODEC, "encode_frame"), (CODEC, "decode_frame"))
-OUTER: tuple[Func, ...] = ((WORKER, "outer_payload"), (WORKER, "apply_outer"), (WORKER, "check_partner_tensors"),
-                           (NODE, "_partner_magnitudes"), (NODE, "_norm"))
+OUTER: tuple[Func, ...] = ((WORKER, "outer_payload"), (WORKER, "apply_outer"), (CHECK, "check"),
+                           (CHECK, "note_own_delta"), (CHECK, "norm"))
 # The executor's idle wait for the next work item (no CPU with a CPU-time timer, but
 # excluded by name so that a wall-clock profile reads the same).
 IDLE_WAIT = ("~", "<method 'get' of '_queue.SimpleQueue' objects>")

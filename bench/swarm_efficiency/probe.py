@@ -57,13 +57,12 @@ class NodeProbe:
         self.profiled_steps: list[int] = []
 
     def install(self) -> None:
-        from swarm_node.node import Node
+        """Times the worker's steps, micro-batches and rounds (every node of this process)."""
         from swarm_node.train.worker import StageWorker
 
         probe = self
         step, accumulated = StageWorker.step, StageWorker._accumulated
         outer_payload, apply_outer = StageWorker.outer_payload, StageWorker.apply_outer
-        shutdown = Node._shutdown
 
         def timed_step(worker):
             count = step(worker)
@@ -84,13 +83,12 @@ class NodeProbe:
             if probe.rounds:
                 probe.rounds[-1][1] = time.monotonic()
 
-        async def shutdown_with_report(node):
-            await probe.finish(node)
-            await shutdown(node)
-
         StageWorker.step, StageWorker._accumulated = timed_step, timed_accumulated
         StageWorker.outer_payload, StageWorker.apply_outer = timed_outer_payload, timed_apply_outer
-        Node._shutdown = shutdown_with_report
+
+    def attach(self, node) -> None:
+        """Write the report when ``node`` shuts down (through its public shutdown hook)."""
+        node.before_shutdown.append(lambda: self.finish(node))
 
     def on_step(self, count: int) -> None:
         """On the compute thread, right after inner step ``count``."""
@@ -123,12 +121,14 @@ class NodeProbe:
         (self.out_dir / f"node-{pid}.json").write_text(json.dumps(record))
 
 
-def _install_node_probe() -> None:
+def _node_probe() -> NodeProbe | None:
     out_dir = os.environ.get(PROBE_DIR_ENV)
     if not out_dir:
-        return
+        return None
     first, _, last = os.environ.get(PROFILE_STEPS_ENV, "1:1000000").partition(":")
-    NodeProbe(Path(out_dir), int(first), int(last)).install()
+    probe = NodeProbe(Path(out_dir), int(first), int(last))
+    probe.install()
+    return probe
 
 
 # --- the driver side -----------------------------------------------------------------
@@ -164,8 +164,8 @@ def main(argv: list[str]) -> int:
 
     if argv[:1] == ["local"]:
         _install_driver_shim()
-    elif argv[:1] == ["join"]:
-        _install_node_probe()
+    elif argv[:1] == ["join"] and (probe := _node_probe()) is not None:
+        return swarm_node_main(argv, on_node=probe.attach)
     return swarm_node_main(argv)
 
 

@@ -8,16 +8,14 @@ parent (bench/sync_cost/benchmark.py) through JSON lines:
 Its first line is ``{"event": "up", "peer_id": ..., "maddrs": [...]}``. Everything else on
 stdout or stderr (hivemind's logs) is not part of the protocol.
 
-A pair round does what the node's outer round does (swarm_node/node.py ``_outer_round``,
-``_send_outer``, ``_handle_outer``) with the node's own pieces: phi and Delta cast to the
-wire precision and framed by ``encode_frame``, the partner found by the node's
-``PairingCoordinator`` (a few-byte proposal to a random peer among those that announce
-``seeking``; busy or not-ready answers mean a random back-off and another try; crossed
-proposals pair by peer id), then one ``Transport.request`` carrying our frame and
-bringing the partner's back, ``decode_frame`` and the node's
-checks on what arrived, then the group mean. The only stand-in is the ``seeking`` flag:
-the node reads it from registry records refreshed every few seconds, here peers share it
-at once through a small file (the ``SeekingBoard``), the best case for the node.
+A pair round is the node's own outer round: the node's ``OuterExchange``
+(swarm_node/gossip/exchange.py) with its ``PairingCoordinator``, its pairing and
+exchange protocols and limits, its ``PartnerCheck`` on what arrives, and its compute
+calls (phi and Delta cast to the wire precision, framed, decoded, checked, averaged),
+run over a stage of one flat tensor (``FlatStage``) instead of a model. The only
+stand-in is the ``seeking`` flag: the node reads it from registry records refreshed
+every few seconds, here peers share it at once through a small file (the
+``SeekingBoard``), the best case for the node.
 
 A matched pair round is the same with the partner and the side that sends drawn ahead
 by the parent: no two requests cross, so it shows what the pair pattern costs without
@@ -28,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import os
 import sys
 import time
@@ -38,16 +35,19 @@ from pathlib import Path
 import torch
 
 from bench.sync_cost.ipc import REPLY_MARK, SeekingBoard
-from swarm_node.errors import ProtocolError
-from swarm_node.gossip.pairing import PairingCoordinator, Refused
+from swarm_node.gossip.exchange import ExchangeTimes, OuterExchange
+from swarm_node.gossip.partner_check import PartnerCheck
+from swarm_node.net import protocols
 from swarm_node.net.dht import SwarmDHT
+from swarm_node.net.guard import PeerGuard
 from swarm_node.net.transport import ServeLimits, Transport
-from swarm_node.train.worker import finite
+from swarm_node.node_services import NodeServices
+from swarm_node.obs.stats import NodeStats
+from swarm_node.train.rounds import RoundGate
 from swarm_node.wire.codec import WIRE_PRECISIONS, FrameLimits, decode_frame, encode_frame
 
-PROPOSE_PROTOCOL = "swarm-node-bench/propose/1"
-PAIR_PROTOCOL = "swarm-node-bench/pair/1"
 MESSAGE_PROTOCOL = "swarm-node-bench/message/1"
+SPEC_HASH = "sync-cost-bench"
 
 
 def reply(**fields) -> None:
@@ -59,25 +59,43 @@ async def sleep_until(wall_time: float) -> None:
     await asyncio.sleep(max(0.0, wall_time - time.time()))
 
 
-def check_partner(tensors: list[torch.Tensor], own_phi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The node's checks of a partner's (phi, Delta), the same calls in the same order:
-    worker.check_partner_tensors (count, shape, dtype, ``finite``), then the magnitude
-    screens' inputs of node._partner_magnitudes (Delta's norm, phi's distance from ours)."""
-    if len(tensors) != 2:
-        raise ProtocolError(f"expected 2 tensors, got {len(tensors)}")
-    for t in tensors:
-        if t.shape != own_phi.shape or not t.dtype.is_floating_point or not finite(t):
-            raise ProtocolError("partner tensor does not fit this stage")
-    phi, delta = tensors
-    distance = math.sqrt(float((phi.float() - own_phi).pow(2).sum()))
-    if not math.isfinite(distance + own_norm([delta])):
-        raise ProtocolError("non-finite magnitude")
-    return phi, delta
+class FlatStage:
+    """A stage of one flat tensor, with what the node's exchange needs of its worker.
+    Every peer's phi is the same init plus its own drift of about one Delta, as between
+    partners of a real stage (the partner check compares their distance with Delta)."""
 
+    def __init__(self, params: int, seed: int, rank: int):
+        common = torch.Generator().manual_seed(seed)
+        own = torch.Generator().manual_seed(seed * 1000 + rank)
+        self.phi = torch.randn(params, generator=common) * 0.02 + torch.randn(params, generator=own) * 1e-3
+        self.delta = torch.randn(params, generator=own) * 1e-3
+        self.params = [self.phi]
+        self.outer_round = 0
 
-def own_norm(tensors: list[torch.Tensor]) -> float:
-    """node._norm: the Delta norm the node computes for its own and each partner's Delta."""
-    return math.sqrt(sum(float(t.float().pow(2).sum()) for t in tensors))
+    def outer_payload(self, wire: str) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        dtype = WIRE_PRECISIONS[wire]
+        return [self.phi.to(dtype)], [self.delta.to(dtype)]
+
+    def apply_outer(self, own, others) -> None:
+        """The outer step's group means over the members, from the wire values as the node
+        computes them; the result is discarded, only its cost counts."""
+        for members in zip(*(phi + delta for phi, delta in (own, *others))):
+            torch.stack([m.float() for m in members]).mean(0)
+
+    def own_phi(self) -> list[torch.Tensor]:
+        return [self.phi]
+
+    def own_delta(self) -> list[torch.Tensor]:
+        return [self.delta]
+
+    def outer_round_due(self) -> bool:  # rounds start when the parent says
+        return False
+
+    def can_round_early(self) -> bool:
+        return False
+
+    def force_round(self) -> None:
+        pass
 
 
 class BenchPeer:
@@ -90,16 +108,15 @@ class BenchPeer:
         # Torch work runs here, never on the event loop (as in the node): the loop keeps
         # serving streams while frames are encoded and decoded.
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compute")
-        self.phi = torch.zeros(0)
-        self.delta = torch.zeros(0)
-        self.wire_dtype = WIRE_PRECISIONS["fp16"]
+        self.stage = FlatStage(0, 0, rank)
         self.limits = FrameLimits()
-        self.coordinator = PairingCoordinator(round_timeout_s=60.0, request_timeout_s=30.0,
-                                              own_id=transport.peer_id)
+        self.check = PartnerCheck(max_update_ratio=10.0)  # for single messages, as the node checks a payload
+        self.exchange: OuterExchange | None = None
+        self.round_key = 0
+        self.candidates = lambda: []  # set for each round by _plan
+        self.callers_expected = False
         self.averager = None
         self.control = None
-        self.attempts = 0
-        self.exchange_s: float | None = None
         self.compute_s = 0.0
 
     async def compute(self, fn, *args):
@@ -116,39 +133,33 @@ class BenchPeer:
 
     async def serve(self) -> None:
         limits = ServeLimits(max_request_bytes=1 << 31, max_concurrent=4, max_per_peer=1, handler_timeout_s=600.0)
-        await self.transport.serve(PROPOSE_PROTOCOL, self._handle_propose,
-                                   ServeLimits(max_request_bytes=4096, max_concurrent=8, max_per_peer=1,
-                                               handler_timeout_s=5.0))
-        await self.transport.serve(PAIR_PROTOCOL, self._handle_pair, limits)
         await self.transport.serve(MESSAGE_PROTOCOL, self._handle_message, limits)
 
     # -- the payload ------------------------------------------------------------------
-    def load(self, params: int, seed: int) -> None:
-        """phi and Delta of a stage of ``params`` parameters (fp32; values like a model's)."""
-        gen = torch.Generator().manual_seed(seed * 1000 + self.rank)
-        self.phi = torch.randn(params, generator=gen) * 0.02
-        self.delta = torch.randn(params, generator=gen) * 1e-3
+    async def cmd_load(self, params: int, seed: int) -> dict:
+        """A stage of ``params`` parameters (fp32; values like a model's), and the node's
+        exchange over it, serving the node's pairing and exchange protocols."""
+        self.stage = await self.compute(FlatStage, params, seed, self.rank)
         self.limits = FrameLimits(max_payload_bytes=2 * params * 4 + (1 << 20))
-
-    def own_wire(self) -> list[torch.Tensor]:
-        """phi and Delta in the wire precision, as the node sends them."""
-        return [self.phi.to(self.wire_dtype), self.delta.to(self.wire_dtype)]
+        for name in (protocols.PAIR, protocols.OUTER):
+            await self.transport.stop_serving(name)
+        self.exchange = OuterExchange(
+            spec_hash=SPEC_HASH, method="noloco", times=ExchangeTimes(round_timeout_s=60.0, exchange_s=600.0),
+            state=self.stage, gate=RoundGate(), services=NodeServices(self.compute, self.transport, PeerGuard(),
+                                                                        NodeStats()),
+            candidates=lambda: self.candidates(), callers_expected=lambda: self.callers_expected,
+            announce=self._announce, stopping=asyncio.Event(), own_id=self.transport.peer_id)
+        await self.exchange.serve(self.transport, authorize=lambda peer: True)
+        return {}
 
     def own_frame(self) -> tuple[list[torch.Tensor], bytes]:
-        wire = self.own_wire()
-        return wire, encode_frame({"kind": "outer", "ok": True}, wire)
-
-    @staticmethod
-    def group_mean(own_wire: list[torch.Tensor], partner: tuple[torch.Tensor, torch.Tensor]) -> None:
-        """The outer step's group means over (own, partner), from the wire values as the
-        node computes them; the result is discarded, only its cost counts."""
-        for own, theirs in zip(own_wire, partner):
-            (own.float() + theirs.float()).mul_(0.5)
+        phi, delta = self.stage.outer_payload("fp16")
+        return [*phi, *delta], encode_frame({"kind": "outer", "spec": SPEC_HASH, "ok": True}, [*phi, *delta])
 
     # -- one message ------------------------------------------------------------------
     async def _handle_message(self, remote: str, request: bytes) -> bytes:
         _, tensors = await self.compute(decode_frame, request, self.limits)
-        await self.compute(check_partner, tensors, self.phi)
+        await self.compute(self.check.check, tensors, self.stage.own_phi(), self.stage.own_delta)
         return encode_frame({"ok": True})
 
     async def cmd_message(self, to: int, repeats: int, request_timeout_s: float) -> dict:
@@ -164,80 +175,45 @@ class BenchPeer:
         return {"times_s": times[1:], "frame_bytes": len(frame)}
 
     # -- a NoLoCo pair round ----------------------------------------------------------
-    async def _handle_propose(self, remote: str, request: bytes) -> bytes:
-        try:
-            self.coordinator.on_propose(remote)
-            return encode_frame({"ok": True})
-        except Refused as exc:
-            return encode_frame({"ok": False, "error": str(exc)})
+    async def _announce(self) -> None:
+        """The node publishes its record (saying whether it seeks); here, the board."""
+        self.board.set(self.rank, self.round_key if self.exchange.seeking else 0)
 
-    async def _send_propose(self, peer: str, timeout_s: float) -> None:
-        self.attempts += 1
-        raw = await self.transport.request(peer, PROPOSE_PROTOCOL, encode_frame({"kind": "propose"}),
-                                           timeout_s=timeout_s, max_response_bytes=4096)
-        header, _ = decode_frame(raw)
-        if not header.get("ok"):
-            raise Refused(str(header.get("error", "refused")))
-
-    async def _handle_pair(self, remote: str, request: bytes) -> bytes:
-        async def partner_payload():
-            _, tensors = await self.compute(decode_frame, request, self.limits)
-            return await self.compute(check_partner, tensors, self.phi)
-
-        try:
-            return await self.coordinator.answer(remote, partner_payload)
-        except Refused as exc:
-            return encode_frame({"ok": False, "error": str(exc)})
-        except ProtocolError:
-            return encode_frame({"ok": False, "error": "protocol"})
-
-    async def _send_pair(self, peer: str, payload: bytes, timeout_s: float):
-        started = time.monotonic()
-        raw = await self.transport.request(peer, PAIR_PROTOCOL, payload, timeout_s=timeout_s,
-                                           max_response_bytes=self.limits.max_payload_bytes + (1 << 16))
-        header, tensors = await self.compute(decode_frame, raw, self.limits)
-        if not header.get("ok"):
-            raise Refused(str(header.get("error", "refused")))
-        partner = await self.compute(check_partner, tensors, self.phi)
-        self.exchange_s = time.monotonic() - started
-        return partner
-
-    def _candidates(self, round_key: int, others: list[int], partner: int | None, initiate: bool):
-        """What ``run_round`` may choose from. The node's way (``partner`` None): every
-        other peer of the stage, those seeking first. Matched: only the initiator asks,
-        and only once its partner is seeking; the other side just waits for the request."""
+    def _plan(self, round_key: int, others: list[int], partner: int | None, initiate: bool) -> None:
+        """What the round may choose from. The node's way (``partner`` None): every other
+        peer of the stage, those seeking first. Matched: only the initiator asks, and only
+        once its partner is seeking; the other side just waits for the request."""
         if partner is None:
-            return lambda: [(self.peer_ids[r], self.board.get(r) == round_key) for r in others]
-        if not initiate:
-            return lambda: []
-        return lambda: [(self.peer_ids[partner], True)] if self.board.get(partner) == round_key else []
+            self.candidates = lambda: [(self.peer_ids[r], self.board.get(r) == round_key) for r in others]
+        elif not initiate:
+            self.candidates = lambda: []
+        else:
+            self.candidates = lambda: ([(self.peer_ids[partner], True)] if self.board.get(partner) == round_key
+                                       else [])
+        self.callers_expected = partner is not None
 
     async def cmd_pair_round(self, round_key: int, members: list[int], start_at: float, delay_s: float,
                              request_timeout_s: float, round_timeout_s: float, partner: int | None = None,
                              initiate: bool = False) -> dict:
         others = [r for r in members if r != self.rank]
         rank_of = {self.peer_ids[r]: r for r in others}
-        self.coordinator.request_timeout_s = request_timeout_s
-        self.coordinator.round_timeout_s = round_timeout_s
-        self.attempts, self.exchange_s = 0, None
+        self._plan(round_key, others, partner, initiate)
+        self.exchange.pairing.request_timeout_s = request_timeout_s
+        self.exchange.pairing.round_timeout_s = round_timeout_s
+        self.stage.outer_round = self.round_key = round_key
         await sleep_until(start_at + delay_s)
         ready = time.time()
         self.compute_s = 0.0
-        wire, frame = await self.compute(self.own_frame)
-        await self.compute(own_norm, wire[1:])  # the node notes its own Delta norm before seeking
-        self.board.set(self.rank, round_key)
         try:
-            result = await self.coordinator.run_round(
-                round_key, frame, candidates=self._candidates(round_key, others, partner, initiate),
-                propose=self._send_propose, send=self._send_pair, expect_request=partner is not None)
+            outcome = await self.exchange.run_round()
         finally:
             self.board.set(self.rank, 0)
-        if result is not None:
-            await self.compute(self.group_mean, wire, result.payload)
         end = time.time()
-        return {"ready": ready, "end": end, "partner": rank_of[result.partner] if result else None,
-                "initiated": bool(result and result.initiated), "attempts": self.attempts,
-                "exchange_s": self.exchange_s if result and result.initiated else None, "compute_s": self.compute_s}
+        partner_id = outcome.partners[0] if outcome.partners else None
+        initiated = outcome.exchange_s is not None
+        return {"ready": ready, "end": end, "partner": rank_of[partner_id] if partner_id else None,
+                "initiated": bool(partner_id and initiated), "attempts": outcome.proposals,
+                "exchange_s": outcome.exchange_s if partner_id else None, "compute_s": self.compute_s}
 
     # -- hivemind's all-reduce --------------------------------------------------------
     async def cmd_averager_open(self, prefix: str, group_size: int, compression: str,
@@ -250,7 +226,7 @@ class BenchPeer:
         # assembles as soon as everyone has joined. Created on the main thread (hivemind
         # installs signal handlers) while no round is running, so blocking the loop is harmless.
         self.averager = DecentralizedAverager(
-            [self.phi.clone(), self.delta.clone()], self.dht.dht, start=True, prefix=prefix,
+            [self.stage.phi.clone(), self.stage.delta.clone()], self.dht.dht, start=True, prefix=prefix,
             target_group_size=group_size, min_group_size=group_size, min_matchmaking_time=matchmaking_s,
             request_timeout=matchmaking_s / 3, compression=codec, allow_state_sharing=False)
         return {}
@@ -287,10 +263,6 @@ class BenchPeer:
     # -- plumbing ---------------------------------------------------------------------
     async def cmd_peers(self, peer_ids: list[str]) -> dict:
         self.peer_ids = peer_ids
-        return {}
-
-    async def cmd_load(self, params: int, seed: int) -> dict:
-        await self.compute(self.load, params, seed)
         return {}
 
     async def dispatch(self, command: dict) -> None:

@@ -19,7 +19,7 @@ from swarm_node.errors import ConfigError
 from swarm_node.export.replicas import StageCheckpoint, check_stage_spread, refuse_same_peer_twice
 from swarm_node.model.config import ModelConfig, model_config
 from swarm_node.spec import RunSpec
-from swarm_node.train.checkpoint import PREFIX, latest_checkpoint, load_checkpoint
+from swarm_node.state.checkpoint import PREFIX, latest_checkpoint, load_checkpoint
 
 log = logging.getLogger(__name__)
 

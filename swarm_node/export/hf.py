@@ -12,7 +12,7 @@ from pathlib import Path
 from swarm_node import __version__
 from swarm_node.errors import ConfigError
 from swarm_node.export.assemble import AssembledModel
-from swarm_node.train.checkpoint import write_tensor_file
+from swarm_node.state.checkpoint import write_tensor_file
 
 
 def hf_config(assembled: AssembledModel) -> dict:

@@ -21,6 +21,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from hivemind.p2p import P2P, P2PDaemonError, P2PHandlerError, PeerID
 
@@ -35,6 +36,13 @@ Handler = Callable[[str, bytes], Awaitable[bytes]]  # (caller's peer id, request
 # The same, also given the remote address of the caller's connection (a Multiaddr).
 AddressedHandler = Callable[[str, bytes, object], Awaitable[bytes]]
 Authorize = Callable[[str], bool]
+
+
+class Requester(Protocol):
+    """The calling side of Transport, as components see it (tests hand in fakes)."""
+
+    async def request(self, peer: str, protocol: str, payload: bytes, *, timeout_s: float,
+                      max_response_bytes: int) -> bytes: ...
 
 
 def short_id(peer_id: str) -> str:

@@ -153,9 +153,12 @@ async def probe(maddr_text: str, *, security: str, timeout_s: float, report: dic
     from libp2p.crypto.x25519 import create_new_key_pair as create_x25519_pair
     from libp2p.custom_types import TProtocol
     from libp2p.peer.peerinfo import info_from_p2p_addr
-    from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_ID, Transport as NoiseTransport
-    from libp2p.security.tls.transport import PROTOCOL_ID as TLS_ID, TLSTransport
-    from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_ID, Yamux
+    from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_ID
+    from libp2p.security.noise.transport import Transport as NoiseTransport
+    from libp2p.security.tls.transport import PROTOCOL_ID as TLS_ID
+    from libp2p.security.tls.transport import TLSTransport
+    from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_ID
+    from libp2p.stream_muxer.yamux.yamux import Yamux
 
     try:
         peer = info_from_p2p_addr(multiaddr.Multiaddr(maddr_text))
@@ -410,8 +413,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        import trio
         import libp2p
+        import trio
     except ImportError as exc:
         print(f"py-libp2p is not installed in {sys.executable} ({exc}): run `swarm-node probe --setup`")
         return EXIT_NO_LIBP2P

@@ -12,6 +12,8 @@ from swarm_node import __version__
 from swarm_node.errors import IncompatibleRun, PeerError
 from swarm_node.net.dht import SwarmDHT
 from swarm_node.net.transport import ServeLimits, Transport
+from swarm_node.membership.view import Membership
+from swarm_node.net.guard import PeerGuard
 from swarm_node.node import Node
 from swarm_node.node_config import NodeConfig
 from swarm_node.spec import RunSpec
@@ -61,12 +63,11 @@ class FakeDHT:
 def test_records_of_peers_not_on_the_list_are_ignored_by_nodes_and_the_dashboard(caplog):
     closed = dataclasses.replace(OPEN, allowed_peers=("QmMember1", "QmMember2"))
     record = PeerRecord(stage=1, spec_hash=closed.spec_hash(), version=__version__).to_wire()
-    node = Node(closed, NodeConfig())
-    node._adopt_spec(closed)
-    node.dht = FakeDHT({"closed/stage/1": {"QmMember2": record, "QmStranger": record}})
+    dht = FakeDHT({"closed/stage/1": {"QmMember2": record, "QmStranger": record}})
+    membership = Membership(spec=closed, dht=dht, guard=PeerGuard(), config=NodeConfig(), record=lambda: None)
     with caplog.at_level(logging.WARNING):
-        asyncio.run(node._refresh_registry(all_stages=True))
-    assert set(node.peers[1]) == {"QmMember2"}
+        asyncio.run(membership.refresh(all_stages=True))
+    assert set(membership.peers[1]) == {"QmMember2"}
     assert any("not on this closed run's list" in r.getMessage() for r in caplog.records)
     view = SwarmView("closed", closed.spec_hash(), 2, frozenset(closed.allowed_peers))
     view.ingest(1.0, {p: PeerRecord.from_wire(record) for p in ("QmMember2", "QmStranger")})

@@ -13,12 +13,12 @@ import sys
 
 import pytest
 
-from swarm_node.discovery import find_run_spec, publish_spec, spec_key
+import vclock
+from swarm_node.membership.discovery import find_run_spec, publish_spec, spec_key
 from swarm_node.errors import ConfigError, IncompatibleRun, SwarmError
 from swarm_node.net import dht as dht_module
 from swarm_node.net.dht import SwarmDHT
-from swarm_node.node import Backoff, Node
-from swarm_node.node_config import NodeConfig
+from swarm_node.membership.reconnect import Backoff, Reconnector
 from swarm_node.spec import RunSpec
 
 SPEC = RunSpec(run_id="alpha")
@@ -133,6 +133,8 @@ def test_rebootstrap_reconnects_to_a_restarted_peer(tmp_path):
 
 
 def test_a_node_alone_rebootstraps_from_initial_and_known_peers():
+    redialled = asyncio.Event()  # the scenario ends at the first dial
+
     class LonelyDHT:
         peer_id = "QmSelf"
 
@@ -145,24 +147,26 @@ def test_a_node_alone_rebootstraps_from_initial_and_known_peers():
 
         async def rebootstrap(self, maddrs, timeout_s=10.0):
             self.calls.append(list(maddrs))
-            node.stop()
+            redialled.set()
             return 1
 
-    node = Node(SPEC, NodeConfig(initial_peers=("/ip4/127.0.0.1/tcp/9/p2p/QmBoot",), connectivity_check_s=0.01))
-    node.dht = LonelyDHT()
+    dht = LonelyDHT()
+    reconnector = Reconnector(dht, ("/ip4/127.0.0.1/tcp/9/p2p/QmBoot",), check_s=0.01)
 
     async def scenario():
-        task = asyncio.create_task(node._connectivity_loop())
-        await node._stop.wait()
+        task = asyncio.create_task(reconnector.run())
+        await redialled.wait()
         task.cancel()
 
-    run(scenario())
-    assert node.dht.calls == [["/ip4/127.0.0.1/tcp/9/p2p/QmBoot", "/ip4/10.0.0.2/tcp/5/p2p/QmKnown"]]
+    vclock.run(scenario())
+    assert dht.calls == [["/ip4/127.0.0.1/tcp/9/p2p/QmBoot", "/ip4/10.0.0.2/tcp/5/p2p/QmKnown"]]
 
 
 def test_a_node_dials_an_initial_peer_it_lost_again_even_when_connected_to_others():
     """A restarted bootstrap has forgotten the swarm, and the nodes' DHTs forgot the
     bootstrap when their calls to it failed: unless the nodes dial it, it stays empty."""
+    redialled = asyncio.Event()  # the scenario ends at the first dial
+
     class CompanionableDHT:
         peer_id = "QmSelf"
 
@@ -174,19 +178,19 @@ def test_a_node_dials_an_initial_peer_it_lost_again_even_when_connected_to_other
 
         async def rebootstrap(self, maddrs, timeout_s=10.0):
             self.calls.append(list(maddrs))
-            node.stop()
+            redialled.set()
             return 1
 
-    node = Node(SPEC, NodeConfig(initial_peers=("/ip4/127.0.0.1/tcp/9/p2p/QmBoot",), connectivity_check_s=0.01))
-    node.dht = CompanionableDHT()
+    dht = CompanionableDHT()
+    reconnector = Reconnector(dht, ("/ip4/127.0.0.1/tcp/9/p2p/QmBoot",), check_s=0.01)
 
     async def scenario():
-        task = asyncio.create_task(node._connectivity_loop())
-        await node._stop.wait()
+        task = asyncio.create_task(reconnector.run())
+        await redialled.wait()
         task.cancel()
 
-    run(scenario())
-    assert node.dht.calls == [["/ip4/127.0.0.1/tcp/9/p2p/QmBoot"]]
+    vclock.run(scenario())
+    assert dht.calls == [["/ip4/127.0.0.1/tcp/9/p2p/QmBoot"]]
 
 
 def test_redials_back_off_while_they_fail_and_reset_once_one_succeeds():

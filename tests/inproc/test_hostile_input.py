@@ -11,18 +11,15 @@ import pytest
 import torch
 
 from swarm_node.data.spec import DataSpec
-from swarm_node.discovery import SpecRecord
+from swarm_node.membership.discovery import SpecRecord
 from swarm_node.errors import IncompatibleRun, ProtocolError
-from swarm_node.node import Node
-from swarm_node.node_config import NodeConfig
 from swarm_node.optim import InnerHyper, default_method
 from swarm_node.spec import RunSpec
-from swarm_node.statesync import StateSync
 from swarm_node.train.worker import StageWorker
 from swarm_node.wire.codec import FrameLimits, decode_frame, encode_frame
 from swarm_node.wire.records import PeerRecord
 
-from outer_exchange import exchange_as_partner
+from parts import StageParts, exchange_as_partner
 
 FRAMES = 10_000
 SPEC = RunSpec(run_id="fuzz", model_size="debug", num_stages=2, seq_len=16, batch_size=4, samples_per_step=4,
@@ -84,17 +81,9 @@ def structured(rng: random.Random, base_header: dict, tensors: list[torch.Tensor
 
 
 @pytest.fixture(scope="module")
-def node():
-    node = Node(SPEC, NodeConfig())
-    node._adopt_spec(SPEC)
-    node.stage = 1
-    node.worker = StageWorker(SPEC, 1, 16)
-    node.dht = type("D", (), {"peer_id": "QmSelf"})()
-    node.frame_limits = FrameLimits(max_payload_bytes=1 << 20)
-    node.outer_limits = FrameLimits(max_payload_bytes=4 << 20)
-    node.state_sync = StateSync(node)
-    yield node
-    node._compute.shutdown()
+def stage():
+    """Stage 1 of 2 (the last), as a node wires it; torch work inline."""
+    return StageParts(SPEC, StageWorker(SPEC, 1, 16))
 
 
 def forward_request(batch: int = 4) -> tuple[dict, list[torch.Tensor]]:
@@ -120,54 +109,58 @@ def fuzz(node_handler, base: tuple[dict, list[torch.Tensor]], seed: int) -> int:
     return asyncio.run(scenario())
 
 
-def test_forward_handler_survives_10k_hostile_frames(node):
+def test_forward_handler_survives_10k_hostile_frames(stage):
+    now = [time.monotonic()]
+    stage.guard.clock = lambda: now[0]
+    pipeline = stage.pipeline()
     before = rss_bytes()
-    assert fuzz(node._handle_forward, forward_request(), seed=1) == FRAMES
+    assert fuzz(pipeline.handle_forward, forward_request(), seed=1) == FRAMES
     assert rss_bytes() - before < 200 << 20
-    good = asyncio.run(node._handle_forward("QmGood", encode_frame(*forward_request())))
+    good = asyncio.run(pipeline.handle_forward("QmGood", encode_frame(*forward_request())))
     header, (grad,) = decode_frame(good)
     assert header["ok"] and grad.shape == (4, 16, HIDDEN)
     # repeat offenders are banned at the stream gate; honest callers are not
-    assert not any(node._admit(f"QmFuzz{i}") for i in range(7)) and node._admit("QmGood")
-    node._caller_bans["QmFuzz0"] = time.monotonic() - 1  # bans expire
-    assert node._admit("QmFuzz0")
+    assert not any(stage.guard.admit(f"QmFuzz{i}") for i in range(7)) and stage.guard.admit("QmGood")
+    now[0] += stage.config.caller_ban_s  # bans expire
+    assert stage.guard.admit("QmFuzz0")
 
 
-def test_outer_handler_survives_10k_hostile_frames(node):
+def test_outer_handler_survives_10k_hostile_frames(stage):
     """Each frame comes from a peer the node has accepted as its partner, so it reaches
     the decoder and the checks (an unreserved payload is dropped before them)."""
-    phi, delta = node.worker.outer_payload("fp16")
+    phi, delta = stage.worker.outer_payload("fp16")
     base = ({"kind": "outer", "spec": SPEC.spec_hash(), "round": 0, "ok": True}, [*phi, *delta])
+    exchange = stage.exchange()
     before = rss_bytes()
-    assert fuzz(lambda remote, frame: exchange_as_partner(node, remote, frame), base, seed=2) == FRAMES
+    assert fuzz(lambda remote, frame: exchange_as_partner(exchange, remote, frame), base, seed=2) == FRAMES
     assert rss_bytes() - before < 200 << 20
-    node._adopt_spec(SPEC)  # a fresh pairing coordinator: its events belong to the fuzzing run's event loop
-    answer, _ = decode_frame(asyncio.run(exchange_as_partner(node, "QmGood", encode_frame(*base))))
+    answer, _ = decode_frame(asyncio.run(exchange_as_partner(stage.exchange(), "QmGood", encode_frame(*base))))
     assert answer["ok"], answer
 
 
-def test_an_unreserved_payload_is_refused_before_it_is_decoded(node):
-    phi, delta = node.worker.outer_payload("fp16")
+def test_an_unreserved_payload_is_refused_before_it_is_decoded(stage):
+    phi, delta = stage.worker.outer_payload("fp16")
     valid = encode_frame({"kind": "outer", "spec": SPEC.spec_hash(), "round": 0, "ok": True}, [*phi, *delta])
     for frame in (valid, b"\xff" * 64):  # garbage too: it is never parsed, so it is no fault
-        answer, _ = decode_frame(asyncio.run(node._handle_outer("QmStranger", frame)))
+        answer, _ = decode_frame(asyncio.run(stage.exchange().handle_outer("QmStranger", frame)))
         assert answer == {"v": 1, "ok": False, "error": "no-reservation"}
-    assert node._faults.get("QmStranger", 0) == 0 and not node.chooser.is_banned("QmStranger")
+    assert stage.guard.faults("QmStranger") == 0 and not stage.guard.is_banned("QmStranger")
 
 
-def test_pair_handler_survives_10k_hostile_frames(node):
+def test_pair_handler_survives_10k_hostile_frames(stage):
     base = ({"kind": "propose", "spec": SPEC.spec_hash(), "round": 0}, [])
-    assert fuzz(node._handle_propose, base, seed=4) == FRAMES
-    answer, _ = decode_frame(asyncio.run(node._handle_propose("QmGood", encode_frame(*base))))
+    assert fuzz(stage.exchange().handle_propose, base, seed=4) == FRAMES
+    answer, _ = decode_frame(asyncio.run(stage.exchange().handle_propose("QmGood", encode_frame(*base))))
     assert answer == {"v": 1, "ok": False, "error": "not-ready"}  # well-formed; this node is not at a boundary
 
 
-def test_state_handler_survives_10k_hostile_frames(node):
+def test_state_handler_survives_10k_hostile_frames(stage):
     base = ({"kind": "state", "spec": SPEC.spec_hash(), "snapshot": None, "chunk": 0}, [])
+    state_sync = stage.state_sync()
     before = rss_bytes()
-    assert fuzz(node.state_sync.handle, base, seed=3) == FRAMES
+    assert fuzz(state_sync.handle, base, seed=3) == FRAMES
     assert rss_bytes() - before < 200 << 20
-    answer, tensors = decode_frame(asyncio.run(node.state_sync.handle("QmGood", encode_frame(*base))),
+    answer, tensors = decode_frame(asyncio.run(state_sync.handle("QmGood", encode_frame(*base))),
                                    FrameLimits(max_payload_bytes=64 << 20))
     assert answer["ok"] and tensors
 

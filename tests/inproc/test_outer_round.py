@@ -1,16 +1,16 @@
 """A node's outer round as its peers see it: the registry record says `seeking` while
 the round is open, and a round that finds no partner ends in the local-only step."""
 
-import asyncio
-
+import vclock
 from swarm_node.data.spec import DataSpec
-from swarm_node.gossip.pairing import Refused
-from swarm_node.node import Node
+from swarm_node.net import protocols
 from swarm_node.node_config import NodeConfig
 from swarm_node.optim import InnerHyper, default_method
 from swarm_node.spec import RunSpec
 from swarm_node.train.worker import StageWorker
-from swarm_node.wire.records import PeerRecord
+from swarm_node.wire.codec import encode_frame
+
+from parts import StageParts, record
 
 SPEC = RunSpec(run_id="rounds", model_size="debug", num_stages=2, seq_len=16, batch_size=4, samples_per_step=4,
                data=DataSpec(kind="synthetic"), method=default_method("noloco", inner_steps=2),
@@ -18,27 +18,25 @@ SPEC = RunSpec(run_id="rounds", model_size="debug", num_stages=2, seq_len=16, ba
 
 
 def test_the_record_says_seeking_while_the_round_is_open():
-    node = Node(SPEC, NodeConfig(round_timeout_s=0.5))
-    node._adopt_spec(SPEC)
-    node.stage = 1
-    node.worker = StageWorker(SPEC, 1, 16)
-    node.dht = type("D", (), {"peer_id": "QmSelf"})()
-    node.peers = {1: {"QmOther": PeerRecord(stage=1, spec_hash=node.spec_hash, version="0", state="training")}}
-    published, proposals = [], []
+    stage = StageParts(SPEC, StageWorker(SPEC, 1, 16), config=NodeConfig(round_timeout_s=0.5))
+    stage.membership.peers = {1: {"QmOther": record(1, SPEC)}}
+    proposals = []
 
-    async def heartbeat():
-        published.append(node._record().seeking)
+    class Refusing:  # every peer answers our proposals "busy"
+        async def request(self, peer, protocol, payload, *, timeout_s, max_response_bytes):
+            assert protocol == protocols.PAIR
+            proposals.append(peer)
+            return encode_frame({"ok": False, "error": "busy"})
 
-    async def refuse(peer, timeout_s):
-        proposals.append(peer)
-        raise Refused("busy")
+    stage.transport = Refusing()
+    exchange = stage.exchange()
 
-    node._heartbeat, node._send_proposal = heartbeat, refuse
-    try:
-        asyncio.run(node._outer_round())
-    finally:
-        node._compute.shutdown()
-    assert published[0] is True, published  # announced as the round opened, not at the next heartbeat
-    assert published[-1] is False  # and withdrawn after it
+    async def round_then_heartbeat():  # as the node runs it: the record is published after the round
+        await exchange.run_round()
+        await exchange.announce()
+
+    vclock.run(round_then_heartbeat())  # the 0.5 s round deadline passes in virtual time
+    assert stage.announced[0] is True, stage.announced  # announced as the round opened, not at the next heartbeat
+    assert stage.announced[-1] is False  # and withdrawn after it
     assert proposals and set(proposals) == {"QmOther"}
-    assert node.stats.local_only_rounds == 1 and node.worker.outer_round == 1
+    assert stage.stats.local_only_rounds == 1 and stage.worker.outer_round == 1

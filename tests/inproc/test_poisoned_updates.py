@@ -1,21 +1,20 @@
 """A partner whose outer update is scaled up or not finite is rejected and banned; the
 node keeps accepting well-formed updates from others."""
 
-import asyncio
 import dataclasses
 import logging
 
 import torch
 
+import vclock
 from swarm_node.data.spec import DataSpec
-from swarm_node.node import Node, _norm
-from swarm_node.node_config import NodeConfig
+from swarm_node.gossip.exchange import OuterExchange
 from swarm_node.optim import InnerHyper, default_method
 from swarm_node.spec import RunSpec
 from swarm_node.train.worker import StageWorker
-from swarm_node.wire.codec import FrameLimits, decode_frame, encode_frame
+from swarm_node.wire.codec import decode_frame, encode_frame
 
-from outer_exchange import exchange_as_partner
+from parts import StageParts, exchange_as_partner
 
 SPEC = RunSpec(run_id="poison", model_size="debug", num_stages=2, seq_len=16, batch_size=4, samples_per_step=4,
                data=DataSpec(kind="synthetic"), method=default_method("noloco", inner_steps=50),
@@ -36,43 +35,40 @@ def request(phi, delta, spec: RunSpec = SPEC) -> bytes:
     return encode_frame({"kind": "outer", "spec": spec.spec_hash(), "round": 0, "ok": True}, [*phi, *delta])
 
 
-def make_node(worker: StageWorker, spec: RunSpec = SPEC) -> Node:
-    node = Node(spec, NodeConfig())
-    node._adopt_spec(spec)
-    node.worker = worker
-    node.stage = 1
-    node.dht = type("D", (), {"peer_id": "QmSelf"})()
-    node.outer_limits = FrameLimits(max_payload_bytes=64 << 20)
-    return node
+def stage_of(worker: StageWorker, spec: RunSpec = SPEC) -> tuple[StageParts, OuterExchange]:
+    stage = StageParts(spec, worker)
+    return stage, stage.exchange()
+
+
+def start_first_round(exchange: OuterExchange) -> None:
+    """What the exchange does as our first round opens: our own Delta sets the scale."""
+    exchange.check.note_own_delta(exchange.state.own_delta())
 
 
 def test_scaled_up_or_nan_updates_are_rejected_and_the_sender_banned():
-    node = make_node(trained_worker(0))
-    node._note_own_progress(_norm(node.worker.slow.deltas()))  # as at the start of our first round
+    stage, exchange = stage_of(trained_worker(0))
+    start_first_round(exchange)
     phi, delta = trained_worker(1).outer_payload("fp32")
 
     async def scenario():
         answers = {}
-        answers["honest"] = await exchange_as_partner(node, "QmHonest", request(phi, delta))
-        answers["x1000"] = await exchange_as_partner(node, "QmScaled", request(phi, [d * 1000 for d in delta]))
-        answers["nan"] = await exchange_as_partner(node, "QmNan", request(phi, [torch.full_like(d, float("nan"))
+        answers["honest"] = await exchange_as_partner(exchange, "QmHonest", request(phi, delta))
+        answers["x1000"] = await exchange_as_partner(exchange, "QmScaled", request(phi, [d * 1000 for d in delta]))
+        answers["nan"] = await exchange_as_partner(exchange, "QmNan", request(phi, [torch.full_like(d, float("nan"))
                                                                           for d in delta]))
-        answers["honest again"] = await exchange_as_partner(node, "QmHonest", request(phi, delta))
+        answers["honest again"] = await exchange_as_partner(exchange, "QmHonest", request(phi, delta))
         proposal = encode_frame({"kind": "propose", "spec": SPEC.spec_hash(), "round": 1})
-        answers["scaled proposes"] = await node._handle_propose("QmScaled", proposal)
-        answers["honest proposes"] = await node._handle_propose("QmHonest", proposal)
+        answers["scaled proposes"] = await exchange.handle_propose("QmScaled", proposal)
+        answers["honest proposes"] = await exchange.handle_propose("QmHonest", proposal)
         return answers
 
-    try:
-        answers = {k: decode_frame(v)[0] for k, v in asyncio.run(scenario()).items()}
-    finally:
-        node._compute.shutdown()
+    answers = {k: decode_frame(v)[0] for k, v in vclock.run(scenario()).items()}
     assert answers["x1000"]["error"] == "protocol" == answers["nan"]["error"]
-    assert node.chooser.is_banned("QmScaled") and node.chooser.is_banned("QmNan")
+    assert stage.guard.is_banned("QmScaled") and stage.guard.is_banned("QmNan")
     assert answers["honest"]["ok"] and answers["honest again"]["ok"]
     # a banned sender's proposals are refused too; an honest one is only told we are mid-round
     assert answers["scaled proposes"]["error"] == "busy" and answers["honest proposes"]["error"] == "not-ready"
-    assert not node.chooser.is_banned("QmHonest")
+    assert not stage.guard.is_banned("QmHonest")
 
 
 def test_before_its_first_round_a_node_declines_a_partner_far_ahead_without_banning_it(caplog):
@@ -80,43 +76,37 @@ def test_before_its_first_round_a_node_declines_a_partner_far_ahead_without_bann
     ahead as out of scale: it declines the exchange (the partner pairs elsewhere) and bans
     nobody. NaNs are still a fault."""
     warm = dataclasses.replace(SPEC, inner=InnerHyper(lr=3e-3, warmup_steps=100, total_steps=1000))
-    node = make_node(trained_worker(0, steps=1, spec=warm), warm)
+    stage, exchange = stage_of(trained_worker(0, steps=1, spec=warm), warm)
     phi, delta = trained_worker(1, steps=40, spec=warm).outer_payload("fp32")
 
     async def scenario():
-        ahead = await exchange_as_partner(node, "QmAhead", request(phi, delta, warm))
-        nan = await exchange_as_partner(node, "QmNan",
+        ahead = await exchange_as_partner(exchange, "QmAhead", request(phi, delta, warm))
+        nan = await exchange_as_partner(exchange, "QmNan",
                                         request(phi, [torch.full_like(d, float("nan")) for d in delta], warm))
         return decode_frame(ahead)[0], decode_frame(nan)[0]
 
-    try:
-        with caplog.at_level(logging.INFO, logger="swarm_node.node"):
-            ahead, nan = asyncio.run(scenario())
-    finally:
-        node._compute.shutdown()
+    with caplog.at_level(logging.INFO, logger="swarm_node.gossip.exchange"):
+        ahead, nan = vclock.run(scenario())
     assert not ahead["ok"] and ahead["error"].startswith("not-ready (partner's"), ahead
     assert "declining an outer exchange before our first round" in caplog.text
-    assert not node.chooser.is_banned("QmAhead") and node._faults.get("QmAhead", 0) == 0
-    assert nan["error"] == "protocol" and node.chooser.is_banned("QmNan")
+    assert not stage.guard.is_banned("QmAhead") and stage.guard.faults("QmAhead") == 0
+    assert nan["error"] == "protocol" and stage.guard.is_banned("QmNan")
 
 
 def test_partners_right_on_top_of_us_do_not_shrink_the_scale_honest_partners_are_held_to():
     """At round 0 every replica's phi is the same init, so partners' distances are ~0. They
     must not become the reference: a partner a round ahead later is honest, not poison."""
-    node = make_node(trained_worker(0))
-    node._note_own_progress(_norm(node.worker.slow.deltas()))
-    own_phi = [p + 1e-6 for p in node.worker.outer_payload("fp32")[0]]  # as after an fp16 round trip
+    stage, exchange = stage_of(trained_worker(0))
+    start_first_round(exchange)
+    own_phi = [p + 1e-6 for p in stage.worker.outer_payload("fp32")[0]]  # as after an fp16 round trip
     _, delta = trained_worker(1).outer_payload("fp32")
     ahead = trained_worker(2, steps=10)
     ahead_phi = [p.detach().clone() for p in ahead.params]  # phi one round of progress away
 
     async def scenario():
         for peer in ("QmA", "QmB", "QmC", "QmD"):
-            await exchange_as_partner(node, peer, request(own_phi, delta))
-        return await exchange_as_partner(node, "QmAhead", request(ahead_phi, delta))
+            await exchange_as_partner(exchange, peer, request(own_phi, delta))
+        return await exchange_as_partner(exchange, "QmAhead", request(ahead_phi, delta))
 
-    try:
-        answer = decode_frame(asyncio.run(scenario()))[0]
-    finally:
-        node._compute.shutdown()
-    assert answer.get("error") != "protocol" and not node.chooser.is_banned("QmAhead")
+    answer = decode_frame(vclock.run(scenario()))[0]
+    assert answer.get("error") != "protocol" and not stage.guard.is_banned("QmAhead")

@@ -10,11 +10,13 @@ import torch
 
 from swarm_node.data.dataset import load_windows
 from swarm_node.data.spec import DataSpec
-from swarm_node.node import Node
 from swarm_node.node_config import NodeConfig
 from swarm_node.optim import InnerHyper, default_method
 from swarm_node.spec import RunSpec
+from swarm_node.train.compute import ComputeThread
 from swarm_node.train.worker import StageWorker
+
+from parts import StageParts
 
 SPEC = RunSpec(run_id="producer", model_size="debug", num_stages=1, seq_len=16, batch_size=4, samples_per_step=4,
                data=DataSpec(kind="synthetic"), method=default_method("noloco", inner_steps=50),
@@ -24,27 +26,27 @@ SPEC = RunSpec(run_id="producer", model_size="debug", num_stages=1, seq_len=16, 
 @pytest.mark.timeout(60)
 def test_gradients_held_over_a_round_finish_the_run_without_starving_the_loop():
     max_steps = 3
-    node = Node(SPEC, NodeConfig(max_steps=max_steps))
-    node._adopt_spec(SPEC)
-    node.stage = 0
-    node.data = load_windows(SPEC.data, SPEC.seq_len)
-    node.worker = StageWorker(SPEC, 0, node.data.vocab_size)
-    node.dht = type("D", (), {"peer_id": "QmSelf"})()
+    data = load_windows(SPEC.data, SPEC.seq_len)
+    compute = ComputeThread(threads=1)  # the node's: the producer must yield while torch works
+    stage = StageParts(SPEC, StageWorker(SPEC, 0, data.vocab_size), config=NodeConfig(max_steps=max_steps),
+                       compute=compute)
+    pipeline = stage.pipeline()
+    pipeline.open_data(data, "QmSelf", resumed=None)
+    worker = stage.worker
     g = torch.Generator().manual_seed(0)
-    node.worker.forward_backward_last(None, torch.randint(0, 16, (4, 16), generator=g),
-                                      torch.randint(0, 16, (4, 16), generator=g))
-    node.worker.step()
-    node.worker.step()  # two steps done, one to go
+    worker.forward_backward_last(None, torch.randint(0, 16, (4, 16), generator=g),
+                                 torch.randint(0, 16, (4, 16), generator=g))
+    worker.step()
+    worker.step()  # two steps done, one to go
     for _ in range(2):  # two micro-batches' gradients came in while a round was open
-        node.worker.forward_backward_last(None, torch.randint(0, 16, (4, 16), generator=g),
-                                          torch.randint(0, 16, (4, 16), generator=g))
-    assert node.worker.inner_step == max_steps - 1 and node.worker.ready_to_step() and node._done()
-    beats = []
+        worker.forward_backward_last(None, torch.randint(0, 16, (4, 16), generator=g),
+                                     torch.randint(0, 16, (4, 16), generator=g))
+    assert worker.inner_step == max_steps - 1 and worker.ready_to_step() and pipeline.issued_enough()
 
-    async def heartbeat():
-        beats.append(node._state)
+    finished = []
 
-    node._heartbeat = heartbeat
+    async def finish():
+        finished.append(worker.inner_step)
 
     async def scenario():
         ticks = 0
@@ -58,7 +60,7 @@ def test_gradients_held_over_a_round_finish_the_run_without_starving_the_loop():
         ticking = asyncio.create_task(ticker())
         try:
             async with asyncio.timeout(30):
-                await node._producer_loop()
+                await pipeline.produce(finished=finish)
         finally:
             ticking.cancel()
         return ticks
@@ -66,6 +68,7 @@ def test_gradients_held_over_a_round_finish_the_run_without_starving_the_loop():
     try:
         ticks = asyncio.run(scenario())
     finally:
-        node._compute.shutdown()
-    assert node.worker.inner_step == max_steps and node._stop.is_set()
-    assert beats == ["finished"] and ticks >= 1
+        compute.close()
+    assert worker.inner_step == max_steps and pipeline.reached_max_steps()
+    assert finished == [max_steps] and ticks >= 1
+    assert stage.stats.microbatches_done == 0  # the last step came from the held gradients alone

@@ -5,7 +5,7 @@ import asyncio
 
 from swarm_node import __version__
 from swarm_node.net.dht import SwarmDHT
-from swarm_node.registry import publish_record, read_stage, stage_key
+from swarm_node.membership.registry import publish_record, read_stage, stage_key
 from swarm_node.wire.records import PeerRecord
 
 

@@ -7,7 +7,7 @@ import signal
 from swarm_node.data.spec import DataSpec
 from swarm_node.optim import InnerHyper, default_method
 from swarm_node.spec import RunSpec
-from swarm_node.train.checkpoint import save_checkpoint
+from swarm_node.state.checkpoint import save_checkpoint
 from swarm_node.train.worker import StageWorker
 
 SPEC = RunSpec(run_id="resume", model_size="debug", num_stages=1, seq_len=32, batch_size=8, samples_per_step=8,

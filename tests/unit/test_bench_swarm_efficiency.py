@@ -42,15 +42,15 @@ def test_compute_buckets_split_recompute_and_avoid_double_counting():
     backward = (WORKER, 80, "backward")
     forward = (WORKER, 60, "forward")
     step = (WORKER, 100, "step")
+    check = ("/x/swarm_node/gossip/partner_check.py", 1, "check")
     stats = {
         forward: _entry(0.1, 2.0),
         backward: _entry(0.1, 5.0),
         (MODULE, 1, "_wrapped_call_impl"): _entry(2.0, 4.0, {forward: (1, 1, 1.0, 1.9), backward: (1, 1, 1.0, 2.0)}),
         step: _entry(1.0, 1.0),
         ("/x/swarm_node/wire/codec.py", 1, "encode_frame"): _entry(0.5, 0.5),
-        ("/x/swarm_node/node.py", 1, "_partner_magnitudes"): _entry(0.1, 0.4),
-        ("/x/swarm_node/node.py", 2, "_norm"): _entry(0.3, 0.3, {("/x/swarm_node/node.py", 1, "_partner_magnitudes"):
-                                                                 (1, 1, 0.2, 0.2)}),
+        check: _entry(0.1, 0.4),
+        ("/x/swarm_node/gossip/partner_check.py", 2, "norm"): _entry(0.3, 0.3, {check: (1, 1, 0.2, 0.2)}),
         ("~", 0, "<method 'get' of '_queue.SimpleQueue' objects>"): _entry(50.0, 50.0),
         ("/x/other.py", 1, "check"): _entry(6.0, 6.0),
     }
@@ -58,7 +58,7 @@ def test_compute_buckets_split_recompute_and_avoid_double_counting():
     assert buckets["recompute"] == pytest.approx(2.0)
     assert buckets["useful"] == pytest.approx(2.0 + 5.0 + 1.0 - 2.0)
     assert buckets["serialisation"] == pytest.approx(0.5)
-    assert buckets["outer"] == pytest.approx(0.4 + 0.3 - 0.2)  # _norm inside _partner_magnitudes counted once
+    assert buckets["outer"] == pytest.approx(0.4 + 0.3 - 0.2)  # norm inside check counted once
     busy = 0.1 + 0.1 + 2.0 + 1.0 + 0.5 + 0.1 + 0.3 + 6.0  # own times, the idle wait excluded
     assert sum(buckets.values()) == pytest.approx(busy)
     assert sum(ana.shares(buckets).values()) == pytest.approx(1.0)

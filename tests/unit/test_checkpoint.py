@@ -10,7 +10,7 @@ import torch
 from swarm_node.data.spec import DataSpec
 from swarm_node.optim import InnerHyper, default_method
 from swarm_node.spec import RunSpec
-from swarm_node.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
+from swarm_node.state.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
 from swarm_node.train.worker import StageWorker
 
 SPEC = RunSpec(run_id="ckpt", model_size="debug", num_stages=2, seq_len=16, batch_size=4, samples_per_step=8,

@@ -9,7 +9,7 @@ import torch
 
 from swarm_node import cli, local, system
 from swarm_node.model.config import NAMED_SIZES
-from swarm_node.train.checkpoint import save_checkpoint
+from swarm_node.state.checkpoint import save_checkpoint
 
 
 def _subparser(name: str) -> argparse.ArgumentParser:
@@ -89,10 +89,7 @@ def test_local_refuses_a_checkpoint_dir_holding_an_earlier_run(nothing_may_start
     assert "already holds checkpoints" in capsys.readouterr().err
 
 
-def test_join_refuses_a_spec_with_an_impossible_split_before_the_node_starts(tmp_path, monkeypatch, capsys):
-    import swarm_node.node
-
-    monkeypatch.setattr(swarm_node.node, "Node", lambda *a, **k: pytest.fail("the node was started"))
+def test_join_refuses_a_spec_with_an_impossible_split_before_the_node_starts(tmp_path, nothing_may_start, capsys):
     spec = tmp_path / "run.toml"
     spec.write_text('run_id = "x"\nmodel_size = "debug"\nnum_stages = 3\n')
     assert cli.main(["join", "--config", str(spec), "--no-progress"]) == 2

@@ -22,7 +22,7 @@ from swarm_node.export.assemble import assemble
 from swarm_node.export.hf import write_hf_checkpoint
 from swarm_node.optim import InnerHyper, default_method
 from swarm_node.spec import RunSpec
-from swarm_node.train.checkpoint import save_checkpoint
+from swarm_node.state.checkpoint import save_checkpoint
 from swarm_node.train.worker import StageWorker
 
 H = 10

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from swarm_node.errors import ProtocolError
-from swarm_node.node import _decode_gradient
+from swarm_node.wire.messages import decode_gradient_answer, rms
 from swarm_node.wire.codec import FrameLimits, encode_frame
 
 LIMITS = FrameLimits(max_payload_bytes=1 << 20)
@@ -20,11 +20,11 @@ def answer(**header) -> bytes:
 @pytest.mark.parametrize("loss", ["2.5", None, float("nan"), float("inf"), [1.0], {"a": 1}, True])
 def test_a_loss_that_is_not_a_finite_number_is_a_protocol_error(loss):
     with pytest.raises(ProtocolError, match="bad loss"):
-        _decode_gradient(answer(loss=loss), LIMITS, SHAPE)
+        decode_gradient_answer(answer(loss=loss), LIMITS, SHAPE)
 
 
 def test_a_missing_loss_is_a_protocol_error_and_a_good_answer_decodes():
     with pytest.raises(ProtocolError):
-        _decode_gradient(answer(), LIMITS, SHAPE)
-    grad, loss, rms = _decode_gradient(answer(loss=2), LIMITS, SHAPE)
-    assert grad.dtype == torch.float32 and grad.shape == SHAPE and loss == 2.0 and rms == pytest.approx(1.0)
+        decode_gradient_answer(answer(), LIMITS, SHAPE)
+    grad, loss = decode_gradient_answer(answer(loss=2), LIMITS, SHAPE)
+    assert grad.dtype == torch.float32 and grad.shape == SHAPE and loss == 2.0 and rms(grad) == pytest.approx(1.0)

@@ -16,7 +16,7 @@ from swarm_node.data.spec import DataSpec
 from swarm_node.export.assemble import assemble, load_model
 from swarm_node.optim import InnerHyper, default_method
 from swarm_node.spec import RunSpec
-from swarm_node.train.checkpoint import save_checkpoint
+from swarm_node.state.checkpoint import save_checkpoint
 from swarm_node.train.worker import StageWorker
 
 SPEC = RunSpec(run_id="export", model_size="debug", num_stages=2, seq_len=32, batch_size=4, samples_per_step=4,

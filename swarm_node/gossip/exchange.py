@@ -1,0 +1,268 @@
+"""The outer round: find a partner (NoLoCo) or gather the stage (DiLoCo), swap (phi,
+Delta) with it, check what came, and apply the outer step.
+
+Seeking side: when a round is due the node encodes its payload once, announces
+``seeking`` in its record, and lets the coordinator (gossip/pairing.py, or
+gossip/group.py for DiLoCo) propose and exchange until the round deadline. Answering
+side: proposals (``/swarm-node/pair``) and payloads (``/swarm-node/outer``) are served
+here; a partner's payload passes gossip/partner_check.py before it counts. A peer at
+its boundary can pull our round forward when we are past half of ours, so that nodes
+whose boundaries alternate still meet.
+
+A partner that fails or sends a poisoned update is banned (net/guard.py) and the round
+goes on without it; a round that finds nobody takes the local-only step."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from swarm_node.errors import PeerRefused, ProtocolError
+from swarm_node.gossip.group import GroupRound
+from swarm_node.gossip.pairing import PairingCoordinator, PairResult, Refused, now
+from swarm_node.gossip.partner_check import PartnerCheck
+from swarm_node.net import protocols
+from swarm_node.net.transport import ServeLimits, short_id
+from swarm_node.node_services import NodeServices
+from swarm_node.train.rounds import RoundGate, force_round_if_ready
+from swarm_node.wire.codec import FrameLimits, decode_frame, encode_frame
+from swarm_node.wire.messages import PROPOSAL_LIMITS, PROPOSAL_MAX_BYTES, check_outer_header, check_proposal
+
+log = logging.getLogger(__name__)
+
+PROPOSE_TIMEOUT_S = 5.0  # a pairing proposal is a few bytes: no answer in this time means the peer is unwell
+Tensors = list[torch.Tensor]
+
+
+class OuterState(Protocol):
+    """What the exchange needs of a stage (train/worker.py's StageWorker has it all)."""
+
+    outer_round: int
+    params: Sequence[torch.Tensor]
+
+    def outer_payload(self, wire: str) -> tuple[Tensors, Tensors]: ...
+
+    def apply_outer(self, own: tuple[Tensors, Tensors], others: list[tuple[Tensors, Tensors]]) -> None: ...
+
+    def own_phi(self) -> Sequence[torch.Tensor]: ...
+
+    def own_delta(self) -> Sequence[torch.Tensor]: ...
+
+    def outer_round_due(self) -> bool: ...
+
+    def can_round_early(self) -> bool: ...
+
+    def force_round(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class ExchangeTimes:
+    round_timeout_s: float  # how long to seek a partner before the local-only step
+    exchange_s: float  # one payload exchange, both ways
+    wire: str = "fp16"  # precision of phi and Delta on the wire
+
+
+@dataclass
+class RoundOutcome:
+    round_no: int
+    partners: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    proposals: int = 0  # proposals we sent
+    exchange_s: float | None = None  # our own send's round trip, when we sent the payload
+    ended_at: float = 0.0  # on the loop's clock (time.monotonic on a real loop)
+
+
+class OuterExchange:
+    def __init__(self, *, spec_hash: str, method: str, times: ExchangeTimes, state: OuterState,
+                 services: NodeServices, gate: RoundGate, candidates: Callable[[], list[tuple[str, bool]]],
+                 callers_expected: Callable[[], bool], announce: Callable[[], Awaitable[None]],
+                 stopping: asyncio.Event, own_id: str, max_update_ratio: float = 10.0):
+        self.spec_hash = spec_hash
+        self.times = times
+        self.state = state
+        self.compute, self.transport, self.guard, self.stats = (services.compute, services.transport,
+                                                                services.guard, services.stats)
+        self.gate = gate
+        self.candidates = candidates  # callable, unbanned peers of our stage: (peer, announces seeking)
+        self.callers_expected = callers_expected  # peers that cannot be called may call us this round
+        self.announce = announce  # publish our record now (it says whether we seek)
+        self.stopping = stopping
+        self.check = PartnerCheck(max_update_ratio)
+        numel = sum(p.numel() for p in state.params)
+        self.limits = FrameLimits(max_payload_bytes=2 * numel * 4 + (1 << 20))  # phi and Delta in fp32 at most
+        self.pairing: PairingCoordinator | GroupRound
+        if method == "diloco":  # every live peer of the stage
+            self.pairing = GroupRound(round_timeout_s=times.round_timeout_s, request_timeout_s=times.exchange_s)
+        else:  # NoLoCo: one random partner
+            self.pairing = PairingCoordinator(round_timeout_s=times.round_timeout_s,
+                                              request_timeout_s=times.exchange_s,
+                                              propose_timeout_s=PROPOSE_TIMEOUT_S, own_id=own_id)
+        self.last: RoundOutcome | None = None
+        self._outcome = RoundOutcome(-1)
+
+    @property
+    def seeking(self) -> bool:
+        return self.pairing.state.value in ("seeking", "proposing")
+
+    async def serve(self, transport, authorize: Callable[[str], bool]) -> None:
+        await transport.serve(protocols.OUTER, self.handle_outer,
+                              ServeLimits(max_request_bytes=self.limits.max_payload_bytes, max_concurrent=4,
+                                          max_per_peer=1, handler_timeout_s=self.times.exchange_s),
+                              authorize=authorize)
+        await transport.serve(protocols.PAIR, self.handle_propose,
+                              ServeLimits(max_request_bytes=PROPOSAL_MAX_BYTES, max_concurrent=8, max_per_peer=1,
+                                          handler_timeout_s=PROPOSE_TIMEOUT_S),
+                              authorize=authorize)
+
+    # -- the seeking side --------------------------------------------------------------
+    async def run_round(self) -> RoundOutcome:
+        """One outer round, from our payload to the outer step (partner or local-only)."""
+        round_no = self.state.outer_round
+        started = now()
+        self._outcome = outcome = RoundOutcome(round_no)
+        own = await self.compute(self.state.outer_payload, self.times.wire)
+        await self.compute(self.check.note_own_delta, own[1])
+        reply = await self.compute(encode_frame, {"kind": "outer", "spec": self.spec_hash, "round": round_no,
+                                                  "ok": True}, own[0] + own[1])
+        callers = self.callers_expected()
+        had_company = callers or bool(self.candidates())
+        announcing = asyncio.create_task(self._announce_seeking())
+        try:
+            others = await self._gather(round_no, reply, expect_request=self.gate.requested or callers)
+        finally:
+            announcing.cancel()  # the round may end before the record is out: the caller publishes after
+            await asyncio.gather(announcing, return_exceptions=True)
+        await self.compute(self.state.apply_outer, own, [payload for _, payload in others])
+        outcome.partners = [peer for peer, _ in others]
+        outcome.ended_at = now()
+        outcome.seconds = outcome.ended_at - started
+        self._count(outcome, had_company)
+        self.last = outcome
+        return outcome
+
+    async def _gather(self, round_no: int, reply: bytes, expect_request: bool) -> list[tuple[str, Any]]:
+        if isinstance(self.pairing, GroupRound):
+            gathered = await self.pairing.run_round(
+                round_no, reply, members=lambda: [peer for peer, _ in self.candidates()], send=self._send_outer,
+                on_peer_failure=self.guard.failed, expect_request=expect_request)
+            return list(gathered.items())
+        result: PairResult | None = await self.pairing.run_round(
+            round_no, reply, candidates=self.candidates, propose=self._send_proposal, send=self._send_outer,
+            on_peer_failure=self.guard.failed, expect_request=expect_request)
+        return [(result.partner, result.payload)] if result else []
+
+    def _count(self, outcome: RoundOutcome, had_company: bool) -> None:
+        if not outcome.partners:
+            self.stats.local_only_rounds += 1
+            if had_company:  # alone in the stage, a local-only round is the plan, not a failure
+                self.stats.note_failure(f"round {outcome.round_no}: no partner, local-only step")
+                log.info("round %d: no partner found in %.1fs, local-only step", outcome.round_no, outcome.seconds)
+            else:
+                log.info("round %d: no other peer in our stage, local-only step", outcome.round_no)
+        else:
+            self.stats.rounds_with_partner += 1
+            self.stats.partners.extend(outcome.partners)
+            log.info("round %d: averaged with %s in %.2fs", outcome.round_no,
+                     ", ".join(short_id(p) for p in outcome.partners), outcome.seconds)
+
+    async def _announce_seeking(self) -> None:
+        """Publish our record as soon as the round is open, so that peers choosing a
+        partner prefer us now rather than at the next heartbeat."""
+        await self.pairing.seeking.wait()
+        await self.announce()
+
+    async def meet_a_seeking_peer(self) -> None:
+        """Nobody can call a node behind a NAT, so nobody can pull its round forward the
+        way a proposal does. It looks instead: a peer of its stage that announces
+        ``seeking`` is waiting for a partner right now, and if we are past half of our
+        round we take ours early and propose."""
+        if (isinstance(self.pairing, PairingCoordinator) and self.pairing.state.value == "idle"
+                and any(seeking for _, seeking in self.candidates())):
+            await self.maybe_round_early(wait_s=0.0)
+
+    async def maybe_round_early(self, wait_s: float) -> None:
+        """A partner is at its boundary and we are past half of our round: start our
+        round now (steps stop at once), and let the request in when we are seeking
+        (within ``wait_s``: the caller's deadline must leave room for our answer)."""
+        if self.gate.in_round or self.stopping.is_set():
+            return
+        if not await self.compute(force_round_if_ready, self.state):
+            return
+        self.gate.open_early()
+        try:
+            async with asyncio.timeout(wait_s):
+                await self.pairing.seeking.wait()
+        except TimeoutError:
+            pass
+
+    async def _send_proposal(self, peer: str, timeout_s: float) -> None:
+        self._outcome.proposals += 1
+        request = encode_frame({"kind": "propose", "spec": self.spec_hash, "round": self.state.outer_round})
+        raw = await self.transport.request(peer, protocols.PAIR, request, timeout_s=timeout_s,
+                                           max_response_bytes=PROPOSAL_MAX_BYTES)
+        header, _ = decode_frame(raw, PROPOSAL_LIMITS)
+        if not header.get("ok"):
+            raise Refused(str(header.get("error", "refused"))[:200])
+
+    async def _send_outer(self, peer: str, payload: bytes, timeout_s: float) -> tuple[Tensors, Tensors]:
+        started = now()
+        raw = await self.transport.request(peer, protocols.OUTER, payload, timeout_s=timeout_s,
+                                           max_response_bytes=self.limits.max_payload_bytes + (1 << 16))
+        header, tensors = await self.compute(decode_frame, raw, self.limits)
+        if not header.get("ok"):
+            raise Refused(str(header.get("error", "refused")))
+        checked = await self._check_partner(header, tensors)
+        self._outcome.exchange_s = now() - started
+        return checked
+
+    async def _check_partner(self, header: dict, tensors: Tensors) -> tuple[Tensors, Tensors]:
+        check_outer_header(header, self.spec_hash)
+        try:
+            return await self.compute(self.check.check, tensors, self.state.own_phi(), self.state.own_delta)
+        except Refused as exc:
+            log.info("declining an outer exchange before our first round: %s", exc)
+            raise
+
+    # -- the answering side ------------------------------------------------------------
+    async def handle_propose(self, remote: str, request: bytes) -> bytes:
+        """A peer of our stage asks to pair this round: a few bytes, so a refusal is cheap."""
+        try:
+            check_proposal(request, self.spec_hash)
+            if not isinstance(self.pairing, PairingCoordinator):
+                raise Refused("not-pairing")  # a DiLoCo run exchanges with everyone, no proposals
+            if self.guard.is_banned(remote):  # it failed us or sent a poisoned update: we do not pair with it either
+                raise Refused("busy")
+            if self.pairing.state.value == "idle":
+                await self.maybe_round_early(wait_s=PROPOSE_TIMEOUT_S / 2)  # else: not-ready, not a time-out
+            self.pairing.on_propose(remote)
+            return encode_frame({"kind": "propose", "ok": True})
+        except Refused as exc:
+            return encode_frame({"ok": False, "error": str(exc)})
+        except ProtocolError as exc:
+            self.guard.fault(remote, f"bad pairing proposal ({exc})")
+            return encode_frame({"ok": False, "error": "protocol"})
+
+    async def handle_outer(self, remote: str, request: bytes) -> bytes:
+        async def partner_payload():
+            header, tensors = await self.compute(decode_frame, request, self.limits)
+            return await self._check_partner(header, tensors)
+
+        pairing = self.pairing
+        try:
+            if isinstance(pairing, PairingCoordinator):  # only the peer whose proposal we accepted gets in
+                return await pairing.answer(remote, partner_payload)
+            payload = await partner_payload()
+            if pairing.state.value == "idle":
+                await self.maybe_round_early(wait_s=5.0)
+            return pairing.on_request(remote, payload)
+        except (Refused, PeerRefused) as exc:
+            return encode_frame({"ok": False, "error": str(exc)})
+        except ProtocolError as exc:
+            self.guard.fault(remote, f"bad outer exchange ({exc})")
+            self.guard.failed(remote)
+            return encode_frame({"ok": False, "error": "protocol"})

@@ -1,0 +1,49 @@
+"""Which stage a joining node takes. Pure functions of the registry as this node reads
+it, so every joiner computes the same assignment from the same records."""
+
+from __future__ import annotations
+
+from swarm_node.wire.records import PeerRecord
+
+Peers = dict[int, dict[str, PeerRecord]]  # stage -> peer -> its record (ours excluded)
+
+
+def assign_stage(peers: Peers, own_id: str, num_stages: int, reachable: bool) -> int:
+    """Joiners others cannot dial take stage 0 (it only calls out); the others, in
+    peer-id order, each take the stage with the fewest peers (ties: the lower total
+    throughput, then the lower index). Peers are counted rather than weighted by
+    throughput because the throughputs of different stages are not comparable
+    (stage 0 measures the whole pipeline's latency)."""
+    if not reachable:
+        return 0
+    stages = range(num_stages)
+    count = {s: sum(r.state == "training" for r in peers.get(s, {}).values()) for s in stages}
+    speed = {s: sum(r.throughput for r in peers.get(s, {}).values() if r.state == "training") for s in stages}
+    joining = {p: r for s in stages for p, r in peers.get(s, {}).items() if r.state == "joining"}
+    count[0] += sum(not r.reachable for r in joining.values())
+    joiners = sorted({own_id, *(p for p, r in joining.items() if r.reachable)})
+    for peer in joiners:
+        best = min(stages, key=lambda s: (count[s], speed[s], s))
+        if peer == own_id:
+            return best
+        count[best] += 1
+    raise AssertionError("not reached: this node is among the joiners")
+
+
+def rebalanced_stage(peers: Peers, own_id: str, stage: int, num_stages: int, reachable: bool) -> int:
+    """``stage``, or an emptiest one when the stages as announced differ by two or more
+    peers and we are the newest id of a fullest stage (nobody behind a NAT moves: it
+    can only hold stage 0). Joiners that did not see each other in time (records
+    spread through the DHT in seconds, and on a busy machine 4 volunteers once split
+    3 + 1) even out this way."""
+    stages = range(num_stages)
+    announced = {s: [p for p, r in peers.get(s, {}).items() if r.state in ("training", "joining")] for s in stages}
+    announced[stage].append(own_id)
+    count = {s: len(members) for s, members in announced.items()}
+    if not reachable or max(count.values()) - min(count.values()) < 2 or count[stage] < max(count.values()):
+        return stage
+    movable = [p for p in announced[stage] if p == own_id or (
+        peers[stage][p].state == "joining" and peers[stage][p].reachable)]
+    if max(movable) != own_id:
+        return stage
+    return min(stages, key=lambda s: (count[s], s))

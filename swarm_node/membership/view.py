@@ -1,0 +1,168 @@
+"""Who is in the run as this node sees it, and this node's own place in it.
+
+The node heartbeats its record into the per-stage registry (membership/registry.py),
+reads the records of the stages it works with, keeps those it can use (signed, of
+this run's spec, allowed on a closed run), picks its stage when it joins, and
+re-publishes the run spec so the run can be joined through any node."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable
+
+from swarm_node.errors import SwarmError
+from swarm_node.membership.discovery import SPEC_REPUBLISH_S, publish_spec
+from swarm_node.membership.registry import publish_record, read_stage
+from swarm_node.membership.stages import assign_stage, rebalanced_stage
+from swarm_node.net.dht import SwarmDHT
+from swarm_node.net.guard import PeerGuard
+from swarm_node.net.reach import Reachability
+from swarm_node.node_config import NodeConfig
+from swarm_node.spec import RunSpec
+from swarm_node.wire.records import PeerRecord
+
+log = logging.getLogger(__name__)
+
+STAGE_SETTLE_PASSES = 3  # looks at the joiners' announced stages before taking one for good
+
+
+class Membership:
+    def __init__(self, *, spec: RunSpec, dht: SwarmDHT, guard: PeerGuard, config: NodeConfig,
+                 record: Callable[[], PeerRecord]):
+        self.spec = spec
+        self.spec_hash = spec.spec_hash()
+        self.dht = dht
+        self.guard = guard
+        self.config = config
+        self.record = record  # what our heartbeat publishes (the node puts it together)
+        self.stage: int | None = None
+        self.state = "joining"  # joining, training, finished, leaving: as our record says
+        self.reachability: Reachability | None = None  # what peers measured dialling us back
+        self.peers: dict[int, dict[str, PeerRecord]] = {}
+
+    @property
+    def own_id(self) -> str:
+        return self.dht.peer_id
+
+    @property
+    def reachable(self) -> bool:
+        """False once peers tried to dial us back and could not (unknown counts as reachable)."""
+        return self.reachability is None or self.reachability.reachable is not False
+
+    def live_peers(self, stage: int) -> dict[str, PeerRecord]:
+        return {p: r for p, r in self.peers.get(stage, {}).items() if r.state == "training"}
+
+    def callable_peers(self, stage: int) -> dict[str, PeerRecord]:
+        """Live peers we can open streams to: routing, pairing proposals and state
+        downloads go only there (a peer behind a NAT calls out, and is never called)."""
+        return {p: r for p, r in self.live_peers(stage).items() if r.reachable}
+
+    def next_stage_peers(self) -> dict[str, PeerRecord]:
+        """Where our micro-batches can go."""
+        return self.callable_peers(self.stage + 1)
+
+    def partner_candidates(self, is_banned: Callable[[str], bool]) -> list[tuple[str, bool]]:
+        """Peers of our stage we may propose to: (peer, whether it announces seeking)."""
+        return [(p, r.seeking) for p, r in self.callable_peers(self.stage).items() if not is_banned(p)]
+
+    def callers_expected(self, is_banned: Callable[[str], bool]) -> bool:
+        """Peers of our stage that nobody can call only ever call us: keep rounds open for them."""
+        return any(not r.reachable and not is_banned(p) for p, r in self.live_peers(self.stage).items())
+
+    def steps_behind(self, inner_step: int) -> int:
+        """How far the most advanced live peer of our stage is ahead of ``inner_step``."""
+        ahead = max((r.inner_step for r in self.live_peers(self.stage).values()), default=0)
+        return max(0, ahead - inner_step)
+
+    # -- reading the registry ------------------------------------------------------
+    async def refresh(self, all_stages: bool = False) -> None:
+        """Read our stage and the next (or every stage), keeping the records we can use."""
+        if all_stages or self.stage is None:
+            stages = range(self.spec.num_stages)
+        else:
+            stages = {self.stage, min(self.stage + 1, self.spec.num_stages - 1)}
+        for stage in stages:
+            parsed, unreadable = await read_stage(self.dht, self.spec.run_id, stage)
+            for peer, exc in unreadable.items():
+                self.guard.ignore(peer, f"unreadable registry record ({exc})")
+            records = {}
+            for peer, record in parsed.items():
+                if peer == self.own_id:
+                    continue
+                if not self.spec.admits(peer):
+                    self.guard.ignore(peer, "not on this closed run's list of allowed peers")
+                    continue
+                if record.spec_hash != self.spec_hash:
+                    self.guard.ignore(peer, f"run-spec hash {record.spec_hash} differs from ours ({self.spec_hash})")
+                    continue
+                if record.stage == stage:
+                    records[peer] = record
+            self.peers[stage] = records
+
+    async def registry_loop(self, after_each: Callable[[], Awaitable[None]] | None = None) -> None:
+        while True:
+            await asyncio.sleep(self.config.registry_poll_s * random.uniform(0.8, 1.2))
+            try:
+                async with asyncio.timeout(max(2.0, self.config.registry_poll_s * 2)):
+                    await self.refresh()
+            except TimeoutError:
+                log.warning("registry read timed out")
+            if after_each is not None:
+                await after_each()
+
+    # -- publishing ------------------------------------------------------------------
+    async def heartbeat(self) -> None:
+        if not self.dht.is_alive():
+            raise SwarmError("the DHT process died, so this node can no longer find peers; "
+                             "restart it (if the machine is short of memory, that is the likely cause)")
+        try:
+            async with asyncio.timeout(self.config.heartbeat_s * 2):
+                await publish_record(self.dht, self.spec.run_id, self.record(), ttl_s=self.config.record_ttl_s)
+        except TimeoutError:
+            log.warning("registry heartbeat timed out")
+
+    async def heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.heartbeat_s * random.uniform(0.8, 1.2))
+            await self.heartbeat()
+
+    async def publish_loop(self) -> None:
+        """Every node re-publishes the spec it follows, signed, so the run can be joined
+        through any of its nodes, also once every bootstrap peer is gone."""
+        while True:
+            await asyncio.sleep(SPEC_REPUBLISH_S * random.uniform(0.8, 1.2))
+            try:
+                async with asyncio.timeout(10.0):
+                    await publish_spec(self.dht, self.spec)
+            except TimeoutError:
+                log.warning("gave up re-publishing the run spec after 10s")
+            except (SwarmError, OSError) as exc:
+                log.debug("re-publishing the run spec failed: %s", exc)
+
+    # -- joining ----------------------------------------------------------------------
+    async def pick_stage(self) -> int:
+        """Balance peers over stages, also when several join at once: announce a first
+        guess, give simultaneous joiners time to announce theirs, then take this
+        node's place in an assignment every joiner computes the same way; then even
+        out while the stages as announced differ by two or more (membership/stages.py)."""
+        self.stage = assign_stage(self.peers, self.own_id, self.spec.num_stages, self.reachable)
+        await self.heartbeat()  # state "joining": visible to the others
+        for settle in range(STAGE_SETTLE_PASSES):
+            await asyncio.sleep(self.config.registry_poll_s * 2 * random.uniform(1.0, 1.5))
+            await self.refresh(all_stages=True)
+            if settle == 0:
+                chosen = assign_stage(self.peers, self.own_id, self.spec.num_stages, self.reachable)
+            else:
+                chosen = rebalanced_stage(self.peers, self.own_id, self.stage, self.spec.num_stages, self.reachable)
+            if chosen == self.stage and settle > 0:
+                break
+            if chosen != self.stage:
+                log.info("taking stage %d instead of %d: other peers joined at the same time", chosen, self.stage)
+                self.state = "leaving"  # withdraw the guess at once rather than at record expiry
+                await self.heartbeat()
+                self.state = "joining"
+                self.stage = chosen
+                await self.heartbeat()
+        return self.stage

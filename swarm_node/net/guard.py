@@ -1,0 +1,116 @@
+"""What a node does about peers that fail or misbehave, in one place.
+
+- A call to a peer fails (it died, timed out, answered garbage, or sent a poisoned
+  update): :meth:`PeerGuard.failed` bans it from routing, pairing and state downloads
+  for 5 s, doubling on each failure in a row up to 120 s.
+- A stream ends before its answer: :meth:`PeerGuard.stream_closed` forgives the first in
+  a row (about one call in a thousand loses its answer to a reset inside the p2pd
+  daemons, between healthy peers); the caller bans from the second.
+- A caller sends something malformed: :meth:`PeerGuard.fault` logs it once, and after
+  ``max_faults`` such requests its streams are closed unread for ``caller_ban_s``
+  (:meth:`PeerGuard.admit`, the gate of every stream handler).
+- A registry record we cannot use: :meth:`PeerGuard.ignore` logs it once.
+
+Every table is bounded, whatever number of ids an attacker uses."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from swarm_node.net.transport import short_id
+
+log = logging.getLogger(__name__)
+
+MAX_TRACKED_PEERS = 4096
+
+
+@dataclass
+class _Ban:
+    until: float
+    strikes: int
+
+
+class PeerGuard:
+    def __init__(self, *, admits: Callable[[str], bool] = lambda peer: True, max_faults: int = 8,
+                 caller_ban_s: float = 600.0, base_ban_s: float = 5.0, max_ban_s: float = 120.0,
+                 clock: Callable[[], float] = time.monotonic):
+        self.admits = admits  # a closed run's list of allowed peers
+        self.max_faults = max_faults
+        self.caller_ban_s = caller_ban_s
+        self.base_ban_s, self.max_ban_s = base_ban_s, max_ban_s
+        self.clock = clock
+        self._bans: dict[str, _Ban] = {}  # peers we call: failed calls
+        self._caller_bans: dict[str, float] = {}  # peers that call us: time their ban ends
+        self._faults: dict[str, int] = {}  # bad requests per caller since its last ban
+        self._streams_closed: dict[str, int] = {}  # streams ended unanswered in a row
+        self._ignored: set[str] = set()
+
+    # -- peers we call -------------------------------------------------------------
+    def failed(self, peer: str) -> float:
+        """A call to ``peer`` failed: ban it; returns the ban's length in seconds."""
+        previous = self._bans.pop(peer, None)
+        strikes = previous.strikes + 1 if previous else 1
+        length = min(self.max_ban_s, self.base_ban_s * 2 ** min(strikes - 1, 30))  # capped: no overflow
+        self._bans[peer] = _Ban(self.clock() + length, strikes)
+        _bound(self._bans)
+        return length
+
+    def succeeded(self, peer: str) -> None:
+        """A call to ``peer`` worked: its strikes are forgiven once its ban is over."""
+        self._streams_closed.pop(peer, None)
+        ban = self._bans.get(peer)
+        if ban is not None and self.clock() >= ban.until:
+            del self._bans[peer]
+
+    def is_banned(self, peer: str) -> bool:
+        ban = self._bans.get(peer)
+        return ban is not None and self.clock() < ban.until
+
+    def stream_closed(self, peer: str) -> bool:
+        """A stream to ``peer`` ended before its answer; True from the second in a row."""
+        count = self._streams_closed.pop(peer, 0) + 1
+        self._streams_closed[peer] = count
+        _bound(self._streams_closed)
+        return count >= 2
+
+    # -- peers that call us ----------------------------------------------------------
+    def fault(self, peer: str, why: str) -> None:
+        """``peer`` sent something malformed: log it once, and after repeated faults stop
+        serving it for a while."""
+        self.ignore(peer, why)
+        count = self._faults.pop(peer, 0) + 1
+        if count >= self.max_faults:
+            self._caller_bans[peer] = self.clock() + self.caller_ban_s
+            _bound(self._caller_bans)
+            log.warning("banning peer %s for %.0f s after %d bad requests", short_id(peer), self.caller_ban_s, count)
+            count = 0
+        self._faults[peer] = count
+        _bound(self._faults)
+
+    def faults(self, peer: str) -> int:
+        """Bad requests from ``peer`` since its last ban."""
+        return self._faults.get(peer, 0)
+
+    def admit(self, peer: str) -> bool:
+        """Stream handlers' gate: on a closed run's list, and not banned for faults."""
+        until = self._caller_bans.get(peer)
+        if until is not None and self.clock() >= until:
+            del self._caller_bans[peer]
+            until = None
+        return until is None and self.admits(peer)
+
+    def ignore(self, peer: str, why: str) -> None:
+        """Log once per peer (bounded: at worst a peer is logged a second time)."""
+        if peer not in self._ignored:
+            if len(self._ignored) >= MAX_TRACKED_PEERS:
+                self._ignored.clear()
+            self._ignored.add(peer)
+            log.warning("ignoring peer %s: %s", short_id(peer), why)
+
+
+def _bound(table: dict) -> None:
+    while len(table) > MAX_TRACKED_PEERS:
+        table.pop(next(iter(table)))

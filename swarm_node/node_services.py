@@ -1,0 +1,20 @@
+"""What every component of a node shares, handed in as one: the compute thread all
+torch work runs on, the transport its calls go through, the guard that decides about
+peers that fail or misbehave, and the counters of what the node has done."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from swarm_node.net.guard import PeerGuard
+from swarm_node.net.transport import Requester
+from swarm_node.obs.stats import NodeStats
+from swarm_node.train.compute import Compute
+
+
+@dataclass(frozen=True)
+class NodeServices:
+    compute: Compute
+    transport: Requester
+    guard: PeerGuard
+    stats: NodeStats

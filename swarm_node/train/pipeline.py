@@ -1,0 +1,292 @@
+"""The data path: where a micro-batch goes and what comes back.
+
+Stage 0 draws micro-batches from its data shard and keeps up to ``max_in_flight`` of
+them in the pipeline; each is run through this stage and sent to a next-stage peer
+(routing/chooser.py picks it), which does the same until the last stage computes the
+loss and the gradients travel back the same way. Every stage steps its inner
+optimizer when enough samples are in (train/worker.py) and hands over to the outer
+round when one is due (train/rounds.py).
+
+A failed hop is retried with another peer within the micro-batch's deadline; the
+failed peer is banned (net/guard.py), except for a single stream reset, which is
+retried at once. A micro-batch whose deadline passes is lost and counted."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+import torch
+
+from swarm_node.data.dataset import TokenWindows
+from swarm_node.data.shards import ShardedBatches
+from swarm_node.errors import NotEnoughPeers, PeerError, PeerRefused, ProtocolError, StreamClosed
+from swarm_node.net import protocols
+from swarm_node.net.transport import ServeLimits, short_id
+from swarm_node.node_config import NodeConfig
+from swarm_node.node_services import NodeServices
+from swarm_node.routing.chooser import Candidate, PeerChooser
+from swarm_node.spec import RunSpec
+from swarm_node.train.rounds import RoundGate, step_if_ready
+from swarm_node.train.screen import MagnitudeScreen
+from swarm_node.train.worker import StageWorker, throughput_ema
+from swarm_node.wire.codec import WIRE_PRECISIONS, FrameLimits, decode_frame, encode_frame
+from swarm_node.wire.messages import check_forward_request, decode_gradient_answer, rms
+from swarm_node.wire.records import PeerRecord
+
+log = logging.getLogger(__name__)
+
+SHARDS_BY_PEER_ID = 1024  # a node without --data-shard reads the shard its peer id hashes to
+
+
+class Pipeline:
+    def __init__(self, *, spec: RunSpec, config: NodeConfig, worker: StageWorker, services: NodeServices,
+                 gate: RoundGate, next_peers: Callable[[], dict[str, PeerRecord]], stopping: asyncio.Event):
+        self.spec = spec
+        self.spec_hash = spec.spec_hash()
+        self.config = config
+        self.worker = worker
+        self.compute, self.transport, self.guard, self.stats = (services.compute, services.transport,
+                                                                services.guard, services.stats)
+        self.gate = gate
+        self.next_peers = next_peers  # live, callable peers of the next stage
+        self.stopping = stopping
+        self.chooser = PeerChooser(is_banned=self.guard.is_banned)
+        self.loader: ShardedBatches | None = None
+        self.queue = 0  # forward requests being served
+        self.in_flight = 0  # our own micro-batches in the pipeline (stage 0)
+        self.throughput = 0.0  # samples/s, as our record reports it
+        self.loss_seen: float | None = None  # EMA of the losses the last stage reports back to us
+        # Magnitude screens for what neighbours send (train/screen.py): used on the compute thread only.
+        self._activation_screen = MagnitudeScreen(config.max_activation_ratio, window=64)
+        self._gradient_screen = MagnitudeScreen(config.max_activation_ratio, window=64)
+        per_activation = spec.batch_size * spec.seq_len * worker.model_config.hidden_size * 4
+        self.max_request_bytes = 4 * per_activation + (1 << 20)
+        self.frame_limits = FrameLimits(max_payload_bytes=self.max_request_bytes)
+
+    async def serve(self, transport, authorize: Callable[[str], bool]) -> None:
+        if not self.worker.is_first:
+            await transport.serve(protocols.FORWARD, self.handle_forward,
+                                  ServeLimits(max_request_bytes=self.max_request_bytes,
+                                              max_concurrent=self.config.max_queue,
+                                              handler_timeout_s=self.config.hop_timeout_s * 2),
+                                  authorize=authorize)
+
+    # -- stage 0 -----------------------------------------------------------------------
+    def open_data(self, data: TokenWindows, peer_id: str, resumed: dict | None) -> ShardedBatches:
+        """The shard this node reads: --data-shard, else the one it read before a
+        restart, else the one its peer id hashes to."""
+        if self.config.data_shard is None and resumed is not None:
+            shard_id, num_shards = resumed["shard"]
+        else:
+            shard_id, num_shards = self.config.data_shard or (_shard_of(peer_id, SHARDS_BY_PEER_ID), SHARDS_BY_PEER_ID)
+        num_shards = min(num_shards, max(1, data.num_train_windows // self.spec.batch_size))
+        loader = ShardedBatches(data, batch_size=self.spec.batch_size, seed=self.spec.seed,
+                                shard_id=shard_id % num_shards, num_shards=num_shards)
+        if resumed is not None and [loader.shard_id, loader.num_shards] == list(resumed["shard"]):
+            loader.load_state_dict(resumed)
+        self.loader = loader
+        return loader
+
+    def data_position(self) -> dict | None:
+        """For a checkpoint: where in its shard this node reads (stage 0 only)."""
+        if self.loader is None:
+            return None
+        return {"shard": [self.loader.shard_id, self.loader.num_shards], **self.loader.state_dict()}
+
+    async def produce(self, finished: Callable[[], Awaitable[None]]) -> None:
+        """Stage 0: keep up to max_in_flight micro-batches in the pipeline until
+        max_steps (or until stopped); then ``finished()``: stage 0 drives the run."""
+        loader = self.loader
+        slots = asyncio.Semaphore(self.config.max_in_flight)
+        # Micro-batches that finish during an outer round merge into one step, so after
+        # draining the pipeline top up until the step count is really reached.
+        while not self.reached_max_steps():
+            async with asyncio.TaskGroup() as tg:
+                while not self.issued_enough():
+                    await self.gate.idle.wait()
+                    await slots.acquire()
+                    if self.issued_enough():
+                        slots.release()
+                        break
+                    inputs, targets = await self.compute(loader.next_batch)
+                    self.in_flight += 1
+                    tg.create_task(self._run_microbatch(inputs, targets, slots))
+            await self.gate.idle.wait()
+            if not self.reached_max_steps():
+                # Gradients owed to the last steps wait for the step after a round. Take it
+                # here, on the compute thread: looping back without awaiting anything would
+                # spin on the event loop and starve the round that is meant to take it.
+                await self.step_if_ready()
+        await finished()
+
+    def reached_max_steps(self) -> bool:
+        limit = self.config.max_steps
+        return self.stopping.is_set() or (limit is not None and self.worker.inner_step >= limit)
+
+    def issued_enough(self) -> bool:
+        """Stage 0 has issued enough micro-batches for max_steps, counting those in flight
+        and gradients that arrived during an outer round and wait for the step after it."""
+        limit = self.config.max_steps
+        if limit is None:
+            return self.stopping.is_set()
+        samples = self.in_flight * self.spec.batch_size + self.worker.pending_samples
+        return self.worker.inner_step + samples / self.spec.samples_per_step >= limit
+
+    async def _run_microbatch(self, inputs: torch.Tensor, targets: torch.Tensor, slots: asyncio.Semaphore) -> None:
+        try:
+            started = time.perf_counter()
+            if self.worker.is_last:  # a single-stage run
+                _, _, due = await self.compute(_last_stage_step, self.worker, None, targets, inputs)
+            else:
+                hidden = await self.compute(self.worker.forward, inputs)
+                try:
+                    grad, loss = await self.send_downstream(hidden, targets, self.config.hop_timeout_s)
+                    self._note_loss(loss)
+                except (PeerError, NotEnoughPeers, TimeoutError) as exc:
+                    self.stats.microbatches_lost += 1
+                    self.stats.note_failure(f"micro-batch lost: {exc}")
+                    log.info("micro-batch lost: %s", exc)
+                    return
+                _, due = await self.compute(_backward_step, self.worker, inputs, grad)
+            self.throughput = throughput_ema(self.throughput, len(inputs), time.perf_counter() - started)
+            self.stats.microbatches_done += 1
+            self.stats.tokens += inputs.numel()
+            self.gate.note_due(due)
+        finally:
+            self.in_flight -= 1
+            slots.release()
+
+    async def step_if_ready(self) -> None:
+        """Step with what accumulated (e.g. gradients that arrived during a round)."""
+        _, due = await self.compute(step_if_ready, self.worker)
+        self.gate.note_due(due)
+
+    # -- every stage but the last: the hop to the next stage --------------------------------
+    async def send_downstream(self, hidden: torch.Tensor, targets: torch.Tensor,
+                              timeout_s: float) -> tuple[torch.Tensor, float]:
+        """Send activations to a next-stage peer; returns (grad wrt hidden, loss).
+        Retries other peers on failure, banning the failed one."""
+        next_stage = self.worker.stage.stage_index + 1
+        clock = asyncio.get_running_loop().time  # time.monotonic, or a test's virtual clock
+        deadline = clock() + timeout_s
+        payload = await self.compute(encode_frame, {"kind": "fwd", "spec": self.spec_hash, "deadline_s": timeout_s},
+                                     [hidden.to(WIRE_PRECISIONS[self.config.activation_wire]),
+                                      targets.to(torch.int32)])
+        tried: set[str] = set()
+        attempts = 0
+        while True:
+            remaining = deadline - clock()
+            if remaining <= 0 or attempts > self.config.hop_retries:
+                raise NotEnoughPeers(f"no stage-{next_stage} peer completed the micro-batch after {attempts} attempts")
+            candidates = [Candidate(p, r.throughput, r.queue) for p, r in self.next_peers().items()]
+            peer = self.chooser.choose(candidates, exclude=tried)
+            if peer is None:
+                await asyncio.sleep(min(0.5, remaining))  # the registry loop may show someone by then
+                tried.clear()
+                continue
+            attempts += 1
+            if attempts > 1:
+                self.stats.retries += 1
+            self.chooser.started(peer)
+            try:
+                raw = await self.transport.request(peer, protocols.FORWARD, payload, timeout_s=remaining,
+                                                   max_response_bytes=len(payload) + (1 << 16))
+                grad, loss = await self.compute(self._check_gradient, raw, hidden.shape)
+                self.guard.succeeded(peer)
+                return grad, loss
+            except PeerRefused as exc:
+                tried.add(peer)
+                log.debug("stage-%d peer %s refused: %s", next_stage, short_id(peer), exc)
+            except StreamClosed as exc:
+                tried.add(peer)
+                if self.guard.stream_closed(peer):  # twice in a row: it refuses us, or is unwell
+                    self._peer_failed(next_stage, peer, f"{exc}, twice in a row")
+                else:  # once: a reset inside the daemons, retried at once
+                    log.debug("stage-%d peer %s: %s; retrying", next_stage, short_id(peer), exc)
+            except PeerError as exc:
+                tried.add(peer)
+                self._peer_failed(next_stage, peer, str(exc))
+            finally:
+                self.chooser.finished(peer)
+
+    def _peer_failed(self, stage: int, peer: str, why: str) -> None:
+        ban_s = self.guard.failed(peer)
+        self.stats.note_failure(f"stage-{stage} peer {short_id(peer)} failed: {why}")
+        log.info("stage-%d peer %s failed (%s); banned for %.0fs", stage, short_id(peer), why, ban_s)
+
+    def _check_gradient(self, raw: bytes, shape: torch.Size) -> tuple[torch.Tensor, float]:
+        """On the compute thread: the next stage's answer, checked and screened."""
+        grad, loss = decode_gradient_answer(raw, self.frame_limits, shape)
+        problem = self._gradient_screen.check(rms(grad), "gradient RMS")
+        if problem:
+            raise ProtocolError(problem)
+        return grad, loss
+
+    def _note_loss(self, loss: float) -> None:
+        self.loss_seen = loss if self.loss_seen is None else 0.95 * self.loss_seen + 0.05 * loss
+
+    # -- every stage but the first: serving the previous one -------------------------------
+    async def handle_forward(self, remote: str, request: bytes) -> bytes:
+        """Activations + targets in; gradient wrt those activations + loss out."""
+        if self.stopping.is_set() or self.queue >= self.config.max_queue:
+            return encode_frame({"ok": False, "error": "busy"})
+        self.queue += 1
+        try:
+            deadline_s, hidden, targets = await self.compute(self._decode_forward, request)
+            started = time.perf_counter()
+            budget = min(deadline_s, self.config.hop_timeout_s)
+            if self.worker.is_last:
+                loss, grad, due = await self.compute(_last_stage_step, self.worker, hidden, targets)
+            else:
+                out = await self.compute(self.worker.forward, hidden)
+                grad_out, loss = await self.send_downstream(out, targets, budget * 0.9)
+                self._note_loss(loss)
+                grad, due = await self.compute(_backward_step, self.worker, hidden, grad_out)
+            self.throughput = throughput_ema(self.throughput, len(hidden), time.perf_counter() - started)
+            self.stats.microbatches_done += 1
+            self.gate.note_due(due)
+            return await self.compute(encode_frame, {"ok": True, "loss": loss},
+                                      [grad.to(WIRE_PRECISIONS[self.config.activation_wire])])
+        except ProtocolError as exc:
+            self.guard.fault(remote, f"bad forward request ({exc})")
+            return encode_frame({"ok": False, "error": f"protocol: {exc}"[:200]})
+        except (PeerError, NotEnoughPeers, TimeoutError) as exc:
+            self.stats.microbatches_lost += 1
+            return encode_frame({"ok": False, "error": f"downstream: {exc}"[:200]})
+        finally:
+            self.queue -= 1
+
+    def _decode_forward(self, request: bytes) -> tuple[float, torch.Tensor, torch.Tensor]:
+        """On the compute thread: parse a forward request, check it fits this stage, and
+        screen the activations' scale."""
+        header, tensors = decode_frame(request, self.frame_limits)
+        model = self.worker.model_config
+        deadline_s, hidden, targets = check_forward_request(
+            header, tensors, spec_hash=self.spec_hash, hidden_size=model.hidden_size,
+            max_batch=4 * self.spec.batch_size, max_seq=self.spec.seq_len, vocab_size=model.vocab_size,
+            default_deadline_s=self.config.hop_timeout_s)
+        problem = self._activation_screen.check(rms(hidden), "activation RMS")
+        if problem:
+            raise ProtocolError(problem)
+        return deadline_s, hidden, targets
+
+
+def _last_stage_step(worker: StageWorker, hidden, targets, token_inputs=None):
+    """On the compute thread: loss, backward and (when due) the inner step, as one unit."""
+    loss, grad = worker.forward_backward_last(hidden, targets, token_inputs)
+    _, due = step_if_ready(worker)
+    return loss, grad, due
+
+
+def _backward_step(worker: StageWorker, inputs, grad_output):
+    grad = worker.backward(inputs, grad_output)
+    _, due = step_if_ready(worker)
+    return grad, due
+
+
+def _shard_of(peer_id: str, num_shards: int) -> int:
+    return int.from_bytes(hashlib.sha256(peer_id.encode()).digest()[:8], "little") % num_shards

@@ -1,0 +1,103 @@
+"""The messages peers send each other, checked: every request and answer a node takes
+from another peer passes one of these before anything else looks at it. Pure
+functions on decoded frames (wire/codec.py checks the frame itself); what a failed
+check costs the sender is decided where the message is handled (net/guard.py).
+
+Statistical screens (is this update or activation out of scale?) need history and
+live with their users: train/screen.py, gossip/partner_check.py."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from swarm_node.errors import PeerRefused, ProtocolError
+from swarm_node.wire.codec import FrameLimits, decode_frame
+
+PROPOSAL_MAX_BYTES = 4096
+PROPOSAL_LIMITS = FrameLimits(max_header_bytes=PROPOSAL_MAX_BYTES, max_payload_bytes=0, max_tensors=0)
+MAX_DEADLINE_S = 3600
+
+
+def finite(t: torch.Tensor) -> bool:
+    """No NaN or infinity in ``t``. A sum is NaN or infinite exactly when an element is,
+    unless finite values overflow it, which takes magnitudes (~1e30) no weight or
+    activation has. One fp32 sum is about 3x faster than isfinite().all() on the fp16
+    tensors peers send (0.09 s against 0.26 s for 10M elements on these CPUs)."""
+    return math.isfinite(float(t.float().sum()))
+
+
+def rms(t: torch.Tensor) -> float:
+    return float(t.float().pow(2).mean().sqrt()) if t.numel() else 0.0
+
+
+def check_forward_request(header: dict, tensors: list[torch.Tensor], *, spec_hash: str, hidden_size: int,
+                          max_batch: int, max_seq: int, vocab_size: int,
+                          default_deadline_s: float) -> tuple[float, torch.Tensor, torch.Tensor]:
+    """``/swarm-node/forward``: (deadline in s, activations as fp32, target ids as int64)."""
+    if header.get("kind") != "fwd" or header.get("spec") != spec_hash:
+        raise ProtocolError("not a forward request of this run")
+    deadline = header.get("deadline_s", default_deadline_s)
+    if type(deadline) not in (int, float) or not 0 < deadline <= MAX_DEADLINE_S:
+        raise ProtocolError(f"bad deadline {deadline!r}")
+    if len(tensors) != 2:
+        raise ProtocolError("forward request needs activations and targets")
+    hidden, targets = tensors
+    batch, seq = targets.shape if targets.dim() == 2 else (-1, -1)
+    if (hidden.shape != (batch, seq, hidden_size) or not 0 < batch <= max_batch or not 0 < seq <= max_seq
+            or not hidden.is_floating_point() or targets.dtype not in (torch.int32, torch.int64)):
+        raise ProtocolError(f"shapes {tuple(hidden.shape)}/{tuple(targets.shape)} do not fit this stage")
+    if not finite(hidden):
+        raise ProtocolError("non-finite activations")
+    if int(targets.min()) < 0 or int(targets.max()) >= vocab_size:
+        raise ProtocolError("target ids out of the vocabulary")
+    return float(deadline), hidden.float(), targets.long()
+
+
+def decode_gradient_answer(raw: bytes, limits: FrameLimits, shape: torch.Size) -> tuple[torch.Tensor, float]:
+    """A next-stage peer's answer to our forward request: (gradient wrt the activations
+    we sent, its loss). A refusal raises PeerRefused; anything malformed ProtocolError."""
+    header, tensors = decode_frame(raw, limits)
+    if not header.get("ok"):
+        raise PeerRefused(str(header.get("error", "refused"))[:200])
+    if len(tensors) != 1 or tensors[0].shape != shape or not tensors[0].is_floating_point():
+        raise ProtocolError("gradient does not match the activations sent")
+    grad = tensors[0].float()
+    if not finite(grad):
+        raise ProtocolError("non-finite gradient")
+    loss = header.get("loss")
+    if type(loss) not in (int, float) or not math.isfinite(loss):
+        raise ProtocolError(f"bad loss {str(loss)[:40]!r}")
+    return grad, float(loss)
+
+
+def check_proposal(raw: bytes, spec_hash: str) -> None:
+    """``/swarm-node/pair``: a few bytes asking to pair this round."""
+    header, tensors = decode_frame(raw, PROPOSAL_LIMITS)
+    if header.get("kind") != "propose" or header.get("spec") != spec_hash or tensors:
+        raise ProtocolError("not a pairing proposal of this run")
+
+
+def check_outer_header(header: dict, spec_hash: str) -> None:
+    """``/swarm-node/outer``: the header of a (phi, Delta) payload, either way."""
+    if header.get("kind") != "outer" or header.get("spec") != spec_hash:
+        raise ProtocolError("not an outer exchange of this run")
+
+
+def check_state_chunk(meta: dict, chunk: int, snap_id: str | None) -> tuple[str, int]:
+    """``/swarm-node/state``: one chunk's numbering; (snapshot id, number of chunks)."""
+    snapshot, num_chunks = meta.get("snapshot"), meta.get("num_chunks")
+    if not isinstance(snapshot, str) or len(snapshot) > 64 or (snap_id is not None and snapshot != snap_id):
+        raise ProtocolError("the donor changed or garbled the snapshot id")
+    if type(num_chunks) is not int or not 0 < num_chunks <= 100_000 or meta.get("chunk") != chunk:
+        raise ProtocolError(f"bad chunk numbering from the donor ({meta.get('chunk')!r} of {num_chunks!r})")
+    return snapshot, num_chunks
+
+
+def check_state_counters(meta: dict) -> tuple[int, int, int]:
+    """A donor's (inner step, outer round, step of its last round)."""
+    counters = [meta.get(k) for k in ("inner_step", "outer_round", "last_round_step")]
+    if not all(type(c) is int and 0 <= c < 10**12 for c in counters):
+        raise ProtocolError(f"bad counters in the donor's state: {counters}")
+    return counters[0], counters[1], counters[2]

@@ -1,0 +1,120 @@
+"""A node's components, built the way the node wires them but with fakes around them:
+no DHT, no daemon, torch work inline on the event loop. Tests drive one component
+through its public seams (handlers, loops, the membership view) and check what the
+others saw."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from functools import partial
+
+from swarm_node.gossip.exchange import ExchangeTimes, OuterExchange
+from swarm_node.gossip.pairing import PairingCoordinator
+from swarm_node.membership.view import Membership
+from swarm_node.net.guard import PeerGuard
+from swarm_node.node_config import NodeConfig
+from swarm_node.node_services import NodeServices
+from swarm_node.obs.stats import NodeStats
+from swarm_node.spec import RunSpec
+from swarm_node.state.sync import StateSync
+from swarm_node.train.compute import inline
+from swarm_node.train.pipeline import Pipeline
+from swarm_node.train.rounds import RoundGate
+from swarm_node.train.worker import StageWorker
+from swarm_node.wire.codec import encode_frame
+from swarm_node.wire.records import PeerRecord
+
+
+class FakeDHT:
+    """What Membership needs of a DHT: our id, and records to read (``stored``: key -> peer -> value)."""
+
+    def __init__(self, peer_id: str = "QmSelf", stored: dict | None = None):
+        self.peer_id = peer_id
+        self.stored = stored or {}
+        self.published: list[tuple[str, dict]] = []
+
+    def is_alive(self) -> bool:
+        return True
+
+    async def get_signed(self, key: str) -> dict:
+        return self.stored.get(key, {})
+
+    async def store_signed(self, key: str, value: dict, ttl_s: float) -> bool:
+        self.published.append((key, value))
+        return True
+
+
+def record(stage: int, spec: RunSpec, **fields) -> PeerRecord:
+    return PeerRecord(stage=stage, spec_hash=spec.spec_hash(), version="0", **{"state": "training", **fields})
+
+
+@dataclass
+class StageParts:
+    spec: RunSpec
+    worker: StageWorker
+    config: NodeConfig = field(default_factory=NodeConfig)
+    transport: object = None
+    compute: object = inline
+    guard: PeerGuard = None
+    stats: NodeStats = field(default_factory=NodeStats)
+    gate: RoundGate = field(default_factory=RoundGate)
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    membership: Membership = None
+    announced: list[bool] = field(default_factory=list)  # `seeking` of every record the exchange published
+
+    def __post_init__(self):
+        self.guard = self.guard or PeerGuard(admits=self.spec.admits, max_faults=self.config.max_peer_faults,
+                                             caller_ban_s=self.config.caller_ban_s)
+        if self.membership is None:
+            self.membership = Membership(spec=self.spec, dht=FakeDHT(), guard=self.guard, config=self.config,
+                                         record=lambda: None)
+        self.membership.stage = self.worker.stage.stage_index
+
+    def common(self) -> dict:
+        return dict(services=NodeServices(self.compute, self.transport, self.guard, self.stats))
+
+    def pipeline(self) -> Pipeline:
+        return Pipeline(spec=self.spec, config=self.config, worker=self.worker, gate=self.gate,
+                        next_peers=self.membership.next_stage_peers, stopping=self.stopping, **self.common())
+
+    def exchange(self) -> OuterExchange:
+        """A fresh one per event loop: its events belong to the loop that first waits on them."""
+        exchange = None
+
+        async def announce():
+            self.announced.append(exchange.seeking)
+
+        exchange = OuterExchange(
+            spec_hash=self.spec.spec_hash(), method=self.spec.method.name,
+            times=ExchangeTimes(self.config.round_timeout_s, self.config.exchange_timeout_s), state=self.worker,
+            gate=self.gate, candidates=partial(self.membership.partner_candidates, self.guard.is_banned),
+            callers_expected=partial(self.membership.callers_expected, self.guard.is_banned), announce=announce,
+            stopping=self.stopping, own_id="QmSelf", max_update_ratio=self.config.max_update_ratio,
+            **self.common())
+        return exchange
+
+    def state_sync(self) -> StateSync:
+        return StateSync(worker=self.worker, spec_hash=self.spec.spec_hash(),
+                         donors=partial(self.membership.callable_peers, self.membership.stage), progress=False,
+                         **self.common())
+
+
+OUR_ANSWER = encode_frame({"kind": "outer", "ok": True})  # stands in for our (phi, Delta)
+
+
+async def exchange_as_partner(exchange: OuterExchange, remote: str, frame: bytes) -> bytes:
+    """Drive the outer-exchange handler the way a partner does: a round is open and we
+    accepted the sender's proposal, so its payload gets past the reservation check to
+    the decoding and the checks."""
+    pairing = exchange.pairing
+    assert isinstance(pairing, PairingCoordinator)
+    round_task = asyncio.create_task(pairing.run_round(0, OUR_ANSWER, candidates=lambda: [], propose=None,
+                                                       send=None, expect_request=True))
+    try:
+        await pairing.seeking.wait()
+        pairing.on_propose(remote)
+        return await exchange.handle_outer(remote, frame)
+    finally:
+        round_task.cancel()  # a refused payload leaves the round seeking: end it here
+        await asyncio.gather(round_task, return_exceptions=True)

@@ -1,0 +1,82 @@
+"""The peer guard: bans of peers that failed a call double up to a cap and end, one
+stream reset is forgiven, callers that send garbage are cut off for a while, and every
+table stays bounded whatever number of ids an attacker uses. The chooser skips banned
+peers and prefers fast, empty ones."""
+
+import random
+from collections import Counter
+
+from swarm_node.net import guard as guard_module
+from swarm_node.net.guard import PeerGuard
+from swarm_node.routing.chooser import Candidate, PeerChooser
+
+
+def clocked(**kwargs) -> tuple[PeerGuard, list[float]]:
+    now = [100.0]
+    return PeerGuard(clock=lambda: now[0], **kwargs), now
+
+
+def test_a_failed_peer_is_banned_for_doubling_times_up_to_the_cap_and_forgiven_after():
+    guard, now = clocked(base_ban_s=5.0, max_ban_s=120.0)
+    lengths = [guard.failed("QmA") for _ in range(7)]
+    assert lengths == [5.0, 10.0, 20.0, 40.0, 80.0, 120.0, 120.0]
+    assert guard.is_banned("QmA") and not guard.is_banned("QmB")
+    now[0] += 119.0
+    guard.succeeded("QmA")  # still banned: a success does not lift a running ban
+    assert guard.is_banned("QmA")
+    now[0] += 1.0
+    assert not guard.is_banned("QmA")
+    guard.succeeded("QmA")
+    assert guard.failed("QmA") == 5.0  # strikes forgiven
+
+
+def test_one_stream_reset_is_forgiven_two_in_a_row_are_not_and_a_success_resets():
+    guard, _ = clocked()
+    assert guard.stream_closed("QmA") is False
+    assert guard.stream_closed("QmA") is True
+    guard.succeeded("QmA")
+    assert guard.stream_closed("QmA") is False
+
+
+def test_a_caller_is_cut_off_after_repeated_faults_and_let_in_again_later(caplog):
+    guard, now = clocked(max_faults=3, caller_ban_s=600.0)
+    for i in range(2):
+        guard.fault("QmBad", f"garbage {i}")
+    assert guard.admit("QmBad") and guard.faults("QmBad") == 2
+    guard.fault("QmBad", "garbage 2")
+    assert not guard.admit("QmBad") and guard.admit("QmGood") and guard.faults("QmBad") == 0
+    assert sum("ignoring peer" in r.getMessage() for r in caplog.records) == 1  # logged once
+    now[0] += 600.0
+    assert guard.admit("QmBad")
+
+
+def test_a_closed_run_admits_only_its_list():
+    guard = PeerGuard(admits=lambda peer: peer == "QmMember")
+    assert guard.admit("QmMember") and not guard.admit("QmStranger")
+
+
+def test_every_table_stays_bounded(monkeypatch):
+    monkeypatch.setattr(guard_module, "MAX_TRACKED_PEERS", 50)
+    guard, _ = clocked(max_faults=1000)
+    for i in range(500):
+        guard.failed(f"Qm{i}")
+        guard.stream_closed(f"Qm{i}")
+        guard.fault(f"Qm{i}", "garbage")
+    assert len(guard._bans) <= 50 and len(guard._streams_closed) <= 50 and len(guard._faults) <= 50
+    assert len(guard._ignored) <= 50
+
+
+def test_the_chooser_skips_banned_peers_and_prefers_fast_empty_ones():
+    guard, _ = clocked()
+    chooser = PeerChooser(is_banned=guard.is_banned, rng=random.Random(0))
+    candidates = [Candidate("QmFast", 100.0, 0), Candidate("QmSlow", 10.0, 0), Candidate("QmBusy", 100.0, 9),
+                  Candidate("QmDead", 1000.0, 0)]
+    guard.failed("QmDead")
+    picks = Counter(chooser.choose(candidates) for _ in range(2000))
+    assert "QmDead" not in picks
+    assert picks["QmFast"] > 5 * picks["QmSlow"] and picks["QmFast"] > 5 * picks["QmBusy"]
+    assert chooser.choose(candidates, exclude={"QmFast", "QmSlow", "QmBusy"}) is None
+    chooser.started("QmFast")
+    chooser.started("QmFast")
+    chooser.finished("QmFast")
+    assert chooser.in_flight == {"QmFast": 1}
