@@ -77,6 +77,7 @@ class Node:
             raise ConfigError("a node needs --initial-peers (to read the run spec from the swarm) or --config")
         peer_ids_of(config.initial_peers)  # a multiaddr without its /p2p/ id fails here, before start-up
         self.spec = spec
+        self.spec_hash = spec.spec_hash() if spec else None
         self.config = config
         self.publisher: str | None = None  # the peer whose published spec this node follows
         self.stats = NodeStats()
@@ -107,10 +108,6 @@ class Node:
     @property
     def peer_id(self) -> str:
         return self.dht.peer_id if self.dht else "?"
-
-    @property
-    def spec_hash(self) -> str | None:
-        return self.spec.spec_hash() if self.spec else None
 
     @property
     def stage(self) -> int | None:
@@ -210,6 +207,7 @@ class Node:
         if cfg.initial_peers:
             self.spec, self.publisher = await find_run_spec(self.dht, cfg.initial_peers, run_id=cfg.run_id,
                                                             local_spec=self.spec, timeout_s=cfg.spec_find_timeout_s)
+            self.spec_hash = self.spec.spec_hash()
         else:
             require_version(self.spec.run_id, self.spec.min_version)
         if not self.spec.admits(self.peer_id):
@@ -361,8 +359,8 @@ class Node:
         return {"run_id": spec.run_id if spec else None, "spec_hash": self.spec_hash, "version": __version__,
                 "peer_id": self.peer_id, "stage": self.stage, "num_stages": spec.num_stages if spec else None,
                 "state": self.state, "inner_step": w.inner_step if w else 0, "outer_round": w.outer_round if w else 0,
-                "peers_per_stage": [len(self.membership.live_peers(s)) for s in range(spec.num_stages)]
-                if spec and self.membership else []}
+                "peers_per_stage": [len(self.membership.live_peers(s)) if self.membership else 0
+                                    for s in range(spec.num_stages)] if spec else []}
 
     def counters(self) -> dict:
         transport = self.transport
