@@ -31,6 +31,14 @@ def plot(rows: list[dict], out_dir: Path) -> None:
     _plot_barrier(plt, rows, out_dir / "latency_model_barrier.png")
 
 
+def _save(plt, fig, ax, path: Path) -> None:
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def _plot_allreduce(plt, rows: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for cv in sorted({r["cv"] for r in _rows(rows, "allreduce_curve")}):
@@ -44,11 +52,7 @@ def _plot_allreduce(plt, rows: list[dict], path: Path) -> None:
     ax.set_yticks([1, 2, 5, 10, 20, 50], labels=["1", "2", "5", "10", "20", "50"])
     ax.set(xlabel="peers N", ylabel="all-reduce / pair exchange, critical path",
            title="Tree all-reduce vs one pair exchange (x: the paper's figures)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, ax, path)
 
 
 def _plot_barrier(plt, rows: list[dict], path: Path) -> None:
@@ -67,11 +71,7 @@ def _plot_barrier(plt, rows: list[dict], path: Path) -> None:
     ax.set_xscale("log", base=2)
     ax.set(xlabel="workers N", ylabel="DiLoCo / NoLoCo run time",
            title="Global barrier vs pairwise waits (x: the paper's figures)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, ax, path)
 
 
 # ---- tables ----

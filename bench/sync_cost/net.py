@@ -6,7 +6,7 @@ Needs root and iproute2; everything is removed on exit, errors included."""
 
 from __future__ import annotations
 
-from tests.netbed import TestBed, unavailable
+from tests.netbed import ClosedOnFailure, TestBed, unavailable
 
 ETHERNET_MTU = 1500
 
@@ -16,7 +16,7 @@ def available() -> str | None:
     return unavailable()
 
 
-class Namespaces:
+class Namespaces(ClosedOnFailure):
     """``num_peers`` hosts of a test bed, built on entry and removed on exit."""
 
     def __init__(self, num_peers: int):
@@ -24,17 +24,9 @@ class Namespaces:
         self.bed: TestBed | None = None
         self.hosts = []
 
-    def __enter__(self) -> "Namespaces":
+    def open(self) -> None:
         self.bed = TestBed("sba", mtu=ETHERNET_MTU).__enter__()
-        try:
-            self.hosts = [self.bed.add_host(f"p{rank}") for rank in range(self.num_peers)]
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+        self.hosts = [self.bed.add_host(f"p{rank}") for rank in range(self.num_peers)]
 
     def shape(self, rate_mbit: float) -> None:
         for host in self.hosts:

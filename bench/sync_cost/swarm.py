@@ -21,6 +21,7 @@ from pathlib import Path
 from bench.common import ROOT
 from bench.sync_cost.ipc import REPLY_MARK, SeekingBoard
 from bench.sync_cost.net import Namespaces
+from tests.netbed import ClosedOnFailure
 
 
 class PeerFailed(RuntimeError):
@@ -82,7 +83,7 @@ class PeerProcess:
         self._log.close()
 
 
-class Swarm:
+class Swarm(ClosedOnFailure):
     """``num_peers`` peer processes, on loopback or (``namespaces`` given) one per namespace."""
 
     def __init__(self, num_peers: int, namespaces: Namespaces | None = None, startup_timeout_s: float = 120.0):
@@ -95,16 +96,6 @@ class Swarm:
         self.peers: list[PeerProcess] = []
         self.peer_ids: list[str] = []
 
-    def __enter__(self) -> "Swarm":
-        try:
-            self._start()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def _argv(self, rank: int, initial_peers: list[str]) -> list[str]:
         host = self.namespaces.address(rank) if self.namespaces else "127.0.0.1"
@@ -131,7 +122,7 @@ class Swarm:
             peer.reap()
             return self._spawn(peer.rank, initial_peers).receive(self.startup_timeout_s)
 
-    def _start(self) -> None:
+    def open(self) -> None:
         """Peer 0 first (everyone else bootstraps from it), then the rest at once."""
         up = [self._wait_up(self._spawn(0, []), [])]
         initial = up[0]["maddrs"]

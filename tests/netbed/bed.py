@@ -91,7 +91,29 @@ def remove_leftovers() -> None:
             _delete_namespace(name)
 
 
-class TestBed:
+class ClosedOnFailure:
+    """A context manager built by ``open()`` and taken down by ``close()``; a failure half
+    way through ``open()`` still closes what was built (namespaces, processes)."""
+
+    def open(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        try:
+            self.open()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class TestBed(ClosedOnFailure):
     """``with TestBed() as bed: boot = bed.add_host("boot"); bed.popen(boot, [...])``."""
 
     __test__ = False  # not a pytest test class
@@ -111,17 +133,12 @@ class TestBed:
         if reason:
             raise RuntimeError(reason)
         remove_leftovers()
-        try:
-            self._add_namespace(self.wan)
-            _ip(self.wan, "link", "add", "br0", "type", "bridge")
-            _ip(self.wan, "link", "set", "br0", "mtu", str(self.mtu), "up")
-        except BaseException:
-            self.close()
-            raise
-        return self
+        return super().__enter__()
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def open(self) -> None:
+        self._add_namespace(self.wan)
+        _ip(self.wan, "link", "add", "br0", "type", "bridge")
+        _ip(self.wan, "link", "set", "br0", "mtu", str(self.mtu), "up")
 
     def add_host(self, name: str, *, rate_mbit: float | None = None, rtt_ms: float = 0.0,
                  behind_nat: bool = False) -> Host:
