@@ -110,7 +110,7 @@ def _check_specs(raw_specs: list, limits: FrameLimits) -> list[tuple[torch.dtype
         if not (isinstance(spec, list) and len(spec) == 2 and isinstance(spec[1], list)):
             raise ProtocolError("tensor spec must be [dtype, [dims]]")
         name, dims = spec
-        if name not in DTYPES:
+        if not isinstance(name, str) or name not in DTYPES:  # a list or map is unhashable: no TypeError
             raise ProtocolError(f"dtype {name!r} is not allowed")
         if len(dims) > limits.max_dims or not all(type(d) is int and 0 <= d < 2**32 for d in dims):
             raise ProtocolError(f"bad shape {dims!r}")

@@ -1,6 +1,7 @@
 """Property tests for the tensor frame codec: round trips, and any bad bytes raise
 ProtocolError (never another exception, never a huge allocation)."""
 
+import random
 import struct
 
 import msgpack
@@ -86,10 +87,39 @@ def test_huge_declared_shapes_are_refused_before_allocation():
 
 
 @pytest.mark.parametrize("specs", [[["f64", [1]]], [["f32", [-1]]], [["f32", [1.5]]], [["f32"]], ["f32"],
-                                   [["f32", [1] * 9]]])
+                                   [["f32", [1] * 9]], [[[1], [2]]], [[{"a": 1}, [2]]], [[None, [2]]]])
 def test_bad_tensor_specs(specs):
     with pytest.raises(ProtocolError):
         decode_frame(_frame_with_specs(specs, b"\0" * 4))
+
+
+def _junk(rng: random.Random, depth: int = 0):
+    """A msgpack value of any type a hostile peer can send, nested."""
+    kinds = [lambda: None, lambda: rng.random() < 0.5, lambda: rng.randint(-2**63, 2**64 - 1),
+             lambda: rng.choice([float("nan"), float("inf"), -0.0, rng.random()]),
+             lambda: rng.choice(["f32", "f16", "bf16", "i64", "x", ""]), lambda: rng.randbytes(rng.randint(0, 8))]
+    if depth < 3:
+        kinds += [lambda: [_junk(rng, depth + 1) for _ in range(rng.randint(0, 3))],
+                  lambda: {rng.choice(["v", "tensors", "kind", "a"]): _junk(rng, depth + 1)
+                           for _ in range(rng.randint(0, 3))}]
+    return rng.choice(kinds)()
+
+
+def test_20k_hostile_headers_raise_only_protocol_errors():
+    """Any msgpack value where the codec expects a version, a tensor list, a dtype name
+    or dims (a list as a dtype once crashed the decoder with TypeError)."""
+    rng = random.Random(15)
+    for _ in range(20_000):
+        header = {"v": rng.choice([1, 1, 1, _junk(rng)]), "kind": _junk(rng)}
+        header["tensors"] = rng.choice([
+            _junk(rng), [_junk(rng) for _ in range(rng.randint(0, 3))],
+            [[_junk(rng), [_junk(rng) for _ in range(rng.randint(0, 3))]] for _ in range(rng.randint(1, 3))],
+            [[rng.choice(["f32", "f16"]), [rng.randint(0, 4) for _ in range(rng.randint(0, 3))]]]])
+        head = msgpack.packb(header, use_bin_type=True)
+        try:
+            decode_frame(struct.pack("<I", len(head)) + head + rng.randbytes(rng.randint(0, 64)))
+        except ProtocolError:
+            pass
 
 
 def test_wrong_version_and_oversized_header():
