@@ -169,7 +169,7 @@ class Node:
         self.dht = await SwarmDHT.start(initial_peers=cfg.initial_peers, host_maddrs=cfg.host_maddrs,
                                         announce_maddrs=cfg.announce_maddrs, identity_path=cfg.identity_path,
                                         client_mode=cfg.client_mode, startup_timeout_s=cfg.startup_timeout_s)
-        self.transport = Transport(await self.dht.replicate_p2p())
+        self.transport = Transport(await self.dht.replicate_p2p(), on_fault=self.guard.fault)
         await self._join_run()
         self.data = await self.compute(load_windows, self.spec.data, self.spec.seq_len)
         membership = self.membership = Membership(spec=self.spec, dht=self.dht, guard=self.guard, config=cfg,
@@ -177,7 +177,7 @@ class Node:
         await membership.refresh(all_stages=True)
         if await check_own_reachability(self.dht, self.transport, membership, cfg.initial_peers, cfg.host_maddrs):
             await self.dht.restart_in_client_mode()
-            self.transport = Transport(await self.dht.replicate_p2p())
+            self.transport = Transport(await self.dht.replicate_p2p(), on_fault=self.guard.fault)
             await membership.refresh(all_stages=True)
         self.checkpoints = Checkpoints(cfg.checkpoint_dir, spec=self.spec, compute=self.compute,
                                        command_line=cfg.command_line, identity_path=cfg.identity_path)

@@ -51,10 +51,21 @@ def short_id(peer_id: str) -> str:
 
 
 async def read_frame(reader: asyncio.StreamReader, max_bytes: int) -> bytes:
+    return await read_body(reader, await read_length(reader, max_bytes))
+
+
+async def read_length(reader: asyncio.StreamReader, max_bytes: int) -> int:
     try:
         length = int.from_bytes(await reader.readexactly(LENGTH_BYTES), "big")
-        if length > max_bytes:
-            raise ProtocolError(f"frame of {length} bytes exceeds the cap of {max_bytes}")
+    except asyncio.IncompleteReadError:
+        raise StreamClosed("stream closed mid-frame") from None
+    if length > max_bytes:
+        raise ProtocolError(f"frame of {length} bytes exceeds the cap of {max_bytes}")
+    return length
+
+
+async def read_body(reader: asyncio.StreamReader, length: int) -> bytes:
+    try:
         return await reader.readexactly(length)
     except asyncio.IncompleteReadError:
         raise StreamClosed("stream closed mid-frame") from None
@@ -83,12 +94,21 @@ class ServeLimits:
     max_request_bytes: int
     max_concurrent: int = 16
     max_per_peer: int = 4
-    handler_timeout_s: float = 60.0
+    handler_timeout_s: float = 60.0  # the handler's work and the answer, once the request is in
+    # A caller must start its request this soon and send its body at least this fast:
+    # a slot held by a silent or trickling stream is freed, and the caller counted as a fault.
+    first_bytes_timeout_s: float = 5.0
+    min_request_bytes_per_s: float = 125_000.0  # 1 Mbit/s, far below any volunteer's uplink
+
+    def request_deadline_s(self, length: int) -> float:
+        """How long the body of a ``length``-byte request may take to arrive."""
+        return self.first_bytes_timeout_s + length / self.min_request_bytes_per_s
 
 
 class Transport:
-    def __init__(self, p2p: P2P):
+    def __init__(self, p2p: P2P, on_fault: Callable[[str, str], None] = lambda peer, why: None):
         self.p2p = p2p
+        self.on_fault = on_fault  # a caller sent a malformed frame or stalled its request (net/guard.py)
         self.peer_id = str(p2p.peer_id)
         self.bytes_sent = 0
         self.bytes_received = 0
@@ -145,24 +165,41 @@ class Transport:
                     raise PeerRefused("too many concurrent streams")
                 self._active_per_peer[key] += 1
                 try:
-                    async with gate, asyncio.timeout(limits.handler_timeout_s):
-                        request = await read_frame(reader, limits.max_request_bytes)
-                        self.streams_served += 1
-                        self.bytes_received += len(request) + LENGTH_BYTES
-                        response = await (handler(remote, request, info.addr) if with_address
-                                          else handler(remote, request))
-                        await write_frame(writer, response)
+                    async with gate:
+                        request = await self._read_request(reader, protocol, remote, limits)
+                        async with asyncio.timeout(limits.handler_timeout_s):
+                            response = await (handler(remote, request, info.addr) if with_address
+                                              else handler(remote, request))
+                            await write_frame(writer, response)
                         self.bytes_sent += len(response) + LENGTH_BYTES
                 finally:
                     self._active_per_peer[key] -= 1
                     if not self._active_per_peer[key]:
                         del self._active_per_peer[key]
+            except ProtocolError as exc:  # an oversize length prefix
+                self.on_fault(remote, f"bad {protocol} frame ({exc})")
             except (PeerError, TimeoutError, ConnectionError, OSError) as exc:
                 log.debug("%s from %s: %s", protocol, short_id(remote), exc)
             finally:
                 writer.close()
 
         await self.p2p.add_binary_stream_handler(protocol, on_stream)
+
+    async def _read_request(self, reader: asyncio.StreamReader, protocol: str, remote: str,
+                            limits: ServeLimits) -> bytes:
+        """The request, started within ``first_bytes_timeout_s`` and sent at the minimum
+        rate; a caller that stalls is a fault (it held a slot others could have used)."""
+        try:
+            async with asyncio.timeout(limits.first_bytes_timeout_s):
+                length = await read_length(reader, limits.max_request_bytes)
+            async with asyncio.timeout(limits.request_deadline_s(length)):
+                request = await read_body(reader, length)
+        except TimeoutError:
+            self.on_fault(remote, f"stalled its {protocol} request")
+            raise
+        self.streams_served += 1
+        self.bytes_received += len(request) + LENGTH_BYTES
+        return request
 
     async def stop_serving(self, protocol: str) -> None:
         try:

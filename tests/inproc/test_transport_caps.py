@@ -70,3 +70,60 @@ def test_per_peer_concurrency_size_and_time_caps_hold_and_others_are_still_serve
     assert held_at_once == 4 and peak == 5  # the greedy caller's 4, then the polite one
     assert len(served) == 4 and len(refused) == 6
     assert polite_answer == b"ok" and after == b"ok" and running == 0
+
+
+def test_silent_or_oversize_callers_free_their_slots_quickly_and_are_counted_as_faults():
+    """A caller that opens streams and sends nothing held every forward slot for the whole
+    handler deadline (a red team's 9 identities x 4 streams held 94 streams for 60 s).
+    Now a request must start within first_bytes_timeout_s: the slot is freed, the caller
+    counted as a fault, and honest callers are served meanwhile."""
+    from hivemind.p2p import PeerID
+
+    async def scenario():
+        server, stalling, polite = [await SwarmDHT.start() for _ in range(3)]
+        faults = []
+        try:
+            serving = Transport(await server.replicate_p2p(), on_fault=lambda peer, why: faults.append((peer, why)))
+
+            async def echo(remote: str, request: bytes) -> bytes:
+                return request
+
+            await serving.serve(PROTOCOL, echo, ServeLimits(max_request_bytes=1024, max_concurrent=4,
+                                                            max_per_peer=4, handler_timeout_s=60.0,
+                                                            first_bytes_timeout_s=1.0))
+            for client in (stalling, polite):
+                await client.rebootstrap(server.visible_maddrs())
+            stalling_p2p = await stalling.replicate_p2p()
+            polite_t = Transport(await polite.replicate_p2p())
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            silent = [await stalling_p2p.call_binary_stream_handler(PeerID.from_base58(server.peer_id), PROTOCOL)
+                      for _ in range(4)]  # every slot, nothing sent
+            while True:  # told "busy" while the silent streams hold every slot
+                try:
+                    answer = await polite_t.request(server.peer_id, PROTOCOL, b"hi", timeout_s=30.0,
+                                                    max_response_bytes=64)
+                    break
+                except PeerRefused:
+                    await asyncio.sleep(0.2)
+            served_after_s = loop.time() - started
+            oversize = (5000).to_bytes(8, "big")  # a length prefix over the 1 KiB cap
+            _, _, writer = await stalling_p2p.call_binary_stream_handler(PeerID.from_base58(server.peer_id),
+                                                                         PROTOCOL)
+            writer.write(oversize)
+            await writer.drain()
+            async with asyncio.timeout(10):
+                while len(faults) < 5:
+                    await asyncio.sleep(0.05)
+            for _, _, w in silent:
+                w.close()
+            return answer, served_after_s, faults
+        finally:
+            for d in (server, stalling, polite):
+                await d.shutdown()
+
+    answer, served_after_s, faults = asyncio.run(asyncio.wait_for(scenario(), 120))
+    assert answer == b"hi" and served_after_s < 15.0  # not the 60 s handler deadline
+    reasons = [why for _, why in faults]
+    assert sum("stalled" in why for why in reasons) == 4 and any("exceeds the cap" in why for why in reasons)
+    assert len({peer for peer, _ in faults}) == 1  # all charged to the stalling caller
