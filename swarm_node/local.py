@@ -16,7 +16,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,7 @@ from swarm_node.membership.registry import read_stage
 from swarm_node.model.config import model_config
 from swarm_node.model.stages import build_stage
 from swarm_node.net.dht import SwarmDHT
+from swarm_node.net.reaper import daemon_sockets, remove_if_unused
 from swarm_node.obs.progress import EvaluationProgress, TrainingProgress
 from swarm_node.spec import RunSpec
 from swarm_node.state.checkpoint import PREFIX as CHECKPOINT_PREFIX
@@ -42,8 +42,6 @@ from swarm_node.wire.records import PeerRecord
 
 log = logging.getLogger("swarm_node.local")
 
-SOCKET_DIR = Path("/tmp")  # where hivemind puts its p2pd control sockets
-SOCKET_GLOB = "hivemind-*.sock"
 
 
 @dataclass(frozen=True)
@@ -424,31 +422,13 @@ class LocalSwarm:
                 "entropy_floor": data.entropy_floor}
 
 
-def daemon_sockets() -> set[Path]:
-    return set(SOCKET_DIR.glob(SOCKET_GLOB))
-
-
 def remove_stale_sockets(existing_before: set[Path]) -> None:
-    """A node killed hard leaves its daemon's unix sockets behind. Remove those created
-    during this run that nothing listens on any more (anything still listening, such as
-    another swarm on this machine, is left alone). Listening is tested by connecting:
-    /proc/net/unix would only show sockets of our own network namespace, and a benchmark
-    running peers in other namespaces would lose its live sockets."""
+    """A node killed hard leaves its daemon's unix sockets behind (its reaper removes
+    them too, but a whole process group killed at once takes the reaper along). Remove
+    those created during this run that nothing listens on any more; anything still
+    listening, such as another swarm on this machine, is left alone."""
     for path in daemon_sockets() - existing_before:
-        if not _listening(path):
-            path.unlink(missing_ok=True)
-
-
-def _listening(path: Path) -> bool:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.settimeout(1.0)
-        try:
-            probe.connect(str(path))
-        except (ConnectionRefusedError, FileNotFoundError):
-            return False
-        except OSError:
-            return True  # busy, no permission, time-out: not ours to judge, keep it
-        return True
+        remove_if_unused(path)
 
 
 def _reap_group(pgid: int) -> None:

@@ -45,6 +45,7 @@ from swarm_node.net import protocols
 from swarm_node.net.dht import SwarmDHT
 from swarm_node.net.guard import PeerGuard
 from swarm_node.net.reach import DIALBACK, ordered_for_others, serve_dialback
+from swarm_node.net.reaper import start_reaper
 from swarm_node.net.transport import ServeLimits, Transport, short_id
 from swarm_node.node_config import NodeConfig
 from swarm_node.node_services import NodeServices
@@ -130,6 +131,7 @@ class Node:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self.stop)
+        reaper = start_reaper()  # the DHT child and p2pd die with us, even after kill -9
         # on a terminal, log lines print above the live progress line
         with logging_redirect_tqdm() if self._live_progress() else contextlib.nullcontext():
             try:
@@ -156,6 +158,8 @@ class Node:
                 raise
             finally:
                 await self._shutdown()
+                reaper.terminate()  # we stopped our children ourselves
+                await asyncio.to_thread(reaper.wait)
         if self.fatal is not None:
             raise self.fatal
         return self.summary()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from bootstrap_harness import stop, wait_for
 
-from swarm_node.local import _listening
+from swarm_node.net.reaper import _listening
 
 
 def run_local(tmp_path, method: str, steps: int = 150, dashboard: bool = False,

@@ -3,6 +3,8 @@ directory continues exactly where it stopped."""
 
 import dataclasses
 import signal
+import time
+from pathlib import Path
 
 from swarm_node.data.spec import DataSpec
 from swarm_node.optim import InnerHyper, default_method
@@ -47,3 +49,39 @@ def test_a_checkpoint_of_another_run_is_refused(harness_factory, tmp_path):
     proc = h.spawn(0, "--checkpoint-dir", str(tmp_path / "ckpt"), name="other")
     assert proc.wait(timeout=60) == 2
     assert "belongs to run spec" in h.log_of("other").strip().splitlines()[-1]
+
+
+def test_after_kill_9_nothing_of_the_node_is_left_and_the_same_command_resumes(harness_factory):
+    """kill -9 of `swarm-node join` used to leave its DHT child and p2pd running under
+    init (3 of 3 trials): the dead node's id kept answering and a restart with the same
+    --identity was refused as "already taken by another peer"."""
+    from swarm_node.net.reaper import descendants
+
+    h = harness_factory(SPEC)
+    ckpt, identity = h.tmp_path / "ckpt", h.tmp_path / "node.key"
+    args = ("--checkpoint-dir", str(ckpt), "--identity", str(identity))
+    first = h.spawn(0, *args, name="killed")
+    h.wait_for(lambda: any(r.inner_step >= 15 for r in h.records(0).values()), 90, "a checkpointed round")
+    children = [pid for pid, _ in descendants(first.pid)]
+    assert len(children) >= 2  # at least the DHT process and p2pd
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    killed_at = time.monotonic()
+    h.wait_for(lambda: not any(_alive(pid) for pid in children), 5, "the node's processes to go")
+    gone_s = time.monotonic() - killed_at
+
+    again = h.spawn(0, *args, name="restarted")
+    restarted_at = time.monotonic()
+    h.wait_for(lambda: "resumed from checkpoint" in h.log_of("restarted"), 60, "the restart to resume")
+    h.wait_for(lambda: any(r.state == "training" and r.recent_steps > 0 for r in h.records(0).values()), 60,
+               "the restarted node to train")
+    assert time.monotonic() - restarted_at < 60 and gone_s < 5
+    assert "already taken" not in h.log_of("restarted") and again.poll() is None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"

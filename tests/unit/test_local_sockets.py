@@ -5,10 +5,11 @@ namespaces) are kept."""
 import socket
 
 from swarm_node import local
+from swarm_node.net import reaper
 
 
 def test_only_sockets_nobody_listens_on_are_removed(tmp_path, monkeypatch):
-    monkeypatch.setattr(local, "SOCKET_DIR", tmp_path)
+    monkeypatch.setattr(reaper, "SOCKET_DIR", tmp_path)
     older = tmp_path / "hivemind-older.sock"
     older.touch()  # from before the run: never ours to remove
     before = local.daemon_sockets()
