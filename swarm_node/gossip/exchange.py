@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import torch
 
-from swarm_node.errors import PeerRefused, ProtocolError
+from swarm_node.errors import PeerRefused, ProtocolError, StreamClosed
 from swarm_node.gossip.group import GroupRound
 from swarm_node.gossip.pairing import PairingCoordinator, PairResult, Refused, now
 from swarm_node.gossip.partner_check import PartnerCheck
@@ -203,8 +203,20 @@ class OuterExchange:
     async def _send_proposal(self, peer: str, timeout_s: float) -> None:
         self._outcome.proposals += 1
         request = encode_frame({"kind": "propose", "spec": self.spec_hash, "round": self.state.outer_round})
-        raw = await self.transport.request(peer, protocols.PAIR, request, timeout_s=timeout_s,
-                                           max_response_bytes=PROPOSAL_MAX_BYTES)
+        deadline = now() + timeout_s
+        while True:
+            try:
+                raw = await self.transport.request(peer, protocols.PAIR, request, timeout_s=deadline - now(),
+                                                   max_response_bytes=PROPOSAL_MAX_BYTES)
+                self.guard.succeeded(peer)
+                break
+            except StreamClosed:
+                # About one call in a thousand loses its answer to a reset inside the
+                # daemons, between healthy peers: ask again at once (a proposal is
+                # idempotent: a peer that reserved itself for us says yes again).
+                # The second in a row is a failure, and bans.
+                if self.guard.stream_closed(peer) or deadline - now() <= 0:
+                    raise
         header, _ = decode_frame(raw, PROPOSAL_LIMITS)
         if not header.get("ok"):
             raise Refused(str(header.get("error", "refused"))[:200])

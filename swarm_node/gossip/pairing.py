@@ -12,8 +12,9 @@ The rule (symmetric, tolerant of joins, leaves and odd counts):
    rounds uploading to peers that were already taken.)
 3. A node accepts a proposal only while SEEKING, and is then RESERVED for that peer:
    every other proposal is answered ``busy`` and only the reserved peer's payload is
-   taken. The payload moves it to EXCHANGING. So each node is in at most one exchange
-   per round, and both sides of a pair agree on it before any payload moves.
+   taken (the reserved peer asking again, its first answer lost, is told yes again).
+   The payload moves it to EXCHANGING. So each node is in at most one exchange per
+   round, and both sides of a pair agree on it before any payload moves.
 4. Two nodes that propose to each other at the same instant pair at once: the one with
    the larger peer id accepts the other's proposal and refuses the other way round, so
    the smaller id sends the payload. Other refusals (``busy``, ``not-ready``) and
@@ -117,6 +118,8 @@ class PairingCoordinator:
     # -- the answering side (called by the network handlers) -------------------------
     def on_propose(self, remote: str) -> None:
         """Accept ``remote``'s proposal (we are then reserved for it) or raise Refused."""
+        if self.state is PairState.RESERVED and self._counterpart == remote:
+            return  # asked again (its first answer was lost to a stream reset): still yes
         crossed = (self.state is PairState.PROPOSING and self._counterpart == remote
                    and self.own_id and self.own_id > remote)
         if self.state is not PairState.SEEKING and not crossed:

@@ -40,3 +40,38 @@ def test_the_record_says_seeking_while_the_round_is_open():
     assert stage.announced[-1] is False  # and withdrawn after it
     assert proposals and set(proposals) == {"QmOther"}
     assert stage.stats.local_only_rounds == 1 and stage.worker.outer_round == 1
+
+
+def test_a_proposal_whose_answer_is_lost_to_a_stream_reset_is_asked_again_without_a_ban():
+    """Honest stage-0 partners were banned after "failed to answer a proposal: stream
+    closed mid-frame" (a reset inside the daemons) and took local-only rounds. The
+    proposal is asked again (a peer that reserved itself for us says yes again, see
+    test_pairing.py); two resets in a row still count as a failure."""
+    from swarm_node.errors import StreamClosed
+
+    def partner(resets: int):
+        calls = []
+        worker = StageWorker(SPEC, 1, 16)
+        phi, delta = worker.outer_payload("fp16")
+        answer = encode_frame({"kind": "outer", "spec": SPEC.spec_hash(), "round": 0, "ok": True}, [*phi, *delta])
+
+        class Partner:  # accepts our proposal, but the first `resets` answers are lost
+            async def request(self, peer, protocol, payload, *, timeout_s, max_response_bytes):
+                calls.append(protocol)
+                if protocol == protocols.PAIR and calls.count(protocols.PAIR) <= resets:
+                    raise StreamClosed("stream closed mid-frame")
+                return encode_frame({"kind": "propose", "ok": True}) if protocol == protocols.PAIR else answer
+
+        return Partner(), calls
+
+    for resets, paired in ((1, True), (2, False)):
+        transport, calls = partner(resets)
+        stage = StageParts(SPEC, StageWorker(SPEC, 1, 16), transport=transport,
+                           config=NodeConfig(round_timeout_s=0.5))
+        stage.membership.peers = {1: {"QmOther": record(1, SPEC, seeking=True)}}
+        outcome = vclock.run(stage.exchange().run_round())
+        if paired:
+            assert outcome.partners == ["QmOther"] and calls == [protocols.PAIR, protocols.PAIR, protocols.OUTER]
+            assert not stage.guard.is_banned("QmOther")
+        else:
+            assert outcome.partners == [] and stage.guard.is_banned("QmOther")

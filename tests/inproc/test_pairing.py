@@ -269,3 +269,21 @@ def test_a_cancelled_round_ends_even_when_cancelled_as_it_wakes():
         return task.cancelled()
 
     assert vclock.run(scenario())
+
+
+def test_the_reserved_peer_asking_again_is_told_yes_again_and_others_busy():
+    """A proposal whose answer was lost to a stream reset is sent again: the peer we
+    reserved ourselves for must get yes again, not busy."""
+    async def scenario():
+        node = PairingCoordinator(round_timeout_s=1.0, request_timeout_s=1.0, own_id="QmB")
+        rounding = asyncio.create_task(node.run_round(0, "ours", candidates=lambda: [], propose=None, send=None,
+                                                      expect_request=True))
+        await node.seeking.wait()
+        node.on_propose("QmA")
+        node.on_propose("QmA")  # asked again: still yes
+        with pytest.raises(Refused, match="busy"):
+            node.on_propose("QmC")
+        rounding.cancel()
+        await asyncio.gather(rounding, return_exceptions=True)
+
+    vclock.run(scenario())
