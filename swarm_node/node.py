@@ -173,7 +173,8 @@ class Node:
         self.dht = await SwarmDHT.start(initial_peers=cfg.initial_peers, host_maddrs=cfg.host_maddrs,
                                         announce_maddrs=cfg.announce_maddrs, identity_path=cfg.identity_path,
                                         client_mode=cfg.client_mode, startup_timeout_s=cfg.startup_timeout_s)
-        self.transport = Transport(await self.dht.replicate_p2p(), on_fault=self.guard.fault)
+        self.transport = Transport(await self.dht.replicate_p2p(), on_fault=self.guard.fault,
+                                   on_reached=self.guard.reached)
         await self._join_run()
         self.data = await self.compute(load_windows, self.spec.data, self.spec.seq_len)
         membership = self.membership = Membership(spec=self.spec, dht=self.dht, guard=self.guard, config=cfg,
@@ -181,7 +182,8 @@ class Node:
         await membership.refresh(all_stages=True)
         if await check_own_reachability(self.dht, self.transport, membership, cfg.initial_peers, cfg.host_maddrs):
             await self.dht.restart_in_client_mode()
-            self.transport = Transport(await self.dht.replicate_p2p(), on_fault=self.guard.fault)
+            self.transport = Transport(await self.dht.replicate_p2p(), on_fault=self.guard.fault,
+                                       on_reached=self.guard.reached)
             await membership.refresh(all_stages=True)
         self.checkpoints = Checkpoints(cfg.checkpoint_dir, spec=self.spec, compute=self.compute,
                                        command_line=cfg.command_line, identity_path=cfg.identity_path)
@@ -244,8 +246,8 @@ class Node:
             2 * numel * WIRE_PRECISIONS[cfg.outer_wire].itemsize), cfg.outer_wire)  # phi and Delta
         self.exchange = OuterExchange(
             spec_hash=self.spec_hash, method=spec.method.name, times=times, state=self.worker, gate=self.gate,
-            candidates=partial(membership.partner_candidates, guard.is_banned),
-            callers_expected=partial(membership.callers_expected, guard.is_banned), announce=membership.heartbeat,
+            candidates=membership.partner_candidates,
+            callers_expected=membership.callers_expected, announce=membership.heartbeat,
             stopping=self.stopping, own_id=self.peer_id, max_update_ratio=cfg.max_update_ratio, services=services)
         self.state_sync = StateSync(worker=self.worker, spec_hash=self.spec_hash,
                                     donors=partial(membership.callable_peers, self.stage),

@@ -63,13 +63,18 @@ class Membership:
         """Where our micro-batches can go."""
         return self.callable_peers(self.stage + 1)
 
-    def partner_candidates(self, is_banned: Callable[[str], bool]) -> list[tuple[str, bool]]:
-        """Peers of our stage we may propose to: (peer, whether it announces seeking)."""
-        return [(p, r.seeking) for p, r in self.callable_peers(self.stage).items() if not is_banned(p)]
+    def partner_candidates(self) -> list[tuple[str, bool]]:
+        """Peers of our stage we may propose to: (peer, whether it announces seeking).
+        Verified peers and at most one unverified one (net/guard.py): a record's
+        ``seeking`` is a claim, and forged records must not fill our rounds."""
+        peers = self.callable_peers(self.stage)
+        return [(p, peers[p].seeking) for p in self.guard.probe_set(list(peers), random)]
 
-    def callers_expected(self, is_banned: Callable[[str], bool]) -> bool:
-        """Peers of our stage that nobody can call only ever call us: keep rounds open for them."""
-        return any(not r.reachable and not is_banned(p) for p, r in self.live_peers(self.stage).items())
+    def callers_expected(self) -> bool:
+        """Peers of our stage that nobody can call only ever call us: keep rounds open
+        for those we know exist (they called us before)."""
+        return any(not r.reachable and self.guard.is_verified(p) and not self.guard.is_banned(p)
+                   for p, r in self.live_peers(self.stage).items())
 
     def steps_behind(self, inner_step: int) -> int:
         """How far the most advanced live peer of our stage is ahead of ``inner_step``."""

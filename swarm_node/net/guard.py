@@ -10,6 +10,10 @@
   ``max_faults`` such requests its streams are closed unread for ``caller_ban_s``
   (:meth:`PeerGuard.admit`, the gate of every stream handler).
 - A registry record we cannot use: :meth:`PeerGuard.ignore` logs it once.
+- What a record claims is not proof that its peer exists: anyone can sign records
+  with fresh keys. A peer is *verified* once it has answered one of our calls or
+  made one we served (:meth:`PeerGuard.reached`); routing and pairing prefer verified
+  peers and try at most one unverified peer at a time (:meth:`PeerGuard.probe_set`).
 
 Every table is bounded, whatever number of ids an attacker uses."""
 
@@ -47,6 +51,7 @@ class PeerGuard:
         self._faults: dict[str, int] = {}  # bad requests per caller since its last ban
         self._streams_closed: dict[str, int] = {}  # streams ended unanswered in a row
         self._ignored: set[str] = set()
+        self._reached: dict[str, None] = {}  # peers that answered us or called us (insertion-ordered, bounded)
 
     # -- peers we call -------------------------------------------------------------
     def failed(self, peer: str) -> float:
@@ -60,6 +65,7 @@ class PeerGuard:
 
     def succeeded(self, peer: str) -> None:
         """A call to ``peer`` worked: its strikes are forgiven once its ban is over."""
+        self.reached(peer)
         self._streams_closed.pop(peer, None)
         ban = self._bans.get(peer)
         if ban is not None and self.clock() >= ban.until:
@@ -68,6 +74,23 @@ class PeerGuard:
     def is_banned(self, peer: str) -> bool:
         ban = self._bans.get(peer)
         return ban is not None and self.clock() < ban.until
+
+    def reached(self, peer: str) -> None:
+        """``peer`` exists: it answered a call of ours, or we served one of its calls."""
+        self._reached.pop(peer, None)
+        self._reached[peer] = None
+        _bound(self._reached)
+
+    def is_verified(self, peer: str) -> bool:
+        return peer in self._reached
+
+    def probe_set(self, peers: list[str], rng, probe: bool = True) -> list[str]:
+        """``peers`` fit to call: the verified ones not banned, and (with ``probe``) at
+        most one unverified one, at random (a flood of forged records costs one probe at a time)."""
+        usable = [p for p in peers if not self.is_banned(p)]
+        verified = [p for p in usable if self.is_verified(p)]
+        unverified = [p for p in usable if not self.is_verified(p)]
+        return verified + ([rng.choice(unverified)] if unverified and probe else [])
 
     def stream_closed(self, peer: str) -> bool:
         """A stream to ``peer`` ended before its answer; True from the second in a row."""

@@ -106,9 +106,11 @@ class ServeLimits:
 
 
 class Transport:
-    def __init__(self, p2p: P2P, on_fault: Callable[[str, str], None] = lambda peer, why: None):
+    def __init__(self, p2p: P2P, on_fault: Callable[[str, str], None] = lambda peer, why: None,
+                 on_reached: Callable[[str], None] = lambda peer: None):
         self.p2p = p2p
         self.on_fault = on_fault  # a caller sent a malformed frame or stalled its request (net/guard.py)
+        self.on_reached = on_reached  # a caller proved its peer id (the libp2p handshake) by calling us
         self.peer_id = str(p2p.peer_id)
         self.bytes_sent = 0
         self.bytes_received = 0
@@ -156,6 +158,7 @@ class Transport:
                     log.warning("refusing %s from %s: not admitted to this run", protocol, short_id(remote))
                 writer.close()
                 return
+            self.on_reached(remote)
             try:
                 if gate.locked() or self._active_per_peer[key] >= limits.max_per_peer:
                     if not refusing.locked():

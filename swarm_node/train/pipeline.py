@@ -55,6 +55,7 @@ class Pipeline:
         self.next_peers = next_peers  # live, callable peers of the next stage
         self.stopping = stopping
         self.chooser = PeerChooser(is_banned=self.guard.is_banned)
+        self._measured: dict[str, float] = {}  # next-stage peer -> samples/s of its round trips (EMA)
         self.loader: ShardedBatches | None = None
         self.queue = 0  # forward requests being served
         self.in_flight = 0  # our own micro-batches in the pipeline (stage 0)
@@ -182,8 +183,9 @@ class Pipeline:
             remaining = deadline - clock()
             if remaining <= 0 or attempts > self.config.hop_retries:
                 raise NotEnoughPeers(f"no stage-{next_stage} peer completed the micro-batch after {attempts} attempts")
-            candidates = [Candidate(p, r.throughput, r.queue) for p, r in self.next_peers().items()]
-            peer = self.chooser.choose(candidates, exclude=tried)
+            # one unverified peer at most per micro-batch: a flood of forged records cannot use up its attempts
+            probe = not any(not self.guard.is_verified(p) for p in tried)
+            peer = self.chooser.choose(self._candidates(probe), exclude=tried)
             if peer is None:
                 await asyncio.sleep(min(0.5, remaining))  # the registry loop may show someone by then
                 tried.clear()
@@ -193,10 +195,12 @@ class Pipeline:
                 self.stats.retries += 1
             self.chooser.started(peer)
             try:
+                sent = clock()
                 raw = await self.transport.request(peer, protocols.FORWARD, payload, timeout_s=remaining,
                                                    max_response_bytes=len(payload) + (1 << 16))
                 grad, loss = await self.compute(self._check_gradient, raw, hidden.shape)
                 self.guard.succeeded(peer)
+                self._measured[peer] = throughput_ema(self._measured.get(peer, 0.0), len(hidden), clock() - sent)
                 return grad, loss
             except PeerRefused as exc:
                 tried.add(peer)
@@ -212,6 +216,16 @@ class Pipeline:
                 self._peer_failed(next_stage, peer, str(exc))
             finally:
                 self.chooser.finished(peer)
+
+    def _candidates(self, probe: bool = True) -> list[Candidate]:
+        """Next-stage peers to route to, weighted by what we measured, not by what their
+        records claim (anyone can sign a record claiming any throughput): verified peers,
+        and at most one unverified one to probe (net/guard.py)."""
+        records = self.next_peers()
+        for gone in [p for p in self._measured if p not in records]:
+            del self._measured[gone]
+        return [Candidate(p, self._measured.get(p, 0.0), min(records[p].queue, self.config.max_queue))
+                for p in self.guard.probe_set(list(records), self.chooser.rng, probe=probe)]
 
     def _peer_failed(self, stage: int, peer: str, why: str) -> None:
         ban_s = self.guard.failed(peer)

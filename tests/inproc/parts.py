@@ -88,8 +88,8 @@ class StageParts:
         exchange = OuterExchange(
             spec_hash=self.spec.spec_hash(), method=self.spec.method.name,
             times=ExchangeTimes(self.config.round_timeout_s, self.config.exchange_timeout_s), state=self.worker,
-            gate=self.gate, candidates=partial(self.membership.partner_candidates, self.guard.is_banned),
-            callers_expected=partial(self.membership.callers_expected, self.guard.is_banned), announce=announce,
+            gate=self.gate, candidates=self.membership.partner_candidates,
+            callers_expected=self.membership.callers_expected, announce=announce,
             stopping=self.stopping, own_id="QmSelf", max_update_ratio=self.config.max_update_ratio,
             **self.common())
         return exchange

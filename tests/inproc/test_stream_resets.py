@@ -39,6 +39,8 @@ class Stage0:
         self.transport = ScriptedTransport(script)
         self.parts = StageParts(SPEC, StageWorker(SPEC, 0, 16), transport=self.transport)
         self.parts.membership.peers = {1: {p: record(1, SPEC) for p in peers}}
+        for peer in peers:  # peers that served us before: both are routed to, not probed one at a time
+            self.parts.guard.reached(peer)
         self.banned: list[str] = []
         failed = self.parts.guard.failed
         self.parts.guard.failed = lambda peer: self.banned.append(peer) or failed(peer)
