@@ -75,6 +75,7 @@ def test_after_kill_9_nothing_of_the_node_is_left_and_the_same_command_resumes(h
     h.wait_for(lambda: "resumed from checkpoint" in h.log_of("restarted"), 60, "the restart to resume")
     h.wait_for(lambda: any(r.state == "training" and r.recent_steps > 0 for r in h.records(0).values()), 60,
                "the restarted node to train")
+    print(f"gone after {gone_s:.1f} s, training again {time.monotonic() - restarted_at:.1f} s after the restart")
     assert time.monotonic() - restarted_at < 60 and gone_s < 5
     assert "already taken" not in h.log_of("restarted") and again.poll() is None
 
