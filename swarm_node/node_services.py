@@ -4,12 +4,15 @@ peers that fail or misbehave, and the counters of what the node has done."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from swarm_node.net.guard import PeerGuard
 from swarm_node.net.transport import Requester
 from swarm_node.obs.stats import NodeStats
-from swarm_node.train.compute import Compute
+
+Compute = Callable[..., Awaitable[Any]]  # train/compute.py's ComputeThread, or inline where no thread is wanted
 
 
 @dataclass(frozen=True)

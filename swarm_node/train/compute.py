@@ -9,7 +9,7 @@ memory and what to try, and the node is told to stop."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
@@ -19,7 +19,6 @@ import torch
 from swarm_node.errors import PeerRefused, SwarmError
 
 Explain = Callable[[BaseException], SwarmError | None]
-Compute = Callable[..., Awaitable[Any]]  # ComputeThread, or inline where no thread is wanted
 
 
 class ComputeThread:
