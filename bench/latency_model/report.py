@@ -39,14 +39,20 @@ def _save(plt, fig, ax, path: Path) -> None:
     plt.close(fig)
 
 
+def _curve_with_paper(ax, curve: list[dict], x: str, label: str, papers: list[dict]):
+    """A ratio curve, and the paper's figures as crosses in its colour."""
+    line, = ax.plot([r[x] for r in curve], [r["ratio"] for r in curve], marker="o", ms=3, label=label)
+    for paper in papers:
+        ax.plot([paper["n"]], [paper["paper"]], marker="x", ms=10, mew=2, color=line.get_color())
+    return line
+
+
 def _plot_allreduce(plt, rows: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for cv in sorted({r["cv"] for r in _rows(rows, "allreduce_curve")}):
         curve = _rows(rows, "allreduce_curve", cv=cv)
-        line, = ax.plot([r["n_peers"] for r in curve], [r["ratio"] for r in curve], marker="o", ms=3,
-                        label=f"std/t = {cv:g}")
-        for paper in _rows(rows, "paper_check", quantity=ALLREDUCE_QUANTITY, cv=cv):
-            ax.plot([paper["n"]], [paper["paper"]], marker="x", ms=10, mew=2, color=line.get_color())
+        _curve_with_paper(ax, curve, "n_peers", f"std/t = {cv:g}",
+                          _rows(rows, "paper_check", quantity=ALLREDUCE_QUANTITY, cv=cv))
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_yticks([1, 2, 5, 10, 20, 50], labels=["1", "2", "5", "10", "20", "50"])
@@ -59,10 +65,8 @@ def _plot_barrier(plt, rows: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for h in sorted({r["inner_steps"] for r in _rows(rows, "barrier_curve")}):
         curve = _rows(rows, "barrier_curve", inner_steps=h)
-        line, = ax.plot([r["n_workers"] for r in curve], [r["ratio"] for r in curve], marker="o", ms=3,
-                        label=f"H = {h}, paper's step times")
-        for paper in [r for r in _rows(rows, "paper_check") if r["h"] == h]:
-            ax.plot([paper["n"]], [paper["paper"]], marker="x", ms=10, mew=2, color=line.get_color())
+        line = _curve_with_paper(ax, curve, "n_workers", f"H = {h}, paper's step times",
+                                 [r for r in _rows(rows, "paper_check") if r["h"] == h])
         measured = _rows(rows, "measured_steps", message_label="", inner_steps=h)
         if measured:
             ax.plot([r["n_workers"] for r in measured], [r["ratio"] for r in measured], ls="none", marker="s",
