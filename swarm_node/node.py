@@ -300,6 +300,8 @@ class Node:
             try:
                 await self.exchange.run_round()
                 await self.membership.heartbeat()
+                if self.exchange.behind and self.config.download_state:
+                    await self._catch_up_now()
             finally:
                 self.gate.round_over()
             self._log_metrics()
@@ -307,6 +309,14 @@ class Node:
                 await self._save_checkpoint(f"after round {self.worker.outer_round - 1}")
             # gradients that arrived during the round may complete a step now
             await self.pipeline.step_if_ready()
+
+    async def _catch_up_now(self) -> None:
+        """A partner rounds ahead was out of our scale (we started while it trained
+        alone): take the stage's most advanced state instead of drifting apart for good."""
+        self.exchange.behind = False
+        log.info("this node is rounds behind a peer of stage %d; downloading its state", self.stage)
+        if not await self.state_sync.download():
+            log.warning("no stage-%d peer could give its state; training on", self.stage)
 
     async def _save_checkpoint(self, why: str) -> None:
         data_position = self.pipeline.data_position if self.pipeline else lambda: None

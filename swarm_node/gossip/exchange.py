@@ -25,7 +25,7 @@ import torch
 from swarm_node.errors import PeerRefused, ProtocolError, StreamClosed
 from swarm_node.gossip.group import GroupRound
 from swarm_node.gossip.pairing import PairingCoordinator, PairResult, Refused, now
-from swarm_node.gossip.partner_check import PartnerCheck
+from swarm_node.gossip.partner_check import OutOfScale, PartnerCheck
 from swarm_node.net import protocols
 from swarm_node.net.transport import ServeLimits, short_id
 from swarm_node.node_services import NodeServices
@@ -35,6 +35,7 @@ from swarm_node.wire.messages import PROPOSAL_LIMITS, PROPOSAL_MAX_BYTES, check_
 
 log = logging.getLogger(__name__)
 
+ROUNDS_APART = 2  # an out-of-scale partner this many rounds from us is declined, not banned
 PROPOSE_TIMEOUT_S = 5.0  # a pairing proposal is a few bytes: no answer in this time means the peer is unwell
 Tensors = list[torch.Tensor]
 
@@ -103,6 +104,7 @@ class OuterExchange:
                                               request_timeout_s=times.exchange_s,
                                               propose_timeout_s=PROPOSE_TIMEOUT_S, own_id=own_id)
         self.last: RoundOutcome | None = None
+        self.behind = False  # a partner rounds ahead was out of our scale: the node should catch up
         self._outcome = RoundOutcome(-1)
 
     @property
@@ -239,6 +241,17 @@ class OuterExchange:
         except Refused as exc:
             log.info("declining an outer exchange before our first round: %s", exc)
             raise
+        except OutOfScale as exc:
+            # An honest partner rounds ahead (it trained alone while we started) is out of
+            # our scale too: decline, ban nobody, and let the one behind catch up. The
+            # round it claims only ever makes us decline, never accept.
+            theirs, ours = header.get("round"), self.state.outer_round
+            if type(theirs) is not int or abs(theirs - ours) < ROUNDS_APART:
+                raise
+            if theirs > ours:
+                self.behind = True
+            log.info("declining an outer exchange with a partner at round %d (we are at %d): %s", theirs, ours, exc)
+            raise Refused(f"rounds-apart ({theirs} and {ours})") from None
 
     # -- the answering side ------------------------------------------------------------
     async def handle_propose(self, remote: str, request: bytes) -> bytes:

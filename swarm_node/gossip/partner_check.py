@@ -27,6 +27,11 @@ from swarm_node.train.screen import MagnitudeScreen
 from swarm_node.wire.messages import finite
 
 
+class OutOfScale(ProtocolError):
+    """A well-formed update too large against our own progress: poisoned, or a partner
+    rounds apart from us (the caller tells which by the rounds)."""
+
+
 def norm(tensors: Sequence[torch.Tensor]) -> float:
     return math.sqrt(sum(float(t.float().pow(2).sum()) for t in tensors))
 
@@ -84,5 +89,5 @@ class PartnerCheck:
             problem = (self._delta_screen.check(delta_norm, "partner's Delta norm")
                        or self._distance_screen.check_only(phi_distance, "partner's distance from our phi"))
             if problem:
-                raise ProtocolError(problem)
+                raise OutOfScale(problem)
         return phi, delta

@@ -110,3 +110,27 @@ def test_partners_right_on_top_of_us_do_not_shrink_the_scale_honest_partners_are
 
     answer = decode_frame(vclock.run(scenario()))[0]
     assert answer.get("error") != "protocol" and not stage.guard.is_banned("QmAhead")
+
+
+def test_a_partner_rounds_ahead_is_declined_without_a_ban_and_we_catch_up():
+    """Two stage-1 nodes started seconds apart: one trained alone for rounds, and the
+    other's screen saw its phi 20x out of scale. Counted as poison, the two banned each
+    other and the stage split for good (a fresh-clone CI run). Rounds apart, it is
+    declined, nobody is banned, and the node behind is told to catch up."""
+    stage, exchange = stage_of(trained_worker(0))
+    start_first_round(exchange)
+    phi, delta = trained_worker(1).outer_payload("fp32")
+    far = [p + 1.0 for p in phi]  # far out of our scale
+
+    def ahead_by(rounds):
+        return encode_frame({"kind": "outer", "spec": SPEC.spec_hash(), "round": rounds, "ok": True}, [*far, *delta])
+
+    async def scenario():
+        ahead = await exchange_as_partner(exchange, "QmAhead", ahead_by(5))
+        same = await exchange_as_partner(exchange, "QmPoison", ahead_by(0))
+        return decode_frame(ahead)[0], decode_frame(same)[0]
+
+    ahead, same = vclock.run(scenario())
+    assert not ahead["ok"] and ahead["error"].startswith("rounds-apart"), ahead
+    assert not stage.guard.is_banned("QmAhead") and stage.guard.faults("QmAhead") == 0 and exchange.behind
+    assert same["error"] == "protocol" and stage.guard.is_banned("QmPoison")  # at our round: poison, as before
