@@ -43,7 +43,6 @@ from swarm_node.wire.records import PeerRecord
 log = logging.getLogger("swarm_node.local")
 
 
-
 @dataclass(frozen=True)
 class ChaosPlan:
     """Fault injection for `swarm-node local`: SIGKILL ``kills`` random nodes (their whole

@@ -43,7 +43,8 @@ def watch(pid: int, poll_s: float = POLL_S, grace_s: float = GRACE_S) -> list[Pr
     node = (pid, _start_time(pid))
     seen: dict[Process, list[str]] = {}
     while _alive(node):
-        seen = {proc: _socket_paths(proc[0]) for proc in descendants(pid) if proc[0] != os.getpid()}
+        seen = {proc: seen[proc] if proc in seen else _socket_paths(proc[0])  # a command line never changes
+                for proc in descendants(pid) if proc[0] != os.getpid()}
         time.sleep(poll_s)
     left = [proc for proc in seen if _alive(proc)]
     for proc in left:
@@ -66,7 +67,7 @@ def descendants(pid: int) -> list[Process]:
         if entry.isdigit():
             stat = _stat(int(entry))
             if stat is not None:
-                children.setdefault(stat[0], []).append(int(entry))
+                children.setdefault(stat[1], []).append(int(entry))
     found, frontier = [], list(children.get(pid, []))
     while frontier:
         child = frontier.pop()
@@ -101,32 +102,24 @@ def _listening(path: Path) -> bool:
         return True
 
 
-def _stat(pid: int) -> tuple[int, int] | None:
-    """(parent pid, start time) of ``pid``, or None when it is gone."""
+def _stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, parent pid, start time) of ``pid``, or None when it is gone."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
     fields = text[text.rindex(")") + 2:].split()  # the name may hold spaces and parentheses
-    return int(fields[1]), int(fields[19])
+    return fields[0], int(fields[1]), int(fields[19])
 
 
 def _start_time(pid: int) -> int | None:
     stat = _stat(pid)
-    return stat[1] if stat else None
+    return stat[2] if stat else None
 
 
 def _alive(proc: Process) -> bool:
     stat = _stat(proc[0])
-    return stat is not None and stat[1] == proc[1] and not _zombie(proc[0])
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return True
-    return text[text.rindex(")") + 2] == "Z"
+    return stat is not None and stat[2] == proc[1] and stat[0] != "Z"
 
 
 def _signal(proc: Process, sig: int) -> None:

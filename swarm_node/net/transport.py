@@ -73,14 +73,12 @@ async def read_body(reader: asyncio.StreamReader, length: int) -> bytes:
 
 async def discard_frame(reader: asyncio.StreamReader, max_bytes: int) -> None:
     """Read one frame and throw it away, holding at most a chunk of it in memory."""
+    length = await read_length(reader, max_bytes)
     try:
-        length = int.from_bytes(await reader.readexactly(LENGTH_BYTES), "big")
-        if length > max_bytes:
-            raise ProtocolError(f"frame of {length} bytes exceeds the cap of {max_bytes}")
         while length:
             length -= len(await reader.readexactly(min(length, DISCARD_CHUNK_BYTES)))
     except asyncio.IncompleteReadError:
-        raise PeerError("stream closed mid-frame") from None
+        raise StreamClosed("stream closed mid-frame") from None
 
 
 async def write_frame(writer: asyncio.StreamWriter, data: bytes) -> None:

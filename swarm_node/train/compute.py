@@ -47,8 +47,3 @@ class ComputeThread:
     def close(self) -> None:
         self.closed = True
         self._executor.shutdown(wait=True, cancel_futures=True)
-
-
-async def inline(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """A stand-in for ComputeThread where no thread is wanted (benchmarks, tests)."""
-    return fn(*args, **kwargs)
