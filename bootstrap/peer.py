@@ -17,15 +17,15 @@ from importlib import resources
 from pathlib import Path
 
 from swarm_bootstrap.view import SwarmView, prometheus_text
-from swarm_node.obs.http import Response, StatusServer
 
 from swarm_node import __version__
-from swarm_node.membership.discovery import SPEC_REPUBLISH_S, find_run_spec, publish_spec, spec_key
 from swarm_node.errors import ConfigError, SwarmError, known_failure
+from swarm_node.membership.discovery import SPEC_REPUBLISH_S, find_run_spec, publish_spec, spec_key
+from swarm_node.membership.registry import read_registry
 from swarm_node.net.dht import SwarmDHT
 from swarm_node.net.reach import address_scope, dial_check, ordered_for_others, serve_dialback
 from swarm_node.net.transport import Transport, short_id
-from swarm_node.membership.registry import read_stage
+from swarm_node.obs.http import Response, StatusServer
 from swarm_node.spec import RunSpec
 from swarm_node.system import raise_open_file_limit
 
@@ -148,14 +148,10 @@ class BootstrapPeer:
 
     async def _poll_loop(self) -> None:
         while True:
-            records, foreign = {}, 0
             try:
                 async with asyncio.timeout(max(5.0, self.config.poll_period_s * 2)):
-                    for stage in range(self.spec.num_stages):
-                        parsed, unreadable = await read_stage(self.dht, self.spec.run_id, stage)
-                        records.update(parsed)
-                        foreign += len(unreadable)
-                for event in self.view.ingest(time.time(), records, foreign):
+                    records, unreadable = await read_registry(self.dht, self.spec.run_id, self.spec.num_stages)
+                for event in self.view.ingest(time.time(), records, len(unreadable)):
                     log.info("%s", event)
             except TimeoutError:
                 log.warning("reading the stage registry timed out")

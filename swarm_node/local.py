@@ -28,7 +28,7 @@ import torch
 
 from swarm_node.data.dataset import TokenWindows, load_windows
 from swarm_node.errors import ConfigError, SwarmError
-from swarm_node.membership.registry import read_stage
+from swarm_node.membership.registry import read_registry
 from swarm_node.model.config import model_config
 from swarm_node.model.stages import build_stage
 from swarm_node.net.dht import SwarmDHT
@@ -302,14 +302,14 @@ class LocalSwarm:
             bar.close()
 
     async def _records(self, dht: SwarmDHT) -> dict[int, list[PeerRecord]]:
-        out = {}
-        for stage in range(self.spec.num_stages):
-            try:
-                async with asyncio.timeout(2):
-                    records, _ = await read_stage(dht, self.spec.run_id, stage)  # unreadable ones: not shown
-            except TimeoutError:
-                continue
-            out[stage] = list(records.values())
+        try:
+            async with asyncio.timeout(2 * self.spec.num_stages):
+                records, _ = await read_registry(dht, self.spec.run_id, self.spec.num_stages)  # refused: not shown
+        except TimeoutError:
+            return {}
+        out: dict[int, list[PeerRecord]] = {}
+        for record in records.values():
+            out.setdefault(record.stage, []).append(record)
         return out
 
     def _stop_all(self) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from swarm_node.wire.records import MAX_RECORD_TTL_S
+
 
 @dataclass(frozen=True)
 class NodeConfig:
@@ -70,5 +72,7 @@ class NodeConfig:
             raise ValueError("slowest_link_mbit_s must be positive")
         if self.checkpoint_every_rounds < 1:
             raise ValueError("checkpoint_every_rounds must be >= 1")
+        if self.record_ttl_s > MAX_RECORD_TTL_S:
+            raise ValueError(f"record_ttl_s must be at most {MAX_RECORD_TTL_S:.0f}: peers refuse longer-lived records")
         if self.heartbeat_s * 3 > self.record_ttl_s:
             raise ValueError("heartbeat_s must be well inside record_ttl_s (at most a third)")

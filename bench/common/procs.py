@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 
-
 class ChildFailed(RuntimeError):
     """A child exited with an error or ran past its time; the message has its log tail."""
 

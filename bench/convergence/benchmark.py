@@ -21,9 +21,18 @@ import time
 from dataclasses import dataclass
 
 from bench.common.results import Result, parse_mode, pyplot, rerun_command
-from bench.convergence.stats import (METHOD_ORDER, SCALING_OUTER_LR, SCALING_OUTER_MOMENTUM, check_ddp_best,
-                                     check_gaps_grow_with_dp, check_noloco_vs_diloco, check_scaling_order, grid_rows,
-                                     perplexity, scaling_rows)
+from bench.convergence.stats import (
+    METHOD_ORDER,
+    SCALING_OUTER_LR,
+    SCALING_OUTER_MOMENTUM,
+    check_ddp_best,
+    check_gaps_grow_with_dp,
+    check_noloco_vs_diloco,
+    check_scaling_order,
+    grid_rows,
+    perplexity,
+    scaling_rows,
+)
 from swarm_node.optim.methods import default_method
 
 NAME = "convergence"

@@ -24,9 +24,17 @@ import numpy as np
 from bench.common.results import Result, load, parse_mode
 from bench.latency_model.inputs import label, largest_per_setting, small_n_ratios, source_note, summary_times
 from bench.latency_model.report import markdown, plot
-from bench.latency_model.sim import (Variant, allreduce_to_pair_ratio, barrier_run_times, binomial_tree_paths,
-                                     level_barrier_paths, lognormal_params, pair_exchange_mean, sample_paths,
-                                     slowest_pair_paths)
+from bench.latency_model.sim import (
+    Variant,
+    allreduce_to_pair_ratio,
+    barrier_run_times,
+    binomial_tree_paths,
+    level_barrier_paths,
+    lognormal_params,
+    pair_exchange_mean,
+    sample_paths,
+    slowest_pair_paths,
+)
 
 __all__ = ["main", "markdown", "run"]
 

@@ -105,7 +105,7 @@ async def read_published(dht: SwarmDHT, peer_id: str) -> SpecRecord | None:
     entries = await dht.get_signed(spec_key(peer_id))
     if peer_id not in entries:
         return None
-    return SpecRecord.from_wire(entries[peer_id])
+    return SpecRecord.from_wire(entries[peer_id].value)
 
 
 def peer_ids_of(maddrs: Sequence[str]) -> list[str]:

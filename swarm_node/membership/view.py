@@ -91,7 +91,7 @@ class Membership:
         for stage in stages:
             parsed, unreadable = await read_stage(self.dht, self.spec.run_id, stage)
             for peer, exc in unreadable.items():
-                self.guard.ignore(peer, f"unreadable registry record ({exc})")
+                self.guard.ignore(peer, f"registry record refused: {exc}")
             records = {}
             for peer, record in parsed.items():
                 if peer == self.own_id:

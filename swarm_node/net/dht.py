@@ -18,6 +18,7 @@ import socket
 import tempfile
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -34,6 +35,14 @@ log = logging.getLogger(__name__)
 
 
 UNREACHABLE_MARK = "can't access this node"
+
+
+@dataclass(frozen=True)
+class Signed:
+    """A signed entry's value and when the DHT drops it, in wall-clock seconds (hivemind's
+    DHT time). The expiry is the writer's claim: readers bound it (membership/registry.py)."""
+    value: object
+    expires_at_s: float
 
 
 def _forget_parent_signal_handlers() -> None:
@@ -171,22 +180,23 @@ class SwarmDHT:
         """Store under our owner subkey: only this peer's key can write that entry."""
         return await self.store(key, self._owner, value, ttl_s)
 
-    async def get_signed(self, key: str) -> dict[str, object]:
+    async def get_signed(self, key: str) -> dict[str, Signed]:
         """Owner-tagged entries of ``key`` by the peer id whose key signed them (the
         validator has checked each signature); untagged entries are ignored."""
         signed = {}
-        for subkey, value in (await self.get_subkeys(key)).items():
+        for subkey, entry in (await self.get_subkeys(key)).items():
             signer = peer_id_of_owner(subkey)
             if signer is not None:
-                signed[signer] = value
+                signed[signer] = entry
         return signed
 
-    async def get_subkeys(self, key: str) -> dict[str, object]:
+    async def get_subkeys(self, key: str) -> dict[str, Signed]:
         """Live entries of a dictionary record (expired ones are dropped by the DHT)."""
         found = await self.dht.get(key, latest=True, return_future=True)
         if found is None or not isinstance(found.value, dict):
             return {}
-        return {str(sub): entry.value for sub, entry in found.value.items() if hasattr(entry, "value")}
+        return {str(sub): Signed(entry.value, float(entry.expiration_time)) for sub, entry in found.value.items()
+                if hasattr(entry, "value") and hasattr(entry, "expiration_time")}
 
     async def shutdown(self) -> None:
         """Stop the DHT process and forget a throwaway identity."""

@@ -12,6 +12,8 @@ from swarm_node.errors import ProtocolError
 STATES = ("joining", "training", "finished", "leaving")
 MAX_FIELD_CHARS = 64
 MAX_ERROR_CHARS = 160
+MAX_RECORD_TTL_S = 120.0  # nodes publish records for at most this long (NodeConfig refuses more)
+CLOCK_SKEW_S = 60.0  # DHT expiries are wall-clock; hivemind already needs clocks about this close
 
 
 @dataclass(frozen=True)

@@ -6,12 +6,14 @@ others saw."""
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 from functools import partial
 
 from swarm_node.gossip.exchange import ExchangeTimes, OuterExchange
 from swarm_node.gossip.pairing import PairingCoordinator
 from swarm_node.membership.view import Membership
+from swarm_node.net.dht import Signed
 from swarm_node.net.guard import PeerGuard
 from swarm_node.node_config import NodeConfig
 from swarm_node.node_services import NodeServices
@@ -36,12 +38,17 @@ class FakeDHT:
     def is_alive(self) -> bool:
         return True
 
-    async def get_signed(self, key: str) -> dict:
-        return self.stored.get(key, {})
+    async def get_signed(self, key: str) -> dict[str, Signed]:
+        return signed_entries(self.stored.get(key, {}))
 
     async def store_signed(self, key: str, value: dict, ttl_s: float) -> bool:
         self.published.append((key, value))
         return True
+
+
+def signed_entries(values: dict, ttl_s: float = 15.0) -> dict[str, Signed]:
+    """Entries as the DHT returns them: values stored just now, unless given as Signed."""
+    return {peer: v if isinstance(v, Signed) else Signed(v, time.time() + ttl_s) for peer, v in values.items()}
 
 
 async def inline(fn, *args, **kwargs):

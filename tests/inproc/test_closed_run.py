@@ -6,14 +6,15 @@ import dataclasses
 import logging
 
 import pytest
-
+from parts import FakeDHT
 from swarm_bootstrap.view import SwarmView
+
 from swarm_node import __version__
 from swarm_node.errors import IncompatibleRun, PeerError
-from swarm_node.net.dht import SwarmDHT
-from swarm_node.net.transport import ServeLimits, Transport
 from swarm_node.membership.view import Membership
+from swarm_node.net.dht import SwarmDHT
 from swarm_node.net.guard import PeerGuard
+from swarm_node.net.transport import ServeLimits, Transport
 from swarm_node.node import Node
 from swarm_node.node_config import NodeConfig
 from swarm_node.spec import RunSpec
@@ -50,20 +51,10 @@ def test_only_admitted_callers_are_served_by_their_authenticated_peer_id():
     assert asyncio.run(asyncio.wait_for(scenario(), 120)) == b"served hello"
 
 
-class FakeDHT:
-    peer_id = "QmMember1"
-
-    def __init__(self, records):
-        self.records = records
-
-    async def get_signed(self, key):
-        return self.records.get(key, {})
-
-
 def test_records_of_peers_not_on_the_list_are_ignored_by_nodes_and_the_dashboard(caplog):
     closed = dataclasses.replace(OPEN, allowed_peers=("QmMember1", "QmMember2"))
     record = PeerRecord(stage=1, spec_hash=closed.spec_hash(), version=__version__).to_wire()
-    dht = FakeDHT({"closed/stage/1": {"QmMember2": record, "QmStranger": record}})
+    dht = FakeDHT("QmMember1", {"closed/stage/1": {"QmMember2": record, "QmStranger": record}})
     membership = Membership(spec=closed, dht=dht, guard=PeerGuard(), config=NodeConfig(), record=lambda: None)
     with caplog.at_level(logging.WARNING):
         asyncio.run(membership.refresh(all_stages=True))

@@ -6,14 +6,13 @@ weighs what it measured, and peers nobody has reached are tried one at a time.""
 import random
 
 import torch
-
 import vclock
+from parts import StageParts, record
+
 from swarm_node.errors import NotEnoughPeers, PeerError
 from swarm_node.spec import RunSpec
 from swarm_node.train.worker import StageWorker
 from swarm_node.wire.codec import encode_frame
-
-from parts import StageParts, record
 
 SPEC = RunSpec(run_id="forged", model_size="debug", num_stages=2, seq_len=16, batch_size=4, samples_per_step=4)
 HIDDEN = torch.zeros(4, 16, 64)

@@ -9,17 +9,16 @@ import time
 import msgpack
 import pytest
 import torch
+from parts import StageParts, exchange_as_partner
 
 from swarm_node.data.spec import DataSpec
-from swarm_node.membership.discovery import SpecRecord
 from swarm_node.errors import IncompatibleRun, ProtocolError
+from swarm_node.membership.discovery import SpecRecord
 from swarm_node.optim import InnerHyper, default_method
 from swarm_node.spec import RunSpec
 from swarm_node.train.worker import StageWorker
 from swarm_node.wire.codec import FrameLimits, decode_frame, encode_frame
 from swarm_node.wire.records import PeerRecord
-
-from parts import StageParts, exchange_as_partner
 
 FRAMES = 10_000
 SPEC = RunSpec(run_id="fuzz", model_size="debug", num_stages=2, seq_len=16, batch_size=4, samples_per_step=4,

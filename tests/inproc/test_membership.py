@@ -5,6 +5,8 @@ peer out of everyone's view at once."""
 import asyncio
 
 import vclock
+from parts import signed_entries
+
 from swarm_node import __version__
 from swarm_node.membership.view import Membership
 from swarm_node.net.guard import PeerGuard
@@ -33,7 +35,7 @@ class SharedRegistry:
                 return True
 
             async def get_signed(self, key):
-                return dict(registry.entries.get(key, {}))
+                return signed_entries(registry.entries.get(key, {}))
 
             async def store_signed(self, key, value, ttl_s):
                 for entries in registry.entries.values():  # a record moves when its stage changes

@@ -2,6 +2,8 @@
 the round is open, and a round that finds no partner ends in the local-only step."""
 
 import vclock
+from parts import StageParts, record
+
 from swarm_node.data.spec import DataSpec
 from swarm_node.net import protocols
 from swarm_node.node_config import NodeConfig
@@ -9,8 +11,6 @@ from swarm_node.optim import InnerHyper, default_method
 from swarm_node.spec import RunSpec
 from swarm_node.train.worker import StageWorker
 from swarm_node.wire.codec import encode_frame
-
-from parts import StageParts, record
 
 SPEC = RunSpec(run_id="rounds", model_size="debug", num_stages=2, seq_len=16, batch_size=4, samples_per_step=4,
                data=DataSpec(kind="synthetic"), method=default_method("noloco", inner_steps=2),

@@ -5,16 +5,15 @@ import dataclasses
 import logging
 
 import torch
-
 import vclock
+from parts import StageParts, exchange_as_partner
+
 from swarm_node.data.spec import DataSpec
 from swarm_node.gossip.exchange import OuterExchange
 from swarm_node.optim import InnerHyper, default_method
 from swarm_node.spec import RunSpec
 from swarm_node.train.worker import StageWorker
 from swarm_node.wire.codec import decode_frame, encode_frame
-
-from parts import StageParts, exchange_as_partner
 
 SPEC = RunSpec(run_id="poison", model_size="debug", num_stages=2, seq_len=16, batch_size=4, samples_per_step=4,
                data=DataSpec(kind="synthetic"), method=default_method("noloco", inner_steps=50),

@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 import torch
+from parts import StageParts
 
 from swarm_node.data.dataset import load_windows
 from swarm_node.data.spec import DataSpec
@@ -15,8 +16,6 @@ from swarm_node.optim import InnerHyper, default_method
 from swarm_node.spec import RunSpec
 from swarm_node.train.compute import ComputeThread
 from swarm_node.train.worker import StageWorker
-
-from parts import StageParts
 
 SPEC = RunSpec(run_id="producer", model_size="debug", num_stages=1, seq_len=16, batch_size=4, samples_per_step=4,
                data=DataSpec(kind="synthetic"), method=default_method("noloco", inner_steps=50),

@@ -4,24 +4,21 @@ and each is logged once."""
 import asyncio
 import dataclasses
 import logging
+import time
+from functools import partial
+
+import pytest
+from parts import FakeDHT
 
 from swarm_node import __version__
+from swarm_node.membership.registry import read_registry
 from swarm_node.membership.stages import assign_stage, rebalanced_stage
 from swarm_node.membership.view import Membership
+from swarm_node.net.dht import Signed
 from swarm_node.net.guard import PeerGuard
 from swarm_node.node_config import NodeConfig
 from swarm_node.spec import RunSpec
-from swarm_node.wire.records import PeerRecord
-
-
-class FakeDHT:
-    peer_id = "self-peer"
-
-    def __init__(self, records: dict[str, dict[str, object]]):
-        self.records = records
-
-    async def get_signed(self, key: str) -> dict[str, object]:
-        return self.records.get(key, {})
+from swarm_node.wire.records import CLOCK_SKEW_S, MAX_RECORD_TTL_S, PeerRecord
 
 
 def test_peers_of_another_run_spec_and_bad_records_are_ignored_and_logged_once(caplog):
@@ -29,7 +26,7 @@ def test_peers_of_another_run_spec_and_bad_records_are_ignored_and_logged_once(c
     other = dataclasses.replace(spec, seq_len=spec.seq_len + 1)
     good = PeerRecord(stage=1, spec_hash=spec.spec_hash(), version=__version__).to_wire()
     foreign = PeerRecord(stage=1, spec_hash=other.spec_hash(), version=__version__).to_wire()
-    dht = FakeDHT({"r/stage/1": {"good": good, "foreign": foreign, "garbage": {"stage": "x"}, "self-peer": good}})
+    dht = FakeDHT("self-peer", {"r/stage/1": {"good": good, "foreign": foreign, "garbage": {"stage": "x"}, "self-peer": good}})
     view = Membership(spec=spec, dht=dht, guard=PeerGuard(), config=NodeConfig(), record=lambda: None)
     with caplog.at_level(logging.WARNING, logger="swarm_node.net.guard"):
         for _ in range(3):
@@ -38,7 +35,7 @@ def test_peers_of_another_run_spec_and_bad_records_are_ignored_and_logged_once(c
     assert view.peers[0] == {}
     warnings = [r.getMessage() for r in caplog.records]
     assert sum("foreign"[-6:] in w and "run-spec hash" in w for w in warnings) == 1
-    assert sum("unreadable registry record" in w for w in warnings) == 1
+    assert sum("registry record refused" in w for w in warnings) == 1
 
 
 def test_simultaneous_joiners_spread_over_stages_and_agree_on_it():
@@ -81,7 +78,7 @@ def test_joiners_nobody_can_reach_take_stage_0_and_the_others_balance_around_the
 
 def test_nobody_routes_proposes_or_downloads_state_from_an_unreachable_peer():
     spec = RunSpec(run_id="r", model_size="tiny", num_stages=2)
-    view = Membership(spec=spec, dht=FakeDHT({}), guard=PeerGuard(), config=NodeConfig(), record=lambda: None)
+    view = Membership(spec=spec, dht=FakeDHT("self-peer"), guard=PeerGuard(), config=NodeConfig(), record=lambda: None)
     view.stage = 0
     view.peers = {1: {"open": PeerRecord(stage=1, spec_hash=spec.spec_hash(), version=__version__),
                       "natted": PeerRecord(stage=1, spec_hash=spec.spec_hash(), version=__version__,
@@ -113,3 +110,38 @@ def test_joiners_that_did_not_see_each_other_in_time_even_out_one_move_at_a_time
     assert rebalanced_stage(view, "Qb", 0, spec.num_stages, reachable=False) == 0
     # balanced within one: nobody moves
     assert rebalanced_stage({0: {"Qa": rec(0)}, 1: {"Qb": rec(1)}}, "Qc", 0, spec.num_stages, reachable=True) == 0
+
+
+def test_a_peer_that_changed_stage_while_joining_is_shown_in_the_stage_it_trains_in():
+    """Seen in a CI run of the NAT test: a volunteer guessed stage 1, withdrew the guess
+    with a `leaving` record there and trained stage 0; the dashboard merged the stages
+    in index order and showed it in stage 1 until the withdrawn record expired."""
+    spec = RunSpec(run_id="r", model_size="tiny", num_stages=2)
+    rec = partial(PeerRecord, spec_hash=spec.spec_hash(), version=__version__)
+    now = time.time()
+    dht = FakeDHT("reader", {"r/stage/0": {"mover": Signed(rec(stage=0, state="training").to_wire(), now + 15)},
+                             "r/stage/1": {"mover": Signed(rec(stage=1, state="leaving").to_wire(), now + 4),
+                                           "other": Signed(rec(stage=1).to_wire(), now + 15)}})
+    records, refused = asyncio.run(read_registry(dht, "r", spec.num_stages))
+    assert not refused
+    assert {p: (r.stage, r.state) for p, r in records.items()} == {"mover": (0, "training"), "other": (1, "training")}
+
+
+def test_a_record_claiming_to_outlive_what_nodes_publish_is_refused_and_logged_once(caplog):
+    """A red team's forged records claimed to live an hour, so they were retried for an
+    hour after the forger left. A node publishes for at most MAX_RECORD_TTL_S."""
+    spec = RunSpec(run_id="r", model_size="tiny", num_stages=2)
+    good = PeerRecord(stage=1, spec_hash=spec.spec_hash(), version=__version__).to_wire()
+    now = time.time()
+    dht = FakeDHT("self-peer", {"r/stage/1": {
+        "honest": Signed(good, now + NodeConfig().record_ttl_s + CLOCK_SKEW_S),  # a writer whose clock runs ahead
+        "forged": Signed(good, now + 3600)}})
+    view = Membership(spec=spec, dht=dht, guard=PeerGuard(), config=NodeConfig(), record=lambda: None)
+    with caplog.at_level(logging.WARNING, logger="swarm_node.net.guard"):
+        for _ in range(3):
+            asyncio.run(view.refresh(all_stages=True))
+    assert set(view.peers[1]) == {"honest"}
+    assert [r.getMessage() for r in caplog.records if "forged"[-6:] in r.getMessage()] == [
+        "ignoring peer forged: registry record refused: it claims to live 3600 s; nodes publish for at most 120 s"]
+    with pytest.raises(ValueError, match="record_ttl_s"):
+        NodeConfig(record_ttl_s=MAX_RECORD_TTL_S + 1)

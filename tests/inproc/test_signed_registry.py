@@ -4,8 +4,8 @@ another peer can neither overwrite it nor pass off a record under someone else's
 import asyncio
 
 from swarm_node import __version__
-from swarm_node.net.dht import SwarmDHT
 from swarm_node.membership.registry import publish_record, read_stage, stage_key
+from swarm_node.net.dht import SwarmDHT
 from swarm_node.wire.records import PeerRecord
 
 

@@ -3,15 +3,14 @@ about once per thousand healthy calls) is retried at once and costs the peer not
 the second in a row from the same peer bans it as before (a peer that refuses us)."""
 
 import torch
-
 import vclock
+from parts import StageParts, record
+
 from swarm_node.errors import StreamClosed
 from swarm_node.spec import RunSpec
 from swarm_node.train.pipeline import Pipeline
 from swarm_node.train.worker import StageWorker
 from swarm_node.wire.codec import encode_frame
-
-from parts import StageParts, record
 
 SPEC = RunSpec(run_id="resets", model_size="debug", num_stages=2, seq_len=16, batch_size=4, samples_per_step=4)
 HIDDEN = torch.zeros(4, 16, 64)

@@ -10,7 +10,6 @@ import os
 import signal
 
 import pytest
-
 from netbed import TestBed, ensure_iptables, unavailable
 
 

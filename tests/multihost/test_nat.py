@@ -6,7 +6,6 @@ nobody ever opens a stream to it."""
 from __future__ import annotations
 
 import pytest
-
 from swarm_hosts import BootstrapOnHost, Volunteer, run_spec_file, wait_for
 
 pytestmark = pytest.mark.usefixtures("iptables")

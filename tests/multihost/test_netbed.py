@@ -10,7 +10,6 @@ import subprocess
 import time
 
 import pytest
-
 from netbed import TestBed, remove_leftovers
 from netbed.bed import PREFIX, _namespaces
 

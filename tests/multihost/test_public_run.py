@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-
 from swarm_hosts import BootstrapOnHost, Volunteer, run_spec_file, volunteer_env, wait_for
+
 from swarm_node.spec import RunSpec
 
 ARTIFACTS = Path(os.environ.get("SWARM_TEST_ARTIFACTS", Path(__file__).resolve().parents[2] / "test-artifacts"))

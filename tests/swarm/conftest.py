@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from swarm_node.net.dht import SwarmDHT
 from swarm_node.membership.registry import read_stage
+from swarm_node.net.dht import SwarmDHT
 from swarm_node.spec import RunSpec
 from swarm_node.wire.records import PeerRecord
 

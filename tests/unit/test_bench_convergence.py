@@ -6,8 +6,16 @@ import pytest
 
 from bench.common.results import Result
 from bench.convergence.benchmark import QUICK, jobs_for, markdown, summarise
-from bench.convergence.stats import (check_ddp_best, check_gaps_grow_with_dp, check_noloco_vs_diloco,
-                                     check_scaling_order, grid_rows, paired_gaps_pct, scaling_rows, spread)
+from bench.convergence.stats import (
+    check_ddp_best,
+    check_gaps_grow_with_dp,
+    check_noloco_vs_diloco,
+    check_scaling_order,
+    grid_rows,
+    paired_gaps_pct,
+    scaling_rows,
+    spread,
+)
 
 
 def _run(section, dp, pp, method, seed, loss, outer_lr=None):

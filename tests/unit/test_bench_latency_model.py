@@ -8,9 +8,17 @@ import pytest
 
 from bench.latency_model import benchmark as latency_model
 from bench.latency_model.inputs import largest_per_setting, small_n_ratios, summary_times
-from bench.latency_model.sim import (Variant, allreduce_to_pair_ratio, barrier_run_times, binomial_tree_paths,
-                                     level_barrier_paths, pair_exchange_mean, random_pairs, slowest_pair_paths,
-                                     tree_paths)
+from bench.latency_model.sim import (
+    Variant,
+    allreduce_to_pair_ratio,
+    barrier_run_times,
+    binomial_tree_paths,
+    level_barrier_paths,
+    pair_exchange_mean,
+    random_pairs,
+    slowest_pair_paths,
+    tree_paths,
+)
 
 
 @pytest.fixture

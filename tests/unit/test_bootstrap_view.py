@@ -6,8 +6,8 @@ import math
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-
 from swarm_bootstrap.view import SwarmView, prometheus_text
+
 from swarm_node.obs.http import Response, StatusServer
 from swarm_node.wire.records import PeerRecord
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from swarm_node.errors import ProtocolError
-from swarm_node.wire.messages import decode_gradient_answer, rms
 from swarm_node.wire.codec import FrameLimits, encode_frame
+from swarm_node.wire.messages import decode_gradient_answer, rms
 
 LIMITS = FrameLimits(max_payload_bytes=1 << 20)
 SHAPE = torch.Size((2, 3, 4))
