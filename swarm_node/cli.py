@@ -201,9 +201,10 @@ def _add_join_parser(sub) -> None:
                    help="write a checkpoint every N outer rounds (default %(default)s)")
     p.add_argument("--wire-dtype", choices=("fp16", "bf16", "fp32"), default="fp16",
                    help="precision of activations/gradients sent to other stages, and of phi/Delta in rounds")
-    p.add_argument("--max-update-ratio", type=_ratio, default=10.0, metavar="X",
-                   help="refuse a partner's Delta norm or phi distance above X times the recent median "
-                        "(and ban it); raise for runs with long partitions")
+    p.add_argument("--max-update-ratio", type=_ratio, default=3.0, metavar="X",
+                   help="refuse a partner's Delta norm or phi distance above X times our own recent Delta "
+                        "norms, and do not pair with it for 30 minutes (default %(default)s; honest partners "
+                        "of the same round measured up to 2)")
     p.add_argument("--metrics", nargs="+", choices=(*SINKS, "none"), default=["jsonl"], metavar="SINK",
                    help="where training metrics go: jsonl (default), tensorboard, wandb (offline mode; upload later "
                         "with `wandb sync`), or none")

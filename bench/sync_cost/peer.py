@@ -91,6 +91,9 @@ class FlatStage:
     def outer_round_due(self) -> bool:  # rounds start when the parent says
         return False
 
+    def round_fraction(self) -> float:
+        return 1.0
+
     def can_round_early(self) -> bool:
         return False
 

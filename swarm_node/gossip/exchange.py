@@ -35,7 +35,7 @@ from swarm_node.wire.messages import PROPOSAL_LIMITS, PROPOSAL_MAX_BYTES, check_
 
 log = logging.getLogger(__name__)
 
-ROUNDS_APART = 2  # an out-of-scale partner this many rounds from us is declined, not banned
+ROUNDS_APART = 2  # a partner out of our scale this many rounds ahead: we are behind, catch up
 PROPOSE_TIMEOUT_S = 5.0  # a pairing proposal is a few bytes: no answer in this time means the peer is unwell
 Tensors = list[torch.Tensor]
 
@@ -55,6 +55,8 @@ class OuterState(Protocol):
     def own_delta(self) -> Sequence[torch.Tensor]: ...
 
     def outer_round_due(self) -> bool: ...
+
+    def round_fraction(self) -> float: ...
 
     def can_round_early(self) -> bool: ...
 
@@ -82,7 +84,7 @@ class OuterExchange:
     def __init__(self, *, spec_hash: str, method: str, times: ExchangeTimes, state: OuterState,
                  services: NodeServices, gate: RoundGate, candidates: Callable[[], list[tuple[str, bool]]],
                  callers_expected: Callable[[], bool], announce: Callable[[], Awaitable[None]],
-                 stopping: asyncio.Event, own_id: str, max_update_ratio: float = 10.0):
+                 stopping: asyncio.Event, own_id: str, max_update_ratio: float = 3.0):
         self.spec_hash = spec_hash
         self.times = times
         self.state = state
@@ -128,7 +130,7 @@ class OuterExchange:
         started = now()
         self._outcome = outcome = RoundOutcome(round_no)
         own = await self.compute(self.state.outer_payload, self.times.wire)
-        await self.compute(self.check.note_own_delta, own[1])
+        await self.compute(self.check.note_own_delta, own[1], self.state.round_fraction())
         reply = await self.compute(encode_frame, {"kind": "outer", "spec": self.spec_hash, "round": round_no,
                                                   "ok": True}, own[0] + own[1])
         callers = self.callers_expected()
@@ -230,11 +232,11 @@ class OuterExchange:
         header, tensors = await self.compute(decode_frame, raw, self.limits)
         if not header.get("ok"):
             raise Refused(str(header.get("error", "refused")))
-        checked = await self._check_partner(header, tensors)
+        checked = await self._check_partner(peer, header, tensors)
         self._outcome.exchange_s = now() - started
         return checked
 
-    async def _check_partner(self, header: dict, tensors: Tensors) -> tuple[Tensors, Tensors]:
+    async def _check_partner(self, peer: str, header: dict, tensors: Tensors) -> tuple[Tensors, Tensors]:
         check_outer_header(header, self.spec_hash)
         try:
             return await self.compute(self.check.check, tensors, self.state.own_phi(), self.state.own_delta)
@@ -242,15 +244,20 @@ class OuterExchange:
             log.info("declining an outer exchange before our first round: %s", exc)
             raise
         except OutOfScale as exc:
-            # An honest partner rounds ahead (it trained alone while we started) is out of
-            # our scale too: decline, ban nobody, and let the one behind catch up. The
-            # round it claims only ever makes us decline, never accept.
+            # An honest partner at another round is out of our scale too: one round ahead
+            # in warm-up (its learning rate is higher), or rounds ahead because it trained
+            # alone while we started. Decline it and back off briefly, and let the one far
+            # behind catch up. The round a partner claims only ever makes us decline,
+            # never accept: a poisoner claiming another round is declined every time.
             theirs, ours = header.get("round"), self.state.outer_round
-            if type(theirs) is not int or abs(theirs - ours) < ROUNDS_APART:
+            if type(theirs) is not int or theirs == ours:
+                self.guard.poisoned(peer, str(exc))
                 raise
-            if theirs > ours:
+            if theirs - ours >= ROUNDS_APART:
                 self.behind = True
-            log.info("declining an outer exchange with a partner at round %d (we are at %d): %s", theirs, ours, exc)
+            self.guard.failed(peer)
+            self.guard.note(peer, f"declining an outer exchange with {short_id(peer)} at round {theirs} (we are at "
+                                  f"{ours}): {exc}")
             raise Refused(f"rounds-apart ({theirs} and {ours})") from None
 
     # -- the answering side ------------------------------------------------------------
@@ -275,7 +282,7 @@ class OuterExchange:
     async def handle_outer(self, remote: str, request: bytes) -> bytes:
         async def partner_payload():
             header, tensors = await self.compute(decode_frame, request, self.limits)
-            return await self._check_partner(header, tensors)
+            return await self._check_partner(remote, header, tensors)
 
         pairing = self.pairing
         try:

@@ -29,6 +29,8 @@ from swarm_node.net.transport import short_id
 log = logging.getLogger(__name__)
 
 MAX_TRACKED_PEERS = 4096
+NOTE_EVERY_S = 60.0  # a peer's repeated notes: one log line a minute at most
+POISON_BAN_S = 1800.0  # a partner whose update we rejected stays off this long
 
 
 @dataclass
@@ -51,17 +53,27 @@ class PeerGuard:
         self._faults: dict[str, int] = {}  # bad requests per caller since its last ban
         self._streams_closed: dict[str, int] = {}  # streams ended unanswered in a row
         self._ignored: set[str] = set()
+        self._noted: dict[str, float] = {}  # peer -> when we last logged a note about it
         self._reached: dict[str, None] = {}  # peers that answered us or called us (insertion-ordered, bounded)
 
     # -- peers we call -------------------------------------------------------------
-    def failed(self, peer: str) -> float:
-        """A call to ``peer`` failed: ban it; returns the ban's length in seconds."""
+    def failed(self, peer: str, at_least_s: float = 0.0) -> float:
+        """A call to ``peer`` failed: ban it; returns the ban's length in seconds (a
+        longer ban it already has is kept)."""
         previous = self._bans.pop(peer, None)
         strikes = previous.strikes + 1 if previous else 1
-        length = min(self.max_ban_s, self.base_ban_s * 2 ** min(strikes - 1, 30))  # capped: no overflow
-        self._bans[peer] = _Ban(self.clock() + length, strikes)
+        length = max(at_least_s, min(self.max_ban_s, self.base_ban_s * 2 ** min(strikes - 1, 30)))  # no overflow
+        until = max(self.clock() + length, previous.until if previous else 0.0)
+        self._bans[peer] = _Ban(until, strikes)
         _bound(self._bans)
-        return length
+        return until - self.clock()
+
+    def poisoned(self, peer: str, why: str) -> None:
+        """``peer`` sent an update we rejected (out of our scale at the same round): no
+        routing, pairing or downloads with it for POISON_BAN_S, logged once. (A short
+        ban let a x1000 attacker back in 2 minutes later.)"""
+        self.ignore(peer, f"rejected its update ({why}); not pairing with it for {POISON_BAN_S / 60:.0f} min")
+        self.failed(peer, at_least_s=POISON_BAN_S)
 
     def succeeded(self, peer: str) -> None:
         """A call to ``peer`` worked: its strikes are forgiven once its ban is over."""
@@ -72,8 +84,12 @@ class PeerGuard:
             del self._bans[peer]
 
     def is_banned(self, peer: str) -> bool:
+        return self.banned_for_s(peer) > 0
+
+    def banned_for_s(self, peer: str) -> float:
+        """How long ``peer``'s ban still lasts (0: not banned)."""
         ban = self._bans.get(peer)
-        return ban is not None and self.clock() < ban.until
+        return max(0.0, ban.until - self.clock()) if ban is not None else 0.0
 
     def reached(self, peer: str) -> None:
         """``peer`` exists: it answered a call of ours, or we served one of its calls."""
@@ -124,6 +140,17 @@ class PeerGuard:
             del self._caller_bans[peer]
             until = None
         return until is None and self.admits(peer)
+
+    def note(self, peer: str, what: str) -> None:
+        """Log ``what`` about ``peer`` at info level, at most once a minute per peer: a
+        peer declined round after round must not fill the log."""
+        last = self._noted.pop(peer, None)
+        if last is not None and self.clock() - last < NOTE_EVERY_S:
+            self._noted[peer] = last
+            return
+        self._noted[peer] = self.clock()
+        _bound(self._noted)
+        log.info("%s", what)
 
     def ignore(self, peer: str, why: str) -> None:
         """Log once per peer (bounded: at worst a peer is logged a second time)."""

@@ -3,10 +3,9 @@ is at most ``max_ratio`` times the median of recent accepted values. Pure bookke
 the node decides what a rejection costs the sender (the round goes local-only, the
 peer is banned).
 
-What this defends against: a peer whose update or activations are wildly out of scale
-(a x1000 delta, exploding activations, a broken GPU, a crude attacker). What it does
-not: a careful attacker who stays within the ratio can still bias the model a little
-every round; NoLoCo's gamma term and the median reference limit how fast, not whether."""
+What this defends against: activations or gradients wildly out of scale (exploding
+activations, a broken GPU, a crude attacker). Partners' outer updates are held to a
+scale fed only our own Deltas, and clipped (gossip/partner_check.py)."""
 
 from __future__ import annotations
 

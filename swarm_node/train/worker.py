@@ -120,6 +120,10 @@ class StageWorker:
             return False
         return self.round_forced or self.inner_step - self.last_round_step >= self.spec.method.inner_steps
 
+    def round_fraction(self) -> float:
+        """How much of a round's inner steps this round has taken (below 1 when taken early)."""
+        return (self.inner_step - self.last_round_step) / self.spec.method.inner_steps
+
     def can_round_early(self) -> bool:
         """Past half of this round: joining a partner's round now keeps the pair in
         phase, instead of both waiting out deadlines at alternating boundaries."""

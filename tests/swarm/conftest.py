@@ -32,13 +32,15 @@ class SwarmHarness:
         self.dht = self.loop.run_until_complete(SwarmDHT.start())
         self.maddr = self.dht.visible_maddrs()[0]
 
-    def spawn(self, stage: int, *extra: str, name: str) -> subprocess.Popen:
-        cmd = [sys.executable, "-m", "swarm_node", "join", "--initial-peers", self.maddr, "--config",
+    def spawn(self, stage: int, *extra: str, name: str, program: tuple[str, ...] = ("-m", "swarm_node"),
+              env: dict[str, str] | None = None) -> subprocess.Popen:
+        """``program``: what python runs instead of swarm_node (a hostile peer built in the test)."""
+        cmd = [sys.executable, *program, "join", "--initial-peers", self.maddr, "--config",
                str(self.spec_path), "--stage", str(stage), "--device", "cpu", "--threads", "1", "--run-dir",
                str(self.tmp_path), "--no-progress", "--host-maddrs", "/ip4/127.0.0.1/tcp/0", *extra]
         log = open(self.tmp_path / f"{name}.log", "wb")
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                env=dict(os.environ, OMP_NUM_THREADS="1"))
+                                env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})))
         log.close()
         self.processes.append(proc)
         return proc
