@@ -22,7 +22,12 @@ from swarm_node.net.transport import ServeLimits, short_id
 from swarm_node.node_services import NodeServices
 from swarm_node.train.worker import StageWorker, tensor_digest
 from swarm_node.wire.codec import FrameLimits, decode_frame, encode_frame
-from swarm_node.wire.messages import check_state_chunk, check_state_counters
+from swarm_node.wire.messages import (
+    STATUS_REPLY_MAX_BYTES,
+    STATUS_REQUEST,
+    check_state_chunk,
+    check_state_counters,
+)
 from swarm_node.wire.records import PeerRecord
 
 log = logging.getLogger(__name__)
@@ -32,6 +37,8 @@ SNAPSHOT_TTL_S = 120.0
 MAX_SNAPSHOTS = 4
 MAX_DONORS = 3
 CHUNK_TIMEOUT_S = 30.0
+PROBE_TIMEOUT_S = 5.0  # a status request: a few hundred bytes
+MAX_PROBES = 64  # peers asked at once whether they exist before a download
 
 
 
@@ -97,17 +104,39 @@ class StateSync:
 
     # -- joiner side --------------------------------------------------------------
     async def download(self) -> bool:
-        """From the most advanced live peers of our stage, trying up to three; whether
-        it succeeded (when not, the worker's state is untouched)."""
-        donors = sorted(((r.inner_step, p) for p, r in self.donors().items() if r.inner_step > 0), reverse=True)
-        for _, donor in donors[:MAX_DONORS]:
+        """From the most advanced peers of our stage that exist, trying up to three;
+        whether it succeeded (when not, the worker's state is untouched)."""
+        for donor in (await self._donors())[:MAX_DONORS]:
             try:
                 async with asyncio.timeout(self.timeout_s):
                     await self._download_from(donor)
                 return True
             except (PeerError, TimeoutError, ValueError) as exc:
+                self.guard.failed(donor)
                 log.warning("state download from %s failed (%s); trying another donor", short_id(donor), exc)
         return False
+
+    async def _donors(self) -> list[str]:
+        """Live peers of our stage that claim to be ahead of us, most advanced first,
+        among those that exist: peers we have reached before, and peers that answer a
+        status request now. A forged record has nobody behind it: ordered by claimed
+        steps, 30 of them claiming the most took every donor slot and a joiner started
+        from scratch."""
+        own_step = self.worker.inner_step
+        claims = {p: r.inner_step for p, r in self.donors().items()
+                  if r.inner_step > own_step and not self.guard.is_banned(p)}
+        by_claim = sorted(claims, key=lambda p: claims[p], reverse=True)
+        unknown = [p for p in by_claim if not self.guard.is_verified(p)][:MAX_PROBES]
+        await asyncio.gather(*(self._probe(p) for p in unknown))
+        return [p for p in by_claim if self.guard.is_verified(p)]
+
+    async def _probe(self, peer: str) -> None:
+        try:
+            await self.transport.request(peer, protocols.STATUS, STATUS_REQUEST, timeout_s=PROBE_TIMEOUT_S,
+                                         max_response_bytes=STATUS_REPLY_MAX_BYTES)
+            self.guard.succeeded(peer)
+        except (PeerError, TimeoutError):
+            self.guard.failed(peer)
 
     async def _download_from(self, donor: str) -> None:
         limits = FrameLimits(max_payload_bytes=CHUNK_BYTES * 4)
@@ -142,6 +171,8 @@ class StateSync:
         if digest != snap_id:
             raise ProtocolError(f"state digest {digest} does not match the donor's {snap_id}")
         inner_step, outer_round, last_round_step = check_state_counters(meta)
+        if inner_step <= self.worker.inner_step:
+            raise ProtocolError(f"its state (step {inner_step}) is not ahead of ours (step {self.worker.inner_step})")
         await self.compute(self.worker.load_snapshot, inner_step, outer_round, tensors, last_round_step)
         self.stats.downloaded_from = donor
         self.stats.downloaded_digest = digest

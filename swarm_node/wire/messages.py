@@ -13,9 +13,11 @@ import math
 import torch
 
 from swarm_node.errors import PeerRefused, ProtocolError
-from swarm_node.wire.codec import FrameLimits, decode_frame
+from swarm_node.wire.codec import FrameLimits, decode_frame, encode_frame
 
 PROPOSAL_MAX_BYTES = 4096
+STATUS_REQUEST = encode_frame({"kind": "status"})
+STATUS_REPLY_MAX_BYTES = 64 << 10
 PROPOSAL_LIMITS = FrameLimits(max_header_bytes=PROPOSAL_MAX_BYTES, max_payload_bytes=0, max_tensors=0)
 MAX_DEADLINE_S = 3600
 

@@ -10,6 +10,7 @@ import vclock
 from parts import StageParts, record
 
 from swarm_node.errors import NotEnoughPeers, PeerError
+from swarm_node.net import protocols
 from swarm_node.spec import RunSpec
 from swarm_node.train.worker import StageWorker
 from swarm_node.wire.codec import encode_frame
@@ -75,3 +76,31 @@ def test_forged_same_stage_records_never_fill_the_partner_search():
         candidates = [peer for peer, _ in stage.membership.partner_candidates()]
         assert "QmPartner" in candidates and len(candidates) == 2  # the verified one and one probe
     assert not stage.membership.callers_expected()
+
+
+def test_forged_records_claiming_to_be_far_ahead_do_not_keep_a_joiner_from_the_stage_state():
+    """Ordered by the steps they claim, 30 forged stage-1 records took every donor slot:
+    a joiner tried three of them and started from scratch, and a node that fell behind
+    never caught up. Donors must exist first: a status request answers that at once."""
+    donor_worker = StageWorker(SPEC, 1, 16)
+    donor_worker.inner.step_count = 500
+    donor = StageParts(SPEC, donor_worker).state_sync()
+    asked = {"forged": 0, "honest": 0}
+
+    class Transport:
+        async def request(self, peer, protocol, payload, *, timeout_s, max_response_bytes):
+            if peer in FORGED:
+                asked["forged"] += 1
+                raise PeerError("Connect failed. msg=routing: not found")
+            asked["honest"] += 1
+            if protocol == protocols.STATE:
+                return await donor.handle("QmJoiner", payload)
+            return encode_frame({"kind": "status", "ok": True})
+
+    joiner = StageParts(SPEC, StageWorker(SPEC, 1, 16), transport=Transport())
+    joiner.membership.peers = {1: {**{p: record(1, SPEC, inner_step=10**9) for p in FORGED},
+                                   "QmDonor": record(1, SPEC, inner_step=500)}}
+    assert vclock.run(joiner.state_sync().download())
+    assert joiner.worker.inner_step == 500 and joiner.stats.downloaded_from == "QmDonor"
+    assert asked["forged"] == len(FORGED)  # one status request each, at once
+    assert all(joiner.guard.is_banned(p) for p in FORGED)
