@@ -25,7 +25,7 @@ import torch
 from swarm_node.errors import PeerRefused, ProtocolError, StreamClosed
 from swarm_node.gossip.group import GroupRound
 from swarm_node.gossip.pairing import PairingCoordinator, PairResult, Refused, now
-from swarm_node.gossip.partner_check import OutOfScale, PartnerCheck
+from swarm_node.gossip.partner_check import ROUNDS_APART, PartnerCheck, Poisoned, RoundsApart
 from swarm_node.net import protocols
 from swarm_node.net.transport import ServeLimits, short_id
 from swarm_node.node_services import NodeServices
@@ -35,7 +35,6 @@ from swarm_node.wire.messages import PROPOSAL_LIMITS, PROPOSAL_MAX_BYTES, check_
 
 log = logging.getLogger(__name__)
 
-ROUNDS_APART = 2  # a partner out of our scale this many rounds ahead: we are behind, catch up
 PROPOSE_TIMEOUT_S = 5.0  # a pairing proposal is a few bytes: no answer in this time means the peer is unwell
 Tensors = list[torch.Tensor]
 
@@ -238,27 +237,23 @@ class OuterExchange:
 
     async def _check_partner(self, peer: str, header: dict, tensors: Tensors) -> tuple[Tensors, Tensors]:
         check_outer_header(header, self.spec_hash)
+        theirs, ours = header.get("round"), self.state.outer_round
+        rounds_ahead = theirs - ours if type(theirs) is int else 0  # a claim: it only picks how we refuse
         try:
-            return await self.compute(self.check.check, tensors, self.state.own_phi(), self.state.own_delta)
+            return await self.compute(self.check.check, tensors, self.state.own_phi(), self.state.own_delta,
+                                      rounds_ahead)
+        except Poisoned as exc:
+            self.guard.poisoned(peer, str(exc))
+            raise
+        except RoundsApart as exc:
+            if exc.rounds_ahead >= ROUNDS_APART:
+                self.behind = True
+            self.guard.note(peer, f"declining an outer exchange with {short_id(peer)} at round {theirs} (we are at "
+                                  f"{ours}): {exc}")
+            raise
         except Refused as exc:
             log.info("declining an outer exchange before our first round: %s", exc)
             raise
-        except OutOfScale as exc:
-            # An honest partner at another round is out of our scale too: one round ahead
-            # in warm-up (its learning rate is higher), or rounds ahead because it trained
-            # alone while we started. Decline it and back off briefly, and let the one far
-            # behind catch up. The round a partner claims only ever makes us decline,
-            # never accept: a poisoner claiming another round is declined every time.
-            theirs, ours = header.get("round"), self.state.outer_round
-            if type(theirs) is not int or theirs == ours:
-                self.guard.poisoned(peer, str(exc))
-                raise
-            if theirs - ours >= ROUNDS_APART:
-                self.behind = True
-            self.guard.failed(peer)
-            self.guard.note(peer, f"declining an outer exchange with {short_id(peer)} at round {theirs} (we are at "
-                                  f"{ours}): {exc}")
-            raise Refused(f"rounds-apart ({theirs} and {ours})") from None
 
     # -- the answering side ------------------------------------------------------------
     async def handle_propose(self, remote: str, request: bytes) -> bytes:

@@ -1,28 +1,34 @@
 """What a partner's (phi, Delta) must pass before it is averaged in.
 
 First it must fit our stage: as many tensors as ours, the same shapes, floating point,
-finite. Then it must be in scale with our own progress: its Delta's norm, and its
-phi's distance from ours, at most ``max_update_ratio`` times our scale, and it counts
-with at most ``clip_ratio`` times our scale (its Delta scaled down, its phi's pull
-shortened).
+finite. Then it is held to our scale: our own Delta norm, each stretched to a whole
+round (a round taken early covers fewer steps), the larger of the recent median and
+the latest (so that warm-up's rising learning rate raises it at once). Nothing a
+partner sends moves the scale. (It used to take in every accepted partner Delta, so a
+poisoner inside the bound raised the bound round by round: a constant-offset attacker
+at 5x was accepted in 42 of 43 exchanges, until the two honest nodes of its stage
+rejected each other.)
 
-Our scale is built from our own Deltas only, each stretched to a whole round (a round
-taken early covers fewer steps): the larger of their recent median and the latest, so
-that a rising learning rate in warm-up raises it at once. What partners send never
-moves it. (It used to take in every accepted partner Delta, so a poisoner inside the
-bound raised the bound round by round: a constant-offset attacker at 5x was accepted
-in 42 of 43 exchanges, until the two honest nodes of its stage rejected each other.)
-Distances only compare with our own Delta norms too: right after init or an exchange
-honest partners sit almost on top of each other, and a median of such distances would
-make the next honest partner look like an attack.
+- A Delta norm above ``max_update_ratio`` times our scale is a poisoned update when
+  the partner is at our round (Poisoned: the exchange keeps it off for half an hour).
+  At another round it is declined (RoundsApart): one round ahead in warm-up an honest
+  partner's learning rate is higher, and rounds ahead it trained alone while we
+  started; the one far behind catches up by downloading the stage's state.
+- A phi far from ours is no proof of anything: honest replicas that trained apart
+  (a partition, a late start) are far apart too. It is declined only when the partner
+  is two or more rounds away (so the one behind catches up instead); otherwise it
+  counts as the point ``clip_ratio`` times our scale on the way to it, so partners
+  apart converge again a step at a time and an attacker pulls by a bounded amount.
+- An accepted Delta above ``clip_ratio`` times our scale is scaled down to it.
 
 Before our first round the only scale we have is our progress so far, and a partner a
 round ahead of a node in warm-up (or started late) is out of it honestly: such an
-exchange is declined (Refused), not punished. After it, an update out of scale is
-OutOfScale: the exchange tells a partner at another round (declined) from a poisoner
-(not paired with for half an hour, net/guard.py).
+exchange is declined (Refused), not punished.
 
-Everything here runs on the compute thread, the screens included."""
+The round a partner claims only chooses between declining, rejecting and clipping:
+a liar gains nothing it could not get by telling the truth.
+
+Everything here runs on the compute thread."""
 
 from __future__ import annotations
 
@@ -37,9 +43,16 @@ from swarm_node.train.screen import MagnitudeScreen
 from swarm_node.wire.messages import finite
 
 
-class OutOfScale(ProtocolError):
-    """A well-formed update too large against our own progress: poisoned, or a partner
-    rounds apart from us (the caller tells which by the rounds)."""
+class Poisoned(ProtocolError):
+    """A partner at our round sent a Delta far out of our scale."""
+
+
+class RoundsApart(Refused):
+    """A partner at another round is out of our scale: declined, nobody punished."""
+
+    def __init__(self, why: str, rounds_ahead: int):
+        super().__init__(f"rounds-apart ({why})")
+        self.rounds_ahead = rounds_ahead  # how far the partner says it is ahead of us
 
 
 def norm(tensors: Sequence[torch.Tensor]) -> float:
@@ -64,11 +77,8 @@ def fit_problem(tensors: Sequence[torch.Tensor], shapes: Sequence[torch.Size]) -
     return None
 
 
-# Honest phi distances spread wider than Delta norms: partners drift apart between their
-# exchanges, and further while a poisoner inside the bound pulls each its own way (up to
-# 3x our Delta norm measured in the simulator, against 1.3x for Delta norms). A phi far
-# off pulls by at most clip_ratio times our scale anyway (below).
-DISTANCE_SLACK = 2.0
+ROUNDS_APART = 2  # a partner this many rounds ahead and far off: we are behind, catch up
+DISTANCE_SLACK = 2.0  # a phi this many times the Delta bound away, rounds apart: declined
 
 
 class PartnerCheck:
@@ -77,7 +87,6 @@ class PartnerCheck:
             raise ValueError("clip_ratio must be above 1")
         self.max_update_ratio = max_update_ratio
         self.clip_ratio = min(clip_ratio, max_update_ratio)
-        self.max_distance_ratio = DISTANCE_SLACK * max_update_ratio
         self._own = MagnitudeScreen(max_update_ratio)  # only ever fed our own Delta norms
         self._latest: float | None = None
 
@@ -97,16 +106,20 @@ class PartnerCheck:
         return None if median is None or self._latest is None else max(median, self._latest)
 
     def check(self, tensors: list[torch.Tensor], own_phi: Sequence[torch.Tensor],
-              own_delta: Callable[[], Sequence[torch.Tensor]]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """The partner's (phi, Delta), clipped to ``clip_ratio`` times our scale, or
-        ProtocolError / OutOfScale / Refused (see the module doc). ``own_delta`` is read
-        only before our first round."""
+              own_delta: Callable[[], Sequence[torch.Tensor]],
+              rounds_ahead: int = 0) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The partner's (phi, Delta) as they count (clipped), or ProtocolError /
+        Poisoned / RoundsApart / Refused (see the module doc). ``rounds_ahead``: the
+        partner's round minus ours, as it claims. ``own_delta`` is read only before our
+        first round."""
         problem = fit_problem(tensors, [p.shape for p in own_phi])
         if problem:
             raise ProtocolError(problem)
         n = len(own_phi)
         phi, delta = tensors[:n], tensors[n:]
         delta_norm, phi_distance = norm(delta), distance(phi, own_phi)
+        if not (math.isfinite(delta_norm) and math.isfinite(phi_distance)):
+            raise ProtocolError("the update's norm is not finite")
         reference = self.reference()
         if not reference:  # no round yet, or none with a step in it
             first = MagnitudeScreen(self.max_update_ratio)
@@ -116,12 +129,14 @@ class PartnerCheck:
             if problem:
                 raise Refused(f"not-ready ({problem})")
             return phi, delta
-        for value, what, ratio in ((delta_norm, "partner's Delta norm", self.max_update_ratio),
-                                   (phi_distance, "partner's distance from our phi", self.max_distance_ratio)):
-            if not math.isfinite(value):
-                raise ProtocolError(f"{what} is not finite")
-            if value > ratio * reference:
-                raise OutOfScale(f"{what} {value:.3g} is {value / reference:.1f}x our own Delta norm {reference:.3g}")
+        bound = self.max_update_ratio * reference
+        if delta_norm > bound:
+            why = f"partner's Delta norm {delta_norm:.3g} is {delta_norm / reference:.1f}x our own {reference:.3g}"
+            if rounds_ahead == 0:
+                raise Poisoned(why)
+            raise RoundsApart(why, rounds_ahead)
+        if phi_distance > DISTANCE_SLACK * bound and abs(rounds_ahead) >= ROUNDS_APART:
+            raise RoundsApart(f"partner's phi is {phi_distance / reference:.1f}x our Delta norm away", rounds_ahead)
         return (_pulled_within(phi, own_phi, phi_distance, self.clip_ratio * reference),
                 _scaled_within(delta, delta_norm, self.clip_ratio * reference))
 

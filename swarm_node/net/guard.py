@@ -54,6 +54,7 @@ class PeerGuard:
         self._streams_closed: dict[str, int] = {}  # streams ended unanswered in a row
         self._ignored: set[str] = set()
         self._noted: dict[str, float] = {}  # peer -> when we last logged a note about it
+        self._poisoned: dict[str, float] = {}  # peer -> when its poison ban ends
         self._reached: dict[str, None] = {}  # peers that answered us or called us (insertion-ordered, bounded)
 
     # -- peers we call -------------------------------------------------------------
@@ -74,6 +75,12 @@ class PeerGuard:
         ban let a x1000 attacker back in 2 minutes later.)"""
         self.ignore(peer, f"rejected its update ({why}); not pairing with it for {POISON_BAN_S / 60:.0f} min")
         self.failed(peer, at_least_s=POISON_BAN_S)
+        self._poisoned[peer] = self.clock() + POISON_BAN_S
+        _bound(self._poisoned)
+
+    def is_poisoned(self, peer: str) -> bool:
+        """Whether ``peer`` sent a poisoned update within POISON_BAN_S: not a donor either."""
+        return self.clock() < self._poisoned.get(peer, 0.0)
 
     def succeeded(self, peer: str) -> None:
         """A call to ``peer`` worked: its strikes are forgiven once its ban is over."""

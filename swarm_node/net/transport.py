@@ -17,6 +17,7 @@ libp2p handshake)."""
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
@@ -97,6 +98,17 @@ class ServeLimits:
     # a slot held by a silent or trickling stream is freed, and the caller counted as a fault.
     first_bytes_timeout_s: float = 5.0
     min_request_bytes_per_s: float = 125_000.0  # 1 Mbit/s, far below any volunteer's uplink
+    # Streams one remote address may hold at once (None: half of max_concurrent). Fresh
+    # identities cost nothing, addresses do: ten identities on one host holding silent
+    # streams must leave slots for everyone else. Loopback is exempt (a swarm on one
+    # machine shares it).
+    max_per_address: int | None = None
+
+    @property
+    def address_cap(self) -> int:
+        if self.max_per_address is not None:
+            return self.max_per_address
+        return max(self.max_per_peer, self.max_concurrent // 2)
 
     def request_deadline_s(self, length: int) -> float:
         """How long the body of a ``length``-byte request may take to arrive."""
@@ -114,6 +126,7 @@ class Transport:
         self.bytes_received = 0
         self.streams_served = 0  # inbound streams answered (a node nobody can dial answers none)
         self._active_per_peer: dict[tuple[str, str], int] = defaultdict(int)
+        self._active_per_address: dict[tuple[str, str], int] = defaultdict(int)
         self._refused: set[str] = set()  # peers already logged as refused (once each)
 
     async def request(self, peer_id: str, protocol: str, payload: bytes, *, timeout_s: float,
@@ -157,14 +170,17 @@ class Transport:
                 writer.close()
                 return
             self.on_reached(remote)
+            where = (protocol, caller_address(info.addr))
             try:
-                if gate.locked() or self._active_per_peer[key] >= limits.max_per_peer:
+                if (gate.locked() or self._active_per_peer[key] >= limits.max_per_peer
+                        or (where[1] is not None and self._active_per_address[where] >= limits.address_cap)):
                     if not refusing.locked():
                         async with refusing, asyncio.timeout(BUSY_DRAIN_TIMEOUT_S):
                             await discard_frame(reader, limits.max_request_bytes)
                             await write_frame(writer, b"")  # busy: see the module docstring
                     raise PeerRefused("too many concurrent streams")
                 self._active_per_peer[key] += 1
+                self._active_per_address[where] += 1
                 try:
                     async with gate:
                         request = await self._read_request(reader, protocol, remote, limits)
@@ -174,9 +190,10 @@ class Transport:
                             await write_frame(writer, response)
                         self.bytes_sent += len(response) + LENGTH_BYTES
                 finally:
-                    self._active_per_peer[key] -= 1
-                    if not self._active_per_peer[key]:
-                        del self._active_per_peer[key]
+                    for table, k in ((self._active_per_peer, key), (self._active_per_address, where)):
+                        table[k] -= 1
+                        if not table[k]:
+                            del table[k]
             except ProtocolError as exc:  # an oversize length prefix
                 self.on_fault(remote, f"bad {protocol} frame ({exc})")
             except (PeerError, TimeoutError, ConnectionError, OSError) as exc:
@@ -207,3 +224,17 @@ class Transport:
             await self.p2p.remove_binary_stream_handler(protocol)
         except (P2PDaemonError, P2PHandlerError, ConnectionError, OSError):
             pass
+
+
+def caller_address(addr: object) -> str | None:
+    """The IP a stream came from, from the connection's multiaddr; None for loopback or
+    an address we cannot read (then only the other caps apply)."""
+    parts = str(addr).strip("/").split("/")
+    if len(parts) < 2 or parts[0] not in ("ip4", "ip6"):
+        return None
+    try:
+        ip = ipaddress.ip_address(parts[1])
+    except ValueError:
+        return None
+    return None if ip.is_loopback else str(ip)
+

@@ -112,7 +112,6 @@ class StateSync:
                     await self._download_from(donor)
                 return True
             except (PeerError, TimeoutError, ValueError) as exc:
-                self.guard.failed(donor)
                 log.warning("state download from %s failed (%s); trying another donor", short_id(donor), exc)
         return False
 
@@ -124,7 +123,7 @@ class StateSync:
         from scratch."""
         own_step = self.worker.inner_step
         claims = {p: r.inner_step for p, r in self.donors().items()
-                  if r.inner_step > own_step and not self.guard.is_banned(p)}
+                  if r.inner_step > own_step and not self.guard.is_poisoned(p)}
         by_claim = sorted(claims, key=lambda p: claims[p], reverse=True)
         unknown = [p for p in by_claim if not self.guard.is_verified(p)][:MAX_PROBES]
         await asyncio.gather(*(self._probe(p) for p in unknown))

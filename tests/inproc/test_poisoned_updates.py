@@ -10,6 +10,7 @@ from parts import StageParts, exchange_as_partner
 
 from swarm_node.data.spec import DataSpec
 from swarm_node.gossip.exchange import OuterExchange
+from swarm_node.gossip.partner_check import distance
 from swarm_node.optim import InnerHyper, default_method
 from swarm_node.spec import RunSpec
 from swarm_node.train.worker import StageWorker
@@ -111,33 +112,45 @@ def test_partners_right_on_top_of_us_do_not_shrink_the_scale_honest_partners_are
     assert answer.get("error") != "protocol" and not stage.guard.is_banned("QmAhead")
 
 
-def test_a_partner_at_another_round_is_declined_and_backed_off_briefly_and_we_catch_up():
-    """Two stage-1 nodes started seconds apart: one trained alone for rounds, and the
-    other's screen saw its phi 20x out of scale. Counted as poison, the two banned each
-    other and the stage split for good (a fresh-clone CI run). At another round a
-    partner out of scale is declined and backed off for seconds, not counted as poison
-    (one round ahead in warm-up its learning rate is higher); rounds ahead, the node
-    behind is told to catch up. At our own round it is poison: off for half an hour."""
+def test_what_a_partner_out_of_scale_costs_depends_on_its_round():
+    """A Delta far out of our scale at our round is poison: off for half an hour, not a
+    donor either. At another round it is declined and nobody is banned: one round ahead
+    in warm-up an honest partner's learning rate is higher. A phi far from ours is no
+    proof (honest replicas that trained apart are far apart): it counts clipped, and
+    only two or more rounds ahead is it declined and we catch up. (Two stage-1 nodes
+    started seconds apart: one trained alone for rounds, the other's screen counted its
+    phi as poison, and the stage split for good.)"""
     stage, exchange = stage_of(trained_worker(0))
     start_first_round(exchange)
+    scale = exchange.check.reference()
     phi, delta = trained_worker(1).outer_payload("fp32")
-    far = [p + 1.0 for p in phi]  # far out of our scale
+    far = [p + 1.0 for p in phi]  # far from ours
+    big = [d * 10 for d in delta]  # a Delta far out of our scale
 
-    def at_round(round_no):
-        return encode_frame({"kind": "outer", "spec": SPEC.spec_hash(), "round": round_no, "ok": True},
-                            [*far, *delta])
+    def at_round(round_no, phi, delta):
+        return encode_frame({"kind": "outer", "spec": SPEC.spec_hash(), "round": round_no, "ok": True}, [*phi, *delta])
+
+    cases = {"QmBigNext": (1, phi, big), "QmBigPoison": (0, phi, big), "QmFarSame": (0, far, delta),
+             "QmFarNext": (1, far, delta), "QmFarAhead": (5, far, delta)}
 
     async def scenario():
         answers, behind = {}, {}
-        for peer, round_no in (("QmNext", 1), ("QmAhead", 5), ("QmPoison", 0)):
-            answers[peer] = decode_frame(await exchange_as_partner(exchange, peer, at_round(round_no)))[0]
+        for peer, (round_no, p, d) in cases.items():
+            answers[peer] = decode_frame(await exchange_as_partner(exchange, peer, at_round(round_no, p, d)))[0]
             behind[peer] = exchange.behind
         return answers, behind
 
     answers, behind = vclock.run(scenario())
     guard = stage.guard
-    for peer in ("QmNext", "QmAhead"):
-        assert answers[peer]["error"].startswith("rounds-apart"), answers
-        assert 0 < guard.banned_for_s(peer) <= guard.base_ban_s and guard.faults(peer) == 0
-    assert behind == {"QmNext": False, "QmAhead": True, "QmPoison": True}  # a round ahead is no reason to catch up
-    assert answers["QmPoison"]["error"] == "protocol" and guard.banned_for_s("QmPoison") > 29 * 60  # at our round: poison, as before
+    assert answers["QmBigPoison"]["error"] == "protocol" and guard.banned_for_s("QmBigPoison") > 29 * 60
+    assert guard.is_poisoned("QmBigPoison")
+    assert answers["QmBigNext"]["error"].startswith("rounds-apart (partner's Delta norm")
+    assert answers["QmFarAhead"]["error"].startswith("rounds-apart (partner's phi")
+    assert answers["QmFarSame"]["ok"] and answers["QmFarNext"]["ok"]  # counted, clipped
+    for peer in ("QmBigNext", "QmFarSame", "QmFarNext", "QmFarAhead"):
+        assert not guard.is_banned(peer) and not guard.is_poisoned(peer) and guard.faults(peer) == 0, peer
+    assert behind == {"QmBigNext": False, "QmBigPoison": False, "QmFarSame": False, "QmFarNext": False,
+                      "QmFarAhead": True}
+    # what a far phi counts as: the point 1.5x our scale on the way to it
+    taken_phi, _ = exchange.check.check([*far, *delta], stage.worker.own_phi(), stage.worker.own_delta)
+    assert abs(distance(taken_phi, stage.worker.own_phi()) - 1.5 * scale) < 1e-3 * scale

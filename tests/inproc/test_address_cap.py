@@ -1,0 +1,86 @@
+"""Fresh identities cost nothing, addresses do: ten identities on one host holding
+silent streams may take at most half of a protocol's slots, and a caller elsewhere is
+served at once. Loopback is exempt (a swarm on one machine shares it)."""
+
+import asyncio
+
+import vclock
+
+from swarm_node.net.transport import LENGTH_BYTES, ServeLimits, Transport, caller_address
+
+PROTOCOL = "swarm-node/test-address-cap/1"
+LIMITS = ServeLimits(max_request_bytes=1024, max_concurrent=8, max_per_peer=4)
+
+
+class FakeP2P:
+    peer_id = "QmServer"
+
+    async def add_binary_stream_handler(self, protocol, handler):
+        self.handler = handler
+
+
+class Info:
+    def __init__(self, peer_id: str, addr: str):
+        self.peer_id, self.addr = peer_id, addr
+
+
+class Writer:
+    def __init__(self):
+        self.data, self.closed = b"", False
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+    async def drain(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def open_stream(p2p: FakeP2P, peer: str, addr: str, request: bytes | None):
+    """A stream from ``peer`` at ``addr``: ``request`` sent at once, or nothing (silent)."""
+    reader, writer = asyncio.StreamReader(), Writer()
+    if request is not None:
+        reader.feed_data(len(request).to_bytes(LENGTH_BYTES, "big") + request)
+    return asyncio.create_task(p2p.handler(Info(peer, addr), reader, writer)), writer
+
+
+def honest_answer_during_silent_flood(attacker_addr: str) -> bytes:
+    """What a caller elsewhere is answered while ten silent identities at
+    ``attacker_addr`` hold what they could get (within the 5 s first-bytes deadline)."""
+    async def scenario():
+        p2p = FakeP2P()
+        transport = Transport(p2p)
+
+        async def handler(remote, request):
+            return b"served"
+
+        await transport.serve(PROTOCOL, handler, LIMITS)
+        silent = [open_stream(p2p, f"QmSybil{i}", f"{attacker_addr}/tcp/{4000 + i}", None) for i in range(10)]
+        await asyncio.sleep(0.5)
+        honest, writer = open_stream(p2p, "QmHonest", "/ip4/10.0.0.7/tcp/4001", b"hello")
+        await asyncio.wait_for(honest, 1.0)
+        for task, _ in silent:
+            task.cancel()
+        await asyncio.gather(*(t for t, _ in silent), return_exceptions=True)
+        return writer.data[LENGTH_BYTES:]
+
+    return vclock.run(scenario())
+
+
+def test_ten_identities_at_one_address_hold_at_most_half_the_slots_and_others_are_served():
+    assert LIMITS.address_cap == 4
+    assert honest_answer_during_silent_flood("/ip4/203.0.113.66") == b"served"
+
+
+def test_loopback_is_not_capped_by_address():
+    assert honest_answer_during_silent_flood("/ip4/127.0.0.1") == b""  # busy: they took every slot
+
+
+def test_the_callers_address_is_read_from_its_multiaddr():
+    assert caller_address("/ip4/10.201.0.5/tcp/31338") == "10.201.0.5"
+    assert caller_address("/ip6/2001:db8::1/tcp/1") == "2001:db8::1"
+    assert caller_address("/ip4/127.0.0.1/tcp/1") is None and caller_address("/ip6/::1/tcp/1") is None
+    assert caller_address("/dns4/example.org/tcp/1") is None and caller_address("garbage") is None
+    assert caller_address(None) is None
