@@ -19,17 +19,23 @@ from pathlib import Path
 from swarm_bootstrap.view import SwarmView, prometheus_text
 
 from swarm_node import __version__
-from swarm_node.errors import ConfigError, SwarmError, known_failure
+from swarm_node.errors import ConfigError, PeerError, SwarmError, known_failure
 from swarm_node.membership.discovery import SPEC_REPUBLISH_S, find_run_spec, publish_spec, spec_key
 from swarm_node.membership.registry import read_registry
+from swarm_node.net import protocols
 from swarm_node.net.dht import SwarmDHT
 from swarm_node.net.reach import address_scope, dial_check, ordered_for_others, serve_dialback
 from swarm_node.net.transport import Transport, short_id
 from swarm_node.obs.http import Response, StatusServer
 from swarm_node.spec import RunSpec
 from swarm_node.system import raise_open_file_limit
+from swarm_node.wire.messages import STATUS_REPLY_MAX_BYTES, STATUS_REQUEST
 
 log = logging.getLogger("swarm_bootstrap")
+
+VERIFY_BATCH = 16  # peers asked for their status at once
+VERIFY_TIMEOUT_S = 5.0
+REPROBE_S = 30.0  # a peer that did not answer is asked again after this long
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,8 @@ class BootstrapPeer:
         self.view: SwarmView | None = None
         self.maddrs: list[str] = []
         self.reachability: dict[str, str | None] = {}
+        self.transport: Transport | None = None
+        self._probed: dict[str, float] = {}  # peer -> when we last asked it for its status in vain
         self._stop = asyncio.Event()
 
     def stop(self) -> None:
@@ -88,7 +96,8 @@ class BootstrapPeer:
                                  "fix the announce address or the firewall (see the README, 'Host a bootstrap peer')")
             self.spec = await self._resolve_spec()
             # joining nodes ask us to dial them back: can others reach them?
-            await serve_dialback(Transport(await self.dht.replicate_p2p()), authorize=self.spec.admits)
+            self.transport = Transport(await self.dht.replicate_p2p())
+            await serve_dialback(self.transport, authorize=self.spec.admits)
             self.view = SwarmView(self.spec.run_id, self.spec.spec_hash(), self.spec.num_stages,
                                   frozenset(self.spec.allowed_peers))
             if not await publish_spec(self.dht, self.spec):
@@ -100,7 +109,7 @@ class BootstrapPeer:
             self._advise_on_addresses()
             async with asyncio.TaskGroup() as tg:
                 tasks = [tg.create_task(self._publish_loop()), tg.create_task(self._poll_loop()),
-                         tg.create_task(self._watch_dht())]
+                         tg.create_task(self._verify_loop()), tg.create_task(self._watch_dht())]
                 if cfg.check_reachability:
                     tasks.append(tg.create_task(self._check_reachability()))
                 await self._stop.wait()
@@ -156,6 +165,28 @@ class BootstrapPeer:
             except TimeoutError:
                 log.warning("reading the stage registry timed out")
             await asyncio.sleep(self.config.poll_period_s * random.uniform(0.8, 1.2))
+
+    async def _verify_loop(self) -> None:
+        """Ask each listed peer not yet verified for its status: one that answers exists
+        (forged records have nobody behind them) and counts in the swarm's figures. At
+        most VERIFY_BATCH at once, and a peer that did not answer is asked again only
+        after REPROBE_S."""
+        while True:
+            await asyncio.sleep(self.config.poll_period_s * random.uniform(0.8, 1.2))
+            now = time.monotonic()
+            due = [p for p in self.view.unverified() if now - self._probed.get(p, -REPROBE_S) >= REPROBE_S]
+            random.shuffle(due)
+            await asyncio.gather(*(self._verify(peer) for peer in due[:VERIFY_BATCH]))
+            listed = set(self.view.peers)
+            self._probed = {p: t for p, t in self._probed.items() if p in listed}
+
+    async def _verify(self, peer: str) -> None:
+        try:
+            await self.transport.request(peer, protocols.STATUS, STATUS_REQUEST, timeout_s=VERIFY_TIMEOUT_S,
+                                         max_response_bytes=STATUS_REPLY_MAX_BYTES)
+            self.view.mark_verified(peer)
+        except (PeerError, TimeoutError):
+            self._probed[peer] = time.monotonic()
 
     async def _watch_dht(self) -> None:
         while True:

@@ -1,10 +1,17 @@
 """What the bootstrap knows about the swarm: the latest registry records of every
 stage, a bounded history of the swarm's loss and tokens/s, and recent failures. Pure
-data: fed snapshots by the peer's poll loop, read by the HTTP handlers."""
+data: fed snapshots by the peer's poll loop, read by the HTTP handlers.
+
+Records are claims. A peer counts (in the peer count, the swarm's loss and tokens)
+only once it is verified: it answered us (the bootstrap asks each new peer for its
+status). Forged records are listed, marked unverified, and move no figure. The swarm's
+loss is the median of the verified last-stage peers' losses: one liar reporting 53 used
+to move a mean of two honest 2.1s to 19."""
 
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -28,6 +35,7 @@ class PeerRow:
     first_seen_s: float
     last_seen_s: float
     last_progress_s: float | None = None  # when we last saw it step or complete micro-batches
+    verified: bool = False  # it answered us: a peer exists behind the record
 
     @property
     def state(self) -> str:
@@ -46,7 +54,7 @@ class PeerRow:
                 "version": r.version, "throughput_samples_per_s": r.throughput, "queue": r.queue,
                 "inner_step": r.inner_step, "outer_round": r.outer_round, "seeking": r.seeking, "loss": r.loss,
                 "tokens": r.tokens, "microbatches_lost": r.lost, "partner_rounds": r.partner_rounds,
-                "local_rounds": r.local_rounds, "last_error": r.last_error,
+                "local_rounds": r.local_rounds, "last_error": r.last_error, "verified": self.verified,
                 "seen_for_s": round(self.last_seen_s - self.first_seen_s, 1)}
 
 
@@ -65,6 +73,15 @@ class SwarmView:
     foreign_records: int = 0  # records of other runs' specs, or unreadable ones, in our keys
     last_poll_s: float | None = None
     _unseen: dict[str, PeerRow] = field(default_factory=dict)  # missing from the last poll only
+    verified: set[str] = field(default_factory=set)  # peers that answered us (pruned to the peers listed)
+
+    def mark_verified(self, peer: str) -> None:
+        self.verified.add(peer)
+        if peer in self.peers:
+            self.peers[peer].verified = True
+
+    def unverified(self) -> list[str]:
+        return [p for p, row in self.peers.items() if not row.verified]
 
     def ingest(self, now_s: float, records: dict[str, PeerRecord], foreign: int = 0) -> list[str]:
         """One poll of every stage: ``records`` maps peer id to its latest record.
@@ -81,7 +98,9 @@ class SwarmView:
             progressed = (record.recent_steps > 0 or record.recent_microbatches > 0
                           or (row is not None and record.inner_step > row.record.inner_step))
             self.peers[peer] = PeerRow(peer, record, row.first_seen_s if row else now_s, now_s,
-                                       now_s if progressed else row.last_progress_s if row else None)
+                                       now_s if progressed else row.last_progress_s if row else None,
+                                       # in a closed run only listed peers' signed records are shown
+                                       verified=peer in self.verified or bool(self.allowed_peers))
             if row is None and peer not in self._unseen:
                 events.append(f"peer {peer[-6:]} joined stage {record.stage} (version {record.version})")
             elif row is not None and record.state in GONE_STATES and row.record.state not in GONE_STATES:
@@ -98,15 +117,16 @@ class SwarmView:
                 self._fail(now_s, peer, row.record.stage, "vanished without leaving (crashed or cut off)")
                 events.append(f"peer {peer[-6:]} of stage {row.record.stage} vanished without leaving")
         self.foreign_records = foreign
+        self.verified &= {*self.peers, *self._unseen}
         new_tokens = sum(max(0, row.record.tokens - previous[p].record.tokens) if p in previous else row.record.tokens
-                         for p, row in self.peers.items() if row.record.stage == 0)
+                         for p, row in self.peers.items() if row.record.stage == 0 and row.verified)
         self.tokens_total += new_tokens
         tokens_per_s = None
         if previous_poll is not None and now_s > previous_poll:
             tokens_per_s = new_tokens / (now_s - previous_poll)
         self.last_poll_s = now_s
         self.history.append({"t": round(now_s, 3), "loss": self.swarm_loss(), "tokens_per_s": tokens_per_s,
-                             "peers": len(self.peers), "tokens": self.tokens_total})
+                             "peers": sum(r.verified for r in self.peers.values()), "tokens": self.tokens_total})
         return events
 
     def _note_changes(self, now_s: float, peer: str, old: PeerRecord, new: PeerRecord) -> None:
@@ -123,14 +143,15 @@ class SwarmView:
         self.failures.append({"t": round(now_s, 3), "peer_id": peer, "short_id": peer[-6:], "stage": stage,
                               "what": what[:200]})
 
-    def stage_rows(self, stage: int) -> list[PeerRow]:
-        return sorted((r for r in self.peers.values() if r.record.stage == stage), key=lambda r: r.peer_id)
+    def stage_rows(self, stage: int, verified_only: bool = False) -> list[PeerRow]:
+        return sorted((r for r in self.peers.values() if r.record.stage == stage and (r.verified or not verified_only)),
+                      key=lambda r: r.peer_id)
 
     def swarm_loss(self) -> float | None:
-        """Mean training loss (EMA) reported by the last stage's training peers."""
-        losses = [r.record.loss for r in self.stage_rows(self.num_stages - 1)
+        """Median training loss (EMA) reported by the last stage's verified training peers."""
+        losses = [r.record.loss for r in self.stage_rows(self.num_stages - 1, verified_only=True)
                   if r.record.loss is not None and r.record.state == "training"]
-        return round(sum(losses) / len(losses), 5) if losses else None
+        return round(statistics.median(losses), 5) if losses else None
 
     def tokens_per_s(self) -> float | None:
         recent = [p["tokens_per_s"] for p in list(self.history)[-5:] if p["tokens_per_s"] is not None]
@@ -140,11 +161,13 @@ class SwarmView:
         stages = []
         for stage in range(self.num_stages):
             rows = self.stage_rows(stage)
-            stages.append({"stage": stage, "num_peers": len(rows),
-                           "throughput_samples_per_s": round(sum(r.record.throughput for r in rows), 3),
+            counted = [r for r in rows if r.verified]
+            stages.append({"stage": stage, "num_peers": len(counted), "unverified_peers": len(rows) - len(counted),
+                           "throughput_samples_per_s": round(sum(r.record.throughput for r in counted), 3),
                            "peers": [r.to_json() for r in rows]})
         return {"run_id": self.run_id, "spec_hash": self.spec_hash, "num_stages": self.num_stages,
-                "num_peers": len(self.peers), "loss": self.swarm_loss(), "tokens": self.tokens_total,
+                "num_peers": sum(r.verified for r in self.peers.values()),
+                "unverified_peers": len(self.unverified()), "loss": self.swarm_loss(), "tokens": self.tokens_total,
                 "tokens_per_s": self.tokens_per_s(), "stages": stages, "recent_failures": list(self.failures),
                 "failures_total": self.failures_total, "foreign_records": self.foreign_records,
                 "last_poll": self.last_poll_s}
@@ -160,18 +183,21 @@ def prometheus_text(view: SwarmView, *, up: bool, peer_id: str, version: str, no
     metric("swarm_bootstrap_up", "gauge", "1 while the bootstrap's DHT is running.", [({}, 1 if up else 0)])
     metric("swarm_bootstrap_uptime_seconds", "gauge", "Seconds since the bootstrap started.",
            [({}, now_s - view.started_s)])
-    metric("swarm_peers", "gauge", "Peers with a live registry record, by stage and state (training: with "
-           "progress in the last minute; starting: none yet; stalled: none lately).",
-           [({"stage": s, "state": st}, sum(1 for r in view.stage_rows(s) if r.state == st))
+    metric("swarm_peers", "gauge", "Verified peers (they answered us) with a live registry record, by stage "
+           "and state (training: with progress in the last minute; starting: none yet; stalled: none lately).",
+           [({"stage": s, "state": st}, sum(1 for r in view.stage_rows(s, verified_only=True) if r.state == st))
             for s in range(view.num_stages) for st in SHOWN_STATES])
-    metric("swarm_stage_throughput_samples_per_second", "gauge", "Sum of the stage's peers' throughput.",
-           [({"stage": s}, sum(r.record.throughput for r in view.stage_rows(s))) for s in range(view.num_stages)])
+    metric("swarm_unverified_records", "gauge", "Registry records whose peer has not answered us (yet).",
+           [({}, len(view.unverified()))])
+    metric("swarm_stage_throughput_samples_per_second", "gauge", "Sum of the stage's verified peers' throughput.",
+           [({"stage": s}, sum(r.record.throughput for r in view.stage_rows(s, verified_only=True)))
+            for s in range(view.num_stages)])
     metric("swarm_tokens", "counter", "Tokens fed into the pipeline by stage-0 peers, as seen by this bootstrap.",
            [({}, view.tokens_total)])
     metric("swarm_tokens_per_second", "gauge", "Swarm tokens/s over the last polls.",
            [({}, view.tokens_per_s() or 0.0)])
     loss = view.swarm_loss()
-    metric("swarm_train_loss", "gauge", "Mean training loss reported by the last stage.",
+    metric("swarm_train_loss", "gauge", "Median training loss reported by the last stage's verified peers.",
            [({}, loss if loss is not None else math.nan)])
     metric("swarm_failures", "counter", "Failure events seen in peer records (lost micro-batches, rounds "
            "without partner, vanished peers).", [({}, view.failures_total)])

@@ -152,12 +152,17 @@ class OuterExchange:
         if isinstance(self.pairing, GroupRound):
             gathered = await self.pairing.run_round(
                 round_no, reply, members=lambda: [peer for peer, _ in self.candidates()], send=self._send_outer,
-                on_peer_failure=self.guard.failed, expect_request=expect_request)
+                on_peer_failure=self._partner_failed, expect_request=expect_request)
             return list(gathered.items())
         result: PairResult | None = await self.pairing.run_round(
             round_no, reply, candidates=self.candidates, propose=self._send_proposal, send=self._send_outer,
-            on_peer_failure=self.guard.failed, expect_request=expect_request)
+            on_peer_failure=self._partner_failed, expect_request=expect_request)
         return [(result.partner, result.payload)] if result else []
+
+    def _partner_failed(self, peer: str, what: str) -> None:
+        """Backed off (a poisoner's longer ban is kept), logged at most once a minute a peer."""
+        self.guard.failed(peer)
+        self.guard.note(peer, what)
 
     def _count(self, outcome: RoundOutcome, had_company: bool) -> None:
         if not outcome.partners:

@@ -45,7 +45,7 @@ class GroupRound:
 
     async def run_round(self, round_no: int, own_payload: Any, members: Callable[[], list[str]],
                         send: Callable[[str, Any, float], Awaitable[Any]],
-                        on_peer_failure: Callable[[str], None] = lambda peer: None,
+                        on_peer_failure: Callable[[str, str], None] = lambda peer, why: None,
                         expect_request: bool = False) -> dict[str, Any]:
         """Returns the contributions gathered (peer -> payload), ours excluded."""
         self._own_payload = own_payload
@@ -66,8 +66,7 @@ class GroupRound:
                 except Refused:
                     pass
                 except PeerError as exc:
-                    log.info("round %d: %s failed: %s", round_no, peer[-6:], exc)
-                    on_peer_failure(peer)
+                    on_peer_failure(peer, f"round {round_no}: {peer[-6:]} failed: {exc}")
 
         try:
             while True:

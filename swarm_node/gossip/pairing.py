@@ -168,7 +168,7 @@ class PairingCoordinator:
                         candidates: Callable[[], list[tuple[str, bool]]],
                         propose: Callable[[str, float], Awaitable[None]],
                         send: Callable[[str, Any, float], Awaitable[Any]],
-                        on_peer_failure: Callable[[str], None] = lambda peer: None,
+                        on_peer_failure: Callable[[str, str], None] = lambda peer, why: None,
                         expect_request: bool = False) -> PairResult | None:
         """Seek a partner until the deadline. ``candidates()`` lists (peer, is_seeking);
         ``propose(peer, timeout)`` returns if the peer reserved itself for us and raises
@@ -216,7 +216,7 @@ class PairingCoordinator:
     async def _initiate(self, round_no: int, peer: str, remaining: float,
                         propose: Callable[[str, float], Awaitable[None]],
                         send: Callable[[str, Any, float], Awaitable[Any]],
-                        on_peer_failure: Callable[[str], None]) -> PairResult | None:
+                        on_peer_failure: Callable[[str, str], None]) -> PairResult | None:
         """Propose to ``peer`` and, if it accepts, exchange payloads. Returns None when
         this attempt made no pair (we may have been reserved by someone meanwhile)."""
         self.state = PairState.PROPOSING
@@ -232,8 +232,7 @@ class PairingCoordinator:
             if self.state is PairState.PROPOSING:
                 self._back_to_seeking()
             if not isinstance(exc, PeerTimeout) or timeout >= self.propose_timeout_s:  # not cut by our deadline
-                log.info("round %d: partner %s failed to answer a proposal: %s", round_no, peer[-6:], exc)
-                on_peer_failure(peer)
+                on_peer_failure(peer, f"round {round_no}: partner {peer[-6:]} failed to answer a proposal: {exc}")
             return None
         # Accepted: the partner holds its round open for our payload, so the exchange
         # gets its whole timeout even past our own round deadline.
@@ -243,8 +242,7 @@ class PairingCoordinator:
         except Refused:
             pass
         except PeerError as exc:
-            log.info("round %d: partner %s failed mid-exchange: %s", round_no, peer[-6:], exc)
-            on_peer_failure(peer)
+            on_peer_failure(peer, f"round {round_no}: partner {peer[-6:]} failed mid-exchange: {exc}")
         self._back_to_seeking()
         return None
 

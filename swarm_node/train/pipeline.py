@@ -230,7 +230,7 @@ class Pipeline:
     def _peer_failed(self, stage: int, peer: str, why: str) -> None:
         ban_s = self.guard.failed(peer)
         self.stats.note_failure(f"stage-{stage} peer {short_id(peer)} failed: {why}")
-        log.info("stage-%d peer %s failed (%s); banned for %.0fs", stage, short_id(peer), why, ban_s)
+        self.guard.note(peer, f"stage-{stage} peer {short_id(peer)} failed ({why}); banned for {ban_s:.0f}s")
 
     def _check_gradient(self, raw: bytes, shape: torch.Size) -> tuple[torch.Tensor, float]:
         """On the compute thread: the next stage's answer, checked and screened."""

@@ -18,8 +18,16 @@ def rec(stage, **kw):
     return PeerRecord(stage=stage, spec_hash=HASH, version="0.1.0", **kw)
 
 
+def verified_view(*peers: str, num_stages: int = 2) -> SwarmView:
+    """A view whose ``peers`` answered the bootstrap's status request."""
+    view = SwarmView("r", HASH, num_stages=num_stages)
+    for peer in peers:
+        view.mark_verified(peer)
+    return view
+
+
 def test_tokens_per_second_ignores_peers_that_left():
-    view = SwarmView("r", HASH, num_stages=2)
+    view = verified_view("a", "b", "c")
     view.ingest(100.0, {"a": rec(0, tokens=1000), "b": rec(0, tokens=500), "c": rec(1, loss=3.0)})
     view.ingest(102.0, {"a": rec(0, tokens=1600), "c": rec(1, loss=2.5)})  # b left: its tokens do not go negative
     assert view.history[-1]["tokens_per_s"] == pytest.approx(300.0)
@@ -64,7 +72,7 @@ def test_records_of_another_spec_or_stage_are_not_shown():
 
 
 def test_prometheus_text_parses_and_carries_the_swarm():
-    view = SwarmView("run-1", HASH, num_stages=2)
+    view = verified_view("a", "b")
     view.ingest(1.0, {"a": rec(0, tokens=10, throughput=5.5, inner_step=7, recent_steps=7),
                       "b": rec(1, loss=2.25, lost=1, last_error='quote " and \\ and \n newline')})
     text = prometheus_text(view, up=True, peer_id="QmBoot", version="0.1.0", now_s=5.0)
@@ -131,3 +139,24 @@ def test_a_peer_is_shown_training_only_while_it_makes_progress():
     view.ingest(32.0, {"a": rec(0, inner_step=6), "b": rec(1, recent_microbatches=4)})  # a step seen by us
     assert shown()["a"] == "training"
     assert view.status()["stages"][0]["peers"][0]["reachable"] is True
+
+
+def test_unverified_records_are_listed_marked_and_move_no_figure():
+    """A red team's forged records (and one liar reporting loss 53) moved the shown swarm
+    loss from about 2.1 to 19 and were counted as peers. Only peers that answered the
+    bootstrap count, and the loss is a median."""
+    view = verified_view("honest0", "honest1", "liar", "feeder")
+    forged = {f"forged{i}": rec(1, loss=0.001, tokens=10**9, throughput=1e9) for i in range(30)}
+    records = {"honest0": rec(1, loss=2.1), "honest1": rec(1, loss=2.2), "liar": rec(1, loss=53.0),
+               "feeder": rec(0, tokens=100), "forged-feeder": rec(0, tokens=10**12), **forged}
+    view.ingest(1.0, records)
+    view.ingest(3.0, {**records, "feeder": rec(0, tokens=300)})
+    status = view.status()
+    assert status["num_peers"] == 4 and status["unverified_peers"] == 31
+    assert status["loss"] == 2.2 and view.tokens_total == 300
+    assert view.history[-1]["tokens_per_s"] == 100.0  # 200 tokens in 2 s, from the verified feeder only
+    shown = {p["peer_id"]: p["verified"] for stage in status["stages"] for p in stage["peers"]}
+    assert shown["forged7"] is False and shown["honest0"] is True and len(shown) == 35
+    assert status["stages"][1]["throughput_samples_per_s"] == 0.0  # claims of the unverified are not summed
+    view.mark_verified("forged7")  # it answered after all: it counts from now on
+    assert view.status()["num_peers"] == 5
