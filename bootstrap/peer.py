@@ -35,7 +35,7 @@ log = logging.getLogger("swarm_bootstrap")
 
 VERIFY_BATCH = 16  # peers asked for their status at once
 VERIFY_TIMEOUT_S = 5.0
-REPROBE_S = 30.0  # a peer that did not answer is asked again after this long
+REPROBE_MIN_S, REPROBE_MAX_S = 4.0, 60.0  # a peer that did not answer is asked again after this, doubling
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ class BootstrapPeer:
         self.maddrs: list[str] = []
         self.reachability: dict[str, str | None] = {}
         self.transport: Transport | None = None
-        self._probed: dict[str, float] = {}  # peer -> when we last asked it for its status in vain
+        self._probed: dict[str, tuple[float, float]] = {}  # peer that did not answer -> (ask again at, pause)
         self._stop = asyncio.Event()
 
     def stop(self) -> None:
@@ -167,14 +167,16 @@ class BootstrapPeer:
             await asyncio.sleep(self.config.poll_period_s * random.uniform(0.8, 1.2))
 
     async def _verify_loop(self) -> None:
-        """Ask each listed peer not yet verified for its status: one that answers exists
-        (forged records have nobody behind them) and counts in the swarm's figures. At
-        most VERIFY_BATCH at once, and a peer that did not answer is asked again only
-        after REPROBE_S."""
+        """Ask each listed training peer not yet verified for its status: one that answers
+        exists (forged records have nobody behind them) and counts in the swarm's
+        figures. At most VERIFY_BATCH at once; a peer that did not answer is asked again
+        after a pause that doubles from REPROBE_MIN_S to REPROBE_MAX_S. (Joining peers
+        are not asked: they serve nothing yet.)"""
         while True:
             await asyncio.sleep(self.config.poll_period_s * random.uniform(0.8, 1.2))
             now = time.monotonic()
-            due = [p for p in self.view.unverified() if now - self._probed.get(p, -REPROBE_S) >= REPROBE_S]
+            due = [p for p in self.view.unverified() if self.view.peers[p].record.state == "training"
+                   and now >= self._probed.get(p, (0.0, 0.0))[0]]
             random.shuffle(due)
             await asyncio.gather(*(self._verify(peer) for peer in due[:VERIFY_BATCH]))
             listed = set(self.view.peers)
@@ -186,7 +188,9 @@ class BootstrapPeer:
                                          max_response_bytes=STATUS_REPLY_MAX_BYTES)
             self.view.mark_verified(peer)
         except (PeerError, TimeoutError):
-            self._probed[peer] = time.monotonic()
+            _, pause = self._probed.get(peer, (0.0, REPROBE_MIN_S / 2))
+            pause = min(REPROBE_MAX_S, pause * 2)
+            self._probed[peer] = (time.monotonic() + pause, pause)
 
     async def _watch_dht(self) -> None:
         while True:

@@ -65,10 +65,14 @@ class Membership:
 
     def partner_candidates(self) -> list[tuple[str, bool]]:
         """Peers of our stage we may propose to: (peer, whether it announces seeking).
-        Verified peers and at most one unverified one (net/guard.py): a record's
-        ``seeking`` is a claim, and forged records must not fill our rounds."""
+        Verified peers and at most one unverified one (net/guard.py). A record's
+        ``seeking`` is a claim: believed of verified peers only, so a probe of a forged
+        record (they all claim to seek) comes after the peers we know are seeking, not
+        in their place (in a multi-host run, rounds spent proposing to forged peers
+        stopped the stage's compute)."""
         peers = self.callable_peers(self.stage)
-        return [(p, peers[p].seeking) for p in self.guard.probe_set(list(peers), random)]
+        return [(p, peers[p].seeking and self.guard.is_verified(p))
+                for p in self.guard.probe_set(list(peers), random)]
 
     def callers_expected(self) -> bool:
         """Peers of our stage that nobody can call only ever call us: keep rounds open

@@ -131,7 +131,8 @@ class PeerGuard:
         if count >= self.max_faults:
             self._caller_bans[peer] = self.clock() + self.caller_ban_s
             _bound(self._caller_bans)
-            log.warning("banning peer %s for %.0f s after %d bad requests", short_id(peer), self.caller_ban_s, count)
+            self.note(peer, f"banning peer {short_id(peer)} for {self.caller_ban_s:.0f} s after {count} bad requests",
+                      logging.WARNING)
             count = 0
         self._faults[peer] = count
         _bound(self._faults)
@@ -148,16 +149,16 @@ class PeerGuard:
             until = None
         return until is None and self.admits(peer)
 
-    def note(self, peer: str, what: str) -> None:
-        """Log ``what`` about ``peer`` at info level, at most once a minute per peer: a
-        peer declined round after round must not fill the log."""
+    def note(self, peer: str, what: str, level: int = logging.INFO) -> None:
+        """Log ``what`` about ``peer``, at most one line a minute per peer (with the first
+        "ignoring" line): an offender must not fill the log."""
         last = self._noted.pop(peer, None)
         if last is not None and self.clock() - last < NOTE_EVERY_S:
             self._noted[peer] = last
             return
         self._noted[peer] = self.clock()
         _bound(self._noted)
-        log.info("%s", what)
+        log.log(level, "%s", what)
 
     def ignore(self, peer: str, why: str) -> None:
         """Log once per peer (bounded: at worst a peer is logged a second time)."""
@@ -165,6 +166,8 @@ class PeerGuard:
             if len(self._ignored) >= MAX_TRACKED_PEERS:
                 self._ignored.clear()
             self._ignored.add(peer)
+            self._noted[peer] = self.clock()  # its next line waits a minute
+            _bound(self._noted)
             log.warning("ignoring peer %s: %s", short_id(peer), why)
 
 

@@ -19,7 +19,8 @@ from swarm_node.net.reaper import _listening
 def run_local(tmp_path, method: str, steps: int = 150, dashboard: bool = False,
               extra: tuple[str, ...] = ()) -> tuple[dict, dict | None]:
     """Run ``swarm-node local``; with ``dashboard``, also return what its bootstrap's
-    /api/status showed once all four nodes were training. Its output is in METHOD.log."""
+    /api/status showed once all four nodes were training and had answered it (verified).
+    Its output is in METHOD.log."""
     out, log = tmp_path / f"{method}.json", tmp_path / f"{method}.log"
     cmd = [sys.executable, "-m", "swarm_node", "local", "--stages", "2", "--replicas", "2", "--model", "debug",
            "--data", "synthetic:order=1", "--steps", str(steps), "--inner-steps", "30", "--method", method,
@@ -48,7 +49,7 @@ def _ours_running(pattern: str) -> str:
 def _all_training(status_url: str, count: int) -> dict | None:
     with urllib.request.urlopen(status_url, timeout=10) as response:
         status = json.loads(response.read())
-    training = [p for s in status["stages"] for p in s["peers"] if p["state"] == "training"]
+    training = [p for s in status["stages"] for p in s["peers"] if p["state"] == "training" and p["verified"]]
     return status if len(training) == count else None
 
 
