@@ -19,17 +19,16 @@ from pathlib import Path
 from swarm_bootstrap.view import SwarmView, prometheus_text
 
 from swarm_node import __version__
-from swarm_node.errors import ConfigError, PeerError, SwarmError, known_failure
+from swarm_node.errors import ConfigError, SwarmError, known_failure
 from swarm_node.membership.discovery import SPEC_REPUBLISH_S, find_run_spec, publish_spec, spec_key
 from swarm_node.membership.registry import read_registry
-from swarm_node.net import protocols
 from swarm_node.net.dht import SwarmDHT
+from swarm_node.net.exists import answers_status
 from swarm_node.net.reach import address_scope, dial_check, ordered_for_others, serve_dialback
 from swarm_node.net.transport import Transport, short_id
 from swarm_node.obs.http import Response, StatusServer
 from swarm_node.spec import RunSpec
 from swarm_node.system import raise_open_file_limit
-from swarm_node.wire.messages import STATUS_REPLY_MAX_BYTES, STATUS_REQUEST
 
 log = logging.getLogger("swarm_bootstrap")
 
@@ -183,11 +182,9 @@ class BootstrapPeer:
             self._probed = {p: t for p, t in self._probed.items() if p in listed}
 
     async def _verify(self, peer: str) -> None:
-        try:
-            await self.transport.request(peer, protocols.STATUS, STATUS_REQUEST, timeout_s=VERIFY_TIMEOUT_S,
-                                         max_response_bytes=STATUS_REPLY_MAX_BYTES)
+        if await answers_status(self.transport, peer, VERIFY_TIMEOUT_S):
             self.view.mark_verified(peer)
-        except (PeerError, TimeoutError):
+        else:
             _, pause = self._probed.get(peer, (0.0, REPROBE_MIN_S / 2))
             pause = min(REPROBE_MAX_S, pause * 2)
             self._probed[peer] = (time.monotonic() + pause, pause)

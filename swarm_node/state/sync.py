@@ -18,13 +18,12 @@ from tqdm import tqdm
 
 from swarm_node.errors import PeerError, PeerRefused, ProtocolError
 from swarm_node.net import protocols
+from swarm_node.net.exists import answers_status
 from swarm_node.net.transport import ServeLimits, short_id
 from swarm_node.node_services import NodeServices
 from swarm_node.train.worker import StageWorker, tensor_digest
 from swarm_node.wire.codec import FrameLimits, decode_frame, encode_frame
 from swarm_node.wire.messages import (
-    STATUS_REPLY_MAX_BYTES,
-    STATUS_REQUEST,
     check_state_chunk,
     check_state_counters,
 )
@@ -130,11 +129,9 @@ class StateSync:
         return [p for p in by_claim if self.guard.is_verified(p)]
 
     async def _probe(self, peer: str) -> None:
-        try:
-            await self.transport.request(peer, protocols.STATUS, STATUS_REQUEST, timeout_s=PROBE_TIMEOUT_S,
-                                         max_response_bytes=STATUS_REPLY_MAX_BYTES)
+        if await answers_status(self.transport, peer, PROBE_TIMEOUT_S):
             self.guard.succeeded(peer)
-        except (PeerError, TimeoutError):
+        else:
             self.guard.failed(peer)
 
     async def _download_from(self, donor: str) -> None:

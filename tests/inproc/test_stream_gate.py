@@ -50,17 +50,22 @@ def open_stream(p2p: FakeP2P, peer: str, addr: str, request: bytes | None, close
     return asyncio.create_task(p2p.handler(Info(peer, addr), reader, writer)), reader, writer
 
 
+async def serving(answer: bytes) -> FakeP2P:
+    """A transport serving PROTOCOL under LIMITS with a handler that answers ``answer``."""
+    p2p = FakeP2P()
+
+    async def handler(remote, request):
+        return answer
+
+    await Transport(p2p).serve(PROTOCOL, handler, LIMITS)
+    return p2p
+
+
 def honest_answer_during_silent_flood(attacker_addr: str) -> bytes:
     """What a caller elsewhere is answered while ten silent identities at
     ``attacker_addr`` hold what they could get (within the 5 s first-bytes deadline)."""
     async def scenario():
-        p2p = FakeP2P()
-        transport = Transport(p2p)
-
-        async def handler(remote, request):
-            return b"served"
-
-        await transport.serve(PROTOCOL, handler, LIMITS)
+        p2p = await serving(b"served")
         silent = [open_stream(p2p, f"QmSybil{i}", f"{attacker_addr}/tcp/{4000 + i}", None) for i in range(10)]
         await asyncio.sleep(0.5)
         honest, _, writer = open_stream(p2p, "QmHonest", "/ip4/10.0.0.7/tcp/4001", b"hello")
@@ -94,13 +99,7 @@ def test_the_server_closes_after_the_caller_so_the_answer_is_not_lost_to_a_reset
     """Closing first lost the answer about once in 400 outer exchanges between healthy
     peers (the caller saw "stream closed mid-frame" after we had averaged with it)."""
     async def scenario():
-        p2p = FakeP2P()
-        transport = Transport(p2p)
-
-        async def handler(remote, request):
-            return b"answer"
-
-        await transport.serve(PROTOCOL, handler, LIMITS)
+        p2p = await serving(b"answer")
         task, reader, writer = open_stream(p2p, "QmCaller", "/ip4/10.0.0.7/tcp/4001", b"hello", close=False)
         await asyncio.sleep(0.5)
         answered_open = writer.data.endswith(b"answer") and not writer.closed

@@ -9,6 +9,7 @@ import os
 import re
 import shlex
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -118,3 +119,30 @@ class Volunteer:
         """The JSON lines the node wrote after each outer round (and at exit)."""
         return [json.loads(line) for path in sorted((self.workdir / "runs").glob("*/metrics-*.jsonl"))
                 for line in path.read_text().splitlines() if line.strip()]
+
+
+def two_by_two(bed: TestBed, workdir: Path, run_id: str) -> tuple[BootstrapOnHost, list[Volunteer]]:
+    """A bootstrap and four volunteers on hosts of their own, returned once all four have
+    averaged with a partner and answered the bootstrap (verified)."""
+    spec = run_spec_file(workdir, run_id=run_id)
+    boot = BootstrapOnHost(bed, bed.add_host("boot"), workdir, "--run-spec", str(spec))
+    line = boot.join_line()
+    volunteers = [Volunteer(bed, bed.add_host(f"v{i}"), workdir, line) for i in range(4)]
+
+    def trained():
+        peers = boot.peers()
+        return len(peers) == 4 and all(p["partner_rounds"] >= 1 and p["verified"] for p in peers)
+
+    wait_for(trained, 300, "the 2 x 2 run to train", workdir)
+    return boot, volunteers
+
+
+def measure_window(boot: BootstrapOnHost, seconds: float) -> tuple[float, int]:
+    """(tokens/s, micro-batches lost) of the swarm over the next ``seconds``, as the
+    bootstrap counts them (verified peers only). A measurement, not a wait for anything."""
+    def lost() -> int:
+        return sum(p["microbatches_lost"] for p in boot.peers() if p["verified"])
+
+    tokens, lost_before, started = boot.status()["tokens"], lost(), time.monotonic()
+    time.sleep(seconds)
+    return (boot.status()["tokens"] - tokens) / (time.monotonic() - started), lost() - lost_before

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from swarm_hosts import BootstrapOnHost, Volunteer, run_spec_file, volunteer_env, wait_for
+from swarm_hosts import measure_window, two_by_two, volunteer_env, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -21,28 +20,9 @@ FORGER = Path(__file__).with_name("forger.py")
 WINDOW_S = 60.0
 
 
-def window(boot: BootstrapOnHost, seconds: float) -> tuple[float, int]:
-    """(tokens/s, micro-batches lost) of the swarm over the next ``seconds``."""
-    def lost() -> int:
-        return sum(p["microbatches_lost"] for p in boot.peers() if p["verified"])
-
-    tokens, lost_before, started = boot.status()["tokens"], lost(), time.monotonic()
-    time.sleep(seconds)  # a measurement window, not a wait for anything
-    return (boot.status()["tokens"] - tokens) / (time.monotonic() - started), lost() - lost_before
-
-
 def test_forged_records_cost_at_most_2_micro_batches_and_30_percent_of_tokens_per_s(bed, tmp_path):
-    spec = run_spec_file(tmp_path, run_id="forged")
-    boot = BootstrapOnHost(bed, bed.add_host("boot"), tmp_path, "--run-spec", str(spec))
-    line = boot.join_line()
-    volunteers = [Volunteer(bed, bed.add_host(f"v{i}"), tmp_path, line) for i in range(4)]
-
-    def trained():
-        peers = boot.peers()
-        return peers if len(peers) == 4 and all(p["partner_rounds"] >= 1 and p["verified"] for p in peers) else None
-
-    wait_for(trained, 300, "the 2 x 2 run to train", tmp_path)
-    undisturbed, lost_undisturbed = window(boot, WINDOW_S)
+    boot, volunteers = two_by_two(bed, tmp_path, "forged")
+    undisturbed, lost_undisturbed = measure_window(boot, WINDOW_S)
 
     log = tmp_path / "forger.log"
     forger = bed.popen(bed.add_host("evil"), [sys.executable, str(FORGER), "--initial-peers", boot.maddr,
@@ -52,7 +32,7 @@ def test_forged_records_cost_at_most_2_micro_batches_and_30_percent_of_tokens_pe
     wait_for(lambda: '"ready"' in log.read_text(), 120, "the forger to store its first records", tmp_path)
     shown = wait_for(lambda: (s := boot.status()) and s["unverified_peers"] >= 20 and s, 60,
                      "the forged records to reach the bootstrap", tmp_path)
-    forged, lost_forged = window(boot, WINDOW_S)
+    forged, lost_forged = measure_window(boot, WINDOW_S)
     status = boot.status()
     print(f"tokens/s undisturbed {undisturbed:.0f}, with forged records {forged:.0f} ({forged / undisturbed:.0%}); "
           f"micro-batches lost {lost_undisturbed} then {lost_forged}; bootstrap: {status['num_peers']} peers, "

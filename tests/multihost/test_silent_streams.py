@@ -10,11 +10,10 @@ from __future__ import annotations
 import json
 import re
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from swarm_hosts import BootstrapOnHost, Volunteer, run_spec_file, volunteer_env, wait_for
+from swarm_hosts import measure_window, two_by_two, volunteer_env, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -22,30 +21,13 @@ CALLER = Path(__file__).with_name("silent_caller.py")
 WINDOW_S = 60.0
 
 
-def tokens_over(boot: BootstrapOnHost, seconds: float) -> float:
-    """Tokens/s the swarm fed in over the next ``seconds`` (a measurement window)."""
-    start, started = boot.status()["tokens"], time.monotonic()
-    time.sleep(seconds)
-    return (boot.status()["tokens"] - start) / (time.monotonic() - started)
-
-
 def test_silent_streams_from_ten_identities_cost_less_than_30_percent_of_tokens_per_s(bed, tmp_path):
-    spec = run_spec_file(tmp_path, run_id="silent")
-    boot = BootstrapOnHost(bed, bed.add_host("boot"), tmp_path, "--run-spec", str(spec))
-    line = boot.join_line()
-    volunteers = [Volunteer(bed, bed.add_host(f"v{i}"), tmp_path, line) for i in range(4)]
-
-    def trained():
-        peers = boot.peers()
-        return peers if len(peers) == 4 and all(p["partner_rounds"] >= 1 for p in peers) else None
-
-    peers = wait_for(trained, 300, "the 2 x 2 run to train", tmp_path)
-    stage_1 = {p["short_id"] for p in peers if p["stage"] == 1}
+    boot, volunteers = two_by_two(bed, tmp_path, "silent")
+    stage_1 = {p["short_id"] for p in boot.peers() if p["stage"] == 1}
     targets = [re.search(r"--initial-peers (\S+)", v.text()).group(1) for v in volunteers
                if v.peer_id() in stage_1]
     assert len(targets) == 2, (stage_1, [v.peer_id() for v in volunteers])
-    undisturbed = tokens_over(boot, WINDOW_S)
-    lost_before = sum(p["microbatches_lost"] for p in boot.peers())
+    undisturbed, lost_undisturbed = measure_window(boot, WINDOW_S)
 
     evil = bed.add_host("evil")
     log = tmp_path / "silent_caller.log"
@@ -53,13 +35,12 @@ def test_silent_streams_from_ten_identities_cost_less_than_30_percent_of_tokens_
                               "--streams", "4", "--hold", str(WINDOW_S + 30)],
                        env=volunteer_env(), log=log)
     wait_for(lambda: '"ready"' in log.read_text(), 120, "the silent caller's identities to start", tmp_path)
-    attacked = tokens_over(boot, WINDOW_S)
-    lost = sum(p["microbatches_lost"] for p in boot.peers()) - lost_before
+    attacked, lost = measure_window(boot, WINDOW_S)
     wait_for(lambda: caller.poll() is not None, 120, "the silent caller to finish", tmp_path)
     report = json.loads(log.read_text().strip().splitlines()[-1])
     print(f"tokens/s undisturbed {undisturbed:.0f}, with 40 silent streams per stage-1 node {attacked:.0f} "
-          f"({attacked / undisturbed:.0%}); micro-batches lost {lost}; caller {report}")
+          f"({attacked / undisturbed:.0%}); micro-batches lost {lost_undisturbed} then {lost}; caller {report}")
     assert report["opened"] >= 40 and report["held_to_end"] == 0, report  # it tried, and held nothing for long
-    assert attacked >= 0.7 * undisturbed, (attacked, undisturbed, report)
+    assert attacked >= 0.7 * undisturbed and lost <= lost_undisturbed + 2, (attacked, undisturbed, lost, report)
     for v in volunteers:
         assert v.process.poll() is None, v.text()[-2000:]
