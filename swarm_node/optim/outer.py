@@ -7,7 +7,13 @@ For every member i of a group G (i itself first), per tensor:
     theta_i <- phi_i
 
 with Delta_j = theta_j - phi_j. A group of one is the local-only step; a group of every
-worker makes the gamma term vanish and gives DiLoCo. With ``nesterov=True`` the step
+worker makes the gamma term vanish and gives DiLoCo.
+
+Overlapped (ALGORITHM.md section 3.1): at the boundary a worker snapshots theta_s and
+sends (phi_i, Delta_i = theta_s - phi_i), keeps taking inner steps, and when the group's
+payloads are in applies the same update to phi and carries the progress made meanwhile
+onto it: theta_i <- phi_i(new) + (theta_i - theta_s). With no steps in between it is
+the blocking step exactly. With ``nesterov=True`` the step
 looks ahead: phi_i <- phi_i + g + alpha * delta_i, where g is the bracketed update
 (torch SGD's Nesterov form with lr folded into beta).
 
@@ -119,6 +125,24 @@ class SlowWeights:
                                                alpha=h.alpha, beta=h.beta, gamma=h.gamma, nesterov=h.nesterov)
         for p, f in zip(self.params, self.phi):
             p.copy_(f.to(device=p.device, dtype=p.dtype))
+
+    @torch.no_grad()
+    def snapshot(self) -> list[torch.Tensor]:
+        """theta at an overlapped round's boundary (a float32 copy); send phi and
+        ``deltas()`` taken now, and pass this to :meth:`apply_overlapped`."""
+        return [p.detach().float().to(f.device, copy=True) for p, f in zip(self.params, self.phi)]
+
+    @torch.no_grad()
+    def apply_overlapped(self, group_phi: Sequence[Tensors], group_delta: Sequence[Tensors],
+                         theta_at_snapshot: Tensors) -> None:
+        """The outer update of the group's payloads taken at the boundary (ours first),
+        with the inner progress since then kept: theta <- phi_new + (theta - theta_s)."""
+        h = self.hyper
+        self.phi, self.momentum = outer_update(self.phi, self.momentum, group_phi, group_delta,
+                                               alpha=h.alpha, beta=h.beta, gamma=h.gamma, nesterov=h.nesterov)
+        for p, f, snap in zip(self.params, self.phi, theta_at_snapshot):
+            progress = p.detach().float().to(f.device) - snap
+            p.copy_((f + progress).to(device=p.device, dtype=p.dtype))
 
     def apply_local(self) -> None:
         """The group-of-one step, used when no partner can be had."""

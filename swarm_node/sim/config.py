@@ -29,6 +29,10 @@ class SimConfig:
     seed: int = 0
     routing: str = "random"  # fresh random path per micro-batch, or replica r always uses worker r
     wire_dtype: str = "fp32"  # precision activations and gradients cross stage boundaries in
+    # None: the blocking outer round. k: overlapped, the exchange lands k inner steps
+    # after the boundary (at most H: a node whose exchange outlasts the next boundary
+    # waits there, which costs time but no steps).
+    outer_latency_steps: int | None = None
     eval_every_steps: int = 50
     eval_batches: int = 8
     eval_batch_size: int = 64
@@ -44,6 +48,8 @@ class SimConfig:
         if self.wire_dtype not in WIRE_PRECISIONS:
             raise ValueError(f"wire_dtype must be one of {tuple(WIRE_PRECISIONS)}")
         check_model_split(self.model_size, self.stages, self.layers_per_stage, FIELD_NAMES)
+        if self.outer_latency_steps is not None and self.outer_latency_steps < 0:
+            raise ValueError("outer_latency_steps must be >= 0")
 
     @property
     def tokens_per_step(self) -> int:

@@ -150,18 +150,34 @@ class Simulator:
         return float(np.mean(losses))
 
     def outer_round(self) -> None:
+        """The blocking round: every worker's payload at the boundary, applied at once."""
+        self._land(self._exchange())
+
+    def _exchange(self) -> list[tuple[list[list[int]], list, list, list | None]]:
+        """Per stage: the groups, and every worker's (phi, Delta) as sent at the boundary
+        (with theta's snapshot when the round is overlapped)."""
         cfg = self.config
+        sent = []
         for stage_workers in self.workers:
             if cfg.method.name == "diloco":
                 groups = [list(range(len(stage_workers)))]
             else:
                 groups = random_groups(len(stage_workers), cfg.method.group_size, self.rng)
-            phis = [w.slow.phi for w in stage_workers]
-            deltas = [w.slow.deltas() for w in stage_workers]
+            snapshots = [w.slow.snapshot() for w in stage_workers] if cfg.outer_latency_steps else None
+            sent.append((groups, [w.slow.phi for w in stage_workers], [w.slow.deltas() for w in stage_workers],
+                         snapshots))
+        return sent
+
+    def _land(self, sent) -> None:
+        for stage_workers, (groups, phis, deltas, snapshots) in zip(self.workers, sent):
             for group in groups:
                 for i in group:  # each member lists itself first, then the others
                     order = [i] + [j for j in group if j != i]
-                    stage_workers[i].slow.apply([phis[j] for j in order], [deltas[j] for j in order])
+                    members = [phis[j] for j in order], [deltas[j] for j in order]
+                    if snapshots is None:
+                        stage_workers[i].slow.apply(*members)
+                    else:
+                        stage_workers[i].slow.apply_overlapped(*members, snapshots[i])
         self.outer_rounds += 1
 
     # -- evaluation -------------------------------------------------------------
@@ -196,10 +212,19 @@ class Simulator:
         start = time.perf_counter()
         val_curve = [(0, self.evaluate())]
         train_curve: list[tuple[int, float]] = []
+        in_flight = None  # an overlapped round's payloads, and the step they land at
         for step in range(1, cfg.steps + 1):
             train_loss = self.train_step()
             if cfg.method.has_outer_step and step % cfg.method.inner_steps == 0:
-                self.outer_round()
+                if in_flight is not None:  # it outlasted a round: the node waits for it here
+                    self._land(in_flight[0])
+                if cfg.outer_latency_steps:
+                    in_flight = (self._exchange(), step + cfg.outer_latency_steps)
+                else:
+                    self.outer_round()
+            if in_flight is not None and (step >= in_flight[1] or step == cfg.steps):  # the last one lands too
+                self._land(in_flight[0])
+                in_flight = None
             tokens = step * cfg.tokens_per_step
             train_curve.append((tokens, train_loss))
             val_loss = None
