@@ -70,8 +70,15 @@ def _add_sim_parser(sub) -> None:
     p.add_argument("--routing", choices=("random", "fixed"), default="random",
                    help="random: a fresh random path through the stages per micro-batch (default); fixed: "
                         "replica r always uses worker r of every stage")
-    p.add_argument("--wire-dtype", choices=("fp32", "fp16", "bf16"), default="fp32",
-                   help="precision of activations/gradients between stages; default: %(default)s")
+    p.add_argument("--wire-dtype", choices=("fp32", "fp16", "bf16", "int8", "int4"), default="fp32",
+                   help="precision of activations/gradients between stages (int8/int4: blockwise codes with a "
+                        "scale per 256 values); default: %(default)s")
+    p.add_argument("--delta-codec", choices=("int8", "int4"), default=None,
+                   help="send Delta in outer rounds blockwise in 8 or 4 bits, with error feedback "
+                        "(default: as is)")
+    p.add_argument("--outer-latency-steps", type=_positive_int, default=None, metavar="K",
+                   help="overlapped outer rounds: the exchange lands K inner steps after the boundary while "
+                        "training goes on (docs/ALGORITHM.md 3.1); default: blocking rounds")
     p.add_argument("--eval-every", type=_positive_int, default=None, metavar="STEPS",
                    help="steps between evaluations (default: --steps / 20)")
     p.add_argument("--eval-batches", type=_positive_int, default=8, metavar="N",
@@ -118,7 +125,9 @@ def _run_sim(args: argparse.Namespace) -> int:
     config = SimConfig(method=method, inner=inner, data=data, replicas=args.replicas, stages=args.stages,
                        model_size=args.model, layers_per_stage=args.layers_per_stage, seq_len=args.seq_len,
                        batch_size=args.batch_size, steps=args.steps, seed=args.seed, routing=args.routing,
-                       wire_dtype=args.wire_dtype, eval_every_steps=args.eval_every or max(1, args.steps // 20),
+                       wire_dtype=args.wire_dtype, delta_codec=args.delta_codec,
+                       outer_latency_steps=args.outer_latency_steps,
+                       eval_every_steps=args.eval_every or max(1, args.steps // 20),
                        eval_batches=args.eval_batches, device=resolve_device(args.device))
     run_simulation(config, json_out=args.json_out, plot=args.plot, progress=not args.no_progress)
     return 0

@@ -11,6 +11,7 @@ from swarm_node.spec import SettingNames, check_model_split
 from swarm_node.wire.codec import WIRE_PRECISIONS
 
 ROUTINGS = ("random", "fixed")
+CODECS = {"int8": 8, "int4": 4}  # blockwise (wire/blockwise.py): name -> bits
 FIELD_NAMES = SettingNames(model="model_size", stages="stages", layers="layers_per_stage")
 
 
@@ -28,7 +29,8 @@ class SimConfig:
     steps: int = 1000  # inner optimizer steps per worker
     seed: int = 0
     routing: str = "random"  # fresh random path per micro-batch, or replica r always uses worker r
-    wire_dtype: str = "fp32"  # precision activations and gradients cross stage boundaries in
+    wire_dtype: str = "fp32"  # precision activations and gradients cross stage boundaries in (or int8/int4 blockwise)
+    delta_codec: str | None = None  # Delta sent blockwise (int8/int4) with error feedback; None: as is
     # None: the blocking outer round. k: overlapped, the exchange lands k inner steps
     # after the boundary (at most H: a node whose exchange outlasts the next boundary
     # waits there, which costs time but no steps).
@@ -45,8 +47,10 @@ class SimConfig:
             raise ValueError("steps and batch_size must be >= 1")
         if self.routing not in ROUTINGS:
             raise ValueError(f"routing must be one of {ROUTINGS}")
-        if self.wire_dtype not in WIRE_PRECISIONS:
-            raise ValueError(f"wire_dtype must be one of {tuple(WIRE_PRECISIONS)}")
+        if self.wire_dtype not in (*WIRE_PRECISIONS, *CODECS):
+            raise ValueError(f"wire_dtype must be one of {(*WIRE_PRECISIONS, *CODECS)}")
+        if self.delta_codec is not None and self.delta_codec not in CODECS:
+            raise ValueError(f"delta_codec must be one of {tuple(CODECS)} or None")
         check_model_split(self.model_size, self.stages, self.layers_per_stage, FIELD_NAMES)
         if self.outer_latency_steps is not None and self.outer_latency_steps < 0:
             raise ValueError("outer_latency_steps must be >= 0")

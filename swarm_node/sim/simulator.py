@@ -27,10 +27,11 @@ from swarm_node.model.stages import PipelineStage, build_stage
 from swarm_node.optim.ddp import average_gradients
 from swarm_node.optim.inner import InnerOptimizer
 from swarm_node.optim.outer import SlowWeights
-from swarm_node.sim.config import SimConfig
+from swarm_node.sim.config import CODECS, SimConfig
 from swarm_node.sim.grouping import random_groups
 from swarm_node.train.device import device_facts_or_name, is_out_of_memory, out_of_memory
 from swarm_node.train.evaluate import average_into, path_val_loss, weight_spread
+from swarm_node.wire.blockwise import ErrorFeedback, dequantize, quantize
 from swarm_node.wire.codec import WIRE_PRECISIONS
 
 
@@ -39,6 +40,7 @@ class Worker:
     stage: PipelineStage
     inner: InnerOptimizer
     slow: SlowWeights | None
+    feedback: ErrorFeedback | None = None  # with a Delta codec: what earlier rounds could not send
 
 
 @dataclass
@@ -87,7 +89,8 @@ class Simulator:
                             layers_per_stage=cfg.layers_per_stage, device=self.device)
         params = list(stage.parameters())
         slow = SlowWeights(params, cfg.method.outer) if cfg.method.has_outer_step else None
-        return Worker(stage=stage, inner=InnerOptimizer(params, cfg.inner), slow=slow)
+        feedback = ErrorFeedback(CODECS[cfg.delta_codec]) if cfg.delta_codec and slow is not None else None
+        return Worker(stage=stage, inner=InnerOptimizer(params, cfg.inner), slow=slow, feedback=feedback)
 
     @contextlib.contextmanager
     def _oom_explained(self):
@@ -115,7 +118,10 @@ class Simulator:
         return [identity] + [[int(i) for i in self.rng.permutation(r)] for _ in range(1, self.config.stages)]
 
     def _cross_boundary(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor.detach().to(WIRE_PRECISIONS[self.config.wire_dtype]).to(tensor.dtype)
+        wire = self.config.wire_dtype
+        if wire in CODECS:
+            return dequantize(quantize(tensor, CODECS[wire])).to(tensor.device, tensor.dtype)
+        return tensor.detach().to(WIRE_PRECISIONS[wire]).to(tensor.dtype)
 
     def _train_micro_batch(self, path: list[int], inputs: torch.Tensor, targets: torch.Tensor) -> float:
         boundary: list[tuple[torch.Tensor, torch.Tensor]] = []  # (stage input, stage output) per stage
@@ -164,9 +170,15 @@ class Simulator:
             else:
                 groups = random_groups(len(stage_workers), cfg.method.group_size, self.rng)
             snapshots = [w.slow.snapshot() for w in stage_workers] if cfg.outer_latency_steps else None
-            sent.append((groups, [w.slow.phi for w in stage_workers], [w.slow.deltas() for w in stage_workers],
+            sent.append((groups, [w.slow.phi for w in stage_workers], [self._sent_delta(w) for w in stage_workers],
                          snapshots))
         return sent
+
+    def _sent_delta(self, worker: Worker) -> list[torch.Tensor]:
+        """Delta as the group receives it (every member uses the decoded values, its own too)."""
+        if worker.feedback is None:
+            return worker.slow.deltas()
+        return [dequantize(q).to(self.device) for q in worker.feedback.compress(worker.slow.deltas())]
 
     def _land(self, sent) -> None:
         for stage_workers, (groups, phis, deltas, snapshots) in zip(self.workers, sent):
