@@ -190,12 +190,14 @@ class Transport:
                                               else handler(remote, request))
                             await write_frame(writer, response)
                         self.bytes_sent += len(response) + LENGTH_BYTES
-                    await _linger(reader)
                 finally:
                     for table, k in ((self._active_per_peer, key), (self._active_per_address, where)):
                         table[k] -= 1
                         if not table[k]:
                             del table[k]
+                # after the slot is free: a caller's next request (the next state chunk)
+                # may arrive before it has closed this stream
+                await _linger(reader)
             except ProtocolError as exc:  # an oversize length prefix
                 self.on_fault(remote, f"bad {protocol} frame ({exc})")
             except (PeerError, TimeoutError, ConnectionError, OSError) as exc:

@@ -154,3 +154,25 @@ def test_what_a_partner_out_of_scale_costs_depends_on_its_round():
     # what a far phi counts as: the point 1.5x our scale on the way to it
     taken_phi, _ = exchange.check.check([*far, *delta], stage.worker.own_phi(), stage.worker.own_delta)
     assert abs(distance(taken_phi, stage.worker.own_phi()) - 1.5 * scale) < 1e-3 * scale
+
+
+def test_a_peer_declined_round_after_round_is_backed_off_but_stays_a_donor():
+    """Claiming another round dodges the poison check (the update is only declined),
+    but a peer declined three times in a row is backed off so it cannot keep taking our
+    rounds; it is not marked poisoned, so a node behind may still download from it."""
+    stage, exchange = stage_of(trained_worker(0))
+    start_first_round(exchange)
+    phi, delta = trained_worker(1).outer_payload("fp32")
+    big = encode_frame({"kind": "outer", "spec": SPEC.spec_hash(), "round": 1, "ok": True},
+                       [*phi, *[d * 10 for d in delta]])
+    honest = encode_frame({"kind": "outer", "spec": SPEC.spec_hash(), "round": 0, "ok": True}, [*phi, *delta])
+
+    async def scenario():
+        banned = []
+        for frame in (big, big, honest, big, big, big):  # an accepted exchange resets the count
+            await exchange_as_partner(exchange, "QmLiar", frame)
+            banned.append(stage.guard.is_banned("QmLiar"))
+        return banned
+
+    assert vclock.run(scenario()) == [False, False, False, False, False, True]
+    assert not stage.guard.is_poisoned("QmLiar") and stage.guard.faults("QmLiar") == 0

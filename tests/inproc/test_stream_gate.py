@@ -4,6 +4,7 @@ protocol's slots and a caller elsewhere is served at once (loopback is exempt: a
 on one machine shares it); and the server closes a stream only after its caller."""
 
 import asyncio
+import dataclasses
 
 import vclock
 
@@ -50,14 +51,14 @@ def open_stream(p2p: FakeP2P, peer: str, addr: str, request: bytes | None, close
     return asyncio.create_task(p2p.handler(Info(peer, addr), reader, writer)), reader, writer
 
 
-async def serving(answer: bytes) -> FakeP2P:
-    """A transport serving PROTOCOL under LIMITS with a handler that answers ``answer``."""
+async def serving(answer: bytes, limits: ServeLimits = LIMITS) -> FakeP2P:
+    """A transport serving PROTOCOL under ``limits`` with a handler that answers ``answer``."""
     p2p = FakeP2P()
 
     async def handler(remote, request):
         return answer
 
-    await Transport(p2p).serve(PROTOCOL, handler, LIMITS)
+    await Transport(p2p).serve(PROTOCOL, handler, limits)
     return p2p
 
 
@@ -108,3 +109,19 @@ def test_the_server_closes_after_the_caller_so_the_answer_is_not_lost_to_a_reset
         return answered_open, writer.closed
 
     assert vclock.run(scenario()) == (True, True)
+
+
+def test_a_stream_waiting_for_its_caller_to_close_does_not_hold_the_callers_slot():
+    """A joiner asks for state chunk after chunk, one stream at a time (one slot per
+    caller): its next request may arrive before it has closed the last stream. Holding
+    the slot while waiting answered it "busy" and a download failed."""
+    async def scenario():
+        p2p = await serving(b"chunk", dataclasses.replace(LIMITS, max_per_peer=1))
+        answers = []
+        for _ in range(3):
+            task, reader, writer = open_stream(p2p, "QmJoiner", "/ip4/10.0.0.7/tcp/4001", b"next", close=False)
+            await asyncio.sleep(0.1)
+            answers.append(writer.data[LENGTH_BYTES:])
+        return answers
+
+    assert vclock.run(scenario()) == [b"chunk"] * 3
