@@ -211,9 +211,9 @@ def _add_join_parser(sub) -> None:
     p.add_argument("--wire-dtype", choices=("fp16", "bf16", "fp32"), default="fp16",
                    help="precision of activations/gradients sent to other stages, and of phi/Delta in rounds")
     p.add_argument("--max-update-ratio", type=_ratio, default=3.0, metavar="X",
-                   help="refuse a partner's Delta norm or phi distance above X times our own recent Delta "
-                        "norms, and do not pair with it for 30 minutes (default %(default)s; honest partners "
-                        "of the same round measured up to 2)")
+                   help="refuse a partner's Delta norm above X times our own recent Delta norms at our round, "
+                        "and do not pair with it for 30 minutes (default %(default)s; honest partners of the same "
+                        "round measured up to 1.3x); accepted updates count with at most 1.5x")
     p.add_argument("--metrics", nargs="+", choices=(*SINKS, "none"), default=["jsonl"], metavar="SINK",
                    help="where training metrics go: jsonl (default), tensorboard, wandb (offline mode; upload later "
                         "with `wandb sync`), or none")

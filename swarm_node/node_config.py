@@ -48,9 +48,10 @@ class NodeConfig:
     # the node downloads a live peer's state on top (a merge that far apart would be
     # rejected by the partner's screens, or pull the stage back).
     catch_up_rounds: int = 2
-    # A partner's Delta norm or phi distance above this multiple of our own recent Delta
-    # norms is rejected (round local-only, partner off for 30 minutes); activations and
-    # gradients are held to the recent median of what we saw, looser.
+    # A partner's Delta norm above this multiple of our own recent Delta norms, at our
+    # round, is rejected (round local-only, partner off for 30 minutes; gossip/
+    # partner_check.py); activations and gradients are held to the recent median of
+    # what we saw, looser.
     max_update_ratio: float = 3.0
     max_peer_faults: int = 8  # malformed requests from one caller before it is banned
     caller_ban_s: float = 600.0
