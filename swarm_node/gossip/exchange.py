@@ -35,6 +35,8 @@ from swarm_node.wire.messages import PROPOSAL_LIMITS, PROPOSAL_MAX_BYTES, check_
 
 log = logging.getLogger(__name__)
 
+DECLINES_BEFORE_BACKOFF = 3  # rounds-apart declines of one peer in a row
+MAX_DECLINED_TRACKED = 4096
 PROPOSE_TIMEOUT_S = 5.0  # a pairing proposal is a few bytes: no answer in this time means the peer is unwell
 Tensors = list[torch.Tensor]
 
@@ -107,6 +109,7 @@ class OuterExchange:
         self.last: RoundOutcome | None = None
         self.behind = False  # a partner rounds ahead was out of our scale: the node should catch up
         self._outcome = RoundOutcome(-1)
+        self._declined: dict[str, int] = {}  # peer -> rounds-apart declines in a row
 
     @property
     def seeking(self) -> bool:
@@ -247,7 +250,7 @@ class OuterExchange:
         try:
             checked = await self.compute(self.check.check, tensors, self.state.own_phi(), self.state.own_delta,
                                          rounds_ahead)
-            self.guard.accepted(peer)
+            self._declined.pop(peer, None)
             return checked
         except Poisoned as exc:
             self.guard.poisoned(peer, str(exc))
@@ -259,7 +262,11 @@ class OuterExchange:
             # behind catches up); a peer declined again and again, as one claiming another
             # round to dodge the poison check would be, is backed off (not banned for
             # long: it stays a donor) so that it cannot take our rounds.
-            if self.guard.declined(peer):
+            declines = self._declined.pop(peer, 0) + 1
+            self._declined[peer] = declines
+            if len(self._declined) > MAX_DECLINED_TRACKED:
+                self._declined.pop(next(iter(self._declined)))
+            if declines >= DECLINES_BEFORE_BACKOFF:
                 self.guard.failed(peer)
             self.guard.note(peer, f"declining an outer exchange with {short_id(peer)} at round {theirs} (we are at "
                                   f"{ours}): {exc}")

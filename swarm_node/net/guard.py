@@ -30,7 +30,6 @@ log = logging.getLogger(__name__)
 
 MAX_TRACKED_PEERS = 4096
 NOTE_EVERY_S = 60.0  # a peer's repeated notes: one log line a minute at most
-DECLINES_BEFORE_BACKOFF = 3
 POISON_BAN_S = 1800.0  # a partner whose update we rejected stays off this long
 
 
@@ -56,7 +55,6 @@ class PeerGuard:
         self._ignored: set[str] = set()
         self._noted: dict[str, float] = {}  # peer -> when we last logged a note about it
         self._poisoned: dict[str, float] = {}  # peer -> when its poison ban ends
-        self._declined: dict[str, int] = {}  # updates declined as rounds apart, in a row
         self._reached: dict[str, None] = {}  # peers that answered us or called us (insertion-ordered, bounded)
 
     # -- peers we call -------------------------------------------------------------
@@ -119,16 +117,10 @@ class PeerGuard:
 
     def stream_closed(self, peer: str) -> bool:
         """A stream to ``peer`` ended before its answer; True from the second in a row."""
-        return _in_a_row(self._streams_closed, peer) >= 2
-
-    def declined(self, peer: str) -> bool:
-        """We declined ``peer``'s update as rounds apart; True from the third in a row
-        (honest peers rounds apart meet in scale again within a round or two)."""
-        return _in_a_row(self._declined, peer) >= DECLINES_BEFORE_BACKOFF
-
-    def accepted(self, peer: str) -> None:
-        """We took ``peer``'s update: its declines in a row start over."""
-        self._declined.pop(peer, None)
+        count = self._streams_closed.pop(peer, 0) + 1
+        self._streams_closed[peer] = count
+        _bound(self._streams_closed)
+        return count >= 2
 
     # -- peers that call us ----------------------------------------------------------
     def fault(self, peer: str, why: str) -> None:
@@ -177,14 +169,6 @@ class PeerGuard:
             self._noted[peer] = self.clock()  # its next line waits a minute
             _bound(self._noted)
             log.warning("ignoring peer %s: %s", short_id(peer), why)
-
-
-def _in_a_row(table: dict[str, int], peer: str) -> int:
-    """Count one more event of ``peer`` in ``table``; returns its count so far."""
-    count = table.pop(peer, 0) + 1
-    table[peer] = count
-    _bound(table)
-    return count
 
 
 def _bound(table: dict) -> None:

@@ -13,6 +13,7 @@ opened itself).
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import random
 from collections.abc import Awaitable, Callable, Sequence
@@ -22,7 +23,7 @@ from hivemind.p2p import P2P, P2PDaemonError, PeerID
 from hivemind.utils.multiaddr import Multiaddr
 
 from swarm_node.errors import PeerError, PeerRefused, ProtocolError
-from swarm_node.net.transport import ServeLimits, Transport, multiaddr_ip, short_id
+from swarm_node.net.transport import ServeLimits, Transport, short_id
 from swarm_node.wire.codec import FrameLimits, decode_frame, encode_frame
 
 log = logging.getLogger(__name__)
@@ -196,10 +197,13 @@ def address_scope(maddr: str) -> str:
     multiaddr (a one-label DNS name such as a container's service name resolves only
     on its own network)."""
     parts = maddr.strip("/").split("/")
-    if len(parts) >= 2 and parts[0].startswith("dns"):
+    if len(parts) < 2:
+        return "unknown"
+    if parts[0].startswith("dns"):
         return "dns" if "." in parts[1].strip(".") else "local-name"
-    ip = multiaddr_ip(maddr)
-    if ip is None:
+    try:
+        ip = ipaddress.ip_address(parts[1])
+    except ValueError:
         return "unknown"
     if ip.is_unspecified:
         return "unspecified"

@@ -99,12 +99,16 @@ class ServeLimits:
     # a slot held by a silent or trickling stream is freed, and the caller counted as a fault.
     first_bytes_timeout_s: float = 5.0
     min_request_bytes_per_s: float = 125_000.0  # 1 Mbit/s, far below any volunteer's uplink
+    # Streams one remote address may hold at once (None: half of max_concurrent). Fresh
+    # identities cost nothing, addresses do: ten identities on one host holding silent
+    # streams must leave slots for everyone else. Loopback is exempt (a swarm on one
+    # machine shares it).
+    max_per_address: int | None = None
 
     @property
     def address_cap(self) -> int:
-        """Streams one remote address may hold at once. Fresh identities cost nothing,
-        addresses do: ten identities on one host holding silent streams must leave
-        slots for everyone else. Loopback is exempt (a swarm on one machine shares it)."""
+        if self.max_per_address is not None:
+            return self.max_per_address
         return max(self.max_per_peer, self.max_concurrent // 2)
 
     def request_deadline_s(self, length: int) -> float:
@@ -237,19 +241,15 @@ async def _linger(reader: asyncio.StreamReader) -> None:
         pass
 
 
-def multiaddr_ip(maddr: object) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-    """The IP of an /ip4 or /ip6 multiaddr, or None for anything else."""
-    parts = str(maddr).strip("/").split("/")
-    if len(parts) < 2 or parts[0] not in ("ip4", "ip6"):
-        return None
-    try:
-        return ipaddress.ip_address(parts[1])
-    except ValueError:
-        return None
-
-
 def caller_address(addr: object) -> str | None:
     """The IP a stream came from, from the connection's multiaddr; None for loopback or
     an address we cannot read (then only the other caps apply)."""
-    ip = multiaddr_ip(addr)
-    return None if ip is None or ip.is_loopback else str(ip)
+    parts = str(addr).strip("/").split("/")
+    if len(parts) < 2 or parts[0] not in ("ip4", "ip6"):
+        return None
+    try:
+        ip = ipaddress.ip_address(parts[1])
+    except ValueError:
+        return None
+    return None if ip.is_loopback else str(ip)
+

@@ -23,7 +23,10 @@ from swarm_node.net.transport import ServeLimits, short_id
 from swarm_node.node_services import NodeServices
 from swarm_node.train.worker import StageWorker, tensor_digest
 from swarm_node.wire.codec import FrameLimits, decode_frame, encode_frame
-from swarm_node.wire.messages import check_state_chunk, check_state_counters
+from swarm_node.wire.messages import (
+    check_state_chunk,
+    check_state_counters,
+)
 from swarm_node.wire.records import PeerRecord
 
 log = logging.getLogger(__name__)

@@ -4,7 +4,6 @@ steps after the boundary (two rounds: the node waits at the next boundary, which
 time, not steps)."""
 
 import dataclasses
-import functools
 import statistics
 
 import pytest
@@ -21,7 +20,6 @@ CONFIG = SimConfig(method=default_method("noloco", inner_steps=H),
                    batch_size=8, steps=STEPS, eval_every_steps=STEPS, eval_batches=4)
 
 
-@functools.cache  # the blocking runs serve every latency
 def final_loss(latency_steps: int | None, seed: int = 0) -> float:
     torch.manual_seed(seed)
     result = Simulator(dataclasses.replace(CONFIG, outer_latency_steps=latency_steps, seed=seed)).run()
