@@ -11,7 +11,7 @@ from bench.common import ROOT
 from bench.common.results import RESULTS_DIR, load
 
 DOC = ROOT / "BENCHMARKS.md"
-SECTIONS = ("sync_cost", "latency_model", "swarm_efficiency", "convergence", "vs_hivemind", "wire_bytes")
+SECTIONS = ("sync_cost", "latency_model", "swarm_efficiency", "convergence", "vs_hivemind", "wire_bytes", "home_link")
 
 HEADER = """# Benchmarks
 
@@ -38,6 +38,7 @@ TITLES = {
     "convergence": "NoLoCo vs DiLoCo vs DDP vs local at equal tokens",
     "vs_hivemind": "this project vs hivemind.Optimizer: time to a target loss, bytes",
     "wire_bytes": "bytes on the wire per round and per token",
+    "home_link": "volunteers on shaped home links: blocking vs overlapped vs compressed rounds",
 }
 
 

@@ -15,7 +15,7 @@ import time
 
 from bench import report
 
-ORDER = ("sync_cost", "swarm_efficiency", "latency_model", "convergence", "vs_hivemind", "wire_bytes")
+ORDER = ("sync_cost", "swarm_efficiency", "latency_model", "convergence", "vs_hivemind", "wire_bytes", "home_link")
 QUICK_BUDGET_S = 15 * 60
 
 

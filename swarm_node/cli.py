@@ -12,6 +12,9 @@ from swarm_node.cli_probe import add_probe_parser
 from swarm_node.errors import ConfigError, SwarmError
 from swarm_node.obs.sinks import SINKS
 
+# wire/outer_codec.py's table (a test keeps them equal): the parser runs before torch is imported
+OUTER_CODEC_NAMES = ("fp32", "fp16", "bf16", "int8", "int4", "near4-4", "near4-3")
+
 
 def _positive_int(text: str) -> int:
     value = int(text)
@@ -73,9 +76,10 @@ def _add_sim_parser(sub) -> None:
     p.add_argument("--wire-dtype", choices=("fp32", "fp16", "bf16", "int8", "int4"), default="fp32",
                    help="precision of activations/gradients between stages (int8/int4: blockwise codes with a "
                         "scale per 256 values); default: %(default)s")
-    p.add_argument("--delta-codec", choices=("int8", "int4"), default=None,
-                   help="send Delta in outer rounds blockwise in 8 or 4 bits, with error feedback "
-                        "(default: as is)")
+    p.add_argument("--outer-codec", choices=OUTER_CODEC_NAMES, default="fp32",
+                   help="how phi and Delta go on the wire in outer rounds: a float precision, or blockwise "
+                        "codes with error feedback (nearP-D: phi in P bits coded against the receiver's own, "
+                        "Delta in D); default: %(default)s")
     p.add_argument("--outer-latency-steps", type=_positive_int, default=None, metavar="K",
                    help="overlapped outer rounds: the exchange lands K inner steps after the boundary while "
                         "training goes on (docs/ALGORITHM.md 3.1); default: blocking rounds")
@@ -125,7 +129,7 @@ def _run_sim(args: argparse.Namespace) -> int:
     config = SimConfig(method=method, inner=inner, data=data, replicas=args.replicas, stages=args.stages,
                        model_size=args.model, layers_per_stage=args.layers_per_stage, seq_len=args.seq_len,
                        batch_size=args.batch_size, steps=args.steps, seed=args.seed, routing=args.routing,
-                       wire_dtype=args.wire_dtype, delta_codec=args.delta_codec,
+                       wire_dtype=args.wire_dtype, outer_codec=args.outer_codec,
                        outer_latency_steps=args.outer_latency_steps,
                        eval_every_steps=args.eval_every or max(1, args.steps // 20),
                        eval_batches=args.eval_batches, device=resolve_device(args.device))
@@ -209,7 +213,11 @@ def _add_join_parser(sub) -> None:
     p.add_argument("--checkpoint-every-rounds", type=_positive_int, default=1, metavar="N",
                    help="write a checkpoint every N outer rounds (default %(default)s)")
     p.add_argument("--wire-dtype", choices=("fp16", "bf16", "fp32"), default="fp16",
-                   help="precision of activations/gradients sent to other stages, and of phi/Delta in rounds")
+                   help="precision of activations/gradients sent to other stages (phi and Delta go in the run "
+                        "spec's outer_codec)")
+    p.add_argument("--blocking-rounds", action="store_true",
+                   help="stop the inner steps during each outer round until its outer step is done, instead of "
+                        "exchanging beside them (for comparison; costs the whole exchange time every round)")
     p.add_argument("--max-update-ratio", type=_ratio, default=3.0, metavar="X",
                    help="refuse a partner's Delta norm above X times our own recent Delta norms at our round, "
                         "and do not pair with it for 30 minutes (default %(default)s; honest partners of the same "
@@ -297,7 +305,7 @@ def _run_join(args: argparse.Namespace) -> int:
                         startup_timeout_s=args.startup_timeout, slowest_link_mbit_s=args.slowest_link_mbit,
                         download_state=not args.no_state_download,
                         checkpoint_dir=args.checkpoint_dir, checkpoint_every_rounds=args.checkpoint_every_rounds,
-                        activation_wire=args.wire_dtype, outer_wire=args.wire_dtype,
+                        activation_wire=args.wire_dtype, blocking_rounds=args.blocking_rounds,
                         max_update_ratio=args.max_update_ratio, http_host=args.http_host,
                         metrics_sinks=tuple(m for m in args.metrics if m != "none"), metrics_dir=args.metrics_dir,
                         threads=args.threads or node_threads(), command_line=("swarm-node", *args.argv),
@@ -334,6 +342,12 @@ def _add_local_parser(sub) -> None:
     p.add_argument("--lr", type=float, default=None,
                    help="peak inner learning rate (default: by --model, from 3e-3 for debug to 1.2e-4 for large)")
     p.add_argument("--seed", type=int, default=0, help="initial weights and data order; default: %(default)s")
+    p.add_argument("--outer-codec", choices=OUTER_CODEC_NAMES, default=None,
+                   help="how phi and Delta go on the wire in outer rounds (default: the run spec's, near4-3: phi in "
+                        "4 bits coded against the receiver's own, Delta in 3, with error feedback)")
+    p.add_argument("--blocking-rounds", action="store_true",
+                   help="nodes stop their inner steps during outer rounds (for comparison with the overlapped "
+                        "default)")
     p.add_argument("--device", default="cpu",
                    help="device of every node: cpu | cuda[:N] | mps | auto; default: %(default)s")
     p.add_argument("--round-timeout", type=float, default=15.0, metavar="SECONDS",
@@ -383,11 +397,13 @@ def _run_local(args: argparse.Namespace) -> int:
                    layers_per_stage=args.layers_per_stage, seq_len=args.seq_len, batch_size=args.batch_size,
                    samples_per_step=args.batch_size, total_steps=args.steps, seed=args.seed,
                    data=DataSpec.parse(args.data), method=method,
+                   **({"outer_codec": args.outer_codec} if args.outer_codec else {}),
                    inner=InnerHyper(lr=args.lr or suggested_lr(args.model),
                                     warmup_steps=default_warmup_steps(args.steps), total_steps=args.steps))
     config = LocalConfig(replicas=args.replicas, steps=args.steps, device=args.device,
                          round_timeout_s=args.round_timeout, run_dir=args.run_dir, progress=not args.no_progress,
                          threads_per_node=args.threads_per_node, eval_batches=args.eval_batches,
+                         blocking_rounds=args.blocking_rounds,
                          dashboard_port=args.dashboard_port, checkpoint_dir=args.checkpoint_dir,
                          chaos=ChaosPlan(kills=args.chaos_kills, restarts=min(args.chaos_restarts, args.chaos_kills),
                                          seed=args.chaos_seed) if args.chaos_kills else None)

@@ -63,6 +63,7 @@ class LocalConfig:
     device: str = "cpu"
     threads_per_node: int = 1
     round_timeout_s: float = 15.0
+    blocking_rounds: bool = False
     eval_batches: int = 8
     eval_batch_size: int = 64
     run_dir: Path | None = None  # keep node logs, weights and summaries here (default: a temp dir, removed)
@@ -210,6 +211,8 @@ class LocalSwarm:
                "--threads", str(self.config.threads_per_node), "--run-dir", str(self.run_dir),
                "--round-timeout", str(self.config.round_timeout_s), "--no-progress",
                "--host-maddrs", "/ip4/127.0.0.1/tcp/0"]  # one machine: loopback, any free port
+        if self.config.blocking_rounds:
+            cmd.append("--blocking-rounds")
         if not restarted:  # everyone starts together; a restarted node may need to catch up with its stage
             cmd.append("--no-state-download")
         if stage == 0:

@@ -25,6 +25,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from functools import partial
@@ -63,7 +64,6 @@ from swarm_node.train.device import explain_run_oom
 from swarm_node.train.pipeline import Pipeline
 from swarm_node.train.rounds import RoundGate
 from swarm_node.train.worker import StageWorker
-from swarm_node.wire.codec import WIRE_PRECISIONS
 from swarm_node.wire.records import PeerRecord
 
 log = logging.getLogger("swarm_node.node")
@@ -99,6 +99,7 @@ class Node:
         self.status_pages: NodeStatus | None = None
         self.metrics: Sinks | None = None
         self.status = "running"
+        self._training_since: float | None = None  # when the node began to train (compute utilisation's clock)
         self.fatal: SwarmError | None = None  # ends run() once the node has shut down (out of memory)
         self._recent_steps = RecentGrowth()
         self._recent_microbatches = RecentGrowth()
@@ -204,6 +205,7 @@ class Node:
         await self._serve()
         self._open_metrics()
         membership.state = "training"
+        self._training_since = time.monotonic()
         await membership.heartbeat()
         await _bounded(publish_spec(self.dht, self.spec), 10.0, "publishing the run spec")
 
@@ -243,7 +245,7 @@ class Node:
                                  next_peers=membership.next_stage_peers, stopping=self.stopping, services=services)
         numel = sum(p.numel() for p in self.worker.params)
         times = ExchangeTimes(cfg.round_timeout_s, cfg.exchange_timeout_for(
-            2 * numel * WIRE_PRECISIONS[cfg.outer_wire].itemsize), cfg.outer_wire)  # phi and Delta
+            int(numel * self.worker.codec.bytes_per_parameter())), overlapped=not cfg.blocking_rounds)
         self.exchange = OuterExchange(
             spec_hash=self.spec_hash, method=spec.method.name, times=times, state=self.worker, gate=self.gate,
             candidates=membership.partner_candidates,
@@ -288,7 +290,7 @@ class Node:
         log.info("node %s finished %d inner steps", short_id(self.peer_id), self.worker.inner_step)
         self.membership.state = "finished"
         await self.membership.heartbeat()
-        await self.gate.idle.wait()  # a round still open finishes before we leave
+        await self.gate.settled.wait()  # a round under way finishes before we leave: a partner may wait on our reply
         self.stop()
 
     async def _rounds(self) -> None:
@@ -332,6 +334,8 @@ class Node:
         if self.transport is not None:
             for name in HANDLERS:
                 await _bounded(self.transport.stop_serving(name), 3.0, f"removing the {name} handler")
+            # answers still on their way (a partner's outer payload) reach it before the daemon goes
+            await _bounded(self.transport.answers_delivered(), 120.0, "delivering the answers we owe")
         if self.dht is not None and self.stage is not None and self.dht.is_alive():
             # a `leaving` record: peers stop routing to us at once instead of at record expiry
             await _bounded(self.membership.heartbeat(), 3.0, "publishing the leaving record")
@@ -382,14 +386,20 @@ class Node:
         transport = self.transport
         return {"peer_id": self.peer_id, "stage": self.stage, "status": self.status,
                 "bytes_sent": transport.bytes_sent if transport else 0,
-                "bytes_received": transport.bytes_received if transport else 0, **asdict(self.stats)}
+                "bytes_received": transport.bytes_received if transport else 0,
+                "round_held_s": round(self.gate.held_s, 3),
+                "training_s": round(self.worker.training_s, 3) if self.worker else 0.0, **asdict(self.stats)}
 
     def health(self) -> tuple[str, bool]:
         return self.state, self.dht is not None and self.dht.is_alive()
 
     def summary(self) -> dict:
         w = self.worker
+        since, until = self._training_since, w.last_step_at if w and w.last_step_at else time.monotonic()
         return {**self.counters(), "pid": os.getpid(), "inner_steps": w.inner_step if w else 0,
+                # from the start of training to its last inner step: what compute utilisation is over
+                # (the last round's exchange after it is owed to a partner, not time we could compute)
+                "training_wall_s": round(until - since, 3) if since is not None else 0.0,
                 "outer_rounds": w.outer_round if w else 0, "spec_hash": self.spec_hash,
                 "final_theta_digest": w.theta_digest() if w else None}
 

@@ -24,7 +24,9 @@ class NodeConfig:
     max_steps: int | None = None  # stop after this many inner steps (stage 0 drives the run)
     run_dir: Path | None = None  # where the summary and final weights are written
     activation_wire: str = "fp16"  # activations and gradients between stages
-    outer_wire: str = "fp16"  # phi and Delta in outer rounds
+    # Outer rounds that stop the inner steps until the outer step is done (the paper's
+    # form), instead of running beside them (ALGORITHM.md section 3.1): for comparison.
+    blocking_rounds: bool = False
     max_in_flight: int = 4  # stage 0: micro-batches in the pipeline at once
     max_queue: int = 32  # micro-batches a node accepts at once before answering busy
     hop_timeout_s: float = 30.0  # deadline of one micro-batch through the rest of the pipeline

@@ -78,7 +78,7 @@ MODULE_CALL: Func = ("torch/nn/modules/module.py", "_wrapped_call_impl")
 USEFUL: tuple[Func, ...] = ((WORKER, "forward"), (WORKER, "backward"), (WORKER, "forward_backward_last"),
                             (WORKER, "step"))
 SERIALISATION: tuple[Func, ...] = ((CODEC, "encode_frame"), (CODEC, "decode_frame"))
-OUTER: tuple[Func, ...] = ((WORKER, "outer_payload"), (WORKER, "apply_outer"), (CHECK, "check"),
+OUTER: tuple[Func, ...] = ((WORKER, "open_round"), (WORKER, "close_round"), (CHECK, "check"),
                            (CHECK, "note_own_delta"), (CHECK, "norm"))
 # The executor's idle wait for the next work item (no CPU with a CPU-time timer, but
 # excluded by name so that a wall-clock profile reads the same).

@@ -62,7 +62,7 @@ class NodeProbe:
 
         probe = self
         step, accumulated = StageWorker.step, StageWorker._accumulated
-        outer_payload, apply_outer = StageWorker.outer_payload, StageWorker.apply_outer
+        open_round, close_round = StageWorker.open_round, StageWorker.close_round
 
         def timed_step(worker):
             count = step(worker)
@@ -74,17 +74,17 @@ class NodeProbe:
             probe.sample_times.append(time.monotonic())
             probe.samples.append(samples)
 
-        def timed_outer_payload(worker, wire):
+        def timed_open_round(worker, overlapped=False):
             probe.rounds.append([time.monotonic(), float("nan")])
-            return outer_payload(worker, wire)
+            return open_round(worker, overlapped)
 
-        def timed_apply_outer(worker, own, others):
-            apply_outer(worker, own, others)
+        def timed_close_round(worker, others):
+            close_round(worker, others)
             if probe.rounds:
                 probe.rounds[-1][1] = time.monotonic()
 
         StageWorker.step, StageWorker._accumulated = timed_step, timed_accumulated
-        StageWorker.outer_payload, StageWorker.apply_outer = timed_outer_payload, timed_apply_outer
+        StageWorker.open_round, StageWorker.close_round = timed_open_round, timed_close_round
 
     def attach(self, node) -> None:
         """Write the report when ``node`` shuts down (through its public shutdown hook)."""

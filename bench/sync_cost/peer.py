@@ -44,7 +44,9 @@ from swarm_node.net.transport import ServeLimits, Transport
 from swarm_node.node_services import NodeServices
 from swarm_node.obs.stats import NodeStats
 from swarm_node.train.rounds import RoundGate
-from swarm_node.wire.codec import WIRE_PRECISIONS, FrameLimits, decode_frame, encode_frame
+from swarm_node.train.worker import OpenRound
+from swarm_node.wire.codec import FrameLimits, decode_frame, encode_frame
+from swarm_node.wire.outer_codec import OUTER_CODECS, decode_outer
 
 MESSAGE_PROTOCOL = "swarm-node-bench/message/1"
 SPEC_HASH = "sync-cost-bench"
@@ -72,14 +74,25 @@ class FlatStage:
         self.params = [self.phi]
         self.outer_round = 0
 
-    def outer_payload(self, wire: str) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        dtype = WIRE_PRECISIONS[wire]
-        return [self.phi.to(dtype)], [self.delta.to(dtype)]
+    codec = OUTER_CODECS["fp16"]
 
-    def apply_outer(self, own, others) -> None:
+    def wire_payload(self) -> list[torch.Tensor]:
+        return [self.phi.half(), self.delta.half()]
+
+    def open_round(self, overlapped: bool) -> OpenRound:
+        self.open = OpenRound(self.outer_round, self.wire_payload(), 1.0, None)
+        return self.open
+
+    def own_payload(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        return self.decode_payload(self.open.wire, self.phi.device)
+
+    def decode_payload(self, wire, device) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        return decode_outer(wire, [self.phi.shape], self.codec, device)
+
+    def close_round(self, others) -> None:
         """The outer step's group means over the members, from the wire values as the node
         computes them; the result is discarded, only its cost counts."""
-        for members in zip(*(phi + delta for phi, delta in (own, *others))):
+        for members in zip(*(phi + delta for phi, delta in (self.own_payload(), *others))):
             torch.stack([m.float() for m in members]).mean(0)
 
     def own_phi(self) -> list[torch.Tensor]:
@@ -156,8 +169,8 @@ class BenchPeer:
         return {}
 
     def own_frame(self) -> tuple[list[torch.Tensor], bytes]:
-        phi, delta = self.stage.outer_payload("fp16")
-        return [*phi, *delta], encode_frame({"kind": "outer", "spec": SPEC_HASH, "ok": True}, [*phi, *delta])
+        wire = self.stage.wire_payload()
+        return wire, encode_frame({"kind": "outer", "spec": SPEC_HASH, "ok": True}, wire)
 
     # -- one message ------------------------------------------------------------------
     async def _handle_message(self, remote: str, request: bytes) -> bytes:

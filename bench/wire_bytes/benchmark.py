@@ -175,7 +175,8 @@ def run_check(run: CheckRun, timeout_s: float) -> dict:
     counts every byte on its loopback); returns its JSON summary and the command."""
     args = ["local", "--stages", str(run.stages), "--replicas", str(run.replicas), "--model", run.model,
             "--steps", str(run.steps), "--inner-steps", str(run.inner_steps), "--batch-size",
-            str(run.batch_size), "--seq-len", str(run.seq_len)]
+            str(run.batch_size), "--seq-len", str(run.seq_len),
+            "--outer-codec", "fp16"]  # the frames this model predicts (the default codec: bench/home_link)
     work = Path(tempfile.mkdtemp(prefix="sbe-wire-"))
     try:
         with ExitStack() as stack:

@@ -30,8 +30,10 @@ from swarm_node.net import protocols
 from swarm_node.net.transport import ServeLimits, short_id
 from swarm_node.node_services import NodeServices
 from swarm_node.train.rounds import RoundGate, force_round_if_ready
+from swarm_node.train.worker import OpenRound
 from swarm_node.wire.codec import FrameLimits, decode_frame, encode_frame
 from swarm_node.wire.messages import PROPOSAL_LIMITS, PROPOSAL_MAX_BYTES, check_outer_header, check_proposal
+from swarm_node.wire.outer_codec import OuterCodec
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +49,15 @@ class OuterState(Protocol):
     outer_round: int
     params: Sequence[torch.Tensor]
 
-    def outer_payload(self, wire: str) -> tuple[Tensors, Tensors]: ...
+    codec: OuterCodec
 
-    def apply_outer(self, own: tuple[Tensors, Tensors], others: list[tuple[Tensors, Tensors]]) -> None: ...
+    def open_round(self, overlapped: bool) -> OpenRound: ...
+
+    def own_payload(self) -> tuple[Tensors, Tensors]: ...
+
+    def decode_payload(self, wire: Tensors, device: torch.device) -> tuple[Tensors, Tensors]: ...
+
+    def close_round(self, others: list[tuple[Tensors, Tensors]]) -> None: ...
 
     def own_phi(self) -> Sequence[torch.Tensor]: ...
 
@@ -68,7 +76,7 @@ class OuterState(Protocol):
 class ExchangeTimes:
     round_timeout_s: float  # how long to seek a partner before the local-only step
     exchange_s: float  # one payload exchange, both ways
-    wire: str = "fp16"  # precision of phi and Delta on the wire
+    overlapped: bool = True  # inner steps go on while the exchange runs (ALGORITHM.md section 3.1)
 
 
 @dataclass
@@ -98,7 +106,9 @@ class OuterExchange:
         self.stopping = stopping
         self.check = PartnerCheck(max_update_ratio)
         numel = sum(p.numel() for p in state.params)
-        self.limits = FrameLimits(max_payload_bytes=2 * numel * 4 + (1 << 20))  # phi and Delta in fp32 at most
+        self.shapes = [p.shape for p in state.params]
+        # phi and Delta in fp32 at most (an fp16 tensor out of range goes as fp32); blockwise, two tensors each
+        self.limits = FrameLimits(max_payload_bytes=2 * numel * 4 + (1 << 20), max_tensors=4 * len(self.shapes) + 16)
         self.pairing: PairingCoordinator | GroupRound
         if method == "diloco":  # every live peer of the stage
             self.pairing = GroupRound(round_timeout_s=times.round_timeout_s, request_timeout_s=times.exchange_s)
@@ -128,13 +138,15 @@ class OuterExchange:
     # -- the seeking side --------------------------------------------------------------
     async def run_round(self) -> RoundOutcome:
         """One outer round, from our payload to the outer step (partner or local-only)."""
-        round_no = self.state.outer_round
         started = now()
+        opened = await self.compute(self.state.open_round, self.times.overlapped)
+        if opened.theta_at_snapshot is not None:
+            self.gate.resume_steps()  # what we send is taken: inner steps go on beside the exchange
+        round_no = opened.round_no
         self._outcome = outcome = RoundOutcome(round_no)
-        own = await self.compute(self.state.outer_payload, self.times.wire)
-        await self.compute(self.check.note_own_delta, own[1], self.state.round_fraction())
+        await self.compute(self._note_own_delta, opened.fraction)
         reply = await self.compute(encode_frame, {"kind": "outer", "spec": self.spec_hash, "round": round_no,
-                                                  "ok": True}, own[0] + own[1])
+                                                  "ok": True}, opened.wire)
         callers = self.callers_expected()
         had_company = callers or bool(self.candidates())
         announcing = asyncio.create_task(self._announce_seeking())
@@ -143,13 +155,17 @@ class OuterExchange:
         finally:
             announcing.cancel()  # the round may end before the record is out: the caller publishes after
             await asyncio.gather(announcing, return_exceptions=True)
-        await self.compute(self.state.apply_outer, own, [payload for _, payload in others])
+        await self.compute(self.state.close_round, [payload for _, payload in others])
         outcome.partners = [peer for peer, _ in others]
         outcome.ended_at = now()
         outcome.seconds = outcome.ended_at - started
         self._count(outcome, had_company)
         self.last = outcome
         return outcome
+
+    def _note_own_delta(self, fraction: float) -> None:
+        """On the compute thread: our Delta as sent is the scale partners are held to."""
+        self.check.note_own_delta(self.state.own_payload()[1], fraction)
 
     async def _gather(self, round_no: int, reply: bytes, expect_request: bool) -> list[tuple[str, Any]]:
         if isinstance(self.pairing, GroupRound):
@@ -248,8 +264,7 @@ class OuterExchange:
         theirs, ours = header.get("round"), self.state.outer_round
         rounds_ahead = theirs - ours if type(theirs) is int else 0  # a claim: it only picks how we refuse
         try:
-            checked = await self.compute(self.check.check, tensors, self.state.own_phi(), self.state.own_delta,
-                                         rounds_ahead)
+            checked = await self.compute(self._decode_and_check, tensors, rounds_ahead)
             self._declined.pop(peer, None)
             return checked
         except Poisoned as exc:
@@ -274,6 +289,11 @@ class OuterExchange:
         except Refused as exc:
             log.info("declining an outer exchange before our first round: %s", exc)
             raise
+
+    def _decode_and_check(self, tensors: Tensors, rounds_ahead: int) -> tuple[Tensors, Tensors]:
+        """On the compute thread: the partner's payload in the run's codec, then held to our scale."""
+        phi, delta = self.state.decode_payload(tensors, torch.device("cpu"))
+        return self.check.check(phi + delta, self.state.own_phi(), self.state.own_delta, rounds_ahead)
 
     # -- the answering side ------------------------------------------------------------
     async def handle_propose(self, remote: str, request: bytes) -> bytes:

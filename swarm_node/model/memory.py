@@ -5,13 +5,14 @@ A stage's peak is its resident state plus the larger of two working sets that ne
 overlap in time (the worker runs them one after the other on one compute thread):
 
 - resident, per parameter: theta, its gradient, Adam's two moments, and for methods
-  with an outer step phi and the outer momentum, all fp32 (24 bytes, 16 without an
-  outer step);
+  with an outer step phi, the outer momentum and what an outer round keeps while the
+  inner steps go on (40 bytes, 16 without an outer step);
 - one micro-batch's forward and backward: the worker recomputes a stage's forward
   when the gradient comes back, so only one micro-batch's activations are alive at a
   time, whatever the number in flight;
 - the outer step: Delta, then the new phi and momentum built beside the old ones
-  (12 bytes per parameter), and temporaries for one tensor at a time.
+  (12 bytes per parameter; 8 more for our own payload decoded from a blockwise codec),
+  and temporaries for one tensor at a time.
 
 The activation terms count the tensors autograd saves for this model's layers
 (RMSNorm, attention through scaled_dot_product_attention, which keeps q, k, v, the
@@ -33,10 +34,15 @@ from swarm_node.model.stages import split_layers
 # Resident bytes per parameter, all fp32.
 INNER_STATE_BYTES_PER_PARAMETER = 4 + 4 + 4 + 4  # theta, gradient, Adam m, Adam v
 OUTER_STATE_BYTES_PER_PARAMETER = 4 + 4  # phi, outer momentum
+# While a round's exchange runs beside the inner steps (ALGORITHM.md section 3.1): theta at
+# its boundary, the payload as sent (at most 4 bytes: phi and Delta in 16 bits), and the
+# blockwise codecs' error feedback for phi and Delta (kept between rounds). An upper bound.
+ROUND_IN_FLIGHT_BYTES_PER_PARAMETER = 4 + 4 + 8
 # The outer step's working set: Delta, then the new phi and momentum beside the old ones,
 # plus float64 sums and fp32 temporaries for the tensor being updated (16 bytes per
 # element measured on the CPU, 4 more for a partner's tensor copied to an accelerator).
-OUTER_STEP_BYTES_PER_PARAMETER = 4 + 4 + 4
+# With a blockwise codec, our own payload decoded to fp32 for the group means (8 more).
+OUTER_STEP_BYTES_PER_PARAMETER = 4 + 4 + 4 + 8
 OUTER_STEP_BYTES_PER_ELEMENT_OF_LARGEST_TENSOR = 16 + 4
 # Under bf16 autocast every matmul weight gets a bf16 copy, cached for the forward and
 # saved for the backward.
@@ -129,7 +135,9 @@ def estimate_stage_memory(config: ModelConfig, *, num_stages: int, stage_index: 
     is_last = stage_index == num_stages - 1
     parameters = stage_parameters(config, num_stages=num_stages, stage_index=stage_index,
                                   layers_per_stage=layers_per_stage)
-    per_parameter = INNER_STATE_BYTES_PER_PARAMETER + (OUTER_STATE_BYTES_PER_PARAMETER if outer_state else 0)
+    per_parameter = INNER_STATE_BYTES_PER_PARAMETER
+    if outer_state:
+        per_parameter += OUTER_STATE_BYTES_PER_PARAMETER + ROUND_IN_FLIGHT_BYTES_PER_PARAMETER
     tokens = batch_size * seq_len
     per_token = len(layers) * block_activation_bytes_per_token(config, autocast_bf16=autocast_bf16)
     if is_last:

@@ -32,7 +32,10 @@ log = logging.getLogger(__name__)
 
 LENGTH_BYTES = 8
 DISCARD_CHUNK_BYTES = 64 << 10
-LINGER_S = 2.0  # after answering, how long we wait for the caller to close first
+LINGER_S = 2.0  # after answering, how long we wait for the caller to close first (plus the answer's transit)
+# An answer handed to the daemon may still be on its way: a slow uplink moves a big one
+# at no less than this (1 Mbit/s), and the caller closes only once it has read it all.
+MIN_ANSWER_BYTES_PER_S = 125_000.0
 BUSY_DRAIN_TIMEOUT_S = 5.0  # a caller told "busy" has sent its request already; more is a stall
 Handler = Callable[[str, bytes], Awaitable[bytes]]  # (caller's peer id, request) -> response
 # The same, also given the remote address of the caller's connection (a Multiaddr).
@@ -129,6 +132,9 @@ class Transport:
         self._active_per_peer: dict[tuple[str, str], int] = defaultdict(int)
         self._active_per_address: dict[tuple[str, str], int] = defaultdict(int)
         self._refused: set[str] = set()  # peers already logged as refused (once each)
+        self._answering = 0  # streams being answered or waiting for their caller to close
+        self._answered = asyncio.Event()  # set while none is
+        self._answered.set()
 
     async def request(self, peer_id: str, protocol: str, payload: bytes, *, timeout_s: float,
                       max_response_bytes: int) -> bytes:
@@ -172,6 +178,9 @@ class Transport:
                 return
             self.on_reached(remote)
             where = (protocol, caller_address(info.addr))
+            self._answering += 1
+            self._answered.clear()
+            response = b""
             try:
                 if (gate.locked() or self._active_per_peer[key] >= limits.max_per_peer
                         or (where[1] is not None and self._active_per_address[where] >= limits.address_cap)):
@@ -197,15 +206,25 @@ class Transport:
                             del table[k]
                 # after the slot is free: a caller's next request (the next state chunk)
                 # may arrive before it has closed this stream
-                await _linger(reader)
+                await _linger(reader, LINGER_S + len(response) / MIN_ANSWER_BYTES_PER_S)
             except ProtocolError as exc:  # an oversize length prefix
                 self.on_fault(remote, f"bad {protocol} frame ({exc})")
             except (PeerError, TimeoutError, ConnectionError, OSError) as exc:
                 log.debug("%s from %s: %s", protocol, short_id(remote), exc)
             finally:
                 writer.close()
+                self._answering -= 1
+                if not self._answering:
+                    self._answered.set()
 
         await self.p2p.add_binary_stream_handler(protocol, on_stream)
+
+    async def answers_delivered(self) -> None:
+        """Returns once every stream we answered has been closed by its caller (or given
+        up on): a node that stops sooner cuts off answers still on their way, as a
+        partner's outer payload on a slow uplink is (the caller sees "stream closed
+        mid-frame" and loses the round)."""
+        await self._answered.wait()
 
     async def _read_request(self, reader: asyncio.StreamReader, protocol: str, remote: str,
                             limits: ServeLimits) -> bytes:
@@ -230,13 +249,13 @@ class Transport:
             pass
 
 
-async def _linger(reader: asyncio.StreamReader) -> None:
+async def _linger(reader: asyncio.StreamReader, timeout_s: float) -> None:
     """Close only once the caller has: closing first lost the answer to a reset inside
     the daemons about once in 400 outer exchanges between healthy peers ("stream closed
     mid-frame" on the caller's side, after we had already averaged with it). The caller
     closes as soon as it has read the answer; one that keeps the stream open is cut."""
     try:
-        await asyncio.wait_for(reader.read(1), LINGER_S)
+        await asyncio.wait_for(reader.read(1), timeout_s)
     except (TimeoutError, ConnectionError, OSError):
         pass
 

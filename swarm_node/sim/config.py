@@ -9,6 +9,7 @@ from swarm_node.optim.inner import InnerHyper
 from swarm_node.optim.methods import MethodSpec
 from swarm_node.spec import SettingNames, check_model_split
 from swarm_node.wire.codec import WIRE_PRECISIONS
+from swarm_node.wire.outer_codec import OUTER_CODECS
 
 ROUTINGS = ("random", "fixed")
 CODECS = {"int8": 8, "int4": 4}  # blockwise (wire/blockwise.py): name -> bits
@@ -30,7 +31,7 @@ class SimConfig:
     seed: int = 0
     routing: str = "random"  # fresh random path per micro-batch, or replica r always uses worker r
     wire_dtype: str = "fp32"  # precision activations and gradients cross stage boundaries in (or int8/int4 blockwise)
-    delta_codec: str | None = None  # Delta sent blockwise (int8/int4) with error feedback; None: as is
+    outer_codec: str = "fp32"  # how phi and Delta go on the wire (wire/outer_codec.py); fp32: as they are
     # None: the blocking outer round. k: overlapped, the exchange lands k inner steps
     # after the boundary (at most H: a node whose exchange outlasts the next boundary
     # waits there, which costs time but no steps).
@@ -49,8 +50,8 @@ class SimConfig:
             raise ValueError(f"routing must be one of {ROUTINGS}")
         if self.wire_dtype not in (*WIRE_PRECISIONS, *CODECS):
             raise ValueError(f"wire_dtype must be one of {(*WIRE_PRECISIONS, *CODECS)}")
-        if self.delta_codec is not None and self.delta_codec not in CODECS:
-            raise ValueError(f"delta_codec must be one of {tuple(CODECS)} or None")
+        if self.outer_codec not in OUTER_CODECS:
+            raise ValueError(f"outer_codec must be one of {tuple(OUTER_CODECS)}")
         check_model_split(self.model_size, self.stages, self.layers_per_stage, FIELD_NAMES)
         if self.outer_latency_steps is not None and self.outer_latency_steps < 0:
             raise ValueError("outer_latency_steps must be >= 0")

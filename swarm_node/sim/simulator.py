@@ -31,8 +31,9 @@ from swarm_node.sim.config import CODECS, SimConfig
 from swarm_node.sim.grouping import random_groups
 from swarm_node.train.device import device_facts_or_name, is_out_of_memory, out_of_memory
 from swarm_node.train.evaluate import average_into, path_val_loss, weight_spread
-from swarm_node.wire.blockwise import ErrorFeedback, dequantize, quantize
+from swarm_node.wire.blockwise import dequantize, quantize
 from swarm_node.wire.codec import WIRE_PRECISIONS
+from swarm_node.wire.outer_codec import OuterEncoder, decode_outer, outer_codec
 
 
 @dataclass
@@ -40,7 +41,7 @@ class Worker:
     stage: PipelineStage
     inner: InnerOptimizer
     slow: SlowWeights | None
-    feedback: ErrorFeedback | None = None  # with a Delta codec: what earlier rounds could not send
+    encoder: OuterEncoder | None = None  # how its (phi, Delta) go on the wire, with error feedback
 
 
 @dataclass
@@ -89,8 +90,8 @@ class Simulator:
                             layers_per_stage=cfg.layers_per_stage, device=self.device)
         params = list(stage.parameters())
         slow = SlowWeights(params, cfg.method.outer) if cfg.method.has_outer_step else None
-        feedback = ErrorFeedback(CODECS[cfg.delta_codec]) if cfg.delta_codec and slow is not None else None
-        return Worker(stage=stage, inner=InnerOptimizer(params, cfg.inner), slow=slow, feedback=feedback)
+        encoder = OuterEncoder(outer_codec(cfg.outer_codec)) if slow is not None else None
+        return Worker(stage=stage, inner=InnerOptimizer(params, cfg.inner), slow=slow, encoder=encoder)
 
     @contextlib.contextmanager
     def _oom_explained(self):
@@ -159,9 +160,9 @@ class Simulator:
         """The blocking round: every worker's payload at the boundary, applied at once."""
         self._land(self._exchange())
 
-    def _exchange(self) -> list[tuple[list[list[int]], list, list, list | None]]:
-        """Per stage: the groups, and every worker's (phi, Delta) as sent at the boundary
-        (with theta's snapshot when the round is overlapped)."""
+    def _exchange(self) -> list[tuple[list[list[int]], list[list], list | None]]:
+        """Per stage: the groups, and every worker's (phi, Delta) as encoded at the
+        boundary (with theta's snapshot when the round is overlapped)."""
         cfg = self.config
         sent = []
         for stage_workers in self.workers:
@@ -170,26 +171,32 @@ class Simulator:
             else:
                 groups = random_groups(len(stage_workers), cfg.method.group_size, self.rng)
             snapshots = [w.slow.snapshot() for w in stage_workers] if cfg.outer_latency_steps else None
-            sent.append((groups, [w.slow.phi for w in stage_workers], [self._sent_delta(w) for w in stage_workers],
-                         snapshots))
+            payloads = []
+            for w in stage_workers:
+                payloads.append(w.encoder.encode(w.slow.phi, w.slow.deltas()))
+                w.encoder.commit()  # a simulated exchange always completes
+            sent.append((groups, payloads, snapshots))
         return sent
 
-    def _sent_delta(self, worker: Worker) -> list[torch.Tensor]:
-        """Delta as the group receives it (every member uses the decoded values, its own too)."""
-        if worker.feedback is None:
-            return worker.slow.deltas()
-        return [dequantize(q).to(self.device) for q in worker.feedback.compress(worker.slow.deltas())]
+    def _decode(self, wire: list, receiver: Worker) -> tuple[list, list]:
+        """A payload as ``receiver`` reads it (near codecs read phi against its own)."""
+        shapes = [p.shape for p in receiver.stage.parameters()]
+        return decode_outer(wire, shapes, receiver.encoder.codec, self.device, near=receiver.slow.phi)
 
     def _land(self, sent) -> None:
-        for stage_workers, (groups, phis, deltas, snapshots) in zip(self.workers, sent):
+        for stage_workers, (groups, payloads, snapshots) in zip(self.workers, sent):
             for group in groups:
-                for i in group:  # each member lists itself first, then the others
-                    order = [i] + [j for j in group if j != i]
-                    members = [phis[j] for j in order], [deltas[j] for j in order]
+                # every member reads the group's payloads before any of them moves its phi
+                received = {i: [self._decode(payloads[j], stage_workers[i]) for j in [i] + [j for j in group if j != i]]
+                            for i in group}
+                for i, members in received.items():  # each member lists itself first, then the others
+                    slow = stage_workers[i].slow
+                    stage_workers[i].encoder.observe(slow.phi, [phi for phi, _ in members[1:]])
+                    group_phi, group_delta = [phi for phi, _ in members], [delta for _, delta in members]
                     if snapshots is None:
-                        stage_workers[i].slow.apply(*members)
+                        slow.apply(group_phi, group_delta)
                     else:
-                        stage_workers[i].slow.apply_overlapped(*members, snapshots[i])
+                        slow.apply_overlapped(group_phi, group_delta, snapshots[i])
         self.outer_rounds += 1
 
     # -- evaluation -------------------------------------------------------------

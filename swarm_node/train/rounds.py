@@ -1,10 +1,15 @@
 """The hand-over between inner steps and outer rounds.
 
 The data path reports after each step whether a round is due; from then on no new
-micro-batch enters until the round is over (gradients still in flight accumulate and
-are stepped after it). The outer exchange waits for a due round, runs it, and reopens
-the gate. A partner at its own boundary can also open our round early (see
-gossip/exchange.py)."""
+micro-batch enters (gradients still in flight accumulate and are stepped later) until
+the round has taken what it sends. A blocking round holds the gate until its outer step
+is done; an overlapped one (ALGORITHM.md section 3.1) reopens it as soon as its payload
+is taken, and the exchange runs beside the inner steps. If that exchange outlasts the
+next boundary, the gate stays shut there until it ends. A partner at its own boundary
+can also open our round early (see gossip/exchange.py).
+
+The gate keeps the time the inner steps stood still for rounds: compute utilisation's
+loss to the network."""
 
 from __future__ import annotations
 
@@ -16,32 +21,53 @@ from swarm_node.train.worker import StageWorker
 class RoundGate:
     def __init__(self) -> None:
         self._due = asyncio.Event()
-        self.idle = asyncio.Event()  # set while no round is due or running: micro-batches may enter
+        self.idle = asyncio.Event()  # set while no boundary holds the steps: micro-batches may enter
         self.idle.set()
+        self.settled = asyncio.Event()  # set while no round is due or under way
+        self.settled.set()
         self.requested = False  # the current round was started by a waiting partner
+        self._shut_at: float | None = None
+        self.held_s = 0.0  # total time boundaries held the steps
 
     @property
     def in_round(self) -> bool:
-        return not self.idle.is_set()
+        return not self.settled.is_set()
 
     def note_due(self, due: bool) -> None:
         if due and self.idle.is_set():
-            self.idle.clear()
+            self._shut()
             self._due.set()
 
     def open_early(self) -> None:
         """A partner waits for us: start our round now."""
         self.requested = True
-        self.idle.clear()
+        if self.idle.is_set():
+            self._shut()
         self._due.set()
 
     async def next_round(self) -> None:
         await self._due.wait()
         self._due.clear()
 
+    def resume_steps(self) -> None:
+        """An overlapped round has taken its payload: steps go on beside the exchange."""
+        self._reopen()
+
     def round_over(self) -> None:
         self.requested = False
-        self.idle.set()
+        if not self._due.is_set():  # the next boundary came while this round ran: it keeps the gate shut
+            self._reopen()
+            self.settled.set()
+
+    def _shut(self) -> None:
+        self.idle.clear()
+        self.settled.clear()
+        self._shut_at = asyncio.get_running_loop().time()
+
+    def _reopen(self) -> None:
+        if not self.idle.is_set():
+            self.held_s += asyncio.get_running_loop().time() - self._shut_at
+            self.idle.set()
 
 
 def step_if_ready(worker: StageWorker) -> tuple[bool, bool]:

@@ -11,9 +11,12 @@ weights, as the NoLoCo reference and SWARM do."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
+import time
+from dataclasses import dataclass
 
 import torch
 
@@ -23,8 +26,29 @@ from swarm_node.optim.inner import InnerOptimizer
 from swarm_node.optim.outer import SlowWeights
 from swarm_node.spec import RunSpec
 from swarm_node.train.device import autocast, training_precision
-from swarm_node.wire.codec import WIRE_PRECISIONS
-from swarm_node.wire.messages import finite
+from swarm_node.wire.outer_codec import OuterEncoder, decode_outer, outer_codec
+
+
+@dataclass(frozen=True)
+class OpenRound:
+    """What a round sends, taken at its boundary (ALGORITHM.md section 3.1)."""
+    round_no: int
+    wire: list[torch.Tensor]  # phi and Delta as the run's outer codec encodes them
+    fraction: float  # of a round's inner steps it covers (below 1 when taken early)
+    theta_at_snapshot: list[torch.Tensor] | None  # overlapped: theta at the boundary; None: blocking
+
+
+def _training_work(method):
+    """Counts the wall time of forward, backward and optimizer work: a node's compute
+    utilisation is this over its wall time (what rounds and the network leave of it)."""
+    @functools.wraps(method)
+    def timed(self, *args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self.training_s += time.perf_counter() - started
+    return timed
 
 
 class StageWorker:
@@ -39,12 +63,17 @@ class StageWorker:
         self.params = list(self.stage.parameters())
         self.inner = InnerOptimizer(self.params, spec.inner)
         self.slow = SlowWeights(self.params, spec.method.outer) if spec.method.has_outer_step else None
+        self.codec = outer_codec(spec.outer_codec)
+        self.encoder = OuterEncoder(self.codec) if self.slow else None
+        self.open: OpenRound | None = None  # the round whose exchange is under way
         self.outer_round = 0
         self.last_round_step = 0  # inner step at which the last outer round was applied
         self.round_forced = False  # a partner asked us to take this round early
         self.pending_samples = 0
         self.pending_microbatches = 0
         self.loss_ema: float | None = None
+        self.training_s = 0.0  # wall time in forward, backward and inner steps
+        self.last_step_at: float | None = None  # time.monotonic() of the last inner step
 
     # -- shapes a peer may send us ------------------------------------------------
     @property
@@ -59,11 +88,13 @@ class StageWorker:
         return autocast(self.device, self.autocast_dtype)
 
     # -- the data path ------------------------------------------------------------
+    @_training_work
     @torch.no_grad()
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         with self._autocast():
             return self.stage(inputs.to(self.device)).float()
 
+    @_training_work
     def forward_backward_last(self, hidden: torch.Tensor | None, targets: torch.Tensor,
                               token_inputs: torch.Tensor | None = None) -> tuple[float, torch.Tensor | None]:
         """Last stage: loss and its gradient in one pass. Returns (loss, grad wrt the
@@ -77,6 +108,7 @@ class StageWorker:
         self.loss_ema = value if self.loss_ema is None else 0.95 * self.loss_ema + 0.05 * value
         return value, None if self.is_first else x.grad.detach()
 
+    @_training_work
     def backward(self, inputs: torch.Tensor, grad_output: torch.Tensor) -> torch.Tensor | None:
         """Recompute this stage's forward for ``inputs`` and backpropagate ``grad_output``."""
         x = self._stage_input(inputs)
@@ -100,6 +132,7 @@ class StageWorker:
     def ready_to_step(self) -> bool:
         return self.pending_samples >= self.spec.samples_per_step
 
+    @_training_work
     def step(self) -> int:
         """Average the accumulated gradients over micro-batches and take an inner step."""
         if self.pending_microbatches > 1:
@@ -107,6 +140,7 @@ class StageWorker:
                 if p.grad is not None:
                     p.grad.div_(self.pending_microbatches)
         self.inner.step()
+        self.last_step_at = time.monotonic()
         self.pending_samples = 0
         self.pending_microbatches = 0
         return self.inner.step_count
@@ -134,37 +168,55 @@ class StageWorker:
 
     # -- the outer step -------------------------------------------------------------
     @torch.no_grad()
-    def outer_payload(self, wire: str) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """(phi, Delta) as they go on the wire. Both partners use these *decoded*
-        values for the group means, so they agree on the means bit for bit."""
-        dtype = WIRE_PRECISIONS[wire]
-        phi = [_to_wire(t, dtype) for t in self.slow.phi]
-        delta = [_to_wire(t, dtype) for t in self.slow.deltas()]
-        return phi, delta
+    def open_round(self, overlapped: bool = False) -> OpenRound:
+        """At a round boundary: encode what we send. Overlapped, theta is kept as it is
+        now and inner steps go on while the exchange runs; the next round is due a
+        round's steps from here."""
+        fraction = self.round_fraction()
+        wire = self.encoder.encode(self.slow.phi, self.slow.deltas())
+        self.open = OpenRound(self.outer_round, wire, fraction, self.slow.snapshot() if overlapped else None)
+        if overlapped:
+            self.last_round_step = self.inner_step
+            self.round_forced = False
+        return self.open
+
+    def own_payload(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """(phi, Delta) of the open round as partners decode them. Every member of a
+        group uses the decoded values for the means, so partners agree bit for bit."""
+        return self.decode_payload(self.open.wire, self.slow.phi[0].device)
+
+    def decode_payload(self, wire: list[torch.Tensor],
+                       device: torch.device) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """A payload of the run's codec, ours or a partner's, read against our phi."""
+        return decode_outer(wire, [p.shape for p in self.params], self.codec, device, near=self.slow.phi)
 
     @torch.no_grad()
-    def apply_outer(self, own: tuple[list, list], others: list[tuple[list, list]]) -> None:
-        """Outer step over our group: partners' (phi, Delta) as received; an empty list
-        is the local-only step."""
-        if not others:
-            self.slow.apply([self.slow.phi], [self.slow.deltas()])
+    def close_round(self, others: list[tuple[list, list]]) -> None:
+        """The outer step of the open round over our group: partners' (phi, Delta) as
+        checked; none is the local-only step. The gamma pull acts on our exact phi
+        (outer_update's first argument); the means widen one tensor at a time to
+        float64, so no fp32 copy of the whole group is made."""
+        opened = self.open
+        members = [self.own_payload(), *others]
+        self.encoder.observe(self.slow.phi, [phi for phi, _ in others])
+        group_phi, group_delta = [phi for phi, _ in members], [delta for _, delta in members]
+        if opened.theta_at_snapshot is None:
+            self.slow.apply(group_phi, group_delta)
+            self.last_round_step = self.inner_step
+            self.round_forced = False
         else:
-            # Group means come from the wire values, which every member holds identically;
-            # the gamma pull acts on our exact phi (outer_update's first argument). The
-            # means widen one tensor at a time to float64, so no fp32 copy of the whole
-            # group is made (8 bytes per parameter of device memory with a 16-bit wire).
-            members = [own, *others]
-            self.slow.apply([phi for phi, _ in members], [delta for _, delta in members])
+            self.slow.apply_overlapped(group_phi, group_delta, opened.theta_at_snapshot)
+        self.encoder.commit()  # what this round could not send goes with the next
         self.outer_round += 1
-        self.last_round_step = self.inner_step
-        self.round_forced = False
+        self.open = None
 
     def own_phi(self) -> list[torch.Tensor]:
         """Our outer weights as they are (partners' distance from them is screened)."""
         return self.slow.phi
 
     def own_delta(self) -> list[torch.Tensor]:
-        return self.slow.deltas()
+        """The Delta of the open round (as sent), else our progress since the last one."""
+        return self.own_payload()[1] if self.open is not None else self.slow.deltas()
 
     # -- state transfer for late joiners --------------------------------------------
     @torch.no_grad()
@@ -210,6 +262,10 @@ class StageWorker:
             for i, (phi, momentum) in enumerate(zip(self.slow.phi, self.slow.momentum)):
                 tensors[f"phi.{i}"] = phi.clone()
                 tensors[f"momentum.{i}"] = momentum.clone()
+        if self.encoder is not None:  # what earlier rounds could not send: the next round sends it
+            for kind, feedback in self.encoder.feedback.items():
+                for i, residual in enumerate(feedback.residual if feedback and feedback.residual else []):
+                    tensors[f"feedback.{kind}.{i}"] = residual.clone()
         optimizer = self.inner.optimizer.state_dict()
         for index, state in optimizer["state"].items():
             for name, value in state.items():
@@ -239,6 +295,11 @@ class StageWorker:
                 n = len(self.params)
                 self.slow.load_state_dict({"phi": [tensors[f"phi.{i}"].to(self.device) for i in range(n)],
                                            "momentum": [tensors[f"momentum.{i}"].to(self.device) for i in range(n)]})
+            if self.encoder is not None:
+                for kind, feedback in self.encoder.feedback.items():
+                    if feedback is not None and f"feedback.{kind}.0" in tensors:
+                        feedback.residual = [tensors[f"feedback.{kind}.{i}"].to(self.device)
+                                             for i in range(len(self.params))]
             state: dict[int, dict] = {}
             for key, value in tensors.items():
                 if key.startswith("adam."):
@@ -258,13 +319,6 @@ class StageWorker:
 
     def theta_digest(self) -> str:
         return tensor_digest([p.detach().float().cpu() for p in self.params])
-
-
-def _to_wire(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    out = t.detach().to(dtype)
-    if dtype == torch.float16 and not finite(out):
-        return t.detach().float()  # out of fp16 range: send this tensor in full precision
-    return out
 
 
 def tensor_digest(tensors: list[torch.Tensor]) -> str:

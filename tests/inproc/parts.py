@@ -10,6 +10,8 @@ import time
 from dataclasses import dataclass, field
 from functools import partial
 
+import torch
+
 from swarm_node.gossip.exchange import ExchangeTimes, OuterExchange
 from swarm_node.gossip.pairing import PairingCoordinator
 from swarm_node.membership.view import Membership
@@ -56,6 +58,11 @@ async def inline(fn, *args, **kwargs):
     return fn(*args, **kwargs)
 
 
+def payload_of(worker: StageWorker, dtype: torch.dtype = torch.float32) -> tuple[list, list]:
+    """A worker's (phi, Delta) now, as a float payload of its run's fp16 codec carries them."""
+    return [t.to(dtype) for t in worker.slow.phi], [t.to(dtype) for t in worker.slow.deltas()]
+
+
 def record(stage: int, spec: RunSpec, **fields) -> PeerRecord:
     return PeerRecord(stage=stage, spec_hash=spec.spec_hash(), version="0", **{"state": "training", **fields})
 
@@ -89,7 +96,7 @@ class StageParts:
         return Pipeline(spec=self.spec, config=self.config, worker=self.worker, gate=self.gate,
                         next_peers=self.membership.next_stage_peers, stopping=self.stopping, **self.common())
 
-    def exchange(self) -> OuterExchange:
+    def exchange(self, own_id: str = "QmSelf", overlapped: bool = True) -> OuterExchange:
         """A fresh one per event loop: its events belong to the loop that first waits on them."""
         exchange = None
 
@@ -98,10 +105,11 @@ class StageParts:
 
         exchange = OuterExchange(
             spec_hash=self.spec.spec_hash(), method=self.spec.method.name,
-            times=ExchangeTimes(self.config.round_timeout_s, self.config.exchange_timeout_s), state=self.worker,
+            times=ExchangeTimes(self.config.round_timeout_s, self.config.exchange_timeout_s, overlapped=overlapped),
+            state=self.worker,
             gate=self.gate, candidates=self.membership.partner_candidates,
             callers_expected=self.membership.callers_expected, announce=announce,
-            stopping=self.stopping, own_id="QmSelf", max_update_ratio=self.config.max_update_ratio,
+            stopping=self.stopping, own_id=own_id, max_update_ratio=self.config.max_update_ratio,
             **self.common())
         return exchange
 

@@ -11,7 +11,7 @@ from collections import Counter
 import msgpack
 import pytest
 import torch
-from parts import StageParts, exchange_as_partner
+from parts import StageParts, exchange_as_partner, payload_of
 
 from swarm_node.data.spec import DataSpec
 from swarm_node.errors import IncompatibleRun, ProtocolError
@@ -136,8 +136,9 @@ def test_forward_handler_survives_10k_hostile_frames(stage, caplog):
 def test_outer_handler_survives_10k_hostile_frames(stage):
     """Each frame comes from a peer the node has accepted as its partner, so it reaches
     the decoder and the checks (an unreserved payload is dropped before them)."""
-    phi, delta = stage.worker.outer_payload("fp16")
-    base = ({"kind": "outer", "spec": SPEC.spec_hash(), "round": 0, "ok": True}, [*phi, *delta])
+    wire = stage.worker.open_round().wire  # the run's default codec: blockwise codes and scales
+    stage.worker.open = None
+    base = ({"kind": "outer", "spec": SPEC.spec_hash(), "round": 0, "ok": True}, wire)
     exchange = stage.exchange()
     before = rss_bytes()
     assert fuzz(lambda remote, frame: exchange_as_partner(exchange, remote, frame), base, seed=2) == FRAMES
@@ -147,7 +148,7 @@ def test_outer_handler_survives_10k_hostile_frames(stage):
 
 
 def test_an_unreserved_payload_is_refused_before_it_is_decoded(stage):
-    phi, delta = stage.worker.outer_payload("fp16")
+    phi, delta = payload_of(stage.worker, torch.float16)
     valid = encode_frame({"kind": "outer", "spec": SPEC.spec_hash(), "round": 0, "ok": True}, [*phi, *delta])
     for frame in (valid, b"\xff" * 64):  # garbage too: it is never parsed, so it is no fault
         answer, _ = decode_frame(asyncio.run(stage.exchange().handle_outer("QmStranger", frame)))

@@ -1,8 +1,9 @@
 """A node's outer round as its peers see it: the registry record says `seeking` while
 the round is open, and a round that finds no partner ends in the local-only step."""
 
+import torch
 import vclock
-from parts import StageParts, record
+from parts import StageParts, payload_of, record
 
 from swarm_node.data.spec import DataSpec
 from swarm_node.net import protocols
@@ -12,7 +13,8 @@ from swarm_node.spec import RunSpec
 from swarm_node.train.worker import StageWorker
 from swarm_node.wire.codec import encode_frame
 
-SPEC = RunSpec(run_id="rounds", model_size="debug", num_stages=2, seq_len=16, batch_size=4, samples_per_step=4,
+# fp16 payloads: the partner's floats are what these tests shape (codecs: tests/unit/test_outer_codec.py)
+SPEC = RunSpec(run_id="rounds", outer_codec="fp16", model_size="debug", num_stages=2, seq_len=16, batch_size=4, samples_per_step=4,
                data=DataSpec(kind="synthetic"), method=default_method("noloco", inner_steps=2),
                inner=InnerHyper(lr=1e-3, warmup_steps=1, total_steps=100))
 
@@ -52,7 +54,7 @@ def test_a_proposal_whose_answer_is_lost_to_a_stream_reset_is_asked_again_withou
     def partner(resets: int):
         calls = []
         worker = StageWorker(SPEC, 1, 16)
-        phi, delta = worker.outer_payload("fp16")
+        phi, delta = payload_of(worker, torch.float16)
         answer = encode_frame({"kind": "outer", "spec": SPEC.spec_hash(), "round": 0, "ok": True}, [*phi, *delta])
 
         class Partner:  # accepts our proposal, but the first `resets` answers are lost

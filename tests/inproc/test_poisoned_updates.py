@@ -6,7 +6,7 @@ import logging
 
 import torch
 import vclock
-from parts import StageParts, exchange_as_partner
+from parts import StageParts, exchange_as_partner, payload_of
 
 from swarm_node.data.spec import DataSpec
 from swarm_node.gossip.exchange import OuterExchange
@@ -16,7 +16,8 @@ from swarm_node.spec import RunSpec
 from swarm_node.train.worker import StageWorker
 from swarm_node.wire.codec import decode_frame, encode_frame
 
-SPEC = RunSpec(run_id="poison", model_size="debug", num_stages=2, seq_len=16, batch_size=4, samples_per_step=4,
+# fp16 payloads: the partner's floats are what these tests shape (codecs: tests/unit/test_outer_codec.py)
+SPEC = RunSpec(run_id="poison", outer_codec="fp16", model_size="debug", num_stages=2, seq_len=16, batch_size=4, samples_per_step=4,
                data=DataSpec(kind="synthetic"), method=default_method("noloco", inner_steps=50),
                inner=InnerHyper(lr=3e-3, warmup_steps=1, total_steps=100))
 
@@ -48,7 +49,7 @@ def start_first_round(exchange: OuterExchange) -> None:
 def test_scaled_up_or_nan_updates_are_rejected_and_the_sender_banned():
     stage, exchange = stage_of(trained_worker(0))
     start_first_round(exchange)
-    phi, delta = trained_worker(1).outer_payload("fp32")
+    phi, delta = payload_of(trained_worker(1))
 
     async def scenario():
         answers = {}
@@ -77,7 +78,7 @@ def test_before_its_first_round_a_node_declines_a_partner_far_ahead_without_bann
     nobody. NaNs are still a fault."""
     warm = dataclasses.replace(SPEC, inner=InnerHyper(lr=3e-3, warmup_steps=100, total_steps=1000))
     stage, exchange = stage_of(trained_worker(0, steps=1, spec=warm), warm)
-    phi, delta = trained_worker(1, steps=40, spec=warm).outer_payload("fp32")
+    phi, delta = payload_of(trained_worker(1, steps=40, spec=warm))
 
     async def scenario():
         ahead = await exchange_as_partner(exchange, "QmAhead", request(phi, delta, warm))
@@ -98,8 +99,8 @@ def test_partners_right_on_top_of_us_do_not_shrink_the_scale_honest_partners_are
     must not become the reference: a partner a round ahead later is honest, not poison."""
     stage, exchange = stage_of(trained_worker(0))
     start_first_round(exchange)
-    own_phi = [p + 1e-6 for p in stage.worker.outer_payload("fp32")[0]]  # as after an fp16 round trip
-    _, delta = trained_worker(1).outer_payload("fp32")
+    own_phi = [p + 1e-6 for p in payload_of(stage.worker)[0]]  # as after an fp16 round trip
+    _, delta = payload_of(trained_worker(1))
     ahead = trained_worker(2, steps=10)
     ahead_phi = [p.detach().clone() for p in ahead.params]  # phi one round of progress away
 
@@ -123,7 +124,7 @@ def test_what_a_partner_out_of_scale_costs_depends_on_its_round():
     stage, exchange = stage_of(trained_worker(0))
     start_first_round(exchange)
     scale = exchange.check.reference()
-    phi, delta = trained_worker(1).outer_payload("fp32")
+    phi, delta = payload_of(trained_worker(1))
     far = [p + 1.0 for p in phi]  # far from ours
     big = [d * 10 for d in delta]  # a Delta far out of our scale
 
@@ -162,7 +163,7 @@ def test_a_peer_declined_round_after_round_is_backed_off_but_stays_a_donor():
     rounds; it is not marked poisoned, so a node behind may still download from it."""
     stage, exchange = stage_of(trained_worker(0))
     start_first_round(exchange)
-    phi, delta = trained_worker(1).outer_payload("fp32")
+    phi, delta = payload_of(trained_worker(1))
     big = encode_frame({"kind": "outer", "spec": SPEC.spec_hash(), "round": 1, "ok": True},
                        [*phi, *[d * 10 for d in delta]])
     honest = encode_frame({"kind": "outer", "spec": SPEC.spec_hash(), "round": 0, "ok": True}, [*phi, *delta])

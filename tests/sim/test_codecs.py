@@ -1,6 +1,6 @@
 """Blockwise codecs in the simulator (wire/blockwise.py): activations and gradients
-between stages in 8 bits, and Delta in 4 bits with error feedback, against full
-precision at equal tokens."""
+between stages in 8 bits, and phi and Delta in the run's default outer codec, against
+full precision at equal tokens."""
 
 import dataclasses
 
@@ -10,6 +10,7 @@ import torch
 from swarm_node.data import DataSpec
 from swarm_node.optim import InnerHyper, default_method
 from swarm_node.sim import SimConfig, Simulator
+from swarm_node.spec import RunSpec
 
 STEPS = 300
 CONFIG = SimConfig(method=default_method("noloco", inner_steps=10),
@@ -25,14 +26,15 @@ def final_loss(**settings) -> float:
 
 def test_a_short_run_with_both_codecs_trains():
     short = dict(steps=40, inner=InnerHyper(lr=3e-3, warmup_steps=5, total_steps=40), eval_every_steps=40)
-    result = Simulator(dataclasses.replace(CONFIG, wire_dtype="int8", delta_codec="int4", **short)).run()
+    result = Simulator(dataclasses.replace(CONFIG, wire_dtype="int8", outer_codec=RunSpec().outer_codec,
+                                           **short)).run()
     assert result.outer_rounds == 4 and result.final_val_loss < result.val_loss_curve[0][1] - 0.1
 
 
 @pytest.mark.slow
 def test_8_bit_activations_and_4_bit_delta_with_error_feedback_within_1_percent():
     plain = final_loss()
-    for settings in (dict(wire_dtype="int8"), dict(delta_codec="int4"), dict(delta_codec="int8")):
+    for settings in (dict(wire_dtype="int8"), dict(outer_codec=RunSpec().outer_codec), dict(outer_codec="int8")):
         coded = final_loss(**settings)
         print(f"{settings}: {coded:.4f} against {plain:.4f}")
         assert abs(coded / plain - 1) <= 0.01, (settings, coded, plain)

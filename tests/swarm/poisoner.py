@@ -9,20 +9,19 @@ import os
 import sys
 
 from swarm_node import cli
-from swarm_node.train.worker import StageWorker
+from swarm_node.wire.outer_codec import OuterEncoder
 
 SCALE = float(os.environ.get("POISON_SCALE", "5"))
-honest_payload = StageWorker.outer_payload
+honest_encode = OuterEncoder.encode
 
 
-def poisoned_payload(self, wire: str):
-    phi, delta = honest_payload(self, wire)
+def poisoned_encode(self, phi, delta):
     numel = sum(t.numel() for t in delta)
     delta_norm = math.sqrt(sum(float(t.float().pow(2).sum()) for t in delta))
     offset = SCALE * delta_norm / math.sqrt(numel)
-    return [t + offset for t in phi], [t + offset for t in delta]
+    return honest_encode(self, [t + offset for t in phi], [t + offset for t in delta])
 
 
 if __name__ == "__main__":
-    StageWorker.outer_payload = poisoned_payload
+    OuterEncoder.encode = poisoned_encode
     sys.exit(cli.main(sys.argv[1:]))

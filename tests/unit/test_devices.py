@@ -193,11 +193,13 @@ def test_outer_step_from_wire_values_is_bit_identical_to_widening_them_first(gen
     with torch.no_grad():
         for p in workers[0].params:
             p.add_(torch.randn(p.shape, generator=gen) * 1e-2)
-    partner = tuple([t.clone() for t in part] for part in workers[1].outer_payload("fp16"))
-    own = workers[0].outer_payload("fp16")
+    workers[1].open_round()
+    partner = workers[1].own_payload()
+    workers[0].open_round()
+    own = workers[0].own_payload()
     reference = StageWorker(spec, 1, 32)
     reference.load_snapshot(0, 0, workers[0].snapshot()["tensors"])
-    workers[0].apply_outer(own, [partner])
+    workers[0].close_round([partner])
     members = [own, partner]
     reference.slow.apply([[t.float() for t in phi] for phi, _ in members],
                          [[t.float() for t in delta] for _, delta in members])

@@ -10,7 +10,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from swarm_node.model.config import NAMED_SIZES, model_config
-from swarm_node.model.memory import estimate_stage_memory, memory_table, stage_parameters
+from swarm_node.model.memory import (
+    ROUND_IN_FLIGHT_BYTES_PER_PARAMETER,
+    estimate_stage_memory,
+    memory_table,
+    stage_parameters,
+)
 from swarm_node.model.stages import PipelineStage, split_layers
 from swarm_node.optim import default_method
 from swarm_node.sim.simulator import simulator_memory
@@ -113,8 +118,32 @@ def test_parameter_part_equals_the_state_after_a_step(gen, method, size, stages,
     estimate = estimate_stage_memory(worker.model_config, num_stages=stages, stage_index=stage, batch_size=BATCH,
                                      seq_len=SEQ, autocast_bf16=False, outer_state=method == "noloco")
     assert estimate.parameters == sum(p.numel() for p in worker.params)
-    assert estimate.state_bytes == _state_bytes(worker)
-    assert estimate.state_bytes == (24 if method == "noloco" else 16) * estimate.parameters
+    in_flight = ROUND_IN_FLIGHT_BYTES_PER_PARAMETER * estimate.parameters if method == "noloco" else 0
+    assert estimate.state_bytes - in_flight == _state_bytes(worker)
+    assert estimate.state_bytes == (40 if method == "noloco" else 16) * estimate.parameters
+
+
+@pytest.mark.parametrize("codec", ["fp16", "near4-3", "int8"])
+def test_a_round_under_way_beside_the_inner_steps_fits_the_estimate(gen, codec):
+    """The worst case: error feedback kept from the last round, and the next one's
+    snapshot and payload held while the steps go on."""
+    spec = RunSpec(model_size="debug", num_stages=2, batch_size=BATCH, seq_len=SEQ, samples_per_step=BATCH,
+                   outer_codec=codec)
+    worker = StageWorker(spec, 1, VOCAB)
+    _, run = _one_micro_batch(worker, gen)
+    run()
+    worker.step()
+    for _ in range(2):
+        worker.open_round(overlapped=True)
+    worker.close_round([])
+    opened = worker.open_round(overlapped=True)
+    run()
+    kept = [*opened.wire, *opened.theta_at_snapshot,
+            *(t for f in worker.encoder.feedback.values() if f and f.residual for t in f.residual)]
+    estimate = estimate_stage_memory(worker.model_config, num_stages=2, stage_index=1, batch_size=BATCH,
+                                     seq_len=SEQ, autocast_bf16=False)
+    measured = _state_bytes(worker) + sum(t.numel() * t.element_size() for t in kept)
+    assert 0.7 * estimate.state_bytes <= measured <= estimate.state_bytes
 
 
 @pytest.mark.parametrize("vocab", [VOCAB, 8192])
@@ -142,7 +171,7 @@ def test_activation_part_bounds_a_measured_micro_batch(gen, vocab, autocast_bf16
 @pytest.mark.parametrize("partner", [False, True], ids=["local-only", "pair"])
 @pytest.mark.parametrize("size, stages, stage", [("debug", 2, 0), ("tiny", 3, 1), ("tiny", 2, 1)])
 def test_outer_step_part_bounds_a_measured_round(gen, partner, size, stages, stage):
-    """Never low; up to a third high where one tensor is a large share of the stage (the
+    """Never low; up to 40 % high where one tensor is a large share of the stage (the
     debug embedding is 38 % of stage 0): the estimate takes its temporaries at their
     worst, with every new phi and momentum already built."""
     spec = RunSpec(model_size=size, num_stages=stages, batch_size=BATCH, seq_len=SEQ)
@@ -150,16 +179,15 @@ def test_outer_step_part_bounds_a_measured_round(gen, partner, size, stages, sta
     with torch.no_grad():
         for p in worker.params:
             p.add_(torch.randn(p.shape, generator=gen) * 1e-2)
-    other = tuple([t.clone() for t in part] for part in worker.outer_payload("fp16"))  # arrives on the CPU
-    tracker = PeakAllocation([*worker.params, *worker.slow.phi, *worker.slow.momentum, *other[0], *other[1]])
+    other = ([t.half() for t in worker.slow.phi], [t.half() for t in worker.slow.deltas()])  # arrives on the CPU
+    opened = worker.open_round()  # what it keeps is resident while the round runs: counted in the state
+    tracker = PeakAllocation([*worker.params, *worker.slow.phi, *worker.slow.momentum, *other[0], *other[1],
+                              *opened.wire])
     with tracker:
-        if partner:
-            worker.apply_outer(worker.outer_payload("fp16"), [other])
-        else:
-            worker.apply_outer(None, [])
+        worker.close_round([other] if partner else [])
     estimate = estimate_stage_memory(worker.model_config, num_stages=stages, stage_index=stage, batch_size=BATCH,
                                      seq_len=SEQ, autocast_bf16=False)
-    assert 0.65 * estimate.outer_step_bytes <= tracker.peak <= estimate.outer_step_bytes, \
+    assert 0.6 * estimate.outer_step_bytes <= tracker.peak <= estimate.outer_step_bytes, \
         f"measured {tracker.peak} bytes against an estimate of {estimate.outer_step_bytes}"
 
 
@@ -175,7 +203,7 @@ def test_simulator_need_counts_every_worker_once():
                                        autocast_bf16=False) for s in range(2)]
     need = simulator_memory(config, model)
     assert need.parameters == 3 * model.num_parameters()
-    assert need.state_bytes == 3 * 24 * model.num_parameters()
+    assert need.state_bytes == 3 * 40 * model.num_parameters()  # an upper bound: a round under way included
     assert need.activation_bytes == sum(m.activation_bytes for m in per_stage)
 
 

@@ -1,0 +1,1 @@
+"""Benchmark: volunteers on shaped home links (bench/home_link/benchmark.py)."""

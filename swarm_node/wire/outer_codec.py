@@ -1,0 +1,151 @@
+"""What an outer round sends: phi and Delta, one tensor of each per parameter, in a
+float precision or blockwise (wire/blockwise.py). The run spec names the codec, so every
+peer of a run sends and expects the same.
+
+phi is a level, close to the receiver's own phi (partners pull towards each other every
+round), so the ``near`` codecs code it against what the receiver holds: only the low
+bits of its grid index travel, on a grid as fine as the distance between partners
+allows (measured on the partners of earlier rounds, ``observe``). Before a node has had
+a partner it expects one as far as its own Delta reaches in each block: peers start
+from the same weights, or from a donor's phi, and move apart by about a round's Delta.
+
+Blockwise payloads carry error feedback: what a round could not send is added to what
+the next round sends, once the round is done. For Delta (an increment) progress is
+delayed, never dropped. For phi (sent to a different partner each round) it keeps the
+sender's rounding from adding up: what the swarm received of our phi drifts from it by
+at most one round's error.
+
+Every member of a group, the sender included, uses the *decoded* values for the group
+means, so partners agree on them bit for bit (for ``near`` codecs: while partners are
+within the grid's reach, which the steps leave twice the distance seen for)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from swarm_node.errors import ProtocolError
+from swarm_node.wire.blockwise import BLOCK, ErrorFeedback, Quantized, block_gap, dequantize, dequantize_near
+from swarm_node.wire.codec import WIRE_PRECISIONS
+from swarm_node.wire.messages import finite
+
+Tensors = list[torch.Tensor]
+GAP_DECAY = 0.7  # the distance a node expects to its next partner: the last one's, or 0.7 of what it expected
+
+
+@dataclass(frozen=True)
+class OuterCodec:
+    name: str
+    phi_bits: int | None = None  # None: the float precision below
+    delta_bits: int | None = None
+    precision: str = "fp16"  # for tensors not sent blockwise
+    phi_near: bool = False  # phi coded against the receiver's own
+
+    def bytes_per_parameter(self) -> float:
+        """Both tensors, steps included (fp16 tensors out of range go as fp32: not counted)."""
+        def one(bits):
+            if bits is None:
+                return WIRE_PRECISIONS[self.precision].itemsize
+            return bits / 8 + 4 / BLOCK
+        return one(self.phi_bits) + one(self.delta_bits)
+
+
+OUTER_CODECS = {c.name: c for c in (
+    OuterCodec("fp32", precision="fp32"),
+    OuterCodec("fp16"),
+    OuterCodec("bf16", precision="bf16"),
+    OuterCodec("int8", 8, 8),
+    OuterCodec("int4", 4, 4),
+    OuterCodec("near4-4", 4, 4, phi_near=True),  # phi in 4 bits against the receiver's, Delta in 4
+    OuterCodec("near4-3", 4, 3, phi_near=True),  # Delta in 3: 0.91 bytes a parameter
+)}
+
+
+def outer_codec(name: str) -> OuterCodec:
+    try:
+        return OUTER_CODECS[name]
+    except KeyError:
+        raise ValueError(f"unknown outer codec {name!r}; choose one of {', '.join(OUTER_CODECS)}") from None
+
+
+class OuterEncoder:
+    """One per worker: encodes its (phi, Delta) each round, with error feedback for the
+    blockwise ones (``commit`` once the round is done)."""
+
+    def __init__(self, codec: OuterCodec):
+        self.codec = codec
+        self.feedback = {kind: ErrorFeedback(bits) if bits else None
+                         for kind, bits in (("phi", codec.phi_bits), ("delta", codec.delta_bits))}
+        self.gap: Tensors | None = None  # near codecs: per phi tensor and block, the distance to expect
+
+    def encode(self, phi: Sequence[torch.Tensor], delta: Sequence[torch.Tensor]) -> Tensors:
+        """What goes on the wire: phi's tensors, then Delta's."""
+        wire: Tensors = []
+        for kind, tensors in (("phi", phi), ("delta", delta)):
+            feedback = self.feedback[kind]
+            if feedback is None:
+                dtype = WIRE_PRECISIONS[self.codec.precision]
+                wire += [_to_float_wire(t, dtype) for t in tensors]
+                continue
+            if kind == "phi" and self.codec.phi_near:
+                gaps = self.gap or [block_gap(d, torch.zeros_like(d)) for d in delta]
+                coded = feedback.compress(tensors, gaps=gaps)
+            else:
+                coded = feedback.compress(tensors)
+            wire += [part for q in coded for part in (q.codes, q.scales)]
+        return wire
+
+    def commit(self) -> None:
+        for feedback in self.feedback.values():
+            if feedback is not None:
+                feedback.commit()
+
+    def observe(self, own_phi: Sequence[torch.Tensor], partners_phi: Sequence[Sequence[torch.Tensor]]) -> None:
+        """The distance to this round's partners, as decoded and checked: the grid of our
+        next payloads leaves room for twice the larger of it and 0.7 of what we expected."""
+        if not self.codec.phi_near or not partners_phi:
+            return
+        seen = [torch.stack([block_gap(p[k], own) for p in partners_phi]).amax(dim=0)
+                for k, own in enumerate(own_phi)]
+        self.gap = seen if self.gap is None else [torch.maximum(s, GAP_DECAY * g.to(s.device))
+                                                 for s, g in zip(seen, self.gap)]
+
+
+def decode_outer(tensors: Sequence[torch.Tensor], shapes: Sequence[torch.Size], codec: OuterCodec,
+                 device: torch.device, near: Sequence[torch.Tensor] = ()) -> tuple[Tensors, Tensors]:
+    """A partner's (phi, Delta) from a frame's tensors, checked against our own shapes;
+    ``near``: our own phi, for near codecs. ProtocolError for anything that does not fit
+    (nothing is allocated before the sizes are checked: the blockwise decoders check
+    codes and steps first)."""
+    phi_count = len(shapes) * (1 if codec.phi_bits is None else 2)
+    delta_count = len(shapes) * (1 if codec.delta_bits is None else 2)
+    if len(tensors) != phi_count + delta_count:
+        raise ProtocolError(f"outer payload has {len(tensors)} tensors; the {codec.name} codec sends "
+                            f"{phi_count + delta_count} for this stage")
+    phi = _decode_one(tensors[:phi_count], shapes, codec.phi_bits, device, near if codec.phi_near else None)
+    delta = _decode_one(tensors[phi_count:], shapes, codec.delta_bits, device)
+    return phi, delta
+
+
+def _decode_one(tensors: Sequence[torch.Tensor], shapes: Sequence[torch.Size], bits: int | None,
+                device: torch.device, near: Sequence[torch.Tensor] | None = None) -> Tensors:
+    if bits is None:
+        for t, shape in zip(tensors, shapes):
+            if t.shape != shape or not t.is_floating_point():
+                raise ProtocolError(f"tensor of shape {tuple(t.shape)} and dtype {t.dtype} where {tuple(shape)} "
+                                    "floats belong")
+        return [t.to(device) for t in tensors]
+    coded = [Quantized(codes, scales, tuple(shape), bits)
+             for codes, scales, shape in zip(tensors[0::2], tensors[1::2], shapes)]
+    if near is not None:
+        return [dequantize_near(q, own).to(device) for q, own in zip(coded, near)]
+    return [dequantize(q, max_numel=shape.numel()).to(device) for q, shape in zip(coded, shapes)]
+
+
+def _to_float_wire(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    out = t.detach().to(dtype)
+    if dtype == torch.float16 and not finite(out):
+        return t.detach().float()  # out of fp16 range: send this tensor in full precision
+    return out
