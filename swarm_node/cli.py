@@ -212,9 +212,6 @@ def _add_join_parser(sub) -> None:
                         "after every outer round and on shutdown")
     p.add_argument("--checkpoint-every-rounds", type=_positive_int, default=1, metavar="N",
                    help="write a checkpoint every N outer rounds (default %(default)s)")
-    p.add_argument("--wire-dtype", choices=("fp16", "bf16", "fp32"), default="fp16",
-                   help="precision of activations/gradients sent to other stages (phi and Delta go in the run "
-                        "spec's outer_codec)")
     p.add_argument("--blocking-rounds", action="store_true",
                    help="stop the inner steps during each outer round until its outer step is done, instead of "
                         "exchanging beside them (for comparison; costs the whole exchange time every round)")
@@ -305,7 +302,7 @@ def _run_join(args: argparse.Namespace) -> int:
                         startup_timeout_s=args.startup_timeout, slowest_link_mbit_s=args.slowest_link_mbit,
                         download_state=not args.no_state_download,
                         checkpoint_dir=args.checkpoint_dir, checkpoint_every_rounds=args.checkpoint_every_rounds,
-                        activation_wire=args.wire_dtype, blocking_rounds=args.blocking_rounds,
+                        blocking_rounds=args.blocking_rounds,
                         max_update_ratio=args.max_update_ratio, http_host=args.http_host,
                         metrics_sinks=tuple(m for m in args.metrics if m != "none"), metrics_dir=args.metrics_dir,
                         threads=args.threads or node_threads(), command_line=("swarm-node", *args.argv),
@@ -345,6 +342,9 @@ def _add_local_parser(sub) -> None:
     p.add_argument("--outer-codec", choices=OUTER_CODEC_NAMES, default=None,
                    help="how phi and Delta go on the wire in outer rounds (default: the run spec's, near4-3: phi in "
                         "4 bits coded against the receiver's own, Delta in 3, with error feedback)")
+    p.add_argument("--activation-codec", choices=("fp32", "fp16", "bf16", "int8"), default=None,
+                   help="how activations and their gradients cross stage boundaries (default: the run spec's, fp16; "
+                        "int8: blockwise codes, half the bytes)")
     p.add_argument("--blocking-rounds", action="store_true",
                    help="nodes stop their inner steps during outer rounds (for comparison with the overlapped "
                         "default)")
@@ -398,6 +398,7 @@ def _run_local(args: argparse.Namespace) -> int:
                    samples_per_step=args.batch_size, total_steps=args.steps, seed=args.seed,
                    data=DataSpec.parse(args.data), method=method,
                    **({"outer_codec": args.outer_codec} if args.outer_codec else {}),
+                   **({"activation_codec": args.activation_codec} if args.activation_codec else {}),
                    inner=InnerHyper(lr=args.lr or suggested_lr(args.model),
                                     warmup_steps=default_warmup_steps(args.steps), total_steps=args.steps))
     config = LocalConfig(replicas=args.replicas, steps=args.steps, device=args.device,

@@ -23,7 +23,6 @@ class NodeConfig:
     data_shard: tuple[int, int] | None = None  # (shard id, shard count); default: from the peer id
     max_steps: int | None = None  # stop after this many inner steps (stage 0 drives the run)
     run_dir: Path | None = None  # where the summary and final weights are written
-    activation_wire: str = "fp16"  # activations and gradients between stages
     # Outer rounds that stop the inner steps until the outer step is done (the paper's
     # form), instead of running beside them (ALGORITHM.md section 3.1): for comparison.
     blocking_rounds: bool = False

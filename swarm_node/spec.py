@@ -20,6 +20,7 @@ from swarm_node.errors import ConfigError
 from swarm_node.optim.inner import InnerHyper
 from swarm_node.optim.methods import MethodSpec, default_method
 from swarm_node.optim.outer import OuterHyper
+from swarm_node.wire.messages import ACTIVATION_CODECS
 from swarm_node.wire.outer_codec import OUTER_CODECS
 
 # Methods the networked node implements; ddp (gradients averaged every step) is simulated only.
@@ -91,6 +92,10 @@ class RunSpec:
     # receiver's own, Delta in 3, with error feedback: 0.23x the bytes of fp16 for +0.4 %
     # of loss at equal tokens (docs/ALGORITHM.md section 3.2).
     outer_codec: str = "near4-3"
+    # How activations and their gradients cross stage boundaries (wire/messages.py):
+    # fp16, or int8 blockwise (half the bytes; the simulator's loss at equal tokens is
+    # that of fp32).
+    activation_codec: str = "fp16"
     min_version: str = "0.1.0"
     # A closed run: only these peer ids may take part (empty: anyone may join).
     allowed_peers: tuple[str, ...] = ()
@@ -105,6 +110,9 @@ class RunSpec:
         check_model_split(self.model_size, self.num_stages, self.layers_per_stage, SPEC_NAMES)
         if self.outer_codec not in OUTER_CODECS:
             raise ConfigError(f"unknown outer_codec {self.outer_codec!r}; choose one of {', '.join(OUTER_CODECS)}")
+        if self.activation_codec not in ACTIVATION_CODECS:
+            raise ConfigError(f"unknown activation_codec {self.activation_codec!r}; choose one of "
+                              f"{', '.join(ACTIVATION_CODECS)}")
         if self.method.name not in SWARM_METHODS:
             raise ConfigError(f"method {self.method.name!r} runs only in the simulator (swarm-node sim); a swarm "
                               f"trains with {', '.join(SWARM_METHODS)}")

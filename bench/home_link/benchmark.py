@@ -7,7 +7,11 @@ number of inner steps in every scenario:
 - blocking fp16: the outer round as before issue 16 (the steps stop for the whole round,
   phi and Delta in 16 bits);
 - overlapped fp16: the round runs beside the inner steps (ALGORITHM.md 3.1);
-- overlapped + compressed: and phi and Delta in the run's default codec (3.2).
+- overlapped + compressed: and phi and Delta in the run's default codec (3.2);
+
+and 2 stages x 2 volunteers, activations and their gradients in fp16 against int8
+(the run spec's ``activation_codec``), at the same rate (quick) and at 4x and 16x it
+(full): the swarm's tokens/s.
 
 The link rate is chosen so that the blocking 16-bit round takes at least 4 times as long
 as the H inner steps between rounds (the ratio a consumer GPU on a home uplink sees, see
@@ -77,12 +81,23 @@ def scenarios() -> list[Scenario]:
             Scenario("overlapped + compressed", False, RunSpec().outer_codec)]
 
 
-def run_spec(plan: Plan, codec: str) -> RunSpec:
+@dataclass(frozen=True)
+class StagedScenario:
+    activation_codec: str
+    rate_factor: float  # times the 1-stage scenarios' rate
+
+
+def staged_scenarios(full: bool) -> list[StagedScenario]:
+    return [StagedScenario(codec, factor) for factor in ((1.0, 4.0, 16.0) if full else (1.0,))
+            for codec in ("fp16", "int8")]
+
+
+def run_spec(plan: Plan, codec: str, stages: int = 1, activation_codec: str = "fp16") -> RunSpec:
     steps = plan.rounds * plan.inner_steps
-    return RunSpec(run_id=f"home-{codec}", model_size=plan.model, num_stages=1, seq_len=plan.seq_len,
-                   batch_size=plan.batch_size, samples_per_step=plan.batch_size, total_steps=steps,
-                   data=DataSpec(kind="synthetic", alphabet=16, order=2), outer_codec=codec,
-                   method=default_method("noloco", inner_steps=plan.inner_steps),
+    return RunSpec(run_id=f"home-{codec}-{stages}-{activation_codec}", model_size=plan.model, num_stages=stages,
+                   seq_len=plan.seq_len, batch_size=plan.batch_size, samples_per_step=plan.batch_size,
+                   total_steps=steps, data=DataSpec(kind="synthetic", alphabet=16, order=2), outer_codec=codec,
+                   activation_codec=activation_codec, method=default_method("noloco", inner_steps=plan.inner_steps),
                    inner=InnerHyper(lr=3e-3, warmup_steps=plan.inner_steps, total_steps=steps))
 
 
@@ -135,6 +150,31 @@ def run_scenario(plan: Plan, scenario: Scenario, rate_mbit: float, workdir: Path
     return {"spec": spec, "nodes": nodes, "weights": weights}
 
 
+def run_staged(plan: Plan, scenario: StagedScenario, rate_mbit: float, workdir: Path, steps: int) -> dict:
+    """2 stages x 2 volunteers; stage 0 stops at ``steps``, then stage 1 is stopped."""
+    spec = run_spec(plan, RunSpec().outer_codec, stages=2, activation_codec=scenario.activation_codec)
+    spec_path = workdir / "spec.json"
+    spec.write_json(spec_path)
+    with TestBed("hs") as bed:
+        boot = BootstrapOnHost(bed, bed.add_host("boot"), workdir, "--run-spec", str(spec_path))
+        line = boot.join_line()
+        volunteers = []
+        for i in range(4):
+            stage = i % 2
+            extra = ["--stage", str(stage), "--threads", "1", "--run-dir", "run", "--no-progress",
+                     "--no-state-download", "--slowest-link-mbit", str(rate_mbit)]
+            if stage == 0:
+                extra += ["--max-steps", str(steps), "--data-shard", f"{i // 2}/2"]
+            host = bed.add_host(f"v{i}", rate_mbit=rate_mbit, rtt_ms=RTT_MS / 2)
+            volunteers.append((stage, host, Volunteer(bed, host, workdir, line, *extra)))
+        firsts = [v for stage, _, v in volunteers if stage == 0]
+        wait_for(lambda: all(v.process.poll() is not None for v in firsts), 1800,
+                 f"stage 0 to finish {steps} steps", workdir)
+        bed.stop_processes(*(host for stage, host, _ in volunteers if stage == 1))
+        nodes = [json.loads(next((v.workdir / "run").glob("summary-*.json")).read_text()) for _, _, v in volunteers]
+    return {"first": [n for n, (stage, _, _) in zip(nodes, volunteers) if stage == 0], "all": nodes}
+
+
 def final_loss(spec: RunSpec, weights: list[Path]) -> float:
     data = load_windows(spec.data, spec.seq_len)
     config = model_config(spec.model_size, vocab_size=data.vocab_size, max_seq_len=spec.seq_len)
@@ -144,6 +184,44 @@ def final_loss(spec: RunSpec, weights: list[Path]) -> float:
         stage.load_state_dict(torch.load(path, weights_only=True))
         losses.append(path_val_loss([stage], data, batch_size=64, max_batches=8, device=torch.device("cpu")))
     return statistics.mean(losses)
+
+
+def one_stage_row(plan: Plan, scenario: Scenario, rate: float, workdir: Path, alone_tokens_per_s: float) -> dict:
+    workdir = workdir / scenario.name.replace(" ", "-").replace("+", "and")
+    workdir.mkdir(parents=True, exist_ok=True)
+    print(f"bench.{NAME}: {scenario.name} at {rate} Mbit/s", file=sys.stderr, flush=True)
+    ran = run_scenario(plan, scenario, rate, workdir)
+    nodes = ran["nodes"]
+    rounds = [max(1, n["outer_rounds"]) for n in nodes]
+    return dict(
+        scenario=scenario.name, codec=scenario.codec, rate_mbit=rate,
+        compute_utilisation=[round(n["training_s"] / n["training_wall_s"], 3) for n in nodes],
+        held_s_per_round=[round(n["round_held_s"] / r, 1) for n, r in zip(nodes, rounds)],
+        bytes_per_round=[round(n["bytes_sent"] / r) for n, r in zip(nodes, rounds)],
+        # what one exchange costs: local-only rounds send no payload
+        bytes_per_partner_round=[round(n["bytes_sent"] / max(1, n["rounds_with_partner"])) for n in nodes],
+        bytes_per_token=[round(n["bytes_sent"] / max(1, n["tokens"]), 2) for n in nodes],
+        rounds_with_partner=[n["rounds_with_partner"] for n in nodes],
+        local_only_rounds=[n["local_only_rounds"] for n in nodes],
+        tokens_per_s_vs_alone=round(statistics.mean(n["tokens"] / n["training_wall_s"] for n in nodes)
+                                    / alone_tokens_per_s, 3),
+        wall_s=round(statistics.mean(n["training_wall_s"] for n in nodes), 1),
+        final_val_loss=round(final_loss(ran["spec"], ran["weights"]), 4))
+
+
+def staged_row(plan: Plan, staged: StagedScenario, rate: float, workdir: Path) -> dict:
+    name = f"2x2 {staged.activation_codec} activations at {staged.rate_factor:g}x"
+    workdir = workdir / name.replace(" ", "-")
+    workdir.mkdir(parents=True, exist_ok=True)
+    rate = round(rate * staged.rate_factor, 2)
+    print(f"bench.{NAME}: {name} ({rate} Mbit/s)", file=sys.stderr, flush=True)
+    ran = run_staged(plan, staged, rate, workdir, steps=2 * plan.inner_steps)
+    first = ran["first"]
+    return dict(scenario=name, activation_codec=staged.activation_codec, rate_mbit=rate,
+                swarm_tokens_per_s=round(sum(n["tokens"] / n["training_wall_s"] for n in first), 1),
+                microbatches_lost=sum(n["microbatches_lost"] for n in first),
+                bytes_per_token=round(sum(n["bytes_sent"] for n in ran["all"])
+                                      / max(1, sum(n["tokens"] for n in first)), 1))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,35 +246,26 @@ def main(argv: list[str] | None = None) -> int:
                 f"consumer GPU (50 steps in 5-10 s) and a 20 Mbit/s uplink sees 240 MB: about 100 s, 10 times "
                 "its inner phase.")
     with tempfile.TemporaryDirectory(prefix="home-link-") as tmp:
+        workdir = args.work_dir or Path(tmp)
         for scenario in scenarios():
-            workdir = (args.work_dir or Path(tmp)) / scenario.name.replace(" ", "-").replace("+", "and")
-            workdir.mkdir(parents=True, exist_ok=args.work_dir is not None)
-            print(f"bench.{NAME}: {scenario.name} at {rate} Mbit/s", file=sys.stderr, flush=True)
-            ran = run_scenario(plan, scenario, rate, workdir)
-            nodes = ran["nodes"]
-            rounds = [max(1, n["outer_rounds"]) for n in nodes]
-            wall = statistics.mean(n["training_wall_s"] for n in nodes)
-            result.add(
-                scenario=scenario.name, codec=scenario.codec, rate_mbit=rate,
-                compute_utilisation=[round(n["training_s"] / n["training_wall_s"], 3) for n in nodes],
-                held_s_per_round=[round(n["round_held_s"] / r, 1) for n, r in zip(nodes, rounds)],
-                bytes_per_round=[round(n["bytes_sent"] / r) for n, r in zip(nodes, rounds)],
-                bytes_per_token=[round(n["bytes_sent"] / max(1, n["tokens"]), 2) for n in nodes],
-                rounds_with_partner=[n["rounds_with_partner"] for n in nodes],
-                local_only_rounds=[n["local_only_rounds"] for n in nodes],
-                tokens_per_s_vs_alone=round(
-                    statistics.mean(n["tokens"] / n["training_wall_s"] for n in nodes) / (tokens_per_step / step_s), 3),
-                wall_s=round(wall, 1), final_val_loss=round(final_loss(ran["spec"], ran["weights"]), 4))
+            result.add(**one_stage_row(plan, scenario, rate, workdir, tokens_per_step / step_s))
+            print(f"bench.{NAME}: {result.rows[-1]}", file=sys.stderr, flush=True)
+        for staged in staged_scenarios(args.full):
+            result.add(**staged_row(plan, staged, rate, workdir))
             print(f"bench.{NAME}: {result.rows[-1]}", file=sys.stderr, flush=True)
     rows = {r["scenario"]: r for r in result.rows}
     blocking, best = rows["blocking fp16"], rows["overlapped + compressed"]
     result.summary = {
-        "rate_mbit": rate,
+        "rate_mbit": rate, "inner_steps": plan.inner_steps,
         "utilisation_blocking_fp16": max(blocking["compute_utilisation"]),
         "utilisation_overlapped_compressed": min(best["compute_utilisation"]),
-        "bytes_per_round_vs_blocking_fp16": round(statistics.mean(best["bytes_per_round"])
-                                                   / statistics.mean(blocking["bytes_per_round"]), 3),
-        "final_loss_vs_blocking_fp16": round(best["final_val_loss"] / blocking["final_val_loss"] - 1, 4)}
+        "bytes_per_round_vs_blocking_fp16": round(statistics.mean(best["bytes_per_partner_round"])
+                                                   / statistics.mean(blocking["bytes_per_partner_round"]), 3),
+        "final_loss_vs_blocking_fp16": round(best["final_val_loss"] / blocking["final_val_loss"] - 1, 4),
+        "int8_activations_tokens_per_s_gain": {
+            f"{factor:g}x": round(rows[f"2x2 int8 activations at {factor:g}x"]["swarm_tokens_per_s"]
+                                  / rows[f"2x2 fp16 activations at {factor:g}x"]["swarm_tokens_per_s"], 3)
+            for factor in sorted({s.rate_factor for s in staged_scenarios(args.full)})}}
     result.note(f"Re-run: {rerun_command(NAME, args.mode)}")
     result.write()
     plot(result)
@@ -206,12 +275,13 @@ def main(argv: list[str] | None = None) -> int:
 def plot(result: Result) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.5))
-    names = [r["scenario"] for r in result.rows]
-    values = [statistics.mean(r["compute_utilisation"]) for r in result.rows]
+    one_stage = [r for r in result.rows if "compute_utilisation" in r]
+    names = [r["scenario"] for r in one_stage]
+    values = [statistics.mean(r["compute_utilisation"]) for r in one_stage]
     ax.bar(names, values, color=["#999999", "#6699cc", "#336699"][:len(names)])
     ax.set_ylim(0, 1)
     ax.set_ylabel("compute utilisation")
-    ax.set_title(f"home links: {result.rows[0]['rate_mbit']} Mbit/s, {RTT_MS:.0f} ms RTT")
+    ax.set_title(f"home links: {one_stage[0]['rate_mbit']} Mbit/s, {RTT_MS:.0f} ms RTT")
     for i, v in enumerate(values):
         ax.text(i, v + 0.02, f"{v:.0%}", ha="center")
     fig.tight_layout()
@@ -231,23 +301,36 @@ def markdown(result: dict) -> str:
         "inner step. Held: how long the node's steps stood still for each round. Tokens/s: per node, against "
         "one process training the same model alone on this machine (the volunteers share its 2 cores with "
         "their daemons and the bed's latency stage; with 4 volunteers 0.5 is the most each can get).", "",
-        "| scenario | phi and Delta | compute utilisation | held per round | bytes sent per round | bytes per "
-        "token | rounds with a partner / local | tokens/s vs alone | final val loss |",
+        "| scenario | phi and Delta | compute utilisation | held per round | bytes sent per round with a "
+        "partner | bytes per token | rounds with a partner / local | tokens/s vs alone | final val loss |",
         "|---|---|---|---|---|---|---|---|---|"]
-    for r in result["rows"]:
+    for r in (r for r in result["rows"] if "compute_utilisation" in r):
         partners = ", ".join(f"{p}/{lo}" for p, lo in zip(r["rounds_with_partner"], r["local_only_rounds"]))
         lines.append(
             f"| {r['scenario']} | {r['codec']} | {', '.join(f'{u:.0%}' for u in r['compute_utilisation'])} | "
             f"{', '.join(f'{h:.1f} s' for h in r['held_s_per_round'])} | "
-            f"{', '.join(f'{b / 1e6:.2f} MB' for b in r['bytes_per_round'])} | "
+            f"{', '.join(f'{b / 1e6:.2f} MB' for b in r['bytes_per_partner_round'])} | "
             f"{', '.join(f'{b:,.0f}' for b in r['bytes_per_token'])} | {partners} | "
             f"{r['tokens_per_s_vs_alone']:.2f} | {r['final_val_loss']:.4f} |")
     lines += [
         "", f"![compute utilisation](bench/results/{NAME}.png)", "",
         f"Overlapped and compressed rounds keep compute utilisation at {s['utilisation_overlapped_compressed']:.0%} "
         f"or more on every node, against at most {s['utilisation_blocking_fp16']:.0%} for the blocking 16-bit "
-        f"round on the same links; they send {s['bytes_per_round_vs_blocking_fp16']:.2f}x its bytes per round; "
-        f"the final loss differs by {s['final_loss_vs_blocking_fp16']:+.1%}."]
+        f"round on the same links; they send {s['bytes_per_round_vs_blocking_fp16']:.2f}x its bytes per round "
+        "with a partner; "
+        f"the final loss differs by {s['final_loss_vs_blocking_fp16']:+.1%}.", "",
+        "### Two stages x two volunteers: activations in fp16 against int8", "",
+        f"The same links, the default outer codec, stage 0 stopping after {2 * s['inner_steps']} inner steps "
+        f"(H = {s['inner_steps']}). "
+        "Tokens/s: the two stage-0 volunteers' together, from the start of training to their last step.", "",
+        "| activations | link | swarm tokens/s | micro-batches lost | bytes sent per token (all 4) |",
+        "|---|---|---|---|---|",
+        *[f"| {r['activation_codec']} | {r['rate_mbit']} Mbit/s | {r['swarm_tokens_per_s']:,.0f} | "
+          f"{r['microbatches_lost']} | {r['bytes_per_token']:,.0f} |"
+          for r in result["rows"] if "swarm_tokens_per_s" in r], "",
+        "int8 activations against fp16, tokens/s: " + ", ".join(
+            f"{gain:.2f}x at {factor} the rate" for factor, gain in s["int8_activations_tokens_per_s_gain"].items())
+        + "."]
     if result["notes"]:
         lines += ["", "Notes:", "", *[f"- {n}" for n in result["notes"]]]
     return "\n".join(lines) + "\n"

@@ -4,11 +4,20 @@ Every forward, backward, step, (de)serialisation of big tensors and checkpoint c
 a node runs here, so the event loop never blocks and torch state is never touched by
 two threads at once. An out-of-memory failure, wherever it happens (a peer's request,
 our own producer), is fatal: it becomes one line naming the model size, the device
-memory and what to try, and the node is told to stop."""
+memory and what to try, and the node is told to stop.
+
+The thread runs at a lower scheduling priority than the rest of the node (nice +10, on
+Linux a thread's own): where the CPU is short, the event loop, the libp2p daemon and
+the DHT, which keep the node's deadlines (proposals, heartbeats, answers), go first,
+and the user's other programs too, as volunteer-computing clients do. With the CPU to
+itself it runs at full speed; an outer round that no longer pauses compute would
+otherwise starve the control traffic of a CPU-bound node."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -19,15 +28,26 @@ import torch
 from swarm_node.errors import PeerRefused, SwarmError
 
 Explain = Callable[[BaseException], SwarmError | None]
+COMPUTE_NICE = 10
+
+
+def _start_compute_thread(threads: int | None) -> None:
+    """In the compute thread, before its first task: its priority, then torch's thread
+    count (OpenMP keeps one per OS thread, so the main thread's setting would not reach
+    it; its workers, created from here, inherit the priority)."""
+    try:
+        me = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, me, min(19, os.getpriority(os.PRIO_PROCESS, me) + COMPUTE_NICE))
+    except (AttributeError, OSError):  # not Linux, or not allowed: run at the node's priority
+        pass
+    if threads:
+        torch.set_num_threads(threads)
 
 
 class ComputeThread:
     def __init__(self, threads: int | None = None, on_fatal: Callable[[SwarmError], None] = lambda error: None):
-        # OpenMP keeps a thread count per OS thread: set it in the compute thread itself
-        # (torch.set_num_threads on the main thread does not reach it).
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compute",
-                                            initializer=torch.set_num_threads if threads else None,
-                                            initargs=(threads,) if threads else ())
+                                            initializer=_start_compute_thread, initargs=(threads,))
         self.on_fatal = on_fatal
         self.explain: Explain = lambda exc: None  # set once the node knows its stage and device
         self.closed = False

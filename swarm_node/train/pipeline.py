@@ -33,8 +33,8 @@ from swarm_node.spec import RunSpec
 from swarm_node.train.rounds import RoundGate, step_if_ready
 from swarm_node.train.screen import MagnitudeScreen
 from swarm_node.train.worker import StageWorker, throughput_ema
-from swarm_node.wire.codec import WIRE_PRECISIONS, FrameLimits, decode_frame, encode_frame
-from swarm_node.wire.messages import check_forward_request, decode_gradient_answer, rms
+from swarm_node.wire.codec import FrameLimits, decode_frame, encode_frame
+from swarm_node.wire.messages import check_forward_request, decode_gradient_answer, encode_activations, rms
 from swarm_node.wire.records import PeerRecord
 
 log = logging.getLogger(__name__)
@@ -174,9 +174,8 @@ class Pipeline:
         next_stage = self.worker.stage.stage_index + 1
         clock = asyncio.get_running_loop().time  # time.monotonic, or a test's virtual clock
         deadline = clock() + timeout_s
-        payload = await self.compute(encode_frame, {"kind": "fwd", "spec": self.spec_hash, "deadline_s": timeout_s},
-                                     [hidden.to(WIRE_PRECISIONS[self.config.activation_wire]),
-                                      targets.to(torch.int32)])
+        payload = await self.compute(_encode_forward, {"kind": "fwd", "spec": self.spec_hash, "deadline_s": timeout_s},
+                                     hidden, targets, self.spec.activation_codec)
         tried: set[str] = set()
         attempts = 0
         while True:
@@ -234,7 +233,7 @@ class Pipeline:
 
     def _check_gradient(self, raw: bytes, shape: torch.Size) -> tuple[torch.Tensor, float]:
         """On the compute thread: the next stage's answer, checked and screened."""
-        grad, loss = decode_gradient_answer(raw, self.frame_limits, shape)
+        grad, loss = decode_gradient_answer(raw, self.frame_limits, shape, self.spec.activation_codec)
         problem = self._gradient_screen.check(rms(grad), "gradient RMS")
         if problem:
             raise ProtocolError(problem)
@@ -263,8 +262,7 @@ class Pipeline:
             self.throughput = throughput_ema(self.throughput, len(hidden), time.perf_counter() - started)
             self.stats.microbatches_done += 1
             self.gate.note_due(due)
-            return await self.compute(encode_frame, {"ok": True, "loss": loss},
-                                      [grad.to(WIRE_PRECISIONS[self.config.activation_wire])])
+            return await self.compute(_encode_answer, {"ok": True, "loss": loss}, grad, self.spec.activation_codec)
         except ProtocolError as exc:
             self.guard.fault(remote, f"bad forward request ({exc})")
             return encode_frame({"ok": False, "error": f"protocol: {exc}"[:200]})
@@ -282,11 +280,19 @@ class Pipeline:
         deadline_s, hidden, targets = check_forward_request(
             header, tensors, spec_hash=self.spec_hash, hidden_size=model.hidden_size,
             max_batch=4 * self.spec.batch_size, max_seq=self.spec.seq_len, vocab_size=model.vocab_size,
-            default_deadline_s=self.config.hop_timeout_s)
+            default_deadline_s=self.config.hop_timeout_s, codec=self.spec.activation_codec)
         problem = self._activation_screen.check(rms(hidden), "activation RMS")
         if problem:
             raise ProtocolError(problem)
         return deadline_s, hidden, targets
+
+
+def _encode_forward(header: dict, hidden: torch.Tensor, targets: torch.Tensor, codec: str) -> bytes:
+    return encode_frame(header, [*encode_activations(hidden, codec), targets.to(torch.int32)])
+
+
+def _encode_answer(header: dict, grad: torch.Tensor, codec: str) -> bytes:
+    return encode_frame(header, encode_activations(grad, codec))
 
 
 def _last_stage_step(worker: StageWorker, hidden, targets, token_inputs=None):

@@ -90,7 +90,7 @@ def quantize_near(tensor: torch.Tensor, bits: int, gap: torch.Tensor, block: int
     and half a step of rounding, stays closer to ours than to the next residue)."""
     levels = _levels(bits)
     numel = tensor.numel()
-    steps = (2 * gap.float() / levels).clamp_min(MIN_NEAR_STEP)
+    steps = (2 * gap.to(tensor.device, torch.float32) / levels).clamp_min(MIN_NEAR_STEP)
     if not torch.isfinite(steps).all():
         raise ValueError("cannot quantize with a non-finite gap")
     index = torch.round(_blocks(tensor, block).double() / steps.double()[:, None])

@@ -13,13 +13,18 @@ import math
 import torch
 
 from swarm_node.errors import PeerRefused, ProtocolError
-from swarm_node.wire.codec import FrameLimits, decode_frame, encode_frame
+from swarm_node.wire.blockwise import Quantized, dequantize, quantize
+from swarm_node.wire.codec import WIRE_PRECISIONS, FrameLimits, decode_frame, encode_frame
 
 PROPOSAL_MAX_BYTES = 4096
 STATUS_REQUEST = encode_frame({"kind": "status"})
 STATUS_REPLY_MAX_BYTES = 64 << 10
 PROPOSAL_LIMITS = FrameLimits(max_header_bytes=PROPOSAL_MAX_BYTES, max_payload_bytes=0, max_tensors=0)
 MAX_DEADLINE_S = 3600
+# How activations and their gradients cross a stage boundary (the run spec's
+# activation_codec): a float precision, or int8 blockwise codes with a float32 step per
+# 256 values (wire/blockwise.py; 1.02 bytes a value against 2 for fp16).
+ACTIVATION_CODECS = ("fp32", "fp16", "bf16", "int8")
 
 
 def finite(t: torch.Tensor) -> bool:
@@ -34,38 +39,63 @@ def rms(t: torch.Tensor) -> float:
     return float(t.float().pow(2).mean().sqrt()) if t.numel() else 0.0
 
 
+def encode_activations(t: torch.Tensor, codec: str) -> list[torch.Tensor]:
+    """Activations, or their gradient, as the run's activation codec sends them."""
+    if codec == "int8":
+        q = quantize(t, 8)
+        return [q.codes, q.scales]
+    return [t.to(WIRE_PRECISIONS[codec])]
+
+
+def decode_activations(tensors: list[torch.Tensor], shape: tuple[int, ...], codec: str) -> torch.Tensor:
+    """The fp32 tensor of ``shape`` that ``encode_activations`` sent, or ProtocolError;
+    blockwise codes are checked against the shape before anything is allocated."""
+    if codec == "int8":
+        if len(tensors) != 2:
+            raise ProtocolError("int8 activations come as codes and steps")
+        return dequantize(Quantized(tensors[0], tensors[1], tuple(shape), 8), max_numel=math.prod(shape))
+    if len(tensors) != 1 or tuple(tensors[0].shape) != tuple(shape) or not tensors[0].is_floating_point():
+        raise ProtocolError(f"expected {tuple(shape)} floats")
+    return tensors[0].float()
+
+
 def check_forward_request(header: dict, tensors: list[torch.Tensor], *, spec_hash: str, hidden_size: int,
-                          max_batch: int, max_seq: int, vocab_size: int,
-                          default_deadline_s: float) -> tuple[float, torch.Tensor, torch.Tensor]:
+                          max_batch: int, max_seq: int, vocab_size: int, default_deadline_s: float,
+                          codec: str = "fp16") -> tuple[float, torch.Tensor, torch.Tensor]:
     """``/swarm-node/forward``: (deadline in s, activations as fp32, target ids as int64)."""
     if header.get("kind") != "fwd" or header.get("spec") != spec_hash:
         raise ProtocolError("not a forward request of this run")
     deadline = header.get("deadline_s", default_deadline_s)
     if type(deadline) not in (int, float) or not 0 < deadline <= MAX_DEADLINE_S:
         raise ProtocolError(f"bad deadline {deadline!r}")
-    if len(tensors) != 2:
+    if len(tensors) < 2:
         raise ProtocolError("forward request needs activations and targets")
-    hidden, targets = tensors
+    targets = tensors[-1]
     batch, seq = targets.shape if targets.dim() == 2 else (-1, -1)
-    if (hidden.shape != (batch, seq, hidden_size) or not 0 < batch <= max_batch or not 0 < seq <= max_seq
-            or not hidden.is_floating_point() or targets.dtype not in (torch.int32, torch.int64)):
-        raise ProtocolError(f"shapes {tuple(hidden.shape)}/{tuple(targets.shape)} do not fit this stage")
+    if not 0 < batch <= max_batch or not 0 < seq <= max_seq or targets.dtype not in (torch.int32, torch.int64):
+        raise ProtocolError(f"targets of shape {tuple(targets.shape)} do not fit this stage")
+    try:
+        hidden = decode_activations(tensors[:-1], (batch, seq, hidden_size), codec)
+    except ProtocolError as exc:
+        raise ProtocolError(f"activations do not fit this stage: {exc}") from None
     if not finite(hidden):
         raise ProtocolError("non-finite activations")
     if int(targets.min()) < 0 or int(targets.max()) >= vocab_size:
         raise ProtocolError("target ids out of the vocabulary")
-    return float(deadline), hidden.float(), targets.long()
+    return float(deadline), hidden, targets.long()
 
 
-def decode_gradient_answer(raw: bytes, limits: FrameLimits, shape: torch.Size) -> tuple[torch.Tensor, float]:
+def decode_gradient_answer(raw: bytes, limits: FrameLimits, shape: torch.Size,
+                           codec: str = "fp16") -> tuple[torch.Tensor, float]:
     """A next-stage peer's answer to our forward request: (gradient wrt the activations
     we sent, its loss). A refusal raises PeerRefused; anything malformed ProtocolError."""
     header, tensors = decode_frame(raw, limits)
     if not header.get("ok"):
         raise PeerRefused(str(header.get("error", "refused"))[:200])
-    if len(tensors) != 1 or tensors[0].shape != shape or not tensors[0].is_floating_point():
-        raise ProtocolError("gradient does not match the activations sent")
-    grad = tensors[0].float()
+    try:
+        grad = decode_activations(tensors, tuple(shape), codec)
+    except ProtocolError:
+        raise ProtocolError("gradient does not match the activations sent") from None
     if not finite(grad):
         raise ProtocolError("non-finite gradient")
     loss = header.get("loss")

@@ -8,6 +8,8 @@ hour, and the honest nodes keep pairing with each other."""
 import signal
 from pathlib import Path
 
+import pytest
+
 from swarm_node.data.spec import DataSpec
 from swarm_node.optim import InnerHyper, default_method
 from swarm_node.spec import RunSpec
@@ -15,6 +17,10 @@ from swarm_node.spec import RunSpec
 POISONER = (str(Path(__file__).with_name("poisoner.py")),)
 STEPS = 100_000  # the schedule's length: the test stops the nodes
 ROUNDS = 6  # the poisoner's, after it joined
+# A minute of three processes training without pause (rounds run beside the steps now):
+# the slow tier. The default tier holds the same check in the simulator and in-process
+# (tests/sim/test_poisoning.py, tests/inproc/test_poisoned_updates.py).
+pytestmark = pytest.mark.slow
 
 
 def test_a_5x_poisoner_is_shut_out_and_the_honest_nodes_keep_pairing(harness_factory):

@@ -1,0 +1,58 @@
+"""Two stages' data paths joined back to back, the run sending activations and their
+gradients in int8 (the run spec's activation_codec): the micro-batch trains, the
+gradient that comes back is the one the next stage computed, to int8 precision, and
+the hop moves about half the bytes of fp16."""
+
+import asyncio
+import dataclasses
+
+import pytest
+import torch
+from parts import StageParts, record
+
+from swarm_node.data.spec import DataSpec
+from swarm_node.net import protocols
+from swarm_node.optim import InnerHyper, default_method
+from swarm_node.spec import RunSpec
+from swarm_node.train.worker import StageWorker
+
+SPEC = RunSpec(run_id="acts", model_size="debug", num_stages=2, seq_len=16, batch_size=4, samples_per_step=4,
+               data=DataSpec(kind="synthetic"), method=default_method("noloco", inner_steps=50),
+               inner=InnerHyper(lr=3e-3, warmup_steps=1, total_steps=100))
+VOCAB = 16
+
+
+def one_hop(codec: str) -> tuple[torch.Tensor, float, int, torch.Tensor]:
+    """(gradient stage 0 received, loss, bytes both ways, the gradient stage 1 computed in fp32)."""
+    spec = dataclasses.replace(SPEC, activation_codec=codec)
+    first, second = StageParts(spec, StageWorker(spec, 0, VOCAB)), StageParts(spec, StageWorker(spec, 1, VOCAB))
+    downstream, sent = second.pipeline(), []
+
+    class Link:
+        async def request(self, peer, protocol, payload, *, timeout_s, max_response_bytes):
+            assert protocol == protocols.FORWARD
+            answer = await downstream.handle_forward("QmFirst", payload)
+            sent.append(len(payload) + len(answer))
+            return answer
+
+    first.transport = Link()
+    first.membership.peers = {1: {"QmSecond": record(1, spec)}}
+    g = torch.Generator().manual_seed(0)
+    tokens, targets = torch.randint(0, VOCAB, (4, 16), generator=g), torch.randint(0, VOCAB, (4, 16), generator=g)
+    hidden = first.worker.forward(tokens)
+    grad, loss = asyncio.run(first.pipeline().send_downstream(hidden, targets, timeout_s=30.0))
+    exact = hidden.clone().requires_grad_(True)
+    StageWorker(spec, 1, VOCAB).stage(exact, targets).backward()  # the same weights: built from the run's seed
+    return grad, loss, sum(sent), exact.grad
+
+
+@pytest.mark.parametrize("codec", ["fp16", "int8"])
+def test_a_hop_in_the_runs_activation_codec_returns_the_next_stages_gradient(codec):
+    grad, loss, _, exact = one_hop(codec)
+    assert 0 < loss < 10
+    relative = ((grad - exact).norm() / exact.norm()).item()
+    assert relative < 0.02, relative
+
+
+def test_int8_halves_the_bytes_of_a_hop():
+    assert one_hop("int8")[2] <= 0.55 * one_hop("fp16")[2]

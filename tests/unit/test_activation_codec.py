@@ -1,0 +1,71 @@
+"""Activations and their gradients in the run's activation_codec (wire/messages.py): int8
+round-trips within half a step of each block, a forward request decodes to what was
+sent, and anything that does not fit the stage is a ProtocolError before anything is
+allocated."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from swarm_node.errors import ConfigError, ProtocolError
+from swarm_node.spec import RunSpec
+from swarm_node.wire.codec import FrameLimits, decode_frame, encode_frame
+from swarm_node.wire.messages import (
+    ACTIVATION_CODECS,
+    check_forward_request,
+    decode_activations,
+    decode_gradient_answer,
+    encode_activations,
+)
+
+HIDDEN = 16
+CHECK = dict(spec_hash="s", hidden_size=HIDDEN, max_batch=8, max_seq=32, vocab_size=50, default_deadline_s=30.0)
+
+
+def forward_frame(hidden: torch.Tensor, targets: torch.Tensor, codec: str) -> tuple[dict, list[torch.Tensor]]:
+    raw = encode_frame({"kind": "fwd", "spec": "s", "deadline_s": 5.0},
+                       [*encode_activations(hidden, codec), targets.to(torch.int32)])
+    return decode_frame(raw)
+
+
+@pytest.mark.parametrize("codec", ACTIVATION_CODECS)
+def test_a_forward_request_and_its_answer_decode_to_what_was_sent(codec):
+    g = torch.Generator().manual_seed(0)
+    hidden, targets = torch.randn(4, 32, HIDDEN, generator=g), torch.randint(0, 50, (4, 32), generator=g)
+    _, got, got_targets = check_forward_request(*forward_frame(hidden, targets, codec), codec=codec, **CHECK)
+    largest = hidden.abs().max().item()  # int8: half a step of the block's largest value over 127
+    tolerance = {"fp32": 0, "fp16": largest * 2 ** -11, "bf16": largest * 2 ** -8, "int8": largest / 127 / 2}[codec]
+    assert got.dtype == torch.float32 and got_targets.equal(targets)
+    assert (got - hidden).abs().max() <= tolerance * 1.001 + 1e-6
+    answer = encode_frame({"ok": True, "loss": 1.5}, encode_activations(hidden, codec))
+    grad, loss = decode_gradient_answer(answer, FrameLimits(), hidden.shape, codec)
+    assert grad.shape == hidden.shape and loss == 1.5 and (grad - hidden).abs().max() <= tolerance * 1.001 + 1e-6
+
+
+def test_int8_activations_send_about_half_the_bytes_of_fp16():
+    hidden = torch.randn(8, 64, 256)
+    int8 = sum(t.numel() * t.element_size() for t in encode_activations(hidden, "int8"))
+    assert int8 <= 0.51 * encode_activations(hidden, "fp16")[0].numel() * 2
+
+
+def test_a_run_spec_names_a_known_activation_codec():
+    with pytest.raises(ConfigError, match="activation_codec"):
+        RunSpec(activation_codec="int3")
+    assert RunSpec(activation_codec="int8").spec_hash() != RunSpec().spec_hash()
+
+
+@settings(max_examples=300, deadline=None)
+@given(codec=st.sampled_from(ACTIVATION_CODECS), data=st.data())
+def test_anything_that_does_not_fit_is_a_protocol_error(codec, data):
+    shape = (data.draw(st.integers(1, 4)), data.draw(st.integers(1, 8)), HIDDEN)
+    tensors = []
+    for _ in range(data.draw(st.integers(0, 3))):
+        dtype = data.draw(st.sampled_from([torch.uint8, torch.float32, torch.float16, torch.int64]))
+        dims = data.draw(st.lists(st.integers(0, 600), min_size=1, max_size=3))
+        tensors.append(torch.zeros(dims, dtype=dtype))
+    try:
+        out = decode_activations(tensors, shape, codec)
+    except ProtocolError:
+        return
+    assert out.shape == shape and out.dtype == torch.float32
