@@ -12,8 +12,10 @@ from swarm_node.cli_probe import add_probe_parser
 from swarm_node.errors import ConfigError, SwarmError
 from swarm_node.obs.sinks import SINKS
 
-# wire/outer_codec.py's table (a test keeps them equal): the parser runs before torch is imported
+# wire/outer_codec.py's table and wire/messages.py's (a test keeps them equal): the parser
+# runs before torch is imported
 OUTER_CODEC_NAMES = ("fp32", "fp16", "bf16", "int8", "int4", "near4-4", "near4-3")
+ACTIVATION_CODEC_NAMES = ("fp32", "fp16", "bf16", "int8")
 
 
 def _positive_int(text: str) -> int:
@@ -342,7 +344,7 @@ def _add_local_parser(sub) -> None:
     p.add_argument("--outer-codec", choices=OUTER_CODEC_NAMES, default=None,
                    help="how phi and Delta go on the wire in outer rounds (default: the run spec's, near4-3: phi in "
                         "4 bits coded against the receiver's own, Delta in 3, with error feedback)")
-    p.add_argument("--activation-codec", choices=("fp32", "fp16", "bf16", "int8"), default=None,
+    p.add_argument("--activation-codec", choices=ACTIVATION_CODEC_NAMES, default=None,
                    help="how activations and their gradients cross stage boundaries (default: the run spec's, fp16; "
                         "int8: blockwise codes, half the bytes)")
     p.add_argument("--blocking-rounds", action="store_true",

@@ -181,14 +181,13 @@ class ErrorFeedback:
 
     def compress(self, tensors: Sequence[torch.Tensor], gaps: Sequence[torch.Tensor] | None = None) -> list[Quantized]:
         """Coded on their own, or (``gaps``) for a receiver holding tensors that close."""
-        bits = self.bits
         wanted = [t.float() + r for t, r in zip(tensors, self.residual)] if self.residual else \
             [t.float() for t in tensors]
         if gaps is None:
-            sent = [quantize(t, bits, self.block) for t in wanted]
+            sent = [quantize(t, self.bits, self.block) for t in wanted]
             self._pending = [w - dequantize(q, self.block).to(w.device) for w, q in zip(wanted, sent)]
         else:
-            sent = [quantize_near(t, bits, g, self.block) for t, g in zip(wanted, gaps)]
+            sent = [quantize_near(t, self.bits, g, self.block) for t, g in zip(wanted, gaps)]
             self._pending = [w - dequantize_near(q, w, self.block) for w, q in zip(wanted, sent)]
         return sent
 

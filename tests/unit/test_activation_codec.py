@@ -8,6 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from swarm_node.cli import ACTIVATION_CODEC_NAMES
 from swarm_node.errors import ConfigError, ProtocolError
 from swarm_node.spec import RunSpec
 from swarm_node.wire.codec import FrameLimits, decode_frame, encode_frame
@@ -41,6 +42,10 @@ def test_a_forward_request_and_its_answer_decode_to_what_was_sent(codec):
     answer = encode_frame({"ok": True, "loss": 1.5}, encode_activations(hidden, codec))
     grad, loss = decode_gradient_answer(answer, FrameLimits(), hidden.shape, codec)
     assert grad.shape == hidden.shape and loss == 1.5 and (grad - hidden).abs().max() <= tolerance * 1.001 + 1e-6
+
+
+def test_the_command_line_offers_exactly_the_activation_codecs_there_are():
+    assert ACTIVATION_CODEC_NAMES == ACTIVATION_CODECS
 
 
 def test_int8_activations_send_about_half_the_bytes_of_fp16():
