@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from swarm_bootstrap.known_peers import KnownPeers, peers_file_for
 from swarm_bootstrap.view import SwarmView, prometheus_text
 
 from swarm_node import __version__
-from swarm_node.errors import ConfigError, SwarmError, known_failure
+from swarm_node.errors import ConfigError, PeerError, SwarmError, known_failure
 from swarm_node.membership.discovery import SPEC_REPUBLISH_S, find_run_spec, publish_spec, spec_key
 from swarm_node.membership.registry import read_registry
 from swarm_node.net.dht import SwarmDHT
@@ -35,6 +36,7 @@ log = logging.getLogger("swarm_bootstrap")
 VERIFY_BATCH = 16  # peers asked for their status at once
 VERIFY_TIMEOUT_S = 5.0
 REPROBE_MIN_S, REPROBE_MAX_S = 4.0, 60.0  # a peer that did not answer is asked again after this, doubling
+REMEMBER_EVERY_S = 10.0  # how often the verified peers' addresses are written down
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,7 @@ class BootstrapPeer:
         self.reachability: dict[str, str | None] = {}
         self.transport: Transport | None = None
         self._probed: dict[str, tuple[float, float]] = {}  # peer that did not answer -> (ask again at, pause)
+        self.known = KnownPeers(peers_file_for(config.identity_path))
         self._stop = asyncio.Event()
 
     def stop(self) -> None:
@@ -108,7 +111,8 @@ class BootstrapPeer:
             self._advise_on_addresses()
             async with asyncio.TaskGroup() as tg:
                 tasks = [tg.create_task(self._publish_loop()), tg.create_task(self._poll_loop()),
-                         tg.create_task(self._verify_loop()), tg.create_task(self._watch_dht())]
+                         tg.create_task(self._verify_loop()), tg.create_task(self._watch_dht()),
+                         tg.create_task(self._remember_peers())]
                 if cfg.check_reachability:
                     tasks.append(tg.create_task(self._check_reachability()))
                 await self._stop.wait()
@@ -188,6 +192,27 @@ class BootstrapPeer:
             _, pause = self._probed.get(peer, (0.0, REPROBE_MIN_S / 2))
             pause = min(REPROBE_MAX_S, pause * 2)
             self._probed[peer] = (time.monotonic() + pause, pause)
+
+    async def _remember_peers(self) -> None:
+        """Dial the peers a previous run of this bootstrap knew, so a restart lists the
+        swarm within seconds; then keep the list of verified peers up to date."""
+        remembered = self.known.load()
+        if remembered:
+            try:
+                reached = await self.dht.rebootstrap(remembered, timeout_s=5.0)
+                log.info("dialled %d of the %d peers this bootstrap knew before its restart", reached,
+                         len(self.known.peers))
+            except PeerError as exc:
+                log.warning("could not dial the peers known before the restart: %s", exc)
+        while True:
+            await asyncio.sleep(REMEMBER_EVERY_S * random.uniform(0.8, 1.2))
+            try:
+                async with asyncio.timeout(5.0):
+                    connected = await self.dht.connected_peers()
+            except (TimeoutError, PeerError):
+                continue
+            self.known.note(connected, verified=[p for p, row in self.view.peers.items() if row.verified])
+            await asyncio.to_thread(self.known.save)
 
     async def _watch_dht(self) -> None:
         while True:

@@ -49,8 +49,8 @@ from swarm_node.net.reach import DIALBACK, ordered_for_others, serve_dialback
 from swarm_node.net.reaper import start_reaper
 from swarm_node.net.transport import ServeLimits, Transport, short_id
 from swarm_node.node_config import NodeConfig
+from swarm_node.node_progress import ProgressFeed
 from swarm_node.node_services import NodeServices
-from swarm_node.obs.progress import NodeProgress, NodeSnapshot
 from swarm_node.obs.recent import RecentGrowth
 from swarm_node.obs.sinks import Sinks, open_sinks
 from swarm_node.obs.stats import NodeStats
@@ -103,7 +103,6 @@ class Node:
         self.fatal: SwarmError | None = None  # ends run() once the node has shut down (out of memory)
         self._recent_steps = RecentGrowth()
         self._recent_microbatches = RecentGrowth()
-        self._token_rate = RecentGrowth(window_s=30.0)
         # awaited first thing at shutdown, while the node is still whole (profilers, instruments)
         self.before_shutdown: list[Callable[[], Awaitable[None]]] = []
 
@@ -133,15 +132,16 @@ class Node:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self.stop)
         reaper = start_reaper()  # the DHT child and p2pd die with us, even after kill -9
+        live = self.config.progress and sys.stderr.isatty()  # a live line, or a log line a minute
         # on a terminal, log lines print above the live progress line
-        with logging_redirect_tqdm() if self._live_progress() else contextlib.nullcontext():
+        with logging_redirect_tqdm() if live else contextlib.nullcontext():
             try:
                 await self._start()
                 async with asyncio.TaskGroup() as tg:
                     membership, exchange = self.membership, self.exchange
                     after_read = exchange.meet_a_seeking_peer if not membership.reachable else None
                     loops = [membership.heartbeat_loop(), membership.registry_loop(after_read),
-                             membership.publish_loop(), self._rounds(), self._show_progress(),
+                             membership.publish_loop(), self._rounds(), self._progress_feed().run(log, live),
                              Reconnector(self.dht, self.config.initial_peers, check_s=self.config.connectivity_check_s,
                                          on_failure=self.stats.note_failure).run()]
                     if self.worker.is_first:
@@ -356,6 +356,11 @@ class Node:
         if self.worker is not None and self.status == "finished":
             log.info("%s", self.checkpoints.how_to_resume(self.worker))
 
+    def _progress_feed(self) -> ProgressFeed:
+        return ProgressFeed(spec=self.spec, max_steps=self.config.max_steps, worker=self.worker,
+                            pipeline=self.pipeline, membership=self.membership, exchange=self.exchange,
+                            stats=self.stats)
+
     # -- what others see ---------------------------------------------------------------
     def record(self) -> PeerRecord | None:
         """What our heartbeat publishes (None before we know our stage)."""
@@ -442,41 +447,6 @@ class Node:
         summary["weights_file"] = f"weights-{tag}.pt"
         (run_dir / f"summary-{tag}.json.tmp").write_text(json.dumps(summary, indent=2))
         os.replace(run_dir / f"summary-{tag}.json.tmp", run_dir / f"summary-{tag}.json")
-
-    # -- what the volunteer sees ------------------------------------------------------
-    async def _show_progress(self) -> None:
-        progress = NodeProgress(log, live=self._live_progress())
-        try:
-            while True:
-                await asyncio.sleep(progress.period_s)
-                progress.show(self._snapshot())
-        finally:
-            progress.close()
-
-    def _live_progress(self) -> bool:
-        return self.config.progress and sys.stderr.isatty()
-
-    def _snapshot(self) -> NodeSnapshot:
-        w, stats = self.worker, self.stats
-        tokens_per_microbatch = self.spec.batch_size * self.spec.seq_len
-        grown, span_s = self._token_rate.sample_rate(stats.microbatches_done)
-        last = self.exchange.last
-        recent = self._recent_microbatches.sample(stats.microbatches_done)
-        return NodeSnapshot(
-            inner_step=w.inner_step, max_steps=self.config.max_steps,
-            loss=w.loss_ema if w.is_last else self.pipeline.loss_seen,
-            tokens_per_s=grown * tokens_per_microbatch / span_s if span_s > 0 else 0.0,
-            stage=self.stage, num_stages=self.spec.num_stages,
-            peers_in_stage=len(self.membership.live_peers(self.stage)),
-            last_round=last.round_no if last else None,
-            last_partner=short_id(last.partners[0]) if last and last.partners else None,
-            last_round_ago_s=asyncio.get_running_loop().time() - last.ended_at if last else None,
-            stalled=None if recent else stats.last_error or self._waiting_for())
-
-    def _waiting_for(self) -> str:
-        if self.worker.is_first and not self.worker.is_last:
-            return f"no micro-batch came back from stage {self.stage + 1} in the last minute"
-        return f"no work from stage {self.stage - 1} in the last minute" if self.stage else "nothing done"
 
 
 async def _bounded(awaitable, timeout_s: float, what: str) -> None:

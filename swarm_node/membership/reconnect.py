@@ -19,7 +19,8 @@ from swarm_node.membership.discovery import peer_ids_of
 log = logging.getLogger(__name__)
 
 MAX_KNOWN_PEERS = 32
-MAX_REDIAL_S = 20.0  # an initial peer that is down is dialled again at most this far apart
+MAX_REDIAL_S = 10.0  # an initial peer that is down is dialled again at most this far apart (a restarted
+# bootstrap that lost its peers file finds the swarm through these redials)
 
 
 class Dialer(Protocol):

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 
 UNREACHABLE_MARK = "can't access this node"
+REBOOTSTRAP_DIALS_AT_ONCE = 32
 
 
 @dataclass(frozen=True)
@@ -155,16 +156,22 @@ class SwarmDHT:
                 by_peer.setdefault(maddr["p2p"], []).append(maddr.decapsulate(f"/p2p/{maddr['p2p']}"))
             except (ValueError, KeyError, TypeError):
                 log.debug("skipping unusable multiaddr %s", text)
-        reached = []
-        for peer, addrs in by_peer.items():
-            if peer == self.peer_id:
-                continue
-            try:
-                async with asyncio.timeout(timeout_s):
-                    await p2p._client.connect(PeerID.from_base58(peer), addrs)
-                reached.append(peer)
-            except (TimeoutError, P2PDaemonError, ConnectionError, OSError, ValueError) as exc:
-                log.debug("re-bootstrap: %s did not answer: %s", peer[-6:], exc)
+        connecting = asyncio.Semaphore(REBOOTSTRAP_DIALS_AT_ONCE)
+
+        async def connect(peer: str, addrs: list[Multiaddr]) -> str | None:
+            async with connecting:
+                try:
+                    async with asyncio.timeout(timeout_s):
+                        await p2p._client.connect(PeerID.from_base58(peer), addrs)
+                    return peer
+                except (TimeoutError, P2PDaemonError, ConnectionError, OSError, ValueError) as exc:
+                    log.debug("re-bootstrap: %s did not answer: %s", peer[-6:], exc)
+                    return None
+
+        # at once: one dead peer's time-out must not hold up the rest
+        answered = await asyncio.gather(*(connect(peer, addrs) for peer, addrs in by_peer.items()
+                                          if peer != self.peer_id))
+        reached = [peer for peer in answered if peer is not None]
         if reached:
             try:
                 async with asyncio.timeout(timeout_s):

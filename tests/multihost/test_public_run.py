@@ -183,6 +183,8 @@ def test_training_outlives_every_bootstrap_and_a_restarted_one_lists_the_swarm_a
              "the restarted bootstrap to list every live node", workdir)
     print(f"the restarted bootstrap listed all {len(live)} live nodes {time.monotonic() - restarted:.1f} s after "
           "its start")
+    # it found them itself, from the peers it wrote down, not only through the nodes' redials
+    assert re.search(r"dialled [4-9] of the \d+ peers this bootstrap knew before its restart", boot.log.read_text())
     newcomer = Volunteer(bed, bed.add_host("late"), workdir, boot.join_line())
     wait_for(lambda: "downloaded state from" in newcomer.text(), 120, "the newcomer to download state", workdir)
     found = wait_for(lambda: next((p for p in boot.peers() if p["short_id"] == newcomer.peer_id()

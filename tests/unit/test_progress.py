@@ -67,3 +67,35 @@ def test_without_a_terminal_the_node_status_is_a_log_line_a_minute(caplog):
     progress.close()
     line = "progress: step 5 | loss - | 10 tok/s | stage 0 of 1 with 0 other peers | round 0 alone 3s ago"
     assert progress.period_s == 1.0 and [r.getMessage() for r in caplog.records] == [line, line]
+
+
+def test_the_node_feeds_the_line_from_its_components():
+    """Stage 0 of two shows the loss the last stage reports back; with nothing done in
+    the last minute it says what it waits for; a partner's short id names the round."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from swarm_node.node_progress import ProgressFeed
+    from swarm_node.obs.stats import NodeStats
+    from swarm_node.spec import RunSpec
+
+    spec = RunSpec.from_dict({"run_id": "r", "model_size": "debug", "num_stages": 2, "batch_size": 4, "seq_len": 16})
+    worker = SimpleNamespace(inner_step=7, loss_ema=None, is_first=True, is_last=False)
+    membership = SimpleNamespace(stage=0, live_peers=lambda stage: {"QmOther": None})
+    exchange = SimpleNamespace(last=None)
+    stats = NodeStats()
+    feed = ProgressFeed(spec=spec, max_steps=100, worker=worker, pipeline=SimpleNamespace(loss_seen=2.5),
+                        membership=membership, exchange=exchange, stats=stats)
+
+    async def snapshots():
+        first = feed.snapshot()
+        stats.microbatches_done += 3
+        exchange.last = SimpleNamespace(round_no=4, partners=["Qm" + "x" * 40 + "abc123"],
+                                        ended_at=asyncio.get_running_loop().time())
+        return first, feed.snapshot()
+
+    first, later = asyncio.run(snapshots())
+    assert (first.loss, first.peers_in_stage, first.max_steps) == (2.5, 1, 100)
+    assert first.stalled == "no micro-batch came back from stage 1 in the last minute" and first.last_round is None
+    assert later.stalled is None and (later.last_round, later.last_partner) == (4, "abc123")
+    assert later.tokens_per_s > 0  # 3 micro-batches of 4 x 16 tokens over the time between the two
