@@ -68,7 +68,8 @@ from swarm_node.wire.records import PeerRecord
 
 log = logging.getLogger("swarm_node.node")
 
-HANDLERS = (protocols.FORWARD, protocols.PAIR, protocols.OUTER, protocols.STATE, protocols.STATUS, DIALBACK)
+HANDLERS = (protocols.FORWARD, protocols.PAIR, protocols.OUTER, protocols.OUTER_FETCH, protocols.STATE, protocols.STATUS,
+            DIALBACK)
 
 
 class Node:

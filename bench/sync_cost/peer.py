@@ -157,7 +157,7 @@ class BenchPeer:
         exchange over it, serving the node's pairing and exchange protocols."""
         self.stage = await self.compute(FlatStage, params, seed, self.rank)
         self.limits = FrameLimits(max_payload_bytes=2 * params * 4 + (1 << 20))
-        for name in (protocols.PAIR, protocols.OUTER):
+        for name in (protocols.PAIR, protocols.OUTER, protocols.OUTER_FETCH):
             await self.transport.stop_serving(name)
         self.exchange = OuterExchange(
             spec_hash=SPEC_HASH, method="noloco", times=ExchangeTimes(round_timeout_s=60.0, exchange_s=600.0),

@@ -3,8 +3,11 @@ Delta) with it, check what came, and apply the outer step.
 
 Seeking side: when a round is due the node encodes its payload once, announces
 ``seeking`` in its record, and lets the coordinator (gossip/pairing.py, or
-gossip/group.py for DiLoCo) propose and exchange until the round deadline. Answering
-side: proposals (``/swarm-node/pair``) and payloads (``/swarm-node/outer``) are served
+gossip/group.py for DiLoCo) propose and exchange until the round deadline. An exchange
+moves both payloads at once: the caller sends its own (``/swarm-node/outer``, answered
+with the partner's verdict) while it fetches the partner's (``/swarm-node/outer-fetch``);
+both are paced bodies (net/pacing.py), so proposals, heartbeats and forwards keep
+their deadlines beside them. Answering side: proposals, payloads and fetches are served
 here; a partner's payload passes gossip/partner_check.py before it counts. A peer at
 its boundary can pull our round forward when we are past half of ours, so that nodes
 whose boundaries alternate still meet.
@@ -32,7 +35,13 @@ from swarm_node.node_services import NodeServices
 from swarm_node.train.rounds import RoundGate, force_round_if_ready
 from swarm_node.train.worker import OpenRound
 from swarm_node.wire.codec import FrameLimits, decode_frame, encode_frame
-from swarm_node.wire.messages import PROPOSAL_LIMITS, PROPOSAL_MAX_BYTES, check_outer_header, check_proposal
+from swarm_node.wire.messages import (
+    CONTROL_MAX_BYTES,
+    answer_is_yes,
+    check_fetch,
+    check_outer_header,
+    check_proposal,
+)
 from swarm_node.wire.outer_codec import OuterCodec
 
 log = logging.getLogger(__name__)
@@ -40,6 +49,7 @@ log = logging.getLogger(__name__)
 DECLINES_BEFORE_BACKOFF = 3  # rounds-apart declines of one peer in a row
 MAX_DECLINED_TRACKED = 4096
 PROPOSE_TIMEOUT_S = 5.0  # a pairing proposal is a few bytes: no answer in this time means the peer is unwell
+VERDICT_YES = encode_frame({"kind": "outer", "ok": True})
 Tensors = list[torch.Tensor]
 
 
@@ -120,6 +130,10 @@ class OuterExchange:
         self.behind = False  # a partner rounds ahead was out of our scale: the node should catch up
         self._outcome = RoundOutcome(-1)
         self._declined: dict[str, int] = {}  # peer -> rounds-apart declines in a row
+        self._offer: bytes | None = None  # our payload while a round is open
+        # after a round, our payload stays for its partners (on the loop's clock) until the
+        # exchange time is up: a partner's fetch may come after its payload has paired us
+        self._kept: dict[str, tuple[bytes, float]] = {}
 
     @property
     def seeking(self) -> bool:
@@ -128,10 +142,15 @@ class OuterExchange:
     async def serve(self, transport, authorize: Callable[[str], bool]) -> None:
         await transport.serve(protocols.OUTER, self.handle_outer,
                               ServeLimits(max_request_bytes=self.limits.max_payload_bytes, max_concurrent=4,
-                                          max_per_peer=1, handler_timeout_s=self.times.exchange_s),
+                                          max_per_peer=1, handler_timeout_s=self.times.exchange_s,
+                                          paced_request=True),
+                              authorize=authorize)
+        await transport.serve(protocols.OUTER_FETCH, self.handle_fetch,
+                              ServeLimits(max_request_bytes=CONTROL_MAX_BYTES, max_concurrent=4, max_per_peer=1,
+                                          handler_timeout_s=self.times.exchange_s, paced_response=True),
                               authorize=authorize)
         await transport.serve(protocols.PAIR, self.handle_propose,
-                              ServeLimits(max_request_bytes=PROPOSAL_MAX_BYTES, max_concurrent=8, max_per_peer=1,
+                              ServeLimits(max_request_bytes=CONTROL_MAX_BYTES, max_concurrent=8, max_per_peer=1,
                                           handler_timeout_s=PROPOSE_TIMEOUT_S),
                               authorize=authorize)
 
@@ -150,11 +169,14 @@ class OuterExchange:
         callers = self.callers_expected()
         had_company = callers or bool(self.candidates())
         announcing = asyncio.create_task(self._announce_seeking())
+        self._offer = reply
         try:
             others = await self._gather(round_no, reply, expect_request=self.gate.requested or callers)
         finally:
             announcing.cancel()  # the round may end before the record is out: the caller publishes after
             await asyncio.gather(announcing, return_exceptions=True)
+            self._offer = None
+        self._kept = {peer: (reply, now() + self.times.exchange_s) for peer, _ in others}
         await self.compute(self.state.close_round, [payload for _, payload in others])
         outcome.partners = [peer for peer, _ in others]
         outcome.ended_at = now()
@@ -234,7 +256,7 @@ class OuterExchange:
         while True:
             try:
                 raw = await self.transport.request(peer, protocols.PAIR, request, timeout_s=deadline - now(),
-                                                   max_response_bytes=PROPOSAL_MAX_BYTES)
+                                                   max_response_bytes=CONTROL_MAX_BYTES)
                 self.guard.succeeded(peer)
                 break
             except StreamClosed:
@@ -244,20 +266,40 @@ class OuterExchange:
                 # The second in a row is a failure, and bans.
                 if self.guard.stream_closed(peer) or deadline - now() <= 0:
                     raise
-        header, _ = decode_frame(raw, PROPOSAL_LIMITS)
-        if not header.get("ok"):
-            raise Refused(str(header.get("error", "refused"))[:200])
+        yes, why = answer_is_yes(raw)
+        if not yes:
+            raise Refused(why)
 
     async def _send_outer(self, peer: str, payload: bytes, timeout_s: float) -> tuple[Tensors, Tensors]:
+        """Our payload to ``peer`` and its payload to us, both at once; returns its payload,
+        checked, once it has taken ours."""
         started = now()
-        raw = await self.transport.request(peer, protocols.OUTER, payload, timeout_s=timeout_s,
-                                           max_response_bytes=self.limits.max_payload_bytes + (1 << 16))
-        header, tensors = await self.compute(decode_frame, raw, self.limits)
-        if not header.get("ok"):
-            raise Refused(str(header.get("error", "refused")))
-        checked = await self._check_partner(peer, header, tensors)
+        sending = asyncio.create_task(self.transport.request(
+            peer, protocols.OUTER, payload, timeout_s=timeout_s, max_response_bytes=CONTROL_MAX_BYTES,
+            paced_request=True))
+        fetching = asyncio.create_task(self._fetch(peer, timeout_s))
+        try:
+            verdict, checked = await asyncio.gather(sending, fetching)
+        except BaseException:
+            for task in (sending, fetching):
+                task.cancel()
+            await asyncio.gather(sending, fetching, return_exceptions=True)
+            raise
+        yes, why = await self.compute(answer_is_yes, verdict)
+        if not yes:
+            raise Refused(why)
         self._outcome.exchange_s = now() - started
         return checked
+
+    async def _fetch(self, peer: str, timeout_s: float) -> tuple[Tensors, Tensors]:
+        request = encode_frame({"kind": "outer-fetch", "spec": self.spec_hash, "round": self.state.outer_round})
+        raw = await self.transport.request(peer, protocols.OUTER_FETCH, request, timeout_s=timeout_s,
+                                           max_response_bytes=self.limits.max_payload_bytes + (1 << 16),
+                                           paced_response=True)
+        header, tensors = await self.compute(decode_frame, raw, self.limits)
+        if not header.get("ok"):
+            raise Refused(str(header.get("error", "refused"))[:200])
+        return await self._check_partner(peer, header, tensors)
 
     async def _check_partner(self, peer: str, header: dict, tensors: Tensors) -> tuple[Tensors, Tensors]:
         check_outer_header(header, self.spec_hash)
@@ -315,6 +357,7 @@ class OuterExchange:
             return encode_frame({"ok": False, "error": "protocol"})
 
     async def handle_outer(self, remote: str, request: bytes) -> bytes:
+        """A partner's payload; the answer is our verdict (our payload goes on ``handle_fetch``)."""
         async def partner_payload():
             header, tensors = await self.compute(decode_frame, request, self.limits)
             return await self._check_partner(remote, header, tensors)
@@ -322,14 +365,30 @@ class OuterExchange:
         pairing = self.pairing
         try:
             if isinstance(pairing, PairingCoordinator):  # only the peer whose proposal we accepted gets in
-                return await pairing.answer(remote, partner_payload)
+                await pairing.answer(remote, partner_payload)
+                return VERDICT_YES
             payload = await partner_payload()
             if pairing.state.value == "idle":
                 await self.maybe_round_early(wait_s=5.0)
-            return pairing.on_request(remote, payload)
+            pairing.on_request(remote, payload)
+            return VERDICT_YES
         except (Refused, PeerRefused) as exc:
             return encode_frame({"ok": False, "error": str(exc)})
         except ProtocolError as exc:
             self.guard.fault(remote, f"bad outer exchange ({exc})")
             self.guard.failed(remote)
+            return encode_frame({"ok": False, "error": "protocol"})
+
+    async def handle_fetch(self, remote: str, request: bytes) -> bytes:
+        """Our payload, for the peer we pair with (or, in DiLoCo, any member) this round."""
+        try:
+            check_fetch(request, self.spec_hash)
+            if self._offer is not None and self.pairing.may_fetch(remote):
+                return self._offer
+            kept, until = self._kept.get(remote, (None, 0.0))
+            if kept is not None and now() < until:
+                return kept
+            return encode_frame({"ok": False, "error": "not-ready" if self._offer is None else "no-reservation"})
+        except ProtocolError as exc:
+            self.guard.fault(remote, f"bad outer fetch ({exc})")
             return encode_frame({"ok": False, "error": "protocol"})

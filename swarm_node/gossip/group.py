@@ -1,9 +1,9 @@
 """DiLoCo's outer round without a central coordinator: every live peer of the stage
 contributes (phi, Delta) and every node averages over all contributions it holds.
 
-Each exchange is symmetric (a request carries the sender's payload, the answer the
-receiver's), so one successful call between two nodes gives both of them each other's
-contribution. A node keeps calling the live peers whose contribution it lacks until it
+Each exchange is symmetric (the caller sends its payload and fetches the receiver's,
+both at once), so one successful exchange between two nodes gives both of them each
+other's contribution. A node keeps calling the live peers whose contribution it lacks until it
 holds everyone's or the round deadline passes; peers that are not at their boundary
 yet answer ``not-ready`` and are asked again. This is the all-reduce's global barrier
 that NoLoCo avoids: the round lasts as long as its slowest member."""
@@ -32,23 +32,24 @@ class GroupRound:
         self.rng = rng or random.Random()
         self.state = PairState.IDLE
         self.seeking = asyncio.Event()  # set while a round is open for requests
-        self._own_payload: Any = None
         self.received: dict[str, Any] = {}
         self._changed = asyncio.Event()
 
-    def on_request(self, remote: str, payload: Any) -> Any:
+    def on_request(self, remote: str, payload: Any) -> None:
         if self.state is PairState.IDLE:
             raise Refused("not-ready")
         self.received[remote] = payload
         self._changed.set()
-        return self._own_payload
+
+    def may_fetch(self, remote: str) -> bool:
+        """Any member may have our contribution while our round is open."""
+        return self.state is not PairState.IDLE
 
     async def run_round(self, round_no: int, own_payload: Any, members: Callable[[], list[str]],
                         send: Callable[[str, Any, float], Awaitable[Any]],
                         on_peer_failure: Callable[[str, str], None] = lambda peer, why: None,
                         expect_request: bool = False) -> dict[str, Any]:
         """Returns the contributions gathered (peer -> payload), ours excluded."""
-        self._own_payload = own_payload
         self.received = {}
         self.state = PairState.SEEKING
         self.seeking.set()
@@ -83,4 +84,3 @@ class GroupRound:
         finally:
             self.state = PairState.IDLE
             self.seeking.clear()
-            self._own_payload = None

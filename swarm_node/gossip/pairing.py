@@ -137,13 +137,19 @@ class PairingCoordinator:
         self.state = PairState.EXCHANGING
         self._reserved_until = now() + self.request_timeout_s  # the node's handler is cut by then
 
-    def complete(self, remote: str, payload: Any) -> Any:
-        """The claimed payload checked out: the pair is made; returns our payload."""
+    def complete(self, remote: str, payload: Any) -> None:
+        """The claimed payload checked out: the pair is made."""
         if self.state is not PairState.EXCHANGING or self._counterpart != remote or self._accepted is not None:
             raise Refused("no-reservation")
         self._accepted = PairResult(remote, payload, initiated=False)
         self._changed.set()
-        return self._own_payload
+
+    def may_fetch(self, remote: str) -> bool:
+        """Whether ``remote`` may have our payload now: it holds our reservation, or we
+        paired with it this round."""
+        if self._accepted is not None:
+            return self._accepted.partner == remote
+        return self.state in (PairState.RESERVED, PairState.EXCHANGING) and self._counterpart == remote
 
     def release(self, remote: str) -> None:
         """The reserved peer's payload was refused or bad: seek again."""
@@ -151,17 +157,17 @@ class PairingCoordinator:
                                                                                      PairState.EXCHANGING):
             self._back_to_seeking()
 
-    async def answer(self, remote: str, check: Callable[[], Awaitable[Any]]) -> Any:
+    async def answer(self, remote: str, check: Callable[[], Awaitable[Any]]) -> None:
         """``remote``'s payload has arrived: claim the reservation (before anything is
-        decoded), run ``check`` for the partner's payload, and complete the pair; returns
-        our payload. If the check raises, or is cut short, the reservation is released."""
+        decoded), run ``check`` for the partner's payload, and complete the pair. If the
+        check raises, or is cut short, the reservation is released."""
         self.claim(remote)
         try:
             payload = await check()
         except BaseException:
             self.release(remote)
             raise
-        return self.complete(remote, payload)
+        self.complete(remote, payload)
 
     # -- the seeking side -----------------------------------------------------------
     async def run_round(self, round_no: int, own_payload: Any,

@@ -27,6 +27,7 @@ from typing import Protocol
 from hivemind.p2p import P2P, P2PDaemonError, P2PHandlerError, PeerID
 
 from swarm_node.errors import PeerError, PeerRefused, PeerTimeout, ProtocolError, StreamClosed
+from swarm_node.net.pacing import Pacer, read_paced, send_paced
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,8 @@ class Requester(Protocol):
     """The calling side of Transport, as components see it (tests hand in fakes)."""
 
     async def request(self, peer: str, protocol: str, payload: bytes, *, timeout_s: float,
-                      max_response_bytes: int) -> bytes: ...
+                      max_response_bytes: int, paced_request: bool = False,
+                      paced_response: bool = False) -> bytes: ...
 
 
 def short_id(peer_id: str) -> str:
@@ -102,6 +104,10 @@ class ServeLimits:
     # a slot held by a silent or trickling stream is freed, and the caller counted as a fault.
     first_bytes_timeout_s: float = 5.0
     min_request_bytes_per_s: float = 125_000.0  # 1 Mbit/s, far below any volunteer's uplink
+    # Bulk bodies yield to other traffic (net/pacing.py): the protocol's request, or its
+    # answer, is a paced body the receiver acknowledges. Caller and server must agree.
+    paced_request: bool = False
+    paced_response: bool = False
     # Streams one remote address may hold at once (None: half of max_concurrent). Fresh
     # identities cost nothing, addresses do: ten identities on one host holding silent
     # streams must leave slots for everyone else. Loopback is exempt (a swarm on one
@@ -137,15 +143,22 @@ class Transport:
         self._answered.set()
 
     async def request(self, peer_id: str, protocol: str, payload: bytes, *, timeout_s: float,
-                      max_response_bytes: int) -> bytes:
-        """Send one frame to ``peer_id``'s ``protocol`` handler and return its answer."""
+                      max_response_bytes: int, paced_request: bool = False, paced_response: bool = False) -> bytes:
+        """Send one frame to ``peer_id``'s ``protocol`` handler and return its answer.
+        ``paced_request`` / ``paced_response``: that direction is a paced body
+        (net/pacing.py), as the protocol's server has it too."""
         writer = None
         try:
             async with asyncio.timeout(timeout_s):
-                _, reader, writer = await self.p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), protocol)
-                await write_frame(writer, payload)
+                info, reader, writer = await self.p2p.call_binary_stream_handler(PeerID.from_base58(peer_id),
+                                                                                 protocol)
+                if paced_request:
+                    await send_paced(writer, reader, payload, pacer_for(info.addr))
+                else:
+                    await write_frame(writer, payload)
                 self.bytes_sent += len(payload) + LENGTH_BYTES
-                response = await read_frame(reader, max_response_bytes)
+                length = await read_length(reader, max_response_bytes)
+                response = await (read_paced(reader, writer, length) if paced_response else read_body(reader, length))
                 self.bytes_received += len(response) + LENGTH_BYTES
                 if not response:
                     raise PeerRefused(f"{short_id(peer_id)} is busy")
@@ -186,18 +199,25 @@ class Transport:
                         or (where[1] is not None and self._active_per_address[where] >= limits.address_cap)):
                     if not refusing.locked():
                         async with refusing, asyncio.timeout(BUSY_DRAIN_TIMEOUT_S):
-                            await discard_frame(reader, limits.max_request_bytes)
+                            if limits.paced_request:  # the caller waits for acknowledgements as it sends
+                                length = await read_length(reader, limits.max_request_bytes)
+                                await read_paced(reader, writer, length, keep=False)
+                            else:
+                                await discard_frame(reader, limits.max_request_bytes)
                             await write_frame(writer, b"")  # busy: see the module docstring
                     raise PeerRefused("too many concurrent streams")
                 self._active_per_peer[key] += 1
                 self._active_per_address[where] += 1
                 try:
                     async with gate:
-                        request = await self._read_request(reader, protocol, remote, limits)
+                        request = await self._read_request(reader, writer, protocol, remote, limits)
                         async with asyncio.timeout(limits.handler_timeout_s):
                             response = await (handler(remote, request, info.addr) if with_address
                                               else handler(remote, request))
-                            await write_frame(writer, response)
+                            if limits.paced_response and response:  # busy (empty) is a plain frame
+                                await send_paced(writer, reader, response, pacer_for(info.addr))
+                            else:
+                                await write_frame(writer, response)
                         self.bytes_sent += len(response) + LENGTH_BYTES
                 finally:
                     for table, k in ((self._active_per_peer, key), (self._active_per_address, where)):
@@ -226,15 +246,16 @@ class Transport:
         mid-frame" and loses the round)."""
         await self._answered.wait()
 
-    async def _read_request(self, reader: asyncio.StreamReader, protocol: str, remote: str,
-                            limits: ServeLimits) -> bytes:
+    async def _read_request(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, protocol: str,
+                            remote: str, limits: ServeLimits) -> bytes:
         """The request, started within ``first_bytes_timeout_s`` and sent at the minimum
         rate; a caller that stalls is a fault (it held a slot others could have used)."""
         try:
             async with asyncio.timeout(limits.first_bytes_timeout_s):
                 length = await read_length(reader, limits.max_request_bytes)
             async with asyncio.timeout(limits.request_deadline_s(length)):
-                request = await read_body(reader, length)
+                request = await (read_paced(reader, writer, length) if limits.paced_request
+                                 else read_body(reader, length))
         except TimeoutError:
             self.on_fault(remote, f"stalled its {protocol} request")
             raise
@@ -263,12 +284,22 @@ async def _linger(reader: asyncio.StreamReader, timeout_s: float) -> None:
 def caller_address(addr: object) -> str | None:
     """The IP a stream came from, from the connection's multiaddr; None for loopback or
     an address we cannot read (then only the other caps apply)."""
+    ip = _ip_of(addr)
+    return None if ip is None or ip.is_loopback else str(ip)
+
+
+def pacer_for(addr: object) -> Pacer | None:
+    """A pacer for a bulk body to ``addr`` (the stream's remote multiaddr); none on
+    loopback, where there is no uplink to share."""
+    ip = _ip_of(addr)
+    return None if ip is not None and ip.is_loopback else Pacer()
+
+
+def _ip_of(addr: object) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     parts = str(addr).strip("/").split("/")
     if len(parts) < 2 or parts[0] not in ("ip4", "ip6"):
         return None
     try:
-        ip = ipaddress.ip_address(parts[1])
+        return ipaddress.ip_address(parts[1])
     except ValueError:
         return None
-    return None if ip.is_loopback else str(ip)
-

@@ -16,10 +16,11 @@ from swarm_node.errors import PeerRefused, ProtocolError
 from swarm_node.wire.blockwise import Quantized, dequantize, quantize
 from swarm_node.wire.codec import WIRE_PRECISIONS, FrameLimits, decode_frame, encode_frame
 
-PROPOSAL_MAX_BYTES = 4096
+# Control frames: a header and no tensors (proposals, outer fetches and verdicts, refusals)
+CONTROL_MAX_BYTES = 4096
+CONTROL_LIMITS = FrameLimits(max_header_bytes=CONTROL_MAX_BYTES, max_payload_bytes=0, max_tensors=0)
 STATUS_REQUEST = encode_frame({"kind": "status"})
 STATUS_REPLY_MAX_BYTES = 64 << 10
-PROPOSAL_LIMITS = FrameLimits(max_header_bytes=PROPOSAL_MAX_BYTES, max_payload_bytes=0, max_tensors=0)
 MAX_DEADLINE_S = 3600
 # How activations and their gradients cross a stage boundary (the run spec's
 # activation_codec): a float precision, or int8 blockwise codes with a float32 step per
@@ -106,9 +107,24 @@ def decode_gradient_answer(raw: bytes, limits: FrameLimits, shape: torch.Size,
 
 def check_proposal(raw: bytes, spec_hash: str) -> None:
     """``/swarm-node/pair``: a few bytes asking to pair this round."""
-    header, tensors = decode_frame(raw, PROPOSAL_LIMITS)
-    if header.get("kind") != "propose" or header.get("spec") != spec_hash or tensors:
-        raise ProtocolError("not a pairing proposal of this run")
+    _check_control(raw, "propose", spec_hash, "not a pairing proposal of this run")
+
+
+def check_fetch(raw: bytes, spec_hash: str) -> None:
+    """``/swarm-node/outer-fetch``: a few bytes asking for the partner's (phi, Delta)."""
+    _check_control(raw, "outer-fetch", spec_hash, "not an outer fetch of this run")
+
+
+def _check_control(raw: bytes, kind: str, spec_hash: str, what: str) -> None:
+    header, tensors = decode_frame(raw, CONTROL_LIMITS)
+    if header.get("kind") != kind or header.get("spec") != spec_hash or tensors:
+        raise ProtocolError(what)
+
+
+def answer_is_yes(raw: bytes) -> tuple[bool, str]:
+    """A control answer (to a proposal, to an outer payload): (yes, the refusal's reason)."""
+    header, _ = decode_frame(raw, CONTROL_LIMITS)
+    return bool(header.get("ok")), str(header.get("error", "refused"))[:200]
 
 
 def check_outer_header(header: dict, spec_hash: str) -> None:

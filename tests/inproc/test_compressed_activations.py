@@ -29,7 +29,7 @@ def one_hop(codec: str) -> tuple[torch.Tensor, float, int, torch.Tensor]:
     downstream, sent = second.pipeline(), []
 
     class Link:
-        async def request(self, peer, protocol, payload, *, timeout_s, max_response_bytes):
+        async def request(self, peer, protocol, payload, *, timeout_s, max_response_bytes, **pacing):
             assert protocol == protocols.FORWARD
             answer = await downstream.handle_forward("QmFirst", payload)
             sent.append(len(payload) + len(answer))

@@ -27,7 +27,7 @@ class Swarm:
     def __init__(self):
         self.calls = {"honest": 0, "forged": 0}
 
-    async def request(self, peer, protocol, payload, *, timeout_s, max_response_bytes):
+    async def request(self, peer, protocol, payload, *, timeout_s, max_response_bytes, **pacing):
         if peer in FORGED:
             self.calls["forged"] += 1
             raise PeerError("Connect failed. msg=routing: not found")
@@ -88,7 +88,7 @@ def test_forged_records_claiming_to_be_far_ahead_do_not_keep_a_joiner_from_the_s
     asked = {"forged": 0, "honest": 0}
 
     class Transport:
-        async def request(self, peer, protocol, payload, *, timeout_s, max_response_bytes):
+        async def request(self, peer, protocol, payload, *, timeout_s, max_response_bytes, **pacing):
             if peer in FORGED:
                 asked["forged"] += 1
                 raise PeerError("Connect failed. msg=routing: not found")

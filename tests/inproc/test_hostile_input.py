@@ -163,6 +163,31 @@ def test_pair_handler_survives_10k_hostile_frames(stage):
     assert answer == {"v": 1, "ok": False, "error": "not-ready"}  # well-formed; this node is not at a boundary
 
 
+def test_fetch_handler_survives_10k_hostile_frames_and_gives_our_payload_only_to_our_partner(stage):
+    base = ({"kind": "outer-fetch", "spec": SPEC.spec_hash(), "round": 0}, [])
+    exchange = stage.exchange()
+    assert fuzz(exchange.handle_fetch, base, seed=5) == FRAMES
+    answer, _ = decode_frame(asyncio.run(exchange.handle_fetch("QmGood", encode_frame(*base))))
+    assert answer == {"v": 1, "ok": False, "error": "not-ready"}  # well-formed; this node has no round open
+
+    async def during_a_round():
+        pairing = exchange.pairing
+        mine = encode_frame({"kind": "outer", "ok": True, "mine": 1})
+        exchange._offer = mine  # what run_round offers while its round is open
+        round_task = asyncio.create_task(pairing.run_round(0, mine, candidates=lambda: [], propose=None, send=None,
+                                                           expect_request=True))
+        try:
+            await pairing.seeking.wait()
+            pairing.on_propose("QmPartner")
+            return [await exchange.handle_fetch(peer, encode_frame(*base)) for peer in ("QmStranger", "QmPartner")]
+        finally:
+            round_task.cancel()
+            await asyncio.gather(round_task, return_exceptions=True)
+
+    stranger, partner = asyncio.run(during_a_round())
+    assert decode_frame(stranger)[0]["error"] == "no-reservation" and decode_frame(partner)[0]["mine"] == 1
+
+
 def test_state_handler_survives_10k_hostile_frames(stage):
     base = ({"kind": "state", "spec": SPEC.spec_hash(), "snapshot": None, "chunk": 0}, [])
     state_sync = stage.state_sync()

@@ -25,7 +25,7 @@ def test_the_record_says_seeking_while_the_round_is_open():
     proposals = []
 
     class Refusing:  # every peer answers our proposals "busy"
-        async def request(self, peer, protocol, payload, *, timeout_s, max_response_bytes):
+        async def request(self, peer, protocol, payload, *, timeout_s, max_response_bytes, **pacing):
             assert protocol == protocols.PAIR
             proposals.append(peer)
             return encode_frame({"ok": False, "error": "busy"})
@@ -58,11 +58,13 @@ def test_a_proposal_whose_answer_is_lost_to_a_stream_reset_is_asked_again_withou
         answer = encode_frame({"kind": "outer", "spec": SPEC.spec_hash(), "round": 0, "ok": True}, [*phi, *delta])
 
         class Partner:  # accepts our proposal, but the first `resets` answers are lost
-            async def request(self, peer, protocol, payload, *, timeout_s, max_response_bytes):
+            async def request(self, peer, protocol, payload, *, timeout_s, max_response_bytes, **pacing):
                 calls.append(protocol)
                 if protocol == protocols.PAIR and calls.count(protocols.PAIR) <= resets:
                     raise StreamClosed("stream closed mid-frame")
-                return encode_frame({"kind": "propose", "ok": True}) if protocol == protocols.PAIR else answer
+                return {protocols.PAIR: encode_frame({"kind": "propose", "ok": True}),
+                        protocols.OUTER: encode_frame({"kind": "outer", "ok": True}),
+                        protocols.OUTER_FETCH: answer}[protocol]
 
         return Partner(), calls
 
@@ -73,7 +75,8 @@ def test_a_proposal_whose_answer_is_lost_to_a_stream_reset_is_asked_again_withou
         stage.membership.peers = {1: {"QmOther": record(1, SPEC, seeking=True)}}
         outcome = vclock.run(stage.exchange().run_round())
         if paired:
-            assert outcome.partners == ["QmOther"] and calls == [protocols.PAIR, protocols.PAIR, protocols.OUTER]
+            assert outcome.partners == ["QmOther"] and calls == [protocols.PAIR, protocols.PAIR, protocols.OUTER,
+                                                                 protocols.OUTER_FETCH]
             assert not stage.guard.is_banned("QmOther")
         else:
             assert outcome.partners == [] and stage.guard.is_banned("QmOther")

@@ -26,7 +26,8 @@ LINK_S = 3.0  # each payload spends this long on the wire (virtual time)
 
 
 class Link:
-    """Requests go straight to the other node's handlers; a payload takes LINK_S."""
+    """Requests go straight to the other node's handlers; a payload takes LINK_S (ours
+    going in on OUTER, the partner's coming back on OUTER_FETCH)."""
 
     def __init__(self):
         self.exchanges, self.bytes = {}, collections.Counter()
@@ -35,14 +36,17 @@ class Link:
         link = self
 
         class Transport:
-            async def request(self, peer, protocol, payload, *, timeout_s, max_response_bytes):
+            async def request(self, peer, protocol, payload, *, timeout_s, max_response_bytes, **pacing):
                 link.bytes[protocol] += len(payload)
                 async with asyncio.timeout(timeout_s):
                     if protocol == protocols.OUTER:
                         await asyncio.sleep(LINK_S)
                     other = link.exchanges[peer]
-                    handler = other.handle_propose if protocol == protocols.PAIR else other.handle_outer
+                    handler = {protocols.PAIR: other.handle_propose, protocols.OUTER: other.handle_outer,
+                               protocols.OUTER_FETCH: other.handle_fetch}[protocol]
                     answer = await handler(own_id, payload)
+                    if protocol == protocols.OUTER_FETCH:
+                        await asyncio.sleep(LINK_S)
                 link.bytes[protocol] += len(answer)
                 return answer
 
@@ -59,13 +63,21 @@ def trained(seed: int, spec: RunSpec) -> StageWorker:
     return worker
 
 
-def one_round(codec: str, blocking: bool = False) -> tuple[list[StageParts], collections.Counter, list[bool]]:
+@dataclasses.dataclass
+class Round:
+    stages: list[StageParts]
+    sent: collections.Counter  # bytes by protocol, both ways
+    steps_open: list[bool]  # whether the gate let steps through while the payload was on the wire
+    outcomes: list  # each node's RoundOutcome
+
+
+def one_round(codec: str, blocking: bool = False) -> Round:
     spec = dataclasses.replace(SPEC, outer_codec=codec)
     link = Link()
     ids = ["QmAaa", "QmBbb"]
     stages = [StageParts(spec, trained(i, spec), config=NodeConfig(round_timeout_s=30.0))
               for i in range(2)]
-    steps_open = []  # whether the gate let steps through while the payload was on the wire
+    steps_open, outcomes = [], []
 
     async def both():
         exchanges = []
@@ -81,27 +93,41 @@ def one_round(codec: str, blocking: bool = False) -> tuple[list[StageParts], col
         rounds = [asyncio.create_task(e.run_round()) for e in exchanges]
         await asyncio.sleep(LINK_S / 2)
         steps_open.extend(stage.gate.idle.is_set() for stage in stages)
-        await asyncio.gather(*rounds)
+        outcomes.extend(await asyncio.gather(*rounds))
 
     vclock.run(both())
-    return stages, link.bytes, steps_open
+    return Round(stages, link.bytes, steps_open, outcomes)
 
 
 @pytest.mark.parametrize("codec", ["fp16", "int8", "near4-3"])
 def test_a_round_pairs_and_moves_the_bytes_its_codec_says(codec):
-    stages, sent, _ = one_round(codec)
+    done = one_round(codec)
+    stages, sent = done.stages, done.sent
     assert all(s.stats.rounds_with_partner == 1 and s.worker.outer_round == 1 for s in stages)
     numel = sum(p.numel() for p in stages[0].worker.params)
-    per_parameter = sent[protocols.OUTER] / (2 * numel)  # each of the two sent its payload once
+    per_parameter = payload_bytes(sent) / (2 * numel)  # each of the two sent its payload once
     assert per_parameter == pytest.approx(stages[0].worker.codec.bytes_per_parameter(), rel=0.02)
 
 
+def payload_bytes(sent: collections.Counter) -> int:
+    return sent[protocols.OUTER] + sent[protocols.OUTER_FETCH]
+
+
 def test_the_default_round_sends_at_most_a_quarter_of_a_16_bit_one():
-    default = one_round(SPEC.outer_codec)[1][protocols.OUTER]
-    assert default <= 0.25 * one_round("fp16")[1][protocols.OUTER]
+    default = payload_bytes(one_round(SPEC.outer_codec).sent)
+    assert default <= 0.25 * payload_bytes(one_round("fp16").sent)
+
+
+def test_both_payloads_move_at_once():
+    """The caller's payload goes out while the partner's comes in: the exchange takes
+    one payload's time on the wire, not two."""
+    done = one_round("fp16")
+    assert all(s.stats.rounds_with_partner == 1 for s in done.stages)
+    exchange_s = [o.exchange_s for o in done.outcomes if o.exchange_s is not None]  # the side that sent
+    assert len(exchange_s) == 1 and exchange_s[0] < 1.5 * LINK_S, exchange_s
 
 
 def test_an_overlapped_round_lets_the_steps_go_on_and_a_blocking_one_holds_them():
-    _, _, overlapped = one_round("fp16")
-    _, _, blocking = one_round("fp16", blocking=True)
+    overlapped = one_round("fp16").steps_open
+    blocking = one_round("fp16", blocking=True).steps_open
     assert overlapped == [True, True] and blocking == [False, False]

@@ -52,7 +52,10 @@ class FakeNetwork:
         node = self.nodes[peer]
         try:
             node.claim(sender)  # may raise Refused
-            return node.complete(sender, payload)
+            assert node.may_fetch(sender)  # the fetch of its payload, beside ours, is let through
+            node.complete(sender, payload)
+            assert node.may_fetch(sender)  # also once the pair is made
+            return f"payload-of-{peer}"
         finally:
             await self._hop(self.payload_s)
 
@@ -172,9 +175,12 @@ def test_a_reservation_admits_only_its_peer_and_lapses_when_the_payload_never_co
         assert 0.1 + 0.2 - 1e-9 <= loop.time() - reserved_at <= 0.1 + 0.2 + 0.02 + 1e-9
         with pytest.raises(Refused, match="no-reservation"):
             node.claim("ghost")
+        assert not node.may_fetch("other") and not node.may_fetch("ghost")
         node.on_propose("other")
+        assert node.may_fetch("other")
         node.claim("other")
-        assert node.complete("other", "theirs") == "mine"
+        node.complete("other", "theirs")
+        assert node.may_fetch("other") and not node.may_fetch("ghost")
         return await task
 
     result = vclock.run(scenario())
@@ -195,7 +201,8 @@ def test_a_bad_payload_releases_the_reservation():
         with pytest.raises(ValueError):
             await node.answer("bad", rejected)
         node.on_propose("good")
-        assert await node.answer("good", fine) == "mine"
+        assert not node.may_fetch("bad")
+        await node.answer("good", fine)
         return await task
 
     assert vclock.run(scenario()).partner == "good"
@@ -227,7 +234,10 @@ async def run_group(n: int, seed: int, dead: set[str] = frozenset()):
         await asyncio.sleep(rng.uniform(0, 0.003))
         if peer in dead:
             raise PeerTimeout("dead")
-        return nodes[peer].on_request(sender, payload)
+        nodes[peer].on_request(sender, payload)
+        if not nodes[peer].may_fetch(sender):
+            raise Refused("not-ready")
+        return f"payload-of-{peer}"
 
     async def one(name):
         await asyncio.sleep(rng.uniform(0, 0.05))  # members reach the boundary at different times

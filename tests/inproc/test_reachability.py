@@ -118,7 +118,7 @@ class FakeTransport:
         self.script = script
         self.asked = []
 
-    async def request(self, peer, protocol, payload, *, timeout_s, max_response_bytes):
+    async def request(self, peer, protocol, payload, *, timeout_s, max_response_bytes, **pacing):
         self.asked.append(peer)
         answer = self.script[peer]
         if isinstance(answer, list):  # several answers in turn (busy first, say)

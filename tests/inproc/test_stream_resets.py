@@ -23,7 +23,7 @@ class ScriptedTransport:
         self.script = list(script)
         self.calls = []
 
-    async def request(self, peer, protocol, payload, *, timeout_s, max_response_bytes):
+    async def request(self, peer, protocol, payload, *, timeout_s, max_response_bytes, **pacing):
         self.calls.append(peer)
         step = self.script.pop(0)
         if isinstance(step, Exception):
