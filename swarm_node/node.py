@@ -68,6 +68,7 @@ from swarm_node.wire.records import PeerRecord
 
 log = logging.getLogger("swarm_node.node")
 
+UPSTREAM_CHECK_S = 5.0
 HANDLERS = (protocols.FORWARD, protocols.PAIR, protocols.OUTER, protocols.OUTER_FETCH, protocols.STATE, protocols.STATUS,
             DIALBACK)
 
@@ -147,6 +148,8 @@ class Node:
                                          on_failure=self.stats.note_failure).run()]
                     if self.worker.is_first:
                         loops.append(self.pipeline.produce(finished=self._finish))
+                    elif self.config.max_steps is not None:
+                        loops.append(self._finish_with_the_run())
                     tasks = [tg.create_task(c) for c in loops]
                     await self.stopping.wait()
                     membership.state = "leaving"
@@ -293,6 +296,27 @@ class Node:
         await self.membership.heartbeat()
         await self.gate.settled.wait()  # a round under way finishes before we leave: a partner may wait on our reply
         self.stop()
+
+    async def _finish_with_the_run(self) -> None:
+        """A later stage given --max-steps finishes at that step, or once the stage
+        before it has ended after we trained: its last micro-batches may never come (the
+        steps of stages are not in lockstep), and nothing else would end the node."""
+        while True:
+            await asyncio.sleep(UPSTREAM_CHECK_S)
+            if self.worker.inner_step >= self.config.max_steps:
+                break
+            if self.stats.microbatches_done and await self._stage_has_ended(self.stage - 1):
+                log.info("stage %d has ended its run; finishing at inner step %d", self.stage - 1,
+                         self.worker.inner_step)
+                break
+        await self._finish()
+
+    async def _stage_has_ended(self, stage: int) -> bool:
+        try:
+            async with asyncio.timeout(10.0):
+                return await self.membership.stage_has_ended(stage)
+        except TimeoutError:
+            return False
 
     async def _rounds(self) -> None:
         """Outer round, then metrics, then a checkpoint, whenever a round is due."""

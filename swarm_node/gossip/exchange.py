@@ -130,6 +130,7 @@ class OuterExchange:
         self.behind = False  # a partner rounds ahead was out of our scale: the node should catch up
         self._outcome = RoundOutcome(-1)
         self._declined: dict[str, int] = {}  # peer -> rounds-apart declines in a row
+        self._alone = False  # the last round found nobody else in the stage
         self._offer: bytes | None = None  # our payload while a round is open
         # after a round, our payload stays for its partners (on the loop's clock) until the
         # exchange time is up: a partner's fetch may come after its payload has paired us
@@ -206,13 +207,14 @@ class OuterExchange:
         self.guard.note(peer, what)
 
     def _count(self, outcome: RoundOutcome, had_company: bool) -> None:
+        alone_before, self._alone = self._alone, not had_company
         if not outcome.partners:
             self.stats.local_only_rounds += 1
             if had_company:  # alone in the stage, a local-only round is the plan, not a failure
                 self.stats.note_failure(f"round {outcome.round_no}: no partner, local-only step")
                 log.info("round %d: no partner found in %.1fs, local-only step", outcome.round_no, outcome.seconds)
-            else:
-                log.info("round %d: no other peer in our stage, local-only step", outcome.round_no)
+            elif not alone_before:  # once, not every round (a few a second with a small H)
+                log.info("round %d: no other peer in our stage; local-only steps until one joins", outcome.round_no)
         else:
             self.stats.rounds_with_partner += 1
             self.stats.partners.extend(outcome.partners)

@@ -80,6 +80,14 @@ class Membership:
         return any(not r.reachable and self.guard.is_verified(p) and not self.guard.is_banned(p)
                    for p, r in self.live_peers(self.stage).items())
 
+    async def stage_has_ended(self, stage: int) -> bool:
+        """No peer of ``stage`` trains or joins any more (they finished, left, or their
+        records expired): one registry read, for a later stage deciding whether the run
+        it was given --max-steps for is over."""
+        parsed, _ = await read_stage(self.dht, self.spec.run_id, stage)
+        return not any(r.state in ("training", "joining") and r.spec_hash == self.spec_hash
+                       for peer, r in parsed.items() if peer != self.own_id)
+
     def steps_behind(self, inner_step: int) -> int:
         """How far the most advanced live peer of our stage is ahead of ``inner_step``."""
         ahead = max((r.inner_step for r in self.live_peers(self.stage).values()), default=0)

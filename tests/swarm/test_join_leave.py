@@ -58,3 +58,17 @@ def test_a_peer_leaving_gracefully_does_not_stall_the_others(harness_factory):
     assert driver_summary["inner_steps"] == 120
     assert driver_summary["microbatches_lost"] <= 4  # at most what was in flight to the leaver
     assert h.summary_of(leave)["status"] == "finished"  # it shut down cleanly and wrote its summary
+
+
+def test_every_stage_given_max_steps_finishes_on_its_own(harness_factory):
+    """As a volunteer types it: the same --max-steps on both stages. A later stage's steps
+    lag stage 0's by the micro-batches in flight, so it may never reach the number; it
+    finishes once stage 0 has ended instead of waiting for work forever."""
+    h = harness_factory(spec("both-stop", 60))
+    first = h.spawn(0, "--max-steps", "60", "--round-timeout", "5", name="first")
+    second = h.spawn(1, "--max-steps", "60", "--round-timeout", "5", name="second")
+    h.wait_for(lambda: first.poll() is not None and second.poll() is not None, 120, "both stages to finish")
+    assert (first.returncode, second.returncode) == (0, 0)
+    summaries = [h.summary_of(p) for p in (first, second)]
+    assert summaries[0]["inner_steps"] == 60 and 50 <= summaries[1]["inner_steps"] <= 60, summaries
+    assert all(s["status"] == "finished" for s in summaries)
