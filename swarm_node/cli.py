@@ -75,9 +75,9 @@ def _add_sim_parser(sub) -> None:
     p.add_argument("--routing", choices=("random", "fixed"), default="random",
                    help="random: a fresh random path through the stages per micro-batch (default); fixed: "
                         "replica r always uses worker r of every stage")
-    p.add_argument("--wire-dtype", choices=("fp32", "fp16", "bf16", "int8", "int4"), default="fp32",
-                   help="precision of activations/gradients between stages (int8/int4: blockwise codes with a "
-                        "scale per 256 values); default: %(default)s")
+    p.add_argument("--activation-codec", choices=ACTIVATION_CODEC_NAMES, default="fp32",
+                   help="how activations and their gradients cross stage boundaries, as a node sends them (int8: "
+                        "blockwise codes with a scale per 256 values); default: %(default)s")
     p.add_argument("--outer-codec", choices=OUTER_CODEC_NAMES, default="fp32",
                    help="how phi and Delta go on the wire in outer rounds: a float precision, or blockwise "
                         "codes with error feedback (nearP-D: phi in P bits coded against the receiver's own, "
@@ -131,7 +131,7 @@ def _run_sim(args: argparse.Namespace) -> int:
     config = SimConfig(method=method, inner=inner, data=data, replicas=args.replicas, stages=args.stages,
                        model_size=args.model, layers_per_stage=args.layers_per_stage, seq_len=args.seq_len,
                        batch_size=args.batch_size, steps=args.steps, seed=args.seed, routing=args.routing,
-                       wire_dtype=args.wire_dtype, outer_codec=args.outer_codec,
+                       activation_codec=args.activation_codec, outer_codec=args.outer_codec,
                        outer_latency_steps=args.outer_latency_steps,
                        eval_every_steps=args.eval_every or max(1, args.steps // 20),
                        eval_batches=args.eval_batches, device=resolve_device(args.device))
@@ -217,6 +217,9 @@ def _add_join_parser(sub) -> None:
     p.add_argument("--blocking-rounds", action="store_true",
                    help="stop the inner steps during each outer round until its outer step is done, instead of "
                         "exchanging beside them (for comparison; costs the whole exchange time every round)")
+    p.add_argument("--one-payload-at-a-time", action="store_true",
+                   help="when this node sends its outer payload, fetch the partner's only afterwards, instead of "
+                        "both at once (for comparison: the order of outer protocol 2.0)")
     p.add_argument("--max-update-ratio", type=_ratio, default=3.0, metavar="X",
                    help="refuse a partner's Delta norm above X times our own recent Delta norms at our round, "
                         "and do not pair with it for 30 minutes (default %(default)s; honest partners of the same "
@@ -304,7 +307,7 @@ def _run_join(args: argparse.Namespace) -> int:
                         startup_timeout_s=args.startup_timeout, slowest_link_mbit_s=args.slowest_link_mbit,
                         download_state=not args.no_state_download,
                         checkpoint_dir=args.checkpoint_dir, checkpoint_every_rounds=args.checkpoint_every_rounds,
-                        blocking_rounds=args.blocking_rounds,
+                        blocking_rounds=args.blocking_rounds, one_payload_at_a_time=args.one_payload_at_a_time,
                         max_update_ratio=args.max_update_ratio, http_host=args.http_host,
                         metrics_sinks=tuple(m for m in args.metrics if m != "none"), metrics_dir=args.metrics_dir,
                         threads=args.threads or node_threads(), command_line=("swarm-node", *args.argv),

@@ -102,6 +102,7 @@ class Node:
         self.metrics: Sinks | None = None
         self.status = "running"
         self._training_since: float | None = None  # when the node began to train (compute utilisation's clock)
+        self._training_started_unix: float | None = None  # the same, on the wall clock (for benchmarks' curves)
         self.fatal: SwarmError | None = None  # ends run() once the node has shut down (out of memory)
         self._recent_steps = RecentGrowth()
         self._recent_microbatches = RecentGrowth()
@@ -209,7 +210,7 @@ class Node:
         await self._serve()
         self._open_metrics()
         membership.state = "training"
-        self._training_since = time.monotonic()
+        self._training_since, self._training_started_unix = time.monotonic(), time.time()
         await membership.heartbeat()
         await _bounded(publish_spec(self.dht, self.spec), 10.0, "publishing the run spec")
 
@@ -249,7 +250,8 @@ class Node:
                                  next_peers=membership.next_stage_peers, stopping=self.stopping, services=services)
         numel = sum(p.numel() for p in self.worker.params)
         times = ExchangeTimes(cfg.round_timeout_s, cfg.exchange_timeout_for(
-            int(numel * self.worker.codec.bytes_per_parameter())), overlapped=not cfg.blocking_rounds)
+            int(numel * self.worker.codec.bytes_per_parameter())), overlapped=not cfg.blocking_rounds,
+            both_at_once=not cfg.one_payload_at_a_time)
         self.exchange = OuterExchange(
             spec_hash=self.spec_hash, method=spec.method.name, times=times, state=self.worker, gate=self.gate,
             candidates=membership.partner_candidates,
@@ -305,18 +307,11 @@ class Node:
             await asyncio.sleep(UPSTREAM_CHECK_S)
             if self.worker.inner_step >= self.config.max_steps:
                 break
-            if self.stats.microbatches_done and await self._stage_has_ended(self.stage - 1):
+            if self.stats.microbatches_done and await self.membership.stage_has_ended(self.stage - 1):
                 log.info("stage %d has ended its run; finishing at inner step %d", self.stage - 1,
                          self.worker.inner_step)
                 break
         await self._finish()
-
-    async def _stage_has_ended(self, stage: int) -> bool:
-        try:
-            async with asyncio.timeout(10.0):
-                return await self.membership.stage_has_ended(stage)
-        except TimeoutError:
-            return False
 
     async def _rounds(self) -> None:
         """Outer round, then metrics, then a checkpoint, whenever a round is due."""
@@ -430,6 +425,7 @@ class Node:
                 # from the start of training to its last inner step: what compute utilisation is over
                 # (the last round's exchange after it is owed to a partner, not time we could compute)
                 "training_wall_s": round(until - since, 3) if since is not None else 0.0,
+                "training_started_unix": self._training_started_unix,
                 "outer_rounds": w.outer_round if w else 0, "spec_hash": self.spec_hash,
                 "final_theta_digest": w.theta_digest() if w else None}
 

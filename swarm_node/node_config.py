@@ -26,15 +26,19 @@ class NodeConfig:
     # Outer rounds that stop the inner steps until the outer step is done (the paper's
     # form), instead of running beside them (ALGORITHM.md section 3.1): for comparison.
     blocking_rounds: bool = False
+    # The caller of an exchange fetches the partner's payload after sending its own, not
+    # at the same time (the order of outer protocol 2.0): for comparison.
+    one_payload_at_a_time: bool = False
     max_in_flight: int = 4  # stage 0: micro-batches in the pipeline at once
     max_queue: int = 32  # micro-batches a node accepts at once before answering busy
     hop_timeout_s: float = 30.0  # deadline of one micro-batch through the rest of the pipeline
     hop_retries: int = 3
     round_timeout_s: float = 20.0  # how long to seek a partner before the local-only step
     exchange_timeout_s: float = 30.0  # floor of an outer exchange's deadline; larger stages get more, see below
-    # The slowest upload a peer of the run is expected to have. An exchange moves the
-    # payload both ways one after the other, so its deadline stretches to fit that at
-    # this rate (50M parameters in fp16 at 20 Mbit/s: 80 s each way).
+    # The slowest upload a peer of the run is expected to have. An exchange's deadline
+    # stretches to three times one payload's time at this rate (the two move at once:
+    # the slack is for a shared or slower link; 50M parameters in near4-3 at 20 Mbit/s:
+    # 18 s each way, 55 s).
     slowest_link_mbit_s: float = 20.0
     heartbeat_s: float = 2.0
     record_ttl_s: float = 15.0
@@ -65,8 +69,9 @@ class NodeConfig:
     command_line: tuple[str, ...] = ()  # how the node was started: the resume hint repeats it
 
     def exchange_timeout_for(self, payload_bytes: int) -> float:
-        """The deadline of one outer exchange whose payload is ``payload_bytes`` each way,
-        with half again as slack for a shared link."""
+        """The deadline of one outer exchange whose payload is ``payload_bytes`` each way:
+        both payloads' time, one after the other, and half again (three times the time
+        they take at once)."""
         both_ways_s = 2 * payload_bytes * 8 / (self.slowest_link_mbit_s * 1e6)
         return max(self.exchange_timeout_s, 1.5 * both_ways_s)
 

@@ -5,9 +5,15 @@ whole model (one stage) with the others through the bootstrap's join line, to th
 number of inner steps in every scenario:
 
 - blocking fp16: the outer round as before issue 16 (the steps stop for the whole round,
-  phi and Delta in 16 bits);
-- overlapped fp16: the round runs beside the inner steps (ALGORITHM.md 3.1);
+  phi and Delta in 16 bits, one payload after the other);
+- overlapped fp16 (full mode): the round runs beside the inner steps (ALGORITHM.md 3.1);
 - overlapped + compressed: and phi and Delta in the run's default codec (3.2);
+- hivemind.Optimizer: its peers (local updates, parameters averaged every H local steps
+  per peer as configured) training the same model on the same data, steps and schedule
+  on the same links, stopped if they take over HIVEMIND_TIME_FACTOR times as long as the
+  overlapped + compressed swarm (they sometimes average every step here): the target of
+  the time-to-loss comparison is its final validation loss;
+- overlapped + compressed at 2 Mbit/s: the slowest link we claim to work on;
 
 and 2 stages x 2 volunteers, activations and their gradients in fp16 against int8
 (the run spec's ``activation_codec``), at the same rate (quick) and at 4x and 16x it
@@ -16,9 +22,11 @@ and 2 stages x 2 volunteers, activations and their gradients in fp16 against int
 The link rate is chosen so that the blocking 16-bit round takes at least 4 times as long
 as the H inner steps between rounds (the ratio a consumer GPU on a home uplink sees, see
 the notes). Per node: compute utilisation (wall time in forward, backward and inner
-steps over the wall time it trained), the time its steps stood still for rounds, bytes
-sent per round and per token, rounds with a partner; per scenario: tokens/s against one
-process training the same model alone on this machine, and the final validation loss.
+steps over the wall time it trained), the critical path of its rounds, the time its
+steps stood still for rounds, bytes sent per round and per token (by the node, and into
+its link), rounds with a partner; per scenario: tokens/s against one process training
+the same model alone on this machine, the final validation loss, and the validation
+loss against time (weights kept every round, evaluated afterwards).
 
     .venv/bin/python -m bench.home_link [--full]
 
@@ -27,7 +35,6 @@ Quick: 2 volunteers, the tiny model, H = 50, 6 rounds. Full: 4 volunteers, 8 rou
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import tempfile
@@ -37,26 +44,31 @@ from pathlib import Path
 
 import torch
 
-from bench.common import ROOT
 from bench.common.results import Result, parse_mode, pyplot, rerun_command
+from bench.common.snapshots import load_snapshots
+from bench.home_link.swarms import RTT_MS, Ran, run_hivemind, run_one_stage, run_two_stages
+from bench.vs_hivemind.curves import CurvePoint, Point, swarm_curve, time_to_target
+from swarm_node.data.dataset import load_windows
+from swarm_node.data.spec import DataSpec
+from swarm_node.model.config import model_config
+from swarm_node.model.stages import build_stage
+from swarm_node.optim import InnerHyper, default_method
+from swarm_node.spec import RunSpec
+from swarm_node.train.evaluate import path_val_loss
+from swarm_node.train.worker import StageWorker
+from swarm_node.wire.outer_codec import outer_codec
 
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "multihost")]  # the test bed and its swarm helpers
-from netbed import TestBed, unavailable  # noqa: E402
-from swarm_hosts import BootstrapOnHost, Volunteer, wait_for  # noqa: E402
-
-from swarm_node.data.dataset import load_windows  # noqa: E402
-from swarm_node.data.spec import DataSpec  # noqa: E402
-from swarm_node.model.config import model_config  # noqa: E402
-from swarm_node.model.stages import build_stage  # noqa: E402
-from swarm_node.optim import InnerHyper, default_method  # noqa: E402
-from swarm_node.spec import RunSpec  # noqa: E402
-from swarm_node.train.evaluate import path_val_loss  # noqa: E402
-from swarm_node.train.worker import StageWorker  # noqa: E402
-from swarm_node.wire.outer_codec import outer_codec  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+from netbed import unavailable  # noqa: E402
 
 NAME = "home_link"
-RTT_MS = 50.0  # between two volunteers: 25 ms on each one's access link
-RATIO = 4.0  # the blocking 16-bit round at least this many times the H inner steps
+RATIO = 5.0  # the blocking 16-bit round this many times the H inner steps (at least 4, with room for the
+# machine: under load the inner steps take longer than when measured alone)
+SLOW_RATE_MBIT = 2.0
+DATA = "synthetic:alphabet=16,order=2"
+EVAL_BATCHES = 8
+HIVEMIND_TIME_FACTOR = 4.0
+LATE_PROPOSAL = "failed to answer a proposal"  # what the node logs when it backs a partner off for it
 
 
 @dataclass(frozen=True)
@@ -67,18 +79,23 @@ class Plan:
     inner_steps: int = 50
     seq_len: int = 64
     batch_size: int = 8
+    lr: float = 3e-3
 
 
 @dataclass(frozen=True)
 class Scenario:
     name: str
-    blocking: bool
-    codec: str
+    codec: str = "fp16"
+    blocking: bool = False  # --blocking-rounds --one-payload-at-a-time: the round before issue 16
+    hivemind: bool = False
+    rate_mbit: float | None = None  # None: the benchmark's chosen link rate
 
 
-def scenarios() -> list[Scenario]:
-    return [Scenario("blocking fp16", True, "fp16"), Scenario("overlapped fp16", False, "fp16"),
-            Scenario("overlapped + compressed", False, RunSpec().outer_codec)]
+def scenarios(full: bool) -> list[Scenario]:
+    compressed = RunSpec().outer_codec
+    return [Scenario("blocking fp16", blocking=True), *([Scenario("overlapped fp16")] if full else []),
+            Scenario("overlapped + compressed", compressed), Scenario("hivemind.Optimizer", hivemind=True),
+            Scenario(f"overlapped + compressed at {SLOW_RATE_MBIT:g} Mbit/s", compressed, rate_mbit=SLOW_RATE_MBIT)]
 
 
 @dataclass(frozen=True)
@@ -96,9 +113,9 @@ def run_spec(plan: Plan, codec: str, stages: int = 1, activation_codec: str = "f
     steps = plan.rounds * plan.inner_steps
     return RunSpec(run_id=f"home-{codec}-{stages}-{activation_codec}", model_size=plan.model, num_stages=stages,
                    seq_len=plan.seq_len, batch_size=plan.batch_size, samples_per_step=plan.batch_size,
-                   total_steps=steps, data=DataSpec(kind="synthetic", alphabet=16, order=2), outer_codec=codec,
+                   total_steps=steps, data=DataSpec.parse(DATA), outer_codec=codec,
                    activation_codec=activation_codec, method=default_method("noloco", inner_steps=plan.inner_steps),
-                   inner=InnerHyper(lr=3e-3, warmup_steps=plan.inner_steps, total_steps=steps))
+                   inner=InnerHyper(lr=plan.lr, warmup_steps=plan.inner_steps, total_steps=steps))
 
 
 def alone(spec: RunSpec, steps: int) -> float:
@@ -126,87 +143,97 @@ def link_rate_mbit(spec: RunSpec, step_s: float, volunteers: int) -> float:
     return round(2 * payload_bits / (RATIO * inner_phase_s) / 1e6, 2)
 
 
-def run_scenario(plan: Plan, scenario: Scenario, rate_mbit: float, workdir: Path) -> dict:
-    spec = run_spec(plan, scenario.codec)
-    spec_path = workdir / "spec.json"
-    spec.write_json(spec_path)
-    steps = plan.rounds * plan.inner_steps
-    with TestBed("hl") as bed:
-        boot = BootstrapOnHost(bed, bed.add_host("boot"), workdir, "--run-spec", str(spec_path))
-        line = boot.join_line()
-        extra = ["--max-steps", str(steps), "--threads", "1", "--run-dir", "run", "--no-progress",
-                 "--no-state-download", "--slowest-link-mbit", str(rate_mbit),
-                 *(["--blocking-rounds"] if scenario.blocking else [])]
-        volunteers = [Volunteer(bed, bed.add_host(f"v{i}", rate_mbit=rate_mbit, rtt_ms=RTT_MS / 2), workdir, line,
-                                *extra, "--data-shard", f"{i}/{plan.volunteers}")
-                      for i in range(plan.volunteers)]
-        wait_for(lambda: all(v.process.poll() is not None for v in volunteers), 1800,
-                 f"the {scenario.name} volunteers to finish {steps} steps", workdir)
-        failed = [v.log for v in volunteers if v.process.returncode != 0]
-        if failed:
-            raise RuntimeError(f"volunteers failed: {', '.join(map(str, failed))}")
-        nodes = [json.loads(next((v.workdir / "run").glob("summary-*.json")).read_text()) for v in volunteers]
-        weights = [next((v.workdir / "run").glob("weights-*.pt")) for v in volunteers]
-    return {"spec": spec, "nodes": nodes, "weights": weights}
+# -- evaluation ---------------------------------------------------------------------
+class Evaluator:
+    """Validation loss of one-stage weights on the same windows for every scenario."""
+
+    def __init__(self, spec: RunSpec):
+        self.data = load_windows(spec.data, spec.seq_len)
+        config = model_config(spec.model_size, vocab_size=self.data.vocab_size, max_seq_len=spec.seq_len)
+        self.stage = build_stage(config, num_stages=1, stage_index=0, seed=spec.seed)
+        self.param_names = [name for name, _ in self.stage.named_parameters()]
+        self.initial = self.loss(self.stage.state_dict())
+
+    def loss(self, state: dict) -> float:
+        self.stage.load_state_dict(state)
+        return path_val_loss([self.stage], self.data, batch_size=64, max_batches=EVAL_BATCHES,
+                             device=torch.device("cpu"))
+
+    def curve(self, ran: Ran, volunteers: int, inner_steps: int) -> list[CurvePoint]:
+        """The swarm's mean validation loss at each round, against the seconds since the
+        last volunteer began to train (start-up is not counted: it differs by program)."""
+        points = [Point(s["replica"], s["step"], s["time_s"], self.loss(s["state"]))
+                  for s in load_snapshots(ran.snapshot_dir, ran.launched) if s["step"] > 0]
+        start = ran.training_started_s or 0.0
+        curve = [CurvePoint(0, 0.0, self.initial, volunteers)]
+        curve += [CurvePoint(c.step, max(0.0, c.time_s - start), c.val_loss, c.peers)
+                  for c in swarm_curve(points, volunteers, inner_steps)]
+        return curve
 
 
-def run_staged(plan: Plan, scenario: StagedScenario, rate_mbit: float, workdir: Path, steps: int) -> dict:
-    """2 stages x 2 volunteers; stage 0 stops at ``steps``, then stage 1 is stopped."""
-    spec = run_spec(plan, RunSpec().outer_codec, stages=2, activation_codec=scenario.activation_codec)
-    spec_path = workdir / "spec.json"
-    spec.write_json(spec_path)
-    with TestBed("hs") as bed:
-        boot = BootstrapOnHost(bed, bed.add_host("boot"), workdir, "--run-spec", str(spec_path))
-        line = boot.join_line()
-        volunteers = []
-        for i in range(4):
-            stage = i % 2
-            extra = ["--stage", str(stage), "--threads", "1", "--run-dir", "run", "--no-progress",
-                     "--no-state-download", "--slowest-link-mbit", str(rate_mbit)]
-            if stage == 0:
-                extra += ["--max-steps", str(steps), "--data-shard", f"{i // 2}/2"]
-            host = bed.add_host(f"v{i}", rate_mbit=rate_mbit, rtt_ms=RTT_MS / 2)
-            volunteers.append((stage, host, Volunteer(bed, host, workdir, line, *extra)))
-        firsts = [v for stage, _, v in volunteers if stage == 0]
-        wait_for(lambda: all(v.process.poll() is not None for v in firsts), 1800,
-                 f"stage 0 to finish {steps} steps", workdir)
-        bed.stop_processes(*(host for stage, host, _ in volunteers if stage == 1))
-        nodes = [json.loads(next((v.workdir / "run").glob("summary-*.json")).read_text()) for _, _, v in volunteers]
-    return {"first": [n for n, (stage, _, _) in zip(nodes, volunteers) if stage == 0], "all": nodes}
-
-
-def final_loss(spec: RunSpec, weights: list[Path]) -> float:
-    data = load_windows(spec.data, spec.seq_len)
-    config = model_config(spec.model_size, vocab_size=data.vocab_size, max_seq_len=spec.seq_len)
-    losses = []
-    for path in weights:
-        stage = build_stage(config, num_stages=1, stage_index=0, seed=spec.seed)
-        stage.load_state_dict(torch.load(path, weights_only=True))
-        losses.append(path_val_loss([stage], data, batch_size=64, max_batches=8, device=torch.device("cpu")))
-    return statistics.mean(losses)
-
-
-def one_stage_row(plan: Plan, scenario: Scenario, rate: float, workdir: Path, alone_tokens_per_s: float) -> dict:
-    workdir = workdir / scenario.name.replace(" ", "-").replace("+", "and")
+# -- rows ---------------------------------------------------------------------------
+def one_stage_row(plan: Plan, scenario: Scenario, rate: float, workdir: Path, alone_tokens_per_s: float,
+                  evaluator: Evaluator, time_limit_s: float) -> dict:
+    workdir = workdir / scenario.name.replace(" ", "-").replace("+", "and").replace("/", "")
     workdir.mkdir(parents=True, exist_ok=True)
+    rate = scenario.rate_mbit or rate
     print(f"bench.{NAME}: {scenario.name} at {rate} Mbit/s", file=sys.stderr, flush=True)
-    ran = run_scenario(plan, scenario, rate, workdir)
-    nodes = ran["nodes"]
+    spec = run_spec(plan, scenario.codec)
+    if scenario.hivemind:
+        ran = run_hivemind(spec, plan.volunteers, rate, workdir, DATA, time_limit_s)
+        return hivemind_row(plan, scenario, rate, ran, alone_tokens_per_s, evaluator)
+    ran = run_one_stage(spec, plan.volunteers, rate, workdir, blocking=scenario.blocking,
+                        param_names=evaluator.param_names)
+    nodes = ran.nodes
     rounds = [max(1, n["outer_rounds"]) for n in nodes]
+    partnered = [max(1, n["rounds_with_partner"]) for n in nodes]
+    logs = [(workdir / f"v{i}" / "join.log").read_text(errors="replace") for i in range(plan.volunteers)]
+    curve = evaluator.curve(ran, plan.volunteers, plan.inner_steps)
     return dict(
         scenario=scenario.name, codec=scenario.codec, rate_mbit=rate,
         compute_utilisation=[round(n["training_s"] / n["training_wall_s"], 3) for n in nodes],
         held_s_per_round=[round(n["round_held_s"] / r, 1) for n, r in zip(nodes, rounds)],
+        critical_path_s=[_critical_path(n, r, p) for n, r, p in zip(nodes, rounds, partnered)],
         bytes_per_round=[round(n["bytes_sent"] / r) for n, r in zip(nodes, rounds)],
         # what one exchange costs: local-only rounds send no payload
-        bytes_per_partner_round=[round(n["bytes_sent"] / max(1, n["rounds_with_partner"])) for n in nodes],
+        bytes_per_partner_round=[round(n["bytes_sent"] / p) for n, p in zip(nodes, partnered)],
+        wire_bytes_per_round=[round(b / r) for b, r in zip(ran.tx_bytes, rounds)],
         bytes_per_token=[round(n["bytes_sent"] / max(1, n["tokens"]), 2) for n in nodes],
         rounds_with_partner=[n["rounds_with_partner"] for n in nodes],
         local_only_rounds=[n["local_only_rounds"] for n in nodes],
+        rounds_alone=[n["rounds_alone"] for n in nodes],  # nobody else left in the stage (the run's end)
+        partners_backed_off_for_a_late_proposal_answer=sum(log.count(LATE_PROPOSAL) for log in logs),
         tokens_per_s_vs_alone=round(statistics.mean(n["tokens"] / n["training_wall_s"] for n in nodes)
                                     / alone_tokens_per_s, 3),
         wall_s=round(statistics.mean(n["training_wall_s"] for n in nodes), 1),
-        final_val_loss=round(final_loss(ran["spec"], ran["weights"]), 4))
+        final_val_loss=round(statistics.mean(evaluator.loss(torch.load(w, weights_only=True))
+                                             for w in ran.weights), 4),
+        curve=[[round(c.time_s, 2), round(c.val_loss, 4)] for c in curve])
+
+
+def _critical_path(node: dict, rounds: int, partnered: int) -> dict:
+    """A node's mean round: from the boundary to the outer step, and its parts."""
+    return {"round": round(node["round_s"] / rounds, 2), "prepare": round(node["round_prepare_s"] / rounds, 2),
+            "to_partner": round(node["round_to_partner_s"] / partnered, 2),
+            "exchange": round(node["round_exchange_s"] / max(1, node["round_exchanges"]), 2),
+            "close": round(node["round_close_s"] / rounds, 2)}
+
+
+def hivemind_row(plan: Plan, scenario: Scenario, rate: float, ran: Ran, alone_tokens_per_s: float,
+                 evaluator: Evaluator) -> dict:
+    curve = evaluator.curve(ran, plan.volunteers, plan.inner_steps)
+    steps = round(curve[-1].step)
+    rounds = max(1, steps // plan.inner_steps)
+    logs = "\n".join(n["log"] for n in ran.nodes)
+    wall_s = curve[-1].time_s
+    return dict(
+        scenario=scenario.name, codec="fp16 all-reduce", rate_mbit=rate, steps=steps,
+        stopped_at_time_limit=ran.stopped_at_limit,
+        wire_bytes_per_round=[round(b / rounds) for b in ran.tx_bytes],
+        averaged_rounds=logs.count("Averaged parameters with"), failed_rounds=logs.count("Averaging failed"),
+        tokens_per_s_vs_alone=round(steps * plan.batch_size * plan.seq_len / wall_s / alone_tokens_per_s, 3),
+        wall_s=round(wall_s, 1), final_val_loss=round(curve[-1].val_loss, 4),
+        curve=[[round(c.time_s, 2), round(c.val_loss, 4)] for c in curve])
 
 
 def staged_row(plan: Plan, staged: StagedScenario, rate: float, workdir: Path) -> dict:
@@ -215,13 +242,29 @@ def staged_row(plan: Plan, staged: StagedScenario, rate: float, workdir: Path) -
     workdir.mkdir(parents=True, exist_ok=True)
     rate = round(rate * staged.rate_factor, 2)
     print(f"bench.{NAME}: {name} ({rate} Mbit/s)", file=sys.stderr, flush=True)
-    ran = run_staged(plan, staged, rate, workdir, steps=2 * plan.inner_steps)
-    first = ran["first"]
+    spec = run_spec(plan, RunSpec().outer_codec, stages=2, activation_codec=staged.activation_codec)
+    ran = run_two_stages(spec, rate, workdir, steps=2 * plan.inner_steps)
+    first = ran.nodes[0::2]
     return dict(scenario=name, activation_codec=staged.activation_codec, rate_mbit=rate,
                 swarm_tokens_per_s=round(sum(n["tokens"] / n["training_wall_s"] for n in first), 1),
                 microbatches_lost=sum(n["microbatches_lost"] for n in first),
-                bytes_per_token=round(sum(n["bytes_sent"] for n in ran["all"])
+                bytes_per_token=round(sum(n["bytes_sent"] for n in ran.nodes)
                                       / max(1, sum(n["tokens"] for n in first)), 1))
+
+
+def time_to_loss(ours: dict, theirs: dict) -> dict:
+    """Training seconds until each reaches the other's final validation loss (hivemind's
+    final loss is the target the acceptance names)."""
+    def curve(row: dict) -> list[CurvePoint]:
+        return [CurvePoint(0, t, loss, 0) for t, loss in row["curve"]]
+
+    target = theirs["final_val_loss"]
+    return {"target": target, "ours_s": _maybe_round(time_to_target(curve(ours), target)),
+            "theirs_s": _maybe_round(time_to_target(curve(theirs), target))}
+
+
+def _maybe_round(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -238,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     rate = link_rate_mbit(base, step_s, plan.volunteers)
     tokens_per_step = base.batch_size * base.seq_len
     params = sum(p.numel() for p in StageWorker(base, 0, 16).params)
+    evaluator = Evaluator(base)
     result.note(f"Link: {rate} Mbit/s each way per volunteer, {RTT_MS:.0f} ms round trip between volunteers. "
                 f"The {plan.model} model has {params / 1e6:.2f}M parameters: a 16-bit round sends "
                 f"{4 * params / 1e6:.1f} MB each way, {2 * 4 * params * 8 / rate / 1e6:.0f} s for both payloads "
@@ -247,78 +291,137 @@ def main(argv: list[str] | None = None) -> int:
                 "its inner phase.")
     with tempfile.TemporaryDirectory(prefix="home-link-") as tmp:
         workdir = args.work_dir or Path(tmp)
-        for scenario in scenarios():
-            result.add(**one_stage_row(plan, scenario, rate, workdir, tokens_per_step / step_s))
-            print(f"bench.{NAME}: {result.rows[-1]}", file=sys.stderr, flush=True)
+        time_limit_s = float("inf")
+        for scenario in scenarios(args.full):
+            row = one_stage_row(plan, scenario, rate, workdir, tokens_per_step / step_s, evaluator, time_limit_s)
+            result.add(**row)
+            if scenario.name == "overlapped + compressed":
+                time_limit_s = HIVEMIND_TIME_FACTOR * row["wall_s"]
+            print(f"bench.{NAME}: {_brief(row)}", file=sys.stderr, flush=True)
         for staged in staged_scenarios(args.full):
             result.add(**staged_row(plan, staged, rate, workdir))
             print(f"bench.{NAME}: {result.rows[-1]}", file=sys.stderr, flush=True)
-    rows = {r["scenario"]: r for r in result.rows}
-    blocking, best = rows["blocking fp16"], rows["overlapped + compressed"]
-    result.summary = {
-        "rate_mbit": rate, "inner_steps": plan.inner_steps,
-        "utilisation_blocking_fp16": max(blocking["compute_utilisation"]),
-        "utilisation_overlapped_compressed": min(best["compute_utilisation"]),
-        "bytes_per_round_vs_blocking_fp16": round(statistics.mean(best["bytes_per_partner_round"])
-                                                   / statistics.mean(blocking["bytes_per_partner_round"]), 3),
-        "final_loss_vs_blocking_fp16": round(best["final_val_loss"] / blocking["final_val_loss"] - 1, 4),
-        "int8_activations_tokens_per_s_gain": {
-            f"{factor:g}x": round(rows[f"2x2 int8 activations at {factor:g}x"]["swarm_tokens_per_s"]
-                                  / rows[f"2x2 fp16 activations at {factor:g}x"]["swarm_tokens_per_s"], 3)
-            for factor in sorted({s.rate_factor for s in staged_scenarios(args.full)})}}
+    result.summary = summary(result.rows, rate, plan, args.full)
     result.note(f"Re-run: {rerun_command(NAME, args.mode)}")
     result.write()
     plot(result)
     return 0
 
 
+def _brief(row: dict) -> dict:
+    return {k: v for k, v in row.items() if k != "curve"}
+
+
+def summary(rows: list[dict], rate: float, plan: Plan, full: bool) -> dict:
+    by_name = {r["scenario"]: r for r in rows}
+    blocking, best, hive = by_name["blocking fp16"], by_name["overlapped + compressed"], by_name["hivemind.Optimizer"]
+    slow = by_name[f"overlapped + compressed at {SLOW_RATE_MBIT:g} Mbit/s"]
+    # rounds that could have had a partner: not those with nobody else left in the stage
+    slow_rounds = sum(slow["rounds_with_partner"]) + sum(slow["local_only_rounds"]) - sum(slow["rounds_alone"])
+    to_loss = time_to_loss(best, hive)
+    return {
+        "rate_mbit": rate, "inner_steps": plan.inner_steps, "volunteers": plan.volunteers,
+        "utilisation_blocking_fp16": max(blocking["compute_utilisation"]),
+        "utilisation_overlapped_compressed": min(best["compute_utilisation"]),
+        "bytes_per_round_vs_blocking_fp16": round(statistics.mean(best["bytes_per_partner_round"])
+                                                   / statistics.mean(blocking["bytes_per_partner_round"]), 3),
+        "final_loss_vs_blocking_fp16": round(best["final_val_loss"] / blocking["final_val_loss"] - 1, 4),
+        "time_to_hivemind_final_loss": to_loss,
+        "time_to_hivemind_final_loss_ratio": None if to_loss["ours_s"] is None or not to_loss["theirs_s"]
+        else round(to_loss["ours_s"] / to_loss["theirs_s"], 3),
+        "slow_link_rounds_with_partner_share": round(sum(slow["rounds_with_partner"]) / max(1, slow_rounds), 3),
+        "slow_link_partners_backed_off_for_late_proposal_answers":
+            slow["partners_backed_off_for_a_late_proposal_answer"],
+        "int8_activations_tokens_per_s_gain": {
+            f"{factor:g}x": round(by_name[f"2x2 int8 activations at {factor:g}x"]["swarm_tokens_per_s"]
+                                  / by_name[f"2x2 fp16 activations at {factor:g}x"]["swarm_tokens_per_s"], 3)
+            for factor in sorted({s.rate_factor for s in staged_scenarios(full)})}}
+
+
 def plot(result: Result) -> None:
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    one_stage = [r for r in result.rows if "compute_utilisation" in r]
-    names = [r["scenario"] for r in one_stage]
-    values = [statistics.mean(r["compute_utilisation"]) for r in one_stage]
-    ax.bar(names, values, color=["#999999", "#6699cc", "#336699"][:len(names)])
-    ax.set_ylim(0, 1)
-    ax.set_ylabel("compute utilisation")
-    ax.set_title(f"home links: {one_stage[0]['rate_mbit']} Mbit/s, {RTT_MS:.0f} ms RTT")
+    fig, (bars, curves) = plt.subplots(1, 2, figsize=(12, 4))
+    ours = [r for r in result.rows if "compute_utilisation" in r]
+    values = [statistics.mean(r["compute_utilisation"]) for r in ours]
+    bars.bar([r["scenario"].replace(" at ", "\nat ") for r in ours], values,
+             color=["#999999", "#6699cc", "#336699", "#223366"][:len(ours)])
+    bars.set_ylim(0, 1)
+    bars.set_ylabel("compute utilisation")
+    bars.set_title(f"home links: {result.summary['rate_mbit']} Mbit/s, {RTT_MS:.0f} ms RTT")
+    bars.tick_params(axis="x", labelsize=7)
     for i, v in enumerate(values):
-        ax.text(i, v + 0.02, f"{v:.0%}", ha="center")
+        bars.text(i, v + 0.02, f"{v:.0%}", ha="center")
+    for row in (r for r in result.rows if "curve" in r):
+        times, losses = zip(*row["curve"])
+        curves.plot(times, losses, marker=".", label=row["scenario"])
+    curves.set_xlabel("seconds of training")
+    curves.set_ylabel("validation loss")
+    curves.set_title("validation loss against time (the same steps, or hivemind's time limit)")
+    curves.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(result.path(".png"), dpi=100)
 
 
 def markdown(result: dict) -> str:
     s = result["summary"]
+    one_stage = [r for r in result["rows"] if "curve" in r]
     lines = [
         "## home_link: volunteers on shaped home links", "",
         f"`{rerun_command(NAME, result['mode'])}` ({result['mode']} mode, {result['wall_s']:.0f} s)", "",
-        "Every volunteer is a host of its own in the multi-host test bed (a network namespace; its uplink and "
-        f"downlink shaped to {s['rate_mbit']} Mbit/s with `tc tbf`, {RTT_MS:.0f} ms round trip between "
-        "volunteers), trains the whole model (one stage) with the others through the bootstrap's join line, "
-        "one torch thread each, and stops at the same inner step in every scenario. Compute utilisation: wall "
-        "time in forward, backward and inner steps over the wall time from the start of training to the last "
-        "inner step. Held: how long the node's steps stood still for each round. Tokens/s: per node, against "
-        "one process training the same model alone on this machine (the volunteers share its 2 cores with "
-        "their daemons and the bed's latency stage; with 4 volunteers 0.5 is the most each can get).", "",
-        "| scenario | phi and Delta | compute utilisation | held per round | bytes sent per round with a "
-        "partner | bytes per token | rounds with a partner / local | tokens/s vs alone | final val loss |",
+        f"{s['volunteers']} volunteers, each a host of its own in the multi-host test bed (a network namespace; its "
+        f"uplink and downlink shaped to {s['rate_mbit']} Mbit/s with `tc tbf` unless the row says otherwise, "
+        f"{RTT_MS:.0f} ms round trip between volunteers), train the whole model (one stage) with the others "
+        "through the bootstrap's join line, one torch thread each, and stop at the same inner step in every "
+        "scenario; each writes a checkpoint after every round. Compute utilisation: wall time in forward, "
+        "backward and inner steps over the wall time from the start of training to the last inner step. Held: "
+        "how long the node's steps stood still for each round. Bytes: what the node sent (its payloads and "
+        "messages) per round with a partner, and everything its host sent into its link per round. Tokens/s: "
+        "per node, against one process training the same model alone on this machine (the volunteers share its "
+        "2 cores with their daemons and the bed's latency stage; with 4 volunteers 0.5 is the most each can "
+        "get).", "",
+        "| scenario | phi and Delta | compute utilisation | held per round | bytes sent per round with a partner | "
+        "into the link per round | rounds with a partner / local (alone) | tokens/s vs alone | final val loss |",
         "|---|---|---|---|---|---|---|---|---|"]
-    for r in (r for r in result["rows"] if "compute_utilisation" in r):
-        partners = ", ".join(f"{p}/{lo}" for p, lo in zip(r["rounds_with_partner"], r["local_only_rounds"]))
+    for r in (r for r in one_stage if "compute_utilisation" in r):
+        partners = ", ".join(f"{p}/{lo} ({al})" for p, lo, al in zip(r["rounds_with_partner"],
+                                                                    r["local_only_rounds"], r["rounds_alone"]))
         lines.append(
             f"| {r['scenario']} | {r['codec']} | {', '.join(f'{u:.0%}' for u in r['compute_utilisation'])} | "
             f"{', '.join(f'{h:.1f} s' for h in r['held_s_per_round'])} | "
             f"{', '.join(f'{b / 1e6:.2f} MB' for b in r['bytes_per_partner_round'])} | "
-            f"{', '.join(f'{b:,.0f}' for b in r['bytes_per_token'])} | {partners} | "
+            f"{', '.join(f'{b / 1e6:.2f} MB' for b in r['wire_bytes_per_round'])} | {partners} | "
             f"{r['tokens_per_s_vs_alone']:.2f} | {r['final_val_loss']:.4f} |")
+    hive = next(r for r in one_stage if "averaged_rounds" in r)
+    stopped = (f"; stopped at {HIVEMIND_TIME_FACTOR:g} times the wall time of the overlapped and compressed swarm"
+               if hive["stopped_at_time_limit"] else "")
+    lines += ["", f"hivemind.Optimizer on the same links (the same steps and schedule, local updates, parameters "
+              f"averaged in fp16 by all-reduce, as its docs set it up for a small run{stopped}):", "",
+              "| steps | training wall time | tokens/s vs alone | into the link per H steps | averaging rounds "
+              "(all peers) | final val loss |", "|---|---|---|---|---|---|",
+              f"| {hive['steps']} | {hive['wall_s']:.0f} s | {hive['tokens_per_s_vs_alone']:.2f} | "
+              f"{', '.join(f'{b / 1e6:.1f} MB' for b in hive['wire_bytes_per_round'])} | "
+              f"{hive['averaged_rounds']} averaged, {hive['failed_rounds']} failed | {hive['final_val_loss']:.4f} |"]
+    lines += ["", "The critical path of a round, per node (mean seconds: the whole round from the boundary to the "
+              "outer step; preparing the payload; finding the partner; both payloads moving; the outer step):", "",
+              "| scenario | round | prepare | to partner | exchange | close |", "|---|---|---|---|---|---|"]
+    for r in (r for r in one_stage if "critical_path_s" in r):
+        cells = [", ".join(f"{c[k]:.2f}" for c in r["critical_path_s"])
+                 for k in ("round", "prepare", "to_partner", "exchange", "close")]
+        lines.append(f"| {r['scenario']} | {' | '.join(cells)} |")
+    to_loss = s["time_to_hivemind_final_loss"]
     lines += [
-        "", f"![compute utilisation](bench/results/{NAME}.png)", "",
+        "", f"![compute utilisation and loss against time](bench/results/{NAME}.png)", "",
         f"Overlapped and compressed rounds keep compute utilisation at {s['utilisation_overlapped_compressed']:.0%} "
         f"or more on every node, against at most {s['utilisation_blocking_fp16']:.0%} for the blocking 16-bit "
         f"round on the same links; they send {s['bytes_per_round_vs_blocking_fp16']:.2f}x its bytes per round "
-        "with a partner; "
-        f"the final loss differs by {s['final_loss_vs_blocking_fp16']:+.1%}.", "",
+        f"with a partner; the final loss differs by {s['final_loss_vs_blocking_fp16']:+.1%}. "
+        f"hivemind.Optimizer's final validation loss, {to_loss['target']:.4f}, is reached after "
+        f"{_seconds(to_loss['ours_s'])} of training by swarm-node and {_seconds(to_loss['theirs_s'])} by "
+        f"hivemind ({_ratio(s['time_to_hivemind_final_loss_ratio'])}). At {SLOW_RATE_MBIT:g} Mbit/s "
+        f"{s['slow_link_rounds_with_partner_share']:.0%} of the rounds had a partner (of those with another "
+        "peer in the stage: alone, a node takes the local-only step at once, as at the end of a run) and "
+        f"{s['slow_link_partners_backed_off_for_late_proposal_answers']} partners were backed off for a late "
+        "proposal answer.", "",
         "### Two stages x two volunteers: activations in fp16 against int8", "",
         f"The same links, the default outer codec, stage 0 stopping after {2 * s['inner_steps']} inner steps "
         f"(H = {s['inner_steps']}). "
@@ -334,3 +437,11 @@ def markdown(result: dict) -> str:
     if result["notes"]:
         lines += ["", "Notes:", "", *[f"- {n}" for n in result["notes"]]]
     return "\n".join(lines) + "\n"
+
+
+def _seconds(value: float | None) -> str:
+    return "never (within its run)" if value is None else f"{value:.0f} s"
+
+
+def _ratio(value: float | None) -> str:
+    return "no ratio" if value is None else f"{value:.2f}x its time"

@@ -53,14 +53,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--matchmaking-s", type=float, default=3.0)
     parser.add_argument("--averaging-timeout-s", type=float, default=30.0)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--warmup-steps", type=int, default=None, help="default: the project's for --steps")
+    parser.add_argument("--host-maddrs", nargs="+", default=None, metavar="MADDR",
+                        help="where the DHT listens (default: hivemind's, loopback only); e.g. /ip4/0.0.0.0/tcp/0 "
+                             "on a host others must reach")
     return parser.parse_args(argv)
 
 
-def run_bootstrap(maddr_file: Path) -> None:
+def dht_kwargs(args: argparse.Namespace) -> dict:
+    return {"host_maddrs": args.host_maddrs} if args.host_maddrs else {}
+
+
+def run_bootstrap(maddr_file: Path, **dht_options) -> None:
     """A DHT peer that trains nothing, like the one ``swarm-node local`` runs in-process."""
     import hivemind
 
-    dht = hivemind.DHT(start=True)
+    dht = hivemind.DHT(start=True, **dht_options)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     tmp = maddr_file.with_suffix(".tmp")
@@ -125,8 +133,9 @@ def train(args: argparse.Namespace) -> None:
     model = build_model(config, seed=args.seed)
     loader = ShardedBatches(data, batch_size=args.batch_size, seed=args.seed, shard_id=args.rank,
                             num_shards=args.peers)
-    hyper = InnerHyper(lr=args.lr, warmup_steps=default_warmup_steps(args.steps), total_steps=args.steps)
-    dht = hivemind.DHT(initial_peers=wait_for_maddrs(args.maddr_file), start=True)
+    warmup = default_warmup_steps(args.steps) if args.warmup_steps is None else args.warmup_steps
+    hyper = InnerHyper(lr=args.lr, warmup_steps=warmup, total_steps=args.steps)
+    dht = hivemind.DHT(initial_peers=wait_for_maddrs(args.maddr_file), start=True, **dht_kwargs(args))
     opt = make_optimizer(args, dht, model, hyper)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     save_snapshot(args.out_dir, args.rank, 0, model, opt.local_epoch)  # its time marks the start of training
@@ -150,7 +159,7 @@ def train(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.role == "bootstrap":
-        run_bootstrap(args.maddr_file)
+        run_bootstrap(args.maddr_file, **dht_kwargs(args))
         return 0
     train(args)
     return 0

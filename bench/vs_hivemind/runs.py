@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
 from bench.common.procs import ChildFailed, spawn, stop, wait_all
 from bench.common.sandbox import Sandbox
+from bench.common.snapshots import CheckpointCopier
+from bench.common.snapshots import load_snapshots as load_run_snapshots
 
 TICK_S = 0.2  # how often the watchers look; a checkpoint lives for at least one round
 NODE_READY = "others can join through this node"  # a swarm-node node's last line before training
@@ -133,35 +134,19 @@ def _averaging_counts(logs: Sequence[Path]) -> dict:
 
 
 # -- swarm-node local ----------------------------------------------------------------------
-class _CheckpointCopier:
-    """Copies theta out of every checkpoint the nodes write (a node keeps only its last
-    two), as a snapshot; notes when each node's log says it starts training."""
+class _NodeWatcher(CheckpointCopier):
+    """Also notes when each node's log says it starts training."""
 
-    def __init__(self, run_dir: Path, run: SwarmRun, param_names: list[str]):
-        self.run_dir, self.run, self.param_names = run_dir, run, param_names
-        self.seen: set[Path] = set()
+    def __init__(self, run_dir: Path, run: SwarmRun, param_names: list[str], peers: int):
+        super().__init__({r: run_dir / f"checkpoints-s0-r{r}" for r in range(peers)}, run.snapshot_dir, param_names)
+        self.run_dir, self.run = run_dir, run
         self.ready: dict[str, float] = {}
 
     def tick(self) -> None:
-        for ckpt in sorted(self.run_dir.glob("checkpoints-s0-r*/ckpt-*")):
-            if ckpt not in self.seen and self._copy(ckpt):
-                self.seen.add(ckpt)
+        super().tick()
         for log in self.run_dir.glob("node-s0-r*.log"):
             if log.name not in self.ready and NODE_READY in log.read_text(errors="replace"):
                 self.ready[log.name] = time.time() - self.run.launched
-
-    def _copy(self, ckpt: Path) -> bool:
-        replica = int(ckpt.parent.name.rsplit("-r", 1)[1])
-        try:
-            meta = json.loads((ckpt / "meta.json").read_text())
-            written = (ckpt / "meta.json").stat().st_mtime
-            with safe_open(str(ckpt / "state.safetensors"), framework="pt") as f:
-                state = {name: f.get_tensor(f"theta.{i}") for i, name in enumerate(self.param_names)}
-        except (OSError, ValueError, json.JSONDecodeError):
-            return False  # replaced while we read it; the next one will do
-        path = self.run.snapshot_dir / f"snap-r{replica}-{meta['inner_step']:07d}.pt"
-        torch.save({"step": meta["inner_step"], "time": written, "state": state}, path)
-        return True
 
 
 def run_swarm_node(plan: Plan, work: Path, box: Sandbox | None, param_names: list[str]) -> SwarmRun:
@@ -177,7 +162,7 @@ def run_swarm_node(plan: Plan, work: Path, box: Sandbox | None, param_names: lis
         cmd += ["--lr", str(plan.lr)]
     run = SwarmRun("swarm-node noloco", out, time.time())
     counter = _Counter(box, run)
-    copier = _CheckpointCopier(run_dir, run, param_names)
+    copier = _NodeWatcher(run_dir, run, param_names, plan.peers)
     # twice the limit: after training it evaluates and stops its nodes itself, which the
     # hivemind harness leaves to us
     deadline = time.monotonic() + 2 * plan.time_limit_s
@@ -199,11 +184,5 @@ def run_swarm_node(plan: Plan, work: Path, box: Sandbox | None, param_names: lis
 
 
 def load_snapshots(run: SwarmRun) -> list[dict]:
-    """Every snapshot of a run as {replica, step, time_s, state}, oldest first."""
-    snaps = []
-    for path in sorted(run.snapshot_dir.glob("snap-r*-*.pt")):
-        data = torch.load(path, map_location="cpu")
-        replica = int(path.stem.split("-")[1][1:])
-        snaps.append({"replica": replica, "step": data["step"], "time_s": data["time"] - run.launched,
-                      "state": data["state"]})
-    return snaps
+    """Every snapshot of a run, oldest first (bench/common/snapshots.py)."""
+    return load_run_snapshots(run.snapshot_dir, run.launched)

@@ -87,16 +87,24 @@ class ExchangeTimes:
     round_timeout_s: float  # how long to seek a partner before the local-only step
     exchange_s: float  # one payload exchange, both ways
     overlapped: bool = True  # inner steps go on while the exchange runs (ALGORITHM.md section 3.1)
+    both_at_once: bool = True  # our payload goes out while the partner's comes in (False: one after the other)
 
 
 @dataclass
 class RoundOutcome:
+    """One round and its critical path: preparing the payload, finding a partner, the
+    payloads moving, the outer step (times on the loop's clock: time.monotonic on a
+    real loop)."""
     round_no: int
+    started_at: float = 0.0
     partners: list[str] = field(default_factory=list)
-    seconds: float = 0.0
+    seconds: float = 0.0  # from the boundary to the outer step applied
     proposals: int = 0  # proposals we sent
-    exchange_s: float | None = None  # our own send's round trip, when we sent the payload
-    ended_at: float = 0.0  # on the loop's clock (time.monotonic on a real loop)
+    prepare_s: float = 0.0  # snapshot, our own Delta's scale, encoding
+    partner_at: float | None = None  # when the partner was agreed (its proposal or ours accepted)
+    exchange_s: float | None = None  # from the partner agreed to its payload in and checked
+    close_s: float = 0.0  # decoding, checks, the outer step
+    ended_at: float = 0.0
 
 
 class OuterExchange:
@@ -160,13 +168,14 @@ class OuterExchange:
         """One outer round, from our payload to the outer step (partner or local-only)."""
         started = now()
         opened = await self.compute(self.state.open_round, self.times.overlapped)
-        if opened.theta_at_snapshot is not None:
+        if opened.theta_start is not None:
             self.gate.resume_steps()  # what we send is taken: inner steps go on beside the exchange
         round_no = opened.round_no
-        self._outcome = outcome = RoundOutcome(round_no)
+        self._outcome = outcome = RoundOutcome(round_no, started_at=started)
         await self.compute(self._note_own_delta, opened.fraction)
         reply = await self.compute(encode_frame, {"kind": "outer", "spec": self.spec_hash, "round": round_no,
                                                   "ok": True}, opened.wire)
+        outcome.prepare_s = now() - started
         callers = self.callers_expected()
         had_company = callers or bool(self.candidates())
         announcing = asyncio.create_task(self._announce_seeking())
@@ -178,9 +187,13 @@ class OuterExchange:
             await asyncio.gather(announcing, return_exceptions=True)
             self._offer = None
         self._kept = {peer: (reply, now() + self.times.exchange_s) for peer, _ in others}
+        closing = now()
+        if others and outcome.partner_at is not None:
+            outcome.exchange_s = closing - outcome.partner_at
         await self.compute(self.state.close_round, [payload for _, payload in others])
         outcome.partners = [peer for peer, _ in others]
         outcome.ended_at = now()
+        outcome.close_s = outcome.ended_at - closing
         outcome.seconds = outcome.ended_at - started
         self._count(outcome, had_company)
         self.last = outcome
@@ -208,13 +221,20 @@ class OuterExchange:
 
     def _count(self, outcome: RoundOutcome, had_company: bool) -> None:
         alone_before, self._alone = self._alone, not had_company
+        self.stats.note_round(outcome.seconds, outcome.prepare_s, outcome.close_s,
+                              to_partner_s=outcome.partner_at - outcome.started_at
+                              if outcome.partners and outcome.partner_at is not None else None,
+                              exchange_s=outcome.exchange_s)
         if not outcome.partners:
             self.stats.local_only_rounds += 1
             if had_company:  # alone in the stage, a local-only round is the plan, not a failure
                 self.stats.note_failure(f"round {outcome.round_no}: no partner, local-only step")
                 log.info("round %d: no partner found in %.1fs, local-only step", outcome.round_no, outcome.seconds)
-            elif not alone_before:  # once, not every round (a few a second with a small H)
-                log.info("round %d: no other peer in our stage; local-only steps until one joins", outcome.round_no)
+            else:
+                self.stats.rounds_alone += 1
+                if not alone_before:  # once, not every round (a few a second with a small H)
+                    log.info("round %d: no other peer in our stage; local-only steps until one joins",
+                             outcome.round_no)
         else:
             self.stats.rounds_with_partner += 1
             self.stats.partners.extend(outcome.partners)
@@ -271,15 +291,18 @@ class OuterExchange:
         yes, why = answer_is_yes(raw)
         if not yes:
             raise Refused(why)
+        self._outcome.partner_at = now()
 
     async def _send_outer(self, peer: str, payload: bytes, timeout_s: float) -> tuple[Tensors, Tensors]:
         """Our payload to ``peer`` and its payload to us, both at once; returns its payload,
         checked, once it has taken ours."""
-        started = now()
+        deadline = now() + timeout_s
         sending = asyncio.create_task(self.transport.request(
             peer, protocols.OUTER, payload, timeout_s=timeout_s, max_response_bytes=CONTROL_MAX_BYTES,
             paced_request=True))
-        fetching = asyncio.create_task(self._fetch(peer, timeout_s))
+        if not self.times.both_at_once:  # for comparison: the partner's payload only after ours is in
+            await asyncio.wait([sending])
+        fetching = asyncio.create_task(self._fetch(peer, deadline - now()))
         try:
             verdict, checked = await asyncio.gather(sending, fetching)
         except BaseException:
@@ -290,7 +313,6 @@ class OuterExchange:
         yes, why = await self.compute(answer_is_yes, verdict)
         if not yes:
             raise Refused(why)
-        self._outcome.exchange_s = now() - started
         return checked
 
     async def _fetch(self, peer: str, timeout_s: float) -> tuple[Tensors, Tensors]:
@@ -351,6 +373,7 @@ class OuterExchange:
             if self.pairing.state.value == "idle":
                 await self.maybe_round_early(wait_s=PROPOSE_TIMEOUT_S / 2)  # else: not-ready, not a time-out
             self.pairing.on_propose(remote)
+            self._outcome.partner_at = now()
             return encode_frame({"kind": "propose", "ok": True})
         except Refused as exc:
             return encode_frame({"ok": False, "error": str(exc)})

@@ -80,11 +80,15 @@ class Membership:
         return any(not r.reachable and self.guard.is_verified(p) and not self.guard.is_banned(p)
                    for p, r in self.live_peers(self.stage).items())
 
-    async def stage_has_ended(self, stage: int) -> bool:
+    async def stage_has_ended(self, stage: int, timeout_s: float = 10.0) -> bool:
         """No peer of ``stage`` trains or joins any more (they finished, left, or their
         records expired): one registry read, for a later stage deciding whether the run
-        it was given --max-steps for is over."""
-        parsed, _ = await read_stage(self.dht, self.spec.run_id, stage)
+        it was given --max-steps for is over. A read that times out says no."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                parsed, _ = await read_stage(self.dht, self.spec.run_id, stage)
+        except TimeoutError:
+            return False
         return not any(r.state in ("training", "joining") and r.spec_hash == self.spec_hash
                        for peer, r in parsed.items() if peer != self.own_id)
 

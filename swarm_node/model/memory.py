@@ -25,7 +25,7 @@ per layer.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from swarm_node.model.config import NAMED_SIZES, ModelConfig, model_config
@@ -183,6 +183,20 @@ def format_bytes(n: int) -> str:
     return f"{n} B"
 
 
+def per_stage_count(config: ModelConfig, stage_counts: Sequence[int], cell: Callable[[int], str]) -> list[str]:
+    """A table's cells for one model: ``cell(stages)`` for each stage count, "n/a" where
+    the layers do not split that way."""
+    cells = []
+    for stages in stage_counts:
+        try:
+            split_layers(config.num_layers, stages)
+        except ValueError:
+            cells.append("n/a")
+            continue
+        cells.append(cell(stages))
+    return cells
+
+
 def memory_table(*, vocab_size: int = 32_000, batch_size: int = 8, seq_len: int = 1024,
                  stage_counts: Sequence[int] = (1, 2, 4)) -> str:
     """A Markdown table: per named size and stage count, the largest stage's peak on a
@@ -192,18 +206,15 @@ def memory_table(*, vocab_size: int = 32_000, batch_size: int = 8, seq_len: int 
     lines = [header, "|" + "---|" * (2 + len(stage_counts))]
     for size in NAMED_SIZES:
         config = model_config(size, vocab_size=vocab_size, max_seq_len=seq_len)
-        cells = []
-        for stages in stage_counts:
-            try:
-                split_layers(config.num_layers, stages)
-            except ValueError:
-                cells.append("n/a")
-                continue
+
+        def peaks(stages: int) -> str:
             _, gpu = largest_stage_memory(config, num_stages=stages, batch_size=batch_size, seq_len=seq_len,
                                           autocast_bf16=True)
             _, cpu = largest_stage_memory(config, num_stages=stages, batch_size=batch_size, seq_len=seq_len,
                                           autocast_bf16=False)
-            cells.append(f"{format_bytes(gpu.peak_bytes)} / {format_bytes(cpu.peak_bytes)}")
+            return f"{format_bytes(gpu.peak_bytes)} / {format_bytes(cpu.peak_bytes)}"
+
+        cells = per_stage_count(config, stage_counts, peaks)
         lines.append(f"| {size} | {config.num_parameters() / 1e6:,.1f}M | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

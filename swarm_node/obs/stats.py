@@ -13,16 +13,35 @@ class NodeStats:
     retries: int = 0
     rounds_with_partner: int = 0
     local_only_rounds: int = 0
+    rounds_alone: int = 0  # of the local-only rounds: no other peer was in the stage (the plan, not a failure)
     tokens: int = 0
     partners: list[str] = field(default_factory=list)
     downloaded_from: str | None = None
     resumed_from_step: int | None = None
     downloaded_digest: str | None = None
     served_digests: list[str] = field(default_factory=list)
+    # the critical path of the outer rounds, summed (divide by the rounds, or by the
+    # rounds with a partner, for a mean): boundary to outer step, and its parts
+    round_s: float = 0.0
+    round_prepare_s: float = 0.0  # snapshot and encoding (compute)
+    round_to_partner_s: float = 0.0  # boundary to an agreed partner (rounds with a partner)
+    round_exchange_s: float = 0.0  # partner agreed to its payload in and checked
+    round_exchanges: int = 0
+    round_close_s: float = 0.0  # decoding, checks, the outer step (compute)
 
     def __post_init__(self) -> None:
         # not a field: the summary lists counters; the record carries this separately
         self.last_error = ""
+
+    def note_round(self, seconds: float, prepare_s: float, close_s: float, *, to_partner_s: float | None,
+                   exchange_s: float | None) -> None:
+        self.round_s += seconds
+        self.round_prepare_s += prepare_s
+        self.round_close_s += close_s
+        self.round_to_partner_s += to_partner_s or 0.0
+        if exchange_s is not None:
+            self.round_exchange_s += exchange_s
+            self.round_exchanges += 1
 
     def note_failure(self, what: str) -> None:
         """The latest thing that went wrong, as the record and the status line show it."""

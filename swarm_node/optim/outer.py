@@ -127,21 +127,30 @@ class SlowWeights:
             p.copy_(f.to(device=p.device, dtype=p.dtype))
 
     @torch.no_grad()
-    def snapshot(self) -> list[torch.Tensor]:
-        """theta at an overlapped round's boundary (a float32 copy); send phi and
-        ``deltas()`` taken now, and pass this to :meth:`apply_overlapped`."""
+    def start_overlapped(self) -> list[torch.Tensor]:
+        """At an overlapped round's boundary, once its payload (phi, ``deltas()``) is
+        taken: theta moves to where the local-only outer step would put it (phi and the
+        momentum stay), so the inner steps beside the exchange start from there
+        (ALGORITHM.md 3.1). Returns that point, as theta holds it, for
+        :meth:`apply_overlapped`."""
+        h = self.hyper
+        local_phi, _ = outer_update(self.phi, self.momentum, [self.phi], [self.deltas()],
+                                    alpha=h.alpha, beta=h.beta, gamma=h.gamma, nesterov=h.nesterov)
+        for p, f in zip(self.params, local_phi):
+            p.copy_(f.to(device=p.device, dtype=p.dtype))
         return [p.detach().float().to(f.device, copy=True) for p, f in zip(self.params, self.phi)]
 
     @torch.no_grad()
     def apply_overlapped(self, group_phi: Sequence[Tensors], group_delta: Sequence[Tensors],
-                         theta_at_snapshot: Tensors) -> None:
+                         theta_start: Tensors) -> None:
         """The outer update of the group's payloads taken at the boundary (ours first),
-        with the inner progress since then kept: theta <- phi_new + (theta - theta_s)."""
+        with the inner progress made since :meth:`start_overlapped` kept:
+        theta <- phi_new + (theta - theta_start)."""
         h = self.hyper
         self.phi, self.momentum = outer_update(self.phi, self.momentum, group_phi, group_delta,
                                                alpha=h.alpha, beta=h.beta, gamma=h.gamma, nesterov=h.nesterov)
-        for p, f, snap in zip(self.params, self.phi, theta_at_snapshot):
-            progress = p.detach().float().to(f.device) - snap
+        for p, f, start in zip(self.params, self.phi, theta_start):
+            progress = p.detach().float().to(f.device) - start
             p.copy_((f + progress).to(device=p.device, dtype=p.dtype))
 
     def apply_local(self) -> None:

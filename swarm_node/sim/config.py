@@ -8,11 +8,10 @@ from swarm_node.data.spec import DataSpec
 from swarm_node.optim.inner import InnerHyper
 from swarm_node.optim.methods import MethodSpec
 from swarm_node.spec import SettingNames, check_model_split
-from swarm_node.wire.codec import WIRE_PRECISIONS
+from swarm_node.wire.messages import ACTIVATION_CODECS
 from swarm_node.wire.outer_codec import OUTER_CODECS
 
 ROUTINGS = ("random", "fixed")
-CODECS = {"int8": 8, "int4": 4}  # blockwise (wire/blockwise.py): name -> bits
 FIELD_NAMES = SettingNames(model="model_size", stages="stages", layers="layers_per_stage")
 
 
@@ -30,7 +29,7 @@ class SimConfig:
     steps: int = 1000  # inner optimizer steps per worker
     seed: int = 0
     routing: str = "random"  # fresh random path per micro-batch, or replica r always uses worker r
-    wire_dtype: str = "fp32"  # precision activations and gradients cross stage boundaries in (or int8/int4 blockwise)
+    activation_codec: str = "fp32"  # how activations and gradients cross stage boundaries (wire/messages.py)
     outer_codec: str = "fp32"  # how phi and Delta go on the wire (wire/outer_codec.py); fp32: as they are
     # None: the blocking outer round. k: overlapped, the exchange lands k inner steps
     # after the boundary (at most H: a node whose exchange outlasts the next boundary
@@ -48,8 +47,8 @@ class SimConfig:
             raise ValueError("steps and batch_size must be >= 1")
         if self.routing not in ROUTINGS:
             raise ValueError(f"routing must be one of {ROUTINGS}")
-        if self.wire_dtype not in (*WIRE_PRECISIONS, *CODECS):
-            raise ValueError(f"wire_dtype must be one of {(*WIRE_PRECISIONS, *CODECS)}")
+        if self.activation_codec not in ACTIVATION_CODECS:
+            raise ValueError(f"activation_codec must be one of {ACTIVATION_CODECS}")
         if self.outer_codec not in OUTER_CODECS:
             raise ValueError(f"outer_codec must be one of {tuple(OUTER_CODECS)}")
         check_model_split(self.model_size, self.stages, self.layers_per_stage, FIELD_NAMES)

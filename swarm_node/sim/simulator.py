@@ -27,12 +27,11 @@ from swarm_node.model.stages import PipelineStage, build_stage
 from swarm_node.optim.ddp import average_gradients
 from swarm_node.optim.inner import InnerOptimizer
 from swarm_node.optim.outer import SlowWeights
-from swarm_node.sim.config import CODECS, SimConfig
+from swarm_node.sim.config import SimConfig
 from swarm_node.sim.grouping import random_groups
 from swarm_node.train.device import device_facts_or_name, is_out_of_memory, out_of_memory
 from swarm_node.train.evaluate import average_into, path_val_loss, weight_spread
-from swarm_node.wire.blockwise import dequantize, quantize
-from swarm_node.wire.codec import WIRE_PRECISIONS
+from swarm_node.wire.messages import decode_activations, encode_activations
 from swarm_node.wire.outer_codec import OuterEncoder, decode_outer, outer_codec
 
 
@@ -119,10 +118,11 @@ class Simulator:
         return [identity] + [[int(i) for i in self.rng.permutation(r)] for _ in range(1, self.config.stages)]
 
     def _cross_boundary(self, tensor: torch.Tensor) -> torch.Tensor:
-        wire = self.config.wire_dtype
-        if wire in CODECS:
-            return dequantize(quantize(tensor, CODECS[wire])).to(tensor.device, tensor.dtype)
-        return tensor.detach().to(WIRE_PRECISIONS[wire]).to(tensor.dtype)
+        """What the next stage (or, for a gradient, the previous one) decodes, as a node
+        sends it (wire/messages.py)."""
+        codec = self.config.activation_codec
+        sent = encode_activations(tensor.detach().cpu(), codec)
+        return decode_activations(sent, tuple(tensor.shape), codec).to(tensor.device, tensor.dtype)
 
     def _train_micro_batch(self, path: list[int], inputs: torch.Tensor, targets: torch.Tensor) -> float:
         boundary: list[tuple[torch.Tensor, torch.Tensor]] = []  # (stage input, stage output) per stage
@@ -162,7 +162,8 @@ class Simulator:
 
     def _exchange(self) -> list[tuple[list[list[int]], list[list], list | None]]:
         """Per stage: the groups, and every worker's (phi, Delta) as encoded at the
-        boundary (with theta's snapshot when the round is overlapped)."""
+        boundary (and, when the round is overlapped, where each worker's inner steps
+        beside the exchange start)."""
         cfg = self.config
         sent = []
         for stage_workers in self.workers:
@@ -170,12 +171,12 @@ class Simulator:
                 groups = [list(range(len(stage_workers)))]
             else:
                 groups = random_groups(len(stage_workers), cfg.method.group_size, self.rng)
-            snapshots = [w.slow.snapshot() for w in stage_workers] if cfg.outer_latency_steps else None
             payloads = []
             for w in stage_workers:
                 payloads.append(w.encoder.encode(w.slow.phi, w.slow.deltas()))
                 w.encoder.commit()  # a simulated exchange always completes
-            sent.append((groups, payloads, snapshots))
+            starts = [w.slow.start_overlapped() for w in stage_workers] if cfg.outer_latency_steps else None
+            sent.append((groups, payloads, starts))
         return sent
 
     def _decode(self, wire: list, receiver: Worker) -> tuple[list, list]:

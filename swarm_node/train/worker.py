@@ -35,7 +35,9 @@ class OpenRound:
     round_no: int
     wire: list[torch.Tensor]  # phi and Delta as the run's outer codec encodes them
     fraction: float  # of a round's inner steps it covers (below 1 when taken early)
-    theta_at_snapshot: list[torch.Tensor] | None  # overlapped: theta at the boundary; None: blocking
+    # overlapped: theta where the inner steps beside the exchange began (the local-only
+    # outer step's result, ALGORITHM.md 3.1); None: blocking
+    theta_start: list[torch.Tensor] | None
 
 
 def _training_work(method):
@@ -66,6 +68,8 @@ class StageWorker:
         self.codec = outer_codec(spec.outer_codec)
         self.encoder = OuterEncoder(self.codec) if self.slow else None
         self.open: OpenRound | None = None  # the round whose exchange is under way
+        # its payload as partners decode it: needed for our scale, each check and the step
+        self._own_decoded: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
         self.outer_round = 0
         self.last_round_step = 0  # inner step at which the last outer round was applied
         self.round_forced = False  # a partner asked us to take this round early
@@ -174,16 +178,20 @@ class StageWorker:
         round's steps from here."""
         fraction = self.round_fraction()
         wire = self.encoder.encode(self.slow.phi, self.slow.deltas())
-        self.open = OpenRound(self.outer_round, wire, fraction, self.slow.snapshot() if overlapped else None)
+        self.open = OpenRound(self.outer_round, wire, fraction, self.slow.start_overlapped() if overlapped else None)
+        self._own_decoded = None
         if overlapped:
             self.last_round_step = self.inner_step
             self.round_forced = False
         return self.open
 
     def own_payload(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """(phi, Delta) of the open round as partners decode them. Every member of a
-        group uses the decoded values for the means, so partners agree bit for bit."""
-        return self.decode_payload(self.open.wire, self.slow.phi[0].device)
+        """(phi, Delta) of the open round as partners decode them, decoded once a round.
+        Every member of a group uses the decoded values for the means, so partners agree
+        bit for bit."""
+        if self._own_decoded is None:
+            self._own_decoded = self.decode_payload(self.open.wire, self.slow.phi[0].device)
+        return self._own_decoded
 
     def decode_payload(self, wire: list[torch.Tensor],
                        device: torch.device) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -200,15 +208,15 @@ class StageWorker:
         members = [self.own_payload(), *others]
         self.encoder.observe(self.slow.phi, [phi for phi, _ in others])
         group_phi, group_delta = [phi for phi, _ in members], [delta for _, delta in members]
-        if opened.theta_at_snapshot is None:
+        if opened.theta_start is None:
             self.slow.apply(group_phi, group_delta)
             self.last_round_step = self.inner_step
             self.round_forced = False
         else:
-            self.slow.apply_overlapped(group_phi, group_delta, opened.theta_at_snapshot)
+            self.slow.apply_overlapped(group_phi, group_delta, opened.theta_start)
         self.encoder.commit()  # what this round could not send goes with the next
         self.outer_round += 1
-        self.open = None
+        self.open, self._own_decoded = None, None
 
     def own_phi(self) -> list[torch.Tensor]:
         """Our outer weights as they are (partners' distance from them is screened)."""

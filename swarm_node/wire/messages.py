@@ -40,6 +40,13 @@ def rms(t: torch.Tensor) -> float:
     return float(t.float().pow(2).mean().sqrt()) if t.numel() else 0.0
 
 
+def checked_floats(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """``t`` itself if it is a floating tensor of ``shape``, else ProtocolError."""
+    if tuple(t.shape) != tuple(shape) or not t.is_floating_point():
+        raise ProtocolError(f"tensor of shape {tuple(t.shape)} and dtype {t.dtype} where {tuple(shape)} floats belong")
+    return t
+
+
 def encode_activations(t: torch.Tensor, codec: str) -> list[torch.Tensor]:
     """Activations, or their gradient, as the run's activation codec sends them."""
     if codec == "int8":
@@ -55,9 +62,9 @@ def decode_activations(tensors: list[torch.Tensor], shape: tuple[int, ...], code
         if len(tensors) != 2:
             raise ProtocolError("int8 activations come as codes and steps")
         return dequantize(Quantized(tensors[0], tensors[1], tuple(shape), 8), max_numel=math.prod(shape))
-    if len(tensors) != 1 or tuple(tensors[0].shape) != tuple(shape) or not tensors[0].is_floating_point():
-        raise ProtocolError(f"expected {tuple(shape)} floats")
-    return tensors[0].float()
+    if len(tensors) != 1:
+        raise ProtocolError(f"expected one tensor of {tuple(shape)} floats")
+    return checked_floats(tensors[0], shape).float()
 
 
 def check_forward_request(header: dict, tensors: list[torch.Tensor], *, spec_hash: str, hidden_size: int,

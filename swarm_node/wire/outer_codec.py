@@ -29,7 +29,7 @@ import torch
 from swarm_node.errors import ProtocolError
 from swarm_node.wire.blockwise import BLOCK, ErrorFeedback, Quantized, block_gap, dequantize, dequantize_near
 from swarm_node.wire.codec import WIRE_PRECISIONS
-from swarm_node.wire.messages import finite
+from swarm_node.wire.messages import checked_floats, finite
 
 Tensors = list[torch.Tensor]
 GAP_DECAY = 0.7  # the distance a node expects to its next partner: the last one's, or 0.7 of what it expected
@@ -132,11 +132,7 @@ def decode_outer(tensors: Sequence[torch.Tensor], shapes: Sequence[torch.Size], 
 def _decode_one(tensors: Sequence[torch.Tensor], shapes: Sequence[torch.Size], bits: int | None,
                 device: torch.device, near: Sequence[torch.Tensor] | None = None) -> Tensors:
     if bits is None:
-        for t, shape in zip(tensors, shapes):
-            if t.shape != shape or not t.is_floating_point():
-                raise ProtocolError(f"tensor of shape {tuple(t.shape)} and dtype {t.dtype} where {tuple(shape)} "
-                                    "floats belong")
-        return [t.to(device) for t in tensors]
+        return [checked_floats(t, shape).to(device) for t, shape in zip(tensors, shapes)]
     coded = [Quantized(codes, scales, tuple(shape), bits)
              for codes, scales, shape in zip(tensors[0::2], tensors[1::2], shapes)]
     if near is not None:

@@ -96,7 +96,7 @@ class StageParts:
         return Pipeline(spec=self.spec, config=self.config, worker=self.worker, gate=self.gate,
                         next_peers=self.membership.next_stage_peers, stopping=self.stopping, **self.common())
 
-    def exchange(self, own_id: str = "QmSelf", overlapped: bool = True) -> OuterExchange:
+    def exchange(self, own_id: str = "QmSelf", overlapped: bool = True, both_at_once: bool = True) -> OuterExchange:
         """A fresh one per event loop: its events belong to the loop that first waits on them."""
         exchange = None
 
@@ -105,7 +105,8 @@ class StageParts:
 
         exchange = OuterExchange(
             spec_hash=self.spec.spec_hash(), method=self.spec.method.name,
-            times=ExchangeTimes(self.config.round_timeout_s, self.config.exchange_timeout_s, overlapped=overlapped),
+            times=ExchangeTimes(self.config.round_timeout_s, self.config.exchange_timeout_s, overlapped=overlapped,
+                                both_at_once=both_at_once),
             state=self.worker,
             gate=self.gate, candidates=self.membership.partner_candidates,
             callers_expected=self.membership.callers_expected, announce=announce,

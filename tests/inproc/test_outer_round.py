@@ -42,6 +42,14 @@ def test_the_record_says_seeking_while_the_round_is_open():
     assert stage.announced[-1] is False  # and withdrawn after it
     assert proposals and set(proposals) == {"QmOther"}
     assert stage.stats.local_only_rounds == 1 and stage.worker.outer_round == 1
+    assert stage.stats.rounds_alone == 0  # a peer was there: a round without a partner, not a round alone
+
+
+def test_a_node_alone_in_its_stage_takes_the_local_only_step_at_once_and_counts_it_apart():
+    stage = StageParts(SPEC, StageWorker(SPEC, 1, 16), config=NodeConfig(round_timeout_s=30.0))
+    outcome = vclock.run(stage.exchange().run_round())
+    assert outcome.partners == [] and outcome.seconds < 1.0  # no waiting out the 30 s deadline
+    assert (stage.stats.local_only_rounds, stage.stats.rounds_alone) == (1, 1)
 
 
 def test_a_proposal_whose_answer_is_lost_to_a_stream_reset_is_asked_again_without_a_ban():

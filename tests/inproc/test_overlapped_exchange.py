@@ -71,7 +71,7 @@ class Round:
     outcomes: list  # each node's RoundOutcome
 
 
-def one_round(codec: str, blocking: bool = False) -> Round:
+def one_round(codec: str, blocking: bool = False, both_at_once: bool = True) -> Round:
     spec = dataclasses.replace(SPEC, outer_codec=codec)
     link = Link()
     ids = ["QmAaa", "QmBbb"]
@@ -85,7 +85,7 @@ def one_round(codec: str, blocking: bool = False) -> Round:
             stage.transport = link.transport(own)
             stage.membership.peers = {1: {other: record(1, spec)}}
             stage.guard.reached(other)  # a peer we talked to before: verified
-            exchange = stage.exchange(own_id=own, overlapped=not blocking)
+            exchange = stage.exchange(own_id=own, overlapped=not blocking, both_at_once=both_at_once)
             link.exchanges[own] = exchange
             exchanges.append(exchange)
         for stage in stages:
@@ -120,11 +120,17 @@ def test_the_default_round_sends_at_most_a_quarter_of_a_16_bit_one():
 
 def test_both_payloads_move_at_once():
     """The caller's payload goes out while the partner's comes in: the exchange takes
-    one payload's time on the wire, not two."""
-    done = one_round("fp16")
-    assert all(s.stats.rounds_with_partner == 1 for s in done.stages)
-    exchange_s = [o.exchange_s for o in done.outcomes if o.exchange_s is not None]  # the side that sent
-    assert len(exchange_s) == 1 and exchange_s[0] < 1.5 * LINK_S, exchange_s
+    one payload's time on the wire, not two (as it did before, and does with
+    --one-payload-at-a-time). Both sides see it, and count it in their critical path."""
+    at_once, one_by_one = one_round("fp16"), one_round("fp16", both_at_once=False)
+    for done in (at_once, one_by_one):
+        assert all(s.stats.rounds_with_partner == 1 and s.stats.round_exchanges == 1 for s in done.stages)
+    assert max(o.exchange_s for o in at_once.outcomes) < 1.5 * LINK_S, at_once.outcomes
+    # the caller waits for both, one after the other (the callee has the caller's sooner)
+    assert max(o.exchange_s for o in one_by_one.outcomes) >= 2 * LINK_S, one_by_one.outcomes
+    for stage, outcome in zip(at_once.stages, at_once.outcomes):
+        parts = outcome.prepare_s + (outcome.partner_at - outcome.started_at) + outcome.exchange_s + outcome.close_s
+        assert parts == pytest.approx(outcome.seconds) and stage.stats.round_s == pytest.approx(outcome.seconds)
 
 
 def test_an_overlapped_round_lets_the_steps_go_on_and_a_blocking_one_holds_them():

@@ -72,10 +72,12 @@ def test_rates_shape_upload_and_download(bed):
     server = bed.call(receiver, _listen, 5001)
     try:
         size = 1_000_000  # 1 s at 8 Mbit/s
+        sent_before = bed.tx_bytes(sender)
         with bed_thread(bed, receiver, _receive_once, server) as received:
             seconds = bed.call(sender, _send, receiver.address, 5001, size)
         assert received() == (size, sender.address)
         assert 0.9 <= seconds <= 3.0, seconds  # 1 s of payload at 8 Mbit/s, plus start-up and headers
+        assert size <= bed.tx_bytes(sender) - sent_before <= size * 1.1  # the payload and its headers, counted
         bed.shape(sender, 80)
         with bed_thread(bed, receiver, _receive_once, server) as received:
             faster = bed.call(sender, _send, receiver.address, 5001, size)

@@ -17,6 +17,7 @@ and a new bed first removes what a killed test run left behind."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -172,6 +173,14 @@ class TestBed(ClosedOnFailure):
             raise
         self.hosts[name] = host
         return host
+
+    def tx_bytes(self, host: Host) -> int:
+        """Bytes the host has sent into its access link: everything (payloads, DHT,
+        libp2p and TCP/IP headers), the same count for any program."""
+        edge, edge_dev = host.edge
+        shown = subprocess.run(["ip", "-n", edge, "-s", "-j", "link", "show", "dev", edge_dev], capture_output=True,
+                               text=True, check=True, timeout=30).stdout
+        return int(json.loads(shown)[0]["stats64"]["tx"]["bytes"])
 
     def shape(self, host: Host, rate_mbit: float) -> None:
         """Upload and download of the host's access link, each ``rate_mbit``."""

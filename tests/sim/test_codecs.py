@@ -26,7 +26,7 @@ def final_loss(**settings) -> float:
 
 def test_a_short_run_with_both_codecs_trains():
     short = dict(steps=40, inner=InnerHyper(lr=3e-3, warmup_steps=5, total_steps=40), eval_every_steps=40)
-    result = Simulator(dataclasses.replace(CONFIG, wire_dtype="int8", outer_codec=RunSpec().outer_codec,
+    result = Simulator(dataclasses.replace(CONFIG, activation_codec="int8", outer_codec=RunSpec().outer_codec,
                                            **short)).run()
     assert result.outer_rounds == 4 and result.final_val_loss < result.val_loss_curve[0][1] - 0.1
 
@@ -34,7 +34,7 @@ def test_a_short_run_with_both_codecs_trains():
 @pytest.mark.slow
 def test_8_bit_activations_and_4_bit_delta_with_error_feedback_within_1_percent():
     plain = final_loss()
-    for settings in (dict(wire_dtype="int8"), dict(outer_codec=RunSpec().outer_codec), dict(outer_codec="int8")):
+    for settings in (dict(activation_codec="int8"), dict(outer_codec=RunSpec().outer_codec), dict(outer_codec="int8")):
         coded = final_loss(**settings)
         print(f"{settings}: {coded:.4f} against {plain:.4f}")
         assert abs(coded / plain - 1) <= 0.01, (settings, coded, plain)

@@ -81,8 +81,8 @@ def test_runs_are_reproducible_for_a_seed():
     assert a.final_val_loss == b.final_val_loss and a.train_loss_curve == b.train_loss_curve
 
 
-def test_wire_dtype_fp16_still_trains():
-    r = Simulator(small_config("noloco", steps=60, wire_dtype="fp16")).run()
+def test_fp16_activations_still_train():
+    r = Simulator(small_config("noloco", steps=60, activation_codec="fp16")).run()
     assert r.final_val_loss < r.val_loss_curve[0][1] - 0.1
 
 

@@ -138,7 +138,7 @@ def test_a_round_under_way_beside_the_inner_steps_fits_the_estimate(gen, codec):
     worker.close_round([])
     opened = worker.open_round(overlapped=True)
     run()
-    kept = [*opened.wire, *opened.theta_at_snapshot,
+    kept = [*opened.wire, *opened.theta_start,
             *(t for f in worker.encoder.feedback.values() if f and f.residual for t in f.residual)]
     estimate = estimate_stage_memory(worker.model_config, num_stages=2, stage_index=1, batch_size=BATCH,
                                      seq_len=SEQ, autocast_bf16=False)
@@ -214,3 +214,14 @@ def test_table_covers_every_size_and_marks_impossible_splits():
     assert debug.endswith("| n/a |")  # 2 layers do not split into 4 stages
     large = next(line for line in table if line.startswith("| large"))
     assert "GiB" in large and "n/a" not in large
+
+
+def test_the_readme_link_tables_are_what_the_code_computes():
+    """The README's link figures come from swarm_node/model/links.py, not by hand."""
+    from pathlib import Path
+
+    from swarm_node.model.links import activation_table, round_table
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    for table in (round_table(), activation_table()):
+        assert table in readme, table

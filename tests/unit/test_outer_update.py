@@ -171,29 +171,33 @@ def test_an_overlapped_step_with_no_steps_in_between_is_the_blocking_step(gen):
             a.add_(step)
             b.add_(step)
     partner = ([torch.randn(4, 3, generator=gen) for _ in range(2)], [torch.randn(4, 3, generator=gen) for _ in range(2)])
-    snapshot = overlapped.snapshot()
+    sent = (overlapped.phi, overlapped.deltas())
+    start = overlapped.start_overlapped()
     blocking.apply([blocking.phi, partner[0]], [blocking.deltas(), partner[1]])
-    overlapped.apply_overlapped([overlapped.phi, partner[0]], [overlapped.deltas(), partner[1]], snapshot)
+    overlapped.apply_overlapped([sent[0], partner[0]], [sent[1], partner[1]], start)
     for a, b in zip(blocking.params, overlapped.params):
         assert torch.equal(a, b)
 
 
 def test_an_overlapped_step_keeps_the_progress_made_while_the_exchange_ran(gen):
-    """theta <- phi_new + (theta_now - theta_at_snapshot): the steps taken meanwhile are
+    """theta <- phi_new + (theta_now - theta_start): the steps taken meanwhile are
     neither lost nor applied twice (ALGORITHM.md section 3.1)."""
     hyper = OuterHyper(alpha=0.5, beta=0.7, gamma=0.7)
     params = [torch.nn.Parameter(torch.randn(5, generator=gen))]
     slow = SlowWeights(params, hyper)
     with torch.no_grad():
         params[0].add_(torch.randn(5, generator=gen))  # the round's inner steps
-    sent_phi, sent_delta, snapshot = [slow.phi[0].clone()], slow.deltas(), slow.snapshot()
+    sent_phi, sent_delta = [slow.phi[0].clone()], slow.deltas()
+    start = slow.start_overlapped()
+    local_phi, _ = outer_update(sent_phi, [torch.zeros(5)], [sent_phi], [sent_delta], alpha=0.5, beta=0.7, gamma=0.7)
+    assert torch.allclose(params[0].detach(), local_phi[0])  # the steps beside the exchange start from the local step
     meanwhile = torch.randn(5, generator=gen)
     with torch.no_grad():
         params[0].add_(meanwhile)  # inner steps while the exchange runs
     partner = ([torch.randn(5, generator=gen)], [torch.randn(5, generator=gen)])
     expected_phi, _ = outer_update(sent_phi, [torch.zeros(5)], [sent_phi, partner[0]], [sent_delta, partner[1]],
                                    alpha=0.5, beta=0.7, gamma=0.7)
-    slow.apply_overlapped([sent_phi, partner[0]], [sent_delta, partner[1]], snapshot)
+    slow.apply_overlapped([sent_phi, partner[0]], [sent_delta, partner[1]], start)
     assert torch.allclose(slow.phi[0], expected_phi[0])
     assert torch.allclose(params[0].detach(), expected_phi[0] + meanwhile, atol=1e-6)
     assert torch.allclose(slow.deltas()[0], meanwhile, atol=1e-6)  # the next round's Delta starts with it

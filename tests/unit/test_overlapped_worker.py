@@ -48,7 +48,7 @@ def test_steps_taken_during_the_exchange_are_carried_onto_the_new_weights():
     sent_phi, sent_delta = worker.own_payload()
     phi_before, momentum_before = [t.clone() for t in worker.slow.phi], [t.clone() for t in worker.slow.momentum]
     train(worker, 2, seed=1)
-    progress = [p.detach().float() - s for p, s in zip(worker.params, opened.theta_at_snapshot)]
+    progress = [p.detach().float() - s for p, s in zip(worker.params, opened.theta_start)]
     assert any(t.abs().max() > 0 for t in progress)
     partner = ([t + 1e-3 for t in sent_phi], [t * 0.5 for t in sent_delta])
     worker.close_round([partner])

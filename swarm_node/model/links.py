@@ -1,0 +1,75 @@
+"""What a volunteer's link needs so that the network never holds its GPU up: the README's
+tables come from here (``python -m swarm_node.model.links``).
+
+- The outer round: every H inner steps a node swaps (phi, Delta) of its stage with one
+  partner, both payloads at once (one on each uplink), beside the next H inner steps.
+  The GPU keeps computing while the payload moves within that time:
+  ``bytes a parameter x 8 x stage parameters / seconds of H inner steps``, each way.
+- Stages: every micro-batch's activations go forward and their gradients come back,
+  ``batch x sequence x hidden x bytes a value`` each way per micro-batch at each stage
+  boundary, at the rate the stages compute micro-batches."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from swarm_node.model.config import NAMED_SIZES, model_config
+from swarm_node.model.memory import per_stage_count, stage_parameters
+from swarm_node.wire.outer_codec import outer_codec
+
+ACTIVATION_BYTES = {"fp16": 2.0, "int8": 1.0 + 4 / 256}  # a value, blockwise steps included
+
+
+def round_mbit(parameters: int, inner_phase_s: float, codec: str = "near4-3") -> float:
+    """Mbit/s each way for a stage of ``parameters`` whose outer payload must move within
+    ``inner_phase_s`` (the H inner steps it runs beside)."""
+    return outer_codec(codec).bytes_per_parameter() * 8 * parameters / inner_phase_s / 1e6
+
+
+def activation_mbit(hidden_size: int, tokens_per_microbatch: int, microbatches_per_s: float,
+                    codec: str = "int8") -> float:
+    """Mbit/s each way across one stage boundary (activations forward, gradients back)."""
+    return ACTIVATION_BYTES[codec] * hidden_size * tokens_per_microbatch * 8 * microbatches_per_s / 1e6
+
+
+def _rate(mbit: float) -> str:
+    return f"{mbit / 1000:.1f} Gbit/s" if mbit >= 1000 else f"{mbit:.2g} Mbit/s" if mbit < 10 else \
+        f"{mbit:.0f} Mbit/s"
+
+
+def round_table(*, inner_phase_s: float = 60.0, vocab_size: int = 32_000, seq_len: int = 1024,
+                stage_counts: Sequence[int] = (1, 2, 4)) -> str:
+    """Per named size and stage count: what the largest stage's round needs each way
+    with ``inner_phase_s`` of inner steps between rounds, in the default codec."""
+    header = "| model | " + " | ".join("one stage" if s == 1 else f"each of {s} stages" for s in stage_counts) + " |"
+    lines = [header, "|" + "---|" * (1 + len(stage_counts))]
+    for size in NAMED_SIZES:
+        if size == "debug":
+            continue  # a test model
+        config = model_config(size, vocab_size=vocab_size, max_seq_len=seq_len)
+
+        def rate(stages: int) -> str:
+            largest = max(stage_parameters(config, num_stages=stages, stage_index=s) for s in range(stages))
+            return _rate(round_mbit(largest, inner_phase_s))
+
+        cells = per_stage_count(config, stage_counts, rate)
+        lines.append(f"| {size} ({config.num_parameters() / 1e6:,.1f}M) | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def activation_table(*, tokens_per_microbatch: int = 8 * 1024, microbatches_per_s: float = 1.0) -> str:
+    """Per named size: what one stage boundary needs each way at one micro-batch a second."""
+    lines = ["| model | hidden | fp16 activations | int8 activations |", "|---|---|---|---|"]
+    for size, (hidden, *_) in NAMED_SIZES.items():
+        if size == "debug":
+            continue
+        cells = [_rate(activation_mbit(hidden, tokens_per_microbatch, microbatches_per_s, codec))
+                 for codec in ("fp16", "int8")]
+        lines.append(f"| {size} | {hidden} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(round_table())
+    print()
+    print(activation_table())
