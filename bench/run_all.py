@@ -4,7 +4,8 @@ another, each in its own process, then render BENCHMARKS.md from the results.
     .venv/bin/python -m bench.run_all [--full] [--only NAME ...] [--report-only]
 
 Benchmarks that feed others run first: sync_cost and swarm_efficiency measure the
-message and step times the latency model projects with."""
+message and step times the latency model projects with, and home_link the link the
+convergence benchmark's time-to-target table prices steps on."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import time
 
 from bench import report
 
-ORDER = ("sync_cost", "swarm_efficiency", "latency_model", "convergence", "vs_hivemind", "wire_bytes", "home_link")
+ORDER = ("sync_cost", "swarm_efficiency", "latency_model", "home_link", "convergence", "vs_hivemind", "wire_bytes")
 QUICK_BUDGET_S = 15 * 60
 
 

@@ -2,8 +2,9 @@
 rows with spreads and gaps to DDP, and the checks of the papers' shape. Pure Python,
 no torch, so it is unit-tested in milliseconds (tests/unit/test_bench_convergence.py).
 
-A *run* is one simulator run, a flat dict with at least ``section`` ("grid" or
-"scaling"), ``dp``, ``pp``, ``method``, ``seed``, ``val_loss`` and ``ppl``."""
+A *run* is one simulator run, a flat dict with at least ``section`` ("tune", "grid",
+"scaling" or "sweep"), ``dp``, ``pp``, ``method``, ``seed``, ``val_loss`` and ``ppl``
+(over random paths: bench/convergence/runs.py)."""
 
 from __future__ import annotations
 
@@ -79,6 +80,7 @@ def grid_rows(runs: Sequence[dict]) -> list[dict]:
                 "ppl_mean": ppl["mean"], "ppl_std": ppl["std"], "ppl_min": ppl["min"], "ppl_max": ppl["max"],
                 "gap_to_ddp_pct": statistics.fmean(gaps) if gaps else None,
                 "gap_min_pct": min(gaps) if gaps else None, "gap_max_pct": max(gaps) if gaps else None,
+                "fixed_ppl_mean": statistics.fmean(perplexity(r.get("fixed_val_loss", r["val_loss"])) for r in mine),
                 "consensus_ppl_mean": statistics.fmean(perplexity(r["consensus_val_loss"]) for r in mine),
                 "weight_std_mean": statistics.fmean(r["weight_std"] for r in mine),
                 "paper_ppl": paper_ppl,
@@ -171,3 +173,100 @@ def check_scaling_order(rows: Sequence[dict]) -> dict:
     excess = [r["excess_pct"] for r in sorted(rows, key=lambda r: r["m"])]
     return {"holds": len(excess) > 1 and _strictly_increasing(excess), "m": sorted(r["m"] for r in rows),
             "excess_pct": excess}
+
+
+# -- the sweeps ----------------------------------------------------------------------
+def best_by_loss(runs: Iterable[dict], key: str) -> object:
+    """The ``key`` of the run with the lowest validation loss (ties: the first listed)."""
+    return min(runs, key=lambda r: r["val_loss"])[key]
+
+
+def scaling_choices(runs: Sequence[dict], seed: int) -> dict[int, float]:
+    """Per M, the outer lr whose ``seed`` run ended lowest: the scaling-law paper's
+    procedure (sweep, report the best)."""
+    first = _select(runs, section="scaling", seed=seed)
+    return {m: best_by_loss(_select(first, dp=m), "outer_lr") for m in sorted({r["dp"] for r in first})}
+
+
+def scaling_sweep_rows(runs: Sequence[dict], seed: int, chosen: dict[int, float]) -> list[dict]:
+    """What the outer-lr sweep of the scaling rows saw on ``seed``."""
+    return [{"kind": "scaling_sweep", "m": r["dp"], "outer_lr": r["outer_lr"], "val_loss": r["val_loss"],
+             "chosen": chosen.get(r["dp"]) == r["outer_lr"]}
+            for r in sorted(_select(runs, section="scaling", seed=seed), key=lambda r: (r["dp"], r["outer_lr"]))]
+
+
+def with_default_label(runs: Iterable[dict], default: str) -> list[dict]:
+    return [r | {"variant": r.get("variant") or default} for r in runs]
+
+
+def sweep_rows(runs: Sequence[dict], grid: tuple[int, int], seed: int, default: str) -> list[dict]:
+    """NoLoCo's settings on one grid: each variant's loss on ``seed`` against the
+    defaults' (paired), and over every seed where the variant ran on all of them, its
+    mean gap to the defaults and to DiLoCo."""
+    dp, pp = grid
+    noloco = with_default_label(_select(runs, section="grid", dp=dp, pp=pp, method="noloco"), default)
+    noloco += _select(runs, section="sweep", dp=dp, pp=pp)
+    diloco = _by_seed(_select(runs, section="grid", dp=dp, pp=pp, method="diloco"), "val_loss")
+    defaults = _by_seed([r for r in noloco if r["variant"] == default], "val_loss")
+    rows = []
+    for variant in dict.fromkeys(r["variant"] for r in noloco):
+        mine = [r for r in noloco if r["variant"] == variant]
+        losses = _by_seed(mine, "val_loss")
+        to_default = paired_gaps_pct(losses, defaults)
+        to_diloco = paired_gaps_pct(losses, diloco)
+        rows.append({"kind": "sweep", "grid": f"{dp} x {pp}", "variant": variant, "seeds": len(mine),
+                     "first_seed_val_loss": losses.get(seed), "val_loss_mean": statistics.fmean(losses.values()),
+                     "gap_to_default_pct": statistics.fmean(to_default) if to_default else None,
+                     "gap_to_diloco_pct": statistics.fmean(to_diloco) if to_diloco else None,
+                     "gap_to_diloco_min_pct": min(to_diloco) if to_diloco else None,
+                     "gap_to_diloco_max_pct": max(to_diloco) if to_diloco else None,
+                     "weight_std_mean": statistics.fmean(r["weight_std"] for r in mine),
+                     "outer_lr": mine[0]["outer_lr"], "outer_momentum": mine[0]["outer_momentum"],
+                     "outer_gamma": mine[0]["outer_gamma"]})
+    return rows
+
+
+def sweep_choice(runs: Sequence[dict], grid: tuple[int, int], seed: int, default: str) -> str:
+    """The NoLoCo setting with the lowest loss on ``seed`` (the defaults' label if they won)."""
+    dp, pp = grid
+    candidates = with_default_label(_select(runs, section="grid", dp=dp, pp=pp, method="noloco", seed=seed), default)
+    return best_by_loss(candidates + _select(runs, section="sweep", dp=dp, pp=pp, seed=seed), "variant")
+
+
+# -- time to a target loss ---------------------------------------------------------
+def steps_to_target(curve: Sequence[Sequence[float]], target: float) -> float | None:
+    """The step at which the loss curve first reaches ``target``, linear between its
+    points (the curve starts from its first point: targets are reached later)."""
+    previous = None
+    for step, loss in curve:
+        if loss <= target:
+            if previous is None or previous[1] == loss:
+                return float(step)
+            (s0, l0) = previous
+            return s0 + (step - s0) * (l0 - target) / (l0 - loss)
+        previous = (step, loss)
+    return None
+
+
+def target_loss(runs: Sequence[dict], methods: Sequence[str] = ("noloco", "diloco")) -> float:
+    """A loss every one of ``methods`` reaches on every seed: the highest final point of
+    their validation-loss curves."""
+    return max(r["loss_curve"][-1][1] for r in runs if r["method"] in methods)
+
+
+def steps_to_target_rows(runs: Sequence[dict]) -> list[dict]:
+    """Per grid and method: the inner steps until the validation loss reaches the grid's
+    target (mean over seeds; None where a seed never reaches it)."""
+    grid_runs = _select(runs, section="grid")
+    rows = []
+    for dp, pp in sorted({(r["dp"], r["pp"]) for r in grid_runs}, key=lambda g: (g[1], g[0])):
+        mine = _select(grid_runs, dp=dp, pp=pp)
+        target = target_loss(mine)
+        for method in METHOD_ORDER:
+            steps = [steps_to_target(r["loss_curve"], target) for r in _select(mine, method=method)]
+            if not steps:
+                continue
+            rows.append({"kind": "to_target", "dp": dp, "pp": pp, "grid": f"{dp} x {pp}", "method": method,
+                         "target_loss": target, "inner_steps": _select(mine, method=method)[0]["inner_steps"],
+                         "steps": None if None in steps else statistics.fmean(steps)})
+    return rows

@@ -177,7 +177,8 @@ def one_stage_row(plan: Plan, scenario: Scenario, rate: float, workdir: Path, al
     workdir = workdir / scenario.name.replace(" ", "-").replace("+", "and").replace("/", "")
     workdir.mkdir(parents=True, exist_ok=True)
     rate = scenario.rate_mbit or rate
-    print(f"bench.{NAME}: {scenario.name} at {rate} Mbit/s", file=sys.stderr, flush=True)
+    named = "" if scenario.rate_mbit else f" at {rate} Mbit/s"  # a scenario of its own rate names it
+    print(f"bench.{NAME}: {scenario.name}{named}", file=sys.stderr, flush=True)
     spec = run_spec(plan, scenario.codec)
     if scenario.hivemind:
         ran = run_hivemind(spec, plan.volunteers, rate, workdir, DATA, time_limit_s)
@@ -301,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         for staged in staged_scenarios(args.full):
             result.add(**staged_row(plan, staged, rate, workdir))
             print(f"bench.{NAME}: {result.rows[-1]}", file=sys.stderr, flush=True)
-    result.summary = summary(result.rows, rate, plan, args.full)
+    result.summary = summary(result.rows, rate, plan, args.full) | link_in_steps(params, rate, step_s, plan)
     result.note(f"Re-run: {rerun_command(NAME, args.mode)}")
     result.write()
     plot(result)
@@ -310,6 +311,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def _brief(row: dict) -> dict:
     return {k: v for k, v in row.items() if k != "curve"}
+
+
+def link_in_steps(params: int, rate_mbit: float, step_s: float, plan: Plan) -> dict:
+    """The link as the convergence benchmark's wall-clock model reads it: one 16-bit copy
+    of the stage's weights over it, and a volunteer's inner step (volunteers share the
+    machine's 2 cores), in seconds."""
+    return {"payload_s_fp16": round(params * 2 * 8 / (rate_mbit * 1e6), 3),
+            "volunteer_step_s": round(step_s * max(1.0, plan.volunteers / 2), 4)}
 
 
 def summary(rows: list[dict], rate: float, plan: Plan, full: bool) -> dict:
@@ -326,6 +335,7 @@ def summary(rows: list[dict], rate: float, plan: Plan, full: bool) -> dict:
         "bytes_per_round_vs_blocking_fp16": round(statistics.mean(best["bytes_per_partner_round"])
                                                    / statistics.mean(blocking["bytes_per_partner_round"]), 3),
         "final_loss_vs_blocking_fp16": round(best["final_val_loss"] / blocking["final_val_loss"] - 1, 4),
+        "overlapped_compressed_exchange_s": round(statistics.mean(c["exchange"] for c in best["critical_path_s"]), 2),
         "time_to_hivemind_final_loss": to_loss,
         "time_to_hivemind_final_loss_ratio": None if to_loss["ours_s"] is None or not to_loss["theirs_s"]
         else round(to_loss["ours_s"] / to_loss["theirs_s"], 3),

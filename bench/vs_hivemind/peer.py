@@ -139,7 +139,17 @@ def train(args: argparse.Namespace) -> None:
     opt = make_optimizer(args, dht, model, hyper)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     save_snapshot(args.out_dir, args.rank, 0, model, opt.local_epoch)  # its time marks the start of training
+    # A peer stopped at a benchmark's time limit keeps what it trained by then: on a slow
+    # link hivemind's epochs shrink to one step each, an averaging round apiece, and the
+    # snapshot every H steps came once in three minutes (its "final" weights were the
+    # ones of the first minute, reached long before it was stopped).
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     for step in range(args.steps):
+        if stop.is_set():
+            if step % args.inner_steps:  # not saved yet (an earlier time would be overwritten)
+                save_snapshot(args.out_dir, args.rank, step, model, opt.local_epoch)
+            break
         inputs, targets = loader.next_batch()
         loss = model(inputs, targets)
         loss.backward()

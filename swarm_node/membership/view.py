@@ -41,6 +41,7 @@ class Membership:
         self.state = "joining"  # joining, training, finished, leaving: as our record says
         self.reachability: Reachability | None = None  # what peers measured dialling us back
         self.peers: dict[int, dict[str, PeerRecord]] = {}
+        self._seen_live_s: dict[int, float] = {}  # stage -> when a read last showed a live peer in it
 
     @property
     def own_id(self) -> str:
@@ -81,16 +82,25 @@ class Membership:
                    for p, r in self.live_peers(self.stage).items())
 
     async def stage_has_ended(self, stage: int, timeout_s: float = 10.0) -> bool:
-        """No peer of ``stage`` trains or joins any more (they finished, left, or their
-        records expired): one registry read, for a later stage deciding whether the run
-        it was given --max-steps for is over. A read that times out says no."""
+        """No peer of ``stage`` has trained or joined for a whole record lifetime (they
+        finished, left, or their records expired): for a later stage deciding whether
+        the run it was given --max-steps for is over. One read is not enough: a DHT
+        lookup can come back without some or all of a stage's records while they live,
+        and one such read ended a stage-1 node in the middle of a run. A read that times
+        out says nothing."""
+        clock = asyncio.get_running_loop().time
+        now = clock()
+        last_live_s = self._seen_live_s.setdefault(stage, now)
         try:
             async with asyncio.timeout(timeout_s):
                 parsed, _ = await read_stage(self.dht, self.spec.run_id, stage)
         except TimeoutError:
             return False
-        return not any(r.state in ("training", "joining") and r.spec_hash == self.spec_hash
-                       for peer, r in parsed.items() if peer != self.own_id)
+        if any(r.state in ("training", "joining") and r.spec_hash == self.spec_hash
+               for peer, r in parsed.items() if peer != self.own_id):
+            self._seen_live_s[stage] = clock()
+            return False
+        return now - last_live_s >= self.config.record_ttl_s
 
     def steps_behind(self, inner_step: int) -> int:
         """How far the most advanced live peer of our stage is ahead of ``inner_step``."""

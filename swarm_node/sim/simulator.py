@@ -30,7 +30,7 @@ from swarm_node.optim.outer import SlowWeights
 from swarm_node.sim.config import SimConfig
 from swarm_node.sim.grouping import random_groups
 from swarm_node.train.device import device_facts_or_name, is_out_of_memory, out_of_memory
-from swarm_node.train.evaluate import average_into, path_val_loss, weight_spread
+from swarm_node.train.evaluate import average_into, path_val_loss, random_paths_val_loss, weight_spread
 from swarm_node.wire.messages import decode_activations, encode_activations
 from swarm_node.wire.outer_codec import OuterEncoder, decode_outer, outer_codec
 
@@ -210,6 +210,15 @@ class Simulator:
         """Mean validation loss over the fixed paths 'worker r at every stage'."""
         return float(np.mean([self._eval_path([self.workers[s][r].stage for s in range(self.config.stages)])
                               for r in range(self.config.replicas)]))
+
+    def evaluate_random_paths(self, seed: int = 0, max_batches: int | None = None) -> float:
+        """Mean validation loss over random paths (as many per batch as there are
+        replicas, so it costs what ``evaluate`` does), the same draws for any run with
+        the same ``seed``; on the first ``max_batches`` batches (default: the config's)."""
+        cfg = self.config
+        return random_paths_val_loss([[w.stage for w in workers] for workers in self.workers], self.data,
+                                     batch_size=cfg.eval_batch_size, max_batches=max_batches or cfg.eval_batches,
+                                     paths_per_batch=cfg.replicas, seed=seed, device=self.device)
 
     def consensus_stages(self) -> list[PipelineStage]:
         """One model whose every stage is the mean of its workers' weights."""

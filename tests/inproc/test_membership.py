@@ -103,3 +103,30 @@ def test_a_leaving_record_takes_the_peer_out_of_the_view_at_once():
 
     before, after = vclock.run(scenario())
     assert before == {"QmA"} and after == set()
+
+
+def test_a_later_stage_sees_the_stage_before_ended_only_after_a_record_lifetime_without_it():
+    """A DHT read can come back without a stage's records while they live; one such read
+    ended a stage-1 node given --max-steps in the middle of the run."""
+    registry = SharedRegistry()
+    upstream, view = joiner(registry, "QmUp"), joiner(registry, "QmDown")
+
+    async def scenario():
+        upstream.stage, upstream.state = 0, "training"
+        await upstream.heartbeat()
+        answers = [await view.stage_has_ended(0)]
+        live = registry.entries.copy()
+        registry.entries.clear()  # a lookup that found nothing, while stage 0 trains on
+        answers.append(await view.stage_has_ended(0))
+        await asyncio.sleep(view.config.record_ttl_s / 2)
+        answers.append(await view.stage_has_ended(0))
+        registry.entries.update(live)
+        answers.append(await view.stage_has_ended(0))
+        upstream.state = "finished"
+        await upstream.heartbeat()
+        answers.append(await view.stage_has_ended(0))
+        await asyncio.sleep(view.config.record_ttl_s)
+        answers.append(await view.stage_has_ended(0))
+        return answers
+
+    assert vclock.run(scenario()) == [False, False, False, False, False, True]

@@ -120,3 +120,15 @@ def test_config_refuses_a_split_the_model_cannot_take_before_loading_anything():
                                           "use stages 2 or fewer"):
         small_config("noloco", stages=3)
     assert small_config("noloco", stages=3, layers_per_stage=(0, 1, 1)).stages == 3
+
+
+def test_random_paths_evaluate_the_paths_a_swarm_routes():
+    """Before training every worker of a stage is the same model, so any path is the fixed
+    path; after it, random paths mix workers that never met on a fixed path, and the same
+    seed draws the same paths."""
+    sim = Simulator(small_config("local", steps=20))
+    assert sim.evaluate_random_paths(seed=3) == pytest.approx(sim.evaluate(), rel=1e-6)
+    for _ in range(20):
+        sim.train_step()
+    fixed, random_paths = sim.evaluate(), sim.evaluate_random_paths(seed=3)
+    assert random_paths == sim.evaluate_random_paths(seed=3) and random_paths != fixed

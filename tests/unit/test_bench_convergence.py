@@ -5,7 +5,9 @@ import math
 import pytest
 
 from bench.common.results import Result
-from bench.convergence.benchmark import QUICK, jobs_for, markdown, summarise
+from bench.convergence.benchmark import summarise
+from bench.convergence.plan import NOLOCO_DEFAULT, QUICK, confirming_jobs, main_jobs, tuning_jobs
+from bench.convergence.report import markdown
 from bench.convergence.stats import (
     check_ddp_best,
     check_gaps_grow_with_dp,
@@ -13,14 +15,23 @@ from bench.convergence.stats import (
     check_scaling_order,
     grid_rows,
     paired_gaps_pct,
+    scaling_choices,
     scaling_rows,
     spread,
+    steps_to_target,
+    steps_to_target_rows,
+    sweep_choice,
+    sweep_rows,
 )
+from bench.convergence.wallclock import Link, allreduce_messages, step_cost, wall_rows
 
 
-def _run(section, dp, pp, method, seed, loss, outer_lr=None):
+def _run(section, dp, pp, method, seed, loss, outer_lr=None, variant=""):
+    curve = [[step, loss + 1.0 / step] for step in (10, 20, 40, 80)]  # falls to about the final loss
     return {"kind": "run", "section": section, "dp": dp, "pp": pp, "method": method, "seed": seed,
-            "val_loss": loss, "ppl": math.exp(loss), "consensus_val_loss": loss, "weight_std": 0.0,
+            "variant": variant, "inner_lr": 2e-3, "loss_curve": curve, "outer_rounds": 8,
+            "val_loss": loss, "ppl": math.exp(loss), "fixed_val_loss": loss, "consensus_val_loss": loss,
+            "weight_std": 0.0,
             "outer_lr": outer_lr, "outer_gamma": 0.7, "outer_momentum": 0.3 if method == "diloco" else 0.5,
             "nesterov": section == "scaling",
             "inner_steps": 100 if method == "diloco" else 50, "tokens": 1000, "num_parameters": 10, "wall_s": 1.0,
@@ -36,9 +47,13 @@ PAPER_LIKE = {(4, 2): {"ddp": 1.00, "noloco": 1.02, "diloco": 1.03, "local": 1.1
 def _paper_like_runs():
     runs = [_run("grid", dp, pp, method, seed, loss + 0.001 * seed)
             for (dp, pp), losses in PAPER_LIKE.items() for method, loss in losses.items() for seed in (0, 1)]
-    runs += [_run("scaling", m, 1, "diloco", seed, 1.0 + 0.01 * i + 0.001 * seed, outer_lr=0.6)
-             for i, m in enumerate((1, 2, 4, 8)) for seed in (0, 1)]
+    runs += [_run("scaling", m, 1, "diloco", seed, 1.0 + 0.01 * i + 0.001 * seed + abs(lr - 0.2), outer_lr=lr)
+             for i, m in enumerate((1, 2, 4, 8)) for seed in (0, 1) for lr in (0.1, 0.2)]
+    runs += [_run("sweep", 4, 2, "noloco", 0, 1.025, variant="gamma = 0.0")]
     return runs
+
+
+CHOSEN = {"inner_lr": None, "scaling_outer_lr": {1: 0.2, 2: 0.2, 4: 0.2, 8: 0.2}, "noloco": NOLOCO_DEFAULT}
 
 
 def test_spread_and_paired_gaps():
@@ -63,7 +78,8 @@ def test_checks_pass_on_paper_like_runs():
     assert check_noloco_vs_diloco(rows, runs)["holds"]
     grow = check_gaps_grow_with_dp(rows)
     assert grow["holds"] and list(grow["series"]) == ["noloco PP=2", "diloco PP=2"]
-    scaling = scaling_rows(runs, (8, 1))
+    chosen = [r for r in runs if r["section"] != "scaling" or r["outer_lr"] == 0.2]
+    scaling = scaling_rows(chosen, (8, 1))
     assert scaling[0]["excess_pct"] == pytest.approx(0.0) and check_scaling_order(scaling)["holds"]
 
 
@@ -76,24 +92,75 @@ def test_checks_fail_when_the_shape_is_broken():
     assert not check_gaps_grow_with_dp(rows)["holds"]
 
 
-def test_plan_and_markdown_render_from_json_alone():
-    jobs = jobs_for(QUICK)
-    assert len(jobs) == len(QUICK.seeds) * (4 * len(QUICK.grids) + len(QUICK.scaling_m))
-    assert jobs[0].cost >= jobs[-1].cost
+def test_plan_phases_and_markdown_render_from_json_alone():
+    tune = tuning_jobs(QUICK)
+    assert [j.inner_lr for j in tune] == list(QUICK.inner_lrs) and {j.method for j in tune} == {"ddp"}
+    jobs = main_jobs(QUICK, 2e-3)
+    grid_jobs = [j for j in jobs if j.section == "grid"]
+    assert len(grid_jobs) == len(QUICK.seeds) * 4 * len(QUICK.grids) and jobs[0].cost >= jobs[-1].cost
+    scaling_jobs = [j for j in jobs if j.section == "scaling"]
+    assert len(scaling_jobs) == len(QUICK.scaling_m) * len(QUICK.scaling_outer_lrs)
+    assert all(j.nesterov and j.outer_momentum == 0.9 and j.seed == QUICK.seeds[0] for j in scaling_jobs)
+    assert all(j.inner_lr == 2e-3 for j in jobs)
+    assert [j.outer_gamma for j in jobs if j.section == "sweep"] == [0.0]
+    confirm = confirming_jobs(QUICK, 2e-3, {1: 0.2, 8: 0.1}, "gamma = 0.0")
+    assert sorted((j.section, j.dp, j.outer_lr, j.outer_gamma) for j in confirm) == [
+        ("scaling", 1, 0.2, None), ("scaling", 8, 0.1, None), ("sweep", 4, None, 0.0)]
+    assert [j.seed for j in confirm] == [1, 1, 1]
+    assert confirming_jobs(QUICK, None, {}, NOLOCO_DEFAULT) == []  # the grids ran the defaults on every seed
+
     result = Result("convergence", "quick")
-    summarise(result, QUICK, _paper_like_runs())
+    home = {"payload_s_fp16": 6.0, "volunteer_step_s": 0.12, "overlapped_compressed_exchange_s": 3.6,
+            "utilisation_overlapped_compressed": 0.96, "rate_mbit": 8.9}
+    summarise(result, QUICK, _paper_like_runs(), CHOSEN, home)
     text = markdown({"mode": "quick", "wall_s": 1.0, "machine": {"cpu_count": 2}, "rows": result.rows,
                      "summary": result.summary, "notes": []})
     noloco_ppl = (math.exp(1.02) + math.exp(1.021)) / 2
     assert f"| noloco | {noloco_ppl:.3f} |" in text and "+7.6 %" in text  # the paper's 4 x 2 NoLoCo gap
     assert text.count("**yes**") == 5 and "All four checks hold" in text
-    assert "NoLoCo H = 50," in text and "DiLoCo H = 100," in text and "Nesterov momentum" in text
-    scaling_jobs = [j for j in jobs if j.section == "scaling"]
-    assert all(j.nesterov and j.outer_momentum == 0.9 for j in scaling_jobs)
+    assert "Nesterov momentum 0.9" in text and "0.1 -> 1.1" in text and "(best)" in text
+    assert "| gamma = 0.0 | 1.0250 | 1 |" in text and "| home | 8 x 1 | noloco | as run here |" in text
+
+
+def test_sweeps_choose_the_lowest_loss_on_the_first_seed():
+    runs = _paper_like_runs()
+    assert scaling_choices(runs, 0) == {1: 0.2, 2: 0.2, 4: 0.2, 8: 0.2}
+    assert sweep_choice(runs, (4, 2), 0, NOLOCO_DEFAULT) == NOLOCO_DEFAULT  # 1.02 beats gamma = 0's 1.025
+    better = runs + [_run("sweep", 4, 2, "noloco", 0, 1.01, variant="beta = 1.0")]
+    assert sweep_choice(better, (4, 2), 0, NOLOCO_DEFAULT) == "beta = 1.0"
+    rows = {r["variant"]: r for r in sweep_rows(better, (4, 2), 0, NOLOCO_DEFAULT)}
+    assert rows[NOLOCO_DEFAULT]["seeds"] == 2 and rows["beta = 1.0"]["seeds"] == 1
+    assert rows["beta = 1.0"]["gap_to_default_pct"] == pytest.approx(100 * (1.01 / 1.02 - 1))
+    assert rows[NOLOCO_DEFAULT]["gap_to_diloco_pct"] < 0
+
+
+def test_steps_to_target_and_the_wall_clock_model():
+    curve = [[25, 3.0], [50, 2.5], [75, 2.4]]
+    assert steps_to_target(curve, 2.5) == 50 and steps_to_target(curve, 2.0) is None
+    assert steps_to_target(curve, 2.45) == pytest.approx(62.5) and steps_to_target(curve, 3.5) == 25
+    to_target = steps_to_target_rows(_paper_like_runs())
+    row = {(r["grid"], r["method"]): r for r in to_target}
+    # the target is the highest final point of NoLoCo and DiLoCo: both reach it, DDP sooner
+    assert row["4 x 2", "diloco"]["target_loss"] == pytest.approx(1.031 + 1 / 80)
+    assert row["4 x 2", "ddp"]["steps"] <= row["4 x 2", "noloco"]["steps"] <= row["4 x 2", "diloco"]["steps"]
+
+    assert allreduce_messages(1, 0.5) == 0.0
+    # with equal message times a tree all-reduce is 2 log2(N) messages (the paper's model)
+    assert allreduce_messages(8, 0.0) == pytest.approx(6.0)
+    link = Link(payload_steps=100.0, cv=0.0, overlapped_exchange_steps=30.0, overlapped_utilisation=0.95)
+    assert step_cost("ddp", 8, 10, link) == pytest.approx(601.0)
+    assert step_cost("diloco", 8, 10, link) == pytest.approx(61.0)
+    assert step_cost("noloco", 8, 10, link) == pytest.approx(41.0)  # phi and Delta, 2 messages each way
+    assert step_cost("noloco", 8, 10, link, as_run_here=True) == pytest.approx(3.0)  # waits for the exchange
+    assert step_cost("noloco", 8, 100, link, as_run_here=True) == pytest.approx(1 / 0.95)  # hidden behind compute
+    walls = wall_rows([{"grid": "8 x 1", "dp": 8, "method": m, "inner_steps": 10, "steps": 100.0}
+                       for m in ("diloco", "noloco")], link)
+    assert [(w["round"], w["vs_diloco"]) for w in walls] == [("", 1.0), ("paper", pytest.approx(41 / 61)),
+                                                              ("as run here", pytest.approx(3 / 61))]
 
 
 def test_where_noloco_trails_is_said_per_grid_with_its_seeds():
-    from bench.convergence.benchmark import _where_noloco_behind
+    from bench.convergence.report import _where_noloco_behind
 
     check = {"by_grid": {"8 x 1": {"diff_pct": -2.2, "seeds_holding": 3, "seeds": 3},
                          "4 x 2": {"diff_pct": 0.9, "seeds_holding": 1, "seeds": 3},
