@@ -17,7 +17,7 @@ import time
 from bench import report
 
 ORDER = ("sync_cost", "swarm_efficiency", "latency_model", "home_link", "convergence", "vs_hivemind", "wire_bytes")
-QUICK_BUDGET_S = 15 * 60
+QUICK_BUDGET_S = 20 * 60  # 15 of them the home-link benchmark's shaped links
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,8 +39,8 @@ def main(argv: list[str] | None = None) -> int:
         total = time.monotonic() - started
         print(f"== all benchmarks: {total / 60:.1f} min", file=sys.stderr)
         if not args.full and args.only is None and total > QUICK_BUDGET_S:
-            print(f"warning: the quick benchmarks took {total / 60:.1f} min, over their 15-minute budget",
-                  file=sys.stderr)
+            print(f"warning: the quick benchmarks took {total / 60:.1f} min, over their "
+                  f"{QUICK_BUDGET_S // 60}-minute budget", file=sys.stderr)
     path = report.write()
     print(f"wrote {path}", file=sys.stderr)
     if failed:

@@ -31,6 +31,11 @@ class StreamClosed(PeerError):
     (seen about once per thousand healthy calls on loopback)."""
 
 
+class OutOfScale(ProtocolError):
+    """A well-formed tensor far out of the scale recently seen: refused, but no fault of
+    the sender's (honest activations grew 100x within seconds early in a run)."""
+
+
 class PeerRefused(PeerError):
     """A peer answered but declined (busy, banned us, wrong stage)."""
 

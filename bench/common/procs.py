@@ -66,3 +66,14 @@ def run_to_end(cmd: Sequence[str], timeout_s: float, log_path: Path, env: dict |
         wait_all([process], [log_path], time.monotonic() + timeout_s)
     finally:
         stop(process)
+
+
+def unwind_on_sigterm() -> None:
+    """SIGTERM as an exit that unwinds: the ``with`` blocks that own children, pools and
+    test beds (network namespaces) clean up on the way out, as for Ctrl-C. Without it a
+    benchmark stopped by ``timeout`` left its hosts' nodes running."""
+    signal.signal(signal.SIGTERM, _exit_for_signal)
+
+
+def _exit_for_signal(signum, frame) -> None:
+    raise SystemExit(128 + signum)

@@ -4,10 +4,10 @@ do not gain from intra-op threads; two processes use two cores fully)."""
 from __future__ import annotations
 
 import multiprocessing
-import signal
 import sys
 import time
 
+from bench.common.procs import unwind_on_sigterm
 from bench.convergence.plan import Job
 from bench.convergence.stats import perplexity
 from swarm_node.optim.methods import default_method
@@ -91,10 +91,6 @@ def _one_thread() -> None:
     torch.set_num_threads(1)
 
 
-def _exit_on_sigterm(signum, frame) -> None:
-    sys.exit(128 + signum)  # unwinds through the pool's exit, which terminates the workers
-
-
 class Runner:
     """A pool of ``workers`` processes for every phase; leaving the ``with`` block
     terminates them on any error, Ctrl-C or SIGTERM."""
@@ -104,7 +100,7 @@ class Runner:
         self.done = 0
 
     def __enter__(self) -> Runner:
-        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+        unwind_on_sigterm()  # through the pool's exit, which terminates the workers
         self._pool = multiprocessing.get_context("spawn").Pool(self.workers, initializer=_one_thread)
         self._pool.__enter__()
         return self

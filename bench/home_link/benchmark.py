@@ -44,6 +44,7 @@ from pathlib import Path
 
 import torch
 
+from bench.common.procs import unwind_on_sigterm
 from bench.common.results import Result, parse_mode, pyplot, rerun_command
 from bench.common.snapshots import load_snapshots
 from bench.home_link.swarms import RTT_MS, Ran, run_hivemind, run_one_stage, run_two_stages
@@ -275,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     if why:
         print(f"bench.{NAME}: {why}", file=sys.stderr)
         return 2
+    unwind_on_sigterm()  # the test beds remove their hosts, and the nodes in them
     plan = Plan(volunteers=4, rounds=8) if args.full else Plan(volunteers=2, rounds=6)
     result = Result(NAME, args.mode, args.out_dir)
     base = run_spec(plan, "fp16")

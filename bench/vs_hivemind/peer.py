@@ -142,13 +142,21 @@ def train(args: argparse.Namespace) -> None:
     # A peer stopped at a benchmark's time limit keeps what it trained by then: on a slow
     # link hivemind's epochs shrink to one step each, an averaging round apiece, and the
     # snapshot every H steps came once in three minutes (its "final" weights were the
-    # ones of the first minute, reached long before it was stopped).
+    # ones of the first minute, reached long before it was stopped). The snapshot is
+    # taken in the handler: the stop reaches hivemind's own processes too, and the step
+    # under way may never return.
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    done = [0]  # steps taken
+
+    def on_stop(*_) -> None:
+        if not stop.is_set():
+            stop.set()
+            if done[0] % args.inner_steps:  # not saved yet (an earlier time would be overwritten)
+                save_snapshot(args.out_dir, args.rank, done[0], model, opt.local_epoch)
+
+    signal.signal(signal.SIGTERM, on_stop)
     for step in range(args.steps):
         if stop.is_set():
-            if step % args.inner_steps:  # not saved yet (an earlier time would be overwritten)
-                save_snapshot(args.out_dir, args.rank, step, model, opt.local_epoch)
             break
         inputs, targets = loader.next_batch()
         loss = model(inputs, targets)
@@ -160,6 +168,7 @@ def train(args: argparse.Namespace) -> None:
                 group["lr"] = lr_at(step, hyper)
         opt.step()
         opt.zero_grad()
+        done[0] = step + 1
         if (step + 1) % args.inner_steps == 0 or step + 1 == args.steps:
             save_snapshot(args.out_dir, args.rank, step + 1, model, opt.local_epoch)
     opt.shutdown()

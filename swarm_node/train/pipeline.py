@@ -23,7 +23,7 @@ import torch
 
 from swarm_node.data.dataset import TokenWindows
 from swarm_node.data.shards import ShardedBatches
-from swarm_node.errors import NotEnoughPeers, PeerError, PeerRefused, ProtocolError, StreamClosed
+from swarm_node.errors import NotEnoughPeers, OutOfScale, PeerError, PeerRefused, ProtocolError, StreamClosed
 from swarm_node.net import protocols
 from swarm_node.net.transport import ServeLimits, short_id
 from swarm_node.node_config import NodeConfig
@@ -204,6 +204,9 @@ class Pipeline:
             except PeerRefused as exc:
                 tried.add(peer)
                 log.debug("stage-%d peer %s refused: %s", next_stage, short_id(peer), exc)
+            except OutOfScale as exc:  # this micro-batch only: the peer is not at fault
+                tried.add(peer)
+                self.guard.note(peer, f"stage-{next_stage} peer {short_id(peer)}: {exc}; micro-batch sent elsewhere")
             except StreamClosed as exc:
                 tried.add(peer)
                 if self.guard.stream_closed(peer):  # twice in a row: it refuses us, or is unwell
@@ -236,7 +239,7 @@ class Pipeline:
         grad, loss = decode_gradient_answer(raw, self.frame_limits, shape, self.spec.activation_codec)
         problem = self._gradient_screen.check(rms(grad), "gradient RMS")
         if problem:
-            raise ProtocolError(problem)
+            raise OutOfScale(problem)
         return grad, loss
 
     def _note_loss(self, loss: float) -> None:
@@ -263,6 +266,9 @@ class Pipeline:
             self.stats.microbatches_done += 1
             self.gate.note_due(due)
             return await self.compute(_encode_answer, {"ok": True, "loss": loss}, grad, self.spec.activation_codec)
+        except OutOfScale as exc:  # refused, not counted against the sender
+            self.guard.note(remote, f"refusing a micro-batch of {short_id(remote)}: {exc}")
+            return encode_frame({"ok": False, "error": f"out of scale: {exc}"[:200]})
         except ProtocolError as exc:
             self.guard.fault(remote, f"bad forward request ({exc})")
             return encode_frame({"ok": False, "error": f"protocol: {exc}"[:200]})
@@ -283,7 +289,7 @@ class Pipeline:
             default_deadline_s=self.config.hop_timeout_s, codec=self.spec.activation_codec)
         problem = self._activation_screen.check(rms(hidden), "activation RMS")
         if problem:
-            raise ProtocolError(problem)
+            raise OutOfScale(problem)
         return deadline_s, hidden, targets
 
 

@@ -1,11 +1,18 @@
 """Screening what peers send by magnitude: a value (a norm, an RMS) is accepted when it
-is at most ``max_ratio`` times the median of recent accepted values. Pure bookkeeping;
-the node decides what a rejection costs the sender (the round goes local-only, the
-peer is banned).
+is at most ``max_ratio`` times the median of the recent values offered. Pure
+bookkeeping; the caller decides what a rejection costs the sender.
 
 What this defends against: activations or gradients wildly out of scale (exploding
-activations, a broken GPU, a crude attacker). Partners' outer updates are held to a
-scale fed only our own Deltas, and clipped (gossip/partner_check.py)."""
+activations, a broken GPU, a crude attacker) arriving among values of the usual scale.
+The reference is the median of every value offered, refused ones included: honest
+training moves the scale (a tiny model's stage-0 activations grew 100x in its first 50
+steps, and in a real 2 x 2 run single micro-batches came 100-200x above the median of
+the moment), and a reference fed only accepted values went stale and refused an
+honest peer's every micro-batch for good. A sustained shift is followed once it fills
+half the window; a sender that wants its values accepted must make up half of what we
+see, and what it gets through is then bounded by the stage's norms and gradient
+clipping. Partners' outer updates are held to a scale fed only our own Deltas, and
+clipped (gossip/partner_check.py)."""
 
 from __future__ import annotations
 
@@ -20,7 +27,7 @@ class MagnitudeScreen:
             raise ValueError("max_ratio must be > 1")
         self.max_ratio = max_ratio
         self.min_history = min_history
-        self._accepted: deque[float] = deque(maxlen=window)
+        self._accepted: deque[float] = deque(maxlen=window)  # every finite value offered, newest last
 
     def note(self, value: float) -> None:
         """A value known to be good (e.g. this node's own), used as reference."""
@@ -33,14 +40,14 @@ class MagnitudeScreen:
         return statistics.median(self._accepted)
 
     def check(self, value: float, what: str) -> str | None:
-        """None when acceptable (then it joins the reference), else why not."""
+        """None when acceptable, else why not; a finite value joins the reference either way."""
         problem = self.check_only(value, what)
-        if problem is None:
+        if math.isfinite(value):
             self._accepted.append(value)
         return problem
 
     def check_only(self, value: float, what: str) -> str | None:
-        """Like check, but an accepted value does not join the reference."""
+        """Like check, but the value does not join the reference."""
         if not math.isfinite(value):
             return f"{what} is not finite"
         reference = self.reference()

@@ -56,3 +56,30 @@ def test_a_hop_in_the_runs_activation_codec_returns_the_next_stages_gradient(cod
 
 def test_int8_halves_the_bytes_of_a_hop():
     assert one_hop("int8")[2] <= 0.55 * one_hop("fp16")[2]
+
+
+
+def test_activations_far_out_of_the_recent_scale_are_refused_without_blaming_the_sender():
+    """Early in a run stage 0's activations grow fast (100-200x within seconds in a real
+    2 x 2 run); a micro-batch far above the median of the moment is refused, so the
+    sender routes it elsewhere, but not counted as a fault (eight ban a caller, which
+    cut stage 0 off for good), and a scale that lasts is accepted soon."""
+    from swarm_node.train.pipeline import _encode_forward
+    from swarm_node.wire.codec import decode_frame
+
+    second = StageParts(SPEC, StageWorker(SPEC, 1, VOCAB))
+    downstream = second.pipeline()
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(4, 16, StageWorker(SPEC, 0, VOCAB).model_config.hidden_size, generator=g)
+    targets = torch.randint(0, VOCAB, (4, 16), generator=g)
+
+    def hop(scale: float) -> dict:
+        payload = _encode_forward({"kind": "fwd", "spec": SPEC.spec_hash(), "deadline_s": 30.0}, hidden * scale,
+                                  targets, SPEC.activation_codec)
+        return decode_frame(asyncio.run(downstream.handle_forward("QmFirst", payload)), downstream.frame_limits)[0]
+
+    assert all(hop(1.0)["ok"] for _ in range(8))
+    jumped = [hop(300.0) for _ in range(12)]
+    assert not jumped[0]["ok"] and jumped[0]["error"].startswith("out of scale: activation RMS")
+    assert jumped[-1]["ok"]  # the new scale filled half the window
+    assert second.guard.faults("QmFirst") == 0 and second.guard.admit("QmFirst")
