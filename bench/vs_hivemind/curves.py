@@ -31,10 +31,15 @@ def swarm_curve(points: Sequence[Point], num_peers: int, steps_per_sync: int) ->
     """The swarm's curve, one point per synchronisation: each peer's latest snapshot
     nearest to it (a NoLoCo node may take a round early, at another step than its
     partner), the mean val loss over the peers, at the time the last of them got there.
-    Points some peer lacks are dropped (a snapshot missed, a peer stopped early)."""
-    by_sync: dict[int, dict[int, Point]] = defaultdict(dict)
+    Points some peer lacks are dropped (a snapshot missed, a peer stopped early). A
+    snapshot far off every synchronisation (a peer stopped at a time limit between
+    two) belongs to a last point of its own: it used to take the place of the one
+    before it, and a run stopped 15 steps after its first synchronisation showed none."""
+    by_sync: dict[float, dict[int, Point]] = defaultdict(dict)
     for p in sorted(points, key=lambda p: (p.step, p.time_s)):
-        by_sync[round(p.step / steps_per_sync)][p.replica] = p  # the latest wins
+        sync = round(p.step / steps_per_sync)
+        on_grid = abs(p.step - sync * steps_per_sync) <= steps_per_sync / 4
+        by_sync[sync if on_grid else math.inf][p.replica] = p  # the latest wins
     curve = []
     for sync in sorted(by_sync):
         group = by_sync[sync].values()
