@@ -81,13 +81,28 @@ class Result:
 
     def write(self) -> Path:
         payload = {"benchmark": self.name, "mode": self.mode,
-                   "command": " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv]),
+                   "command": invocation(),
                    "started": self._started_iso, "wall_s": round(time.time() - self._started, 1),
                    "machine": machine(), "rows": self.rows, "summary": self.summary, "notes": self.notes}
         path = self.path()
         path.write_text(json.dumps(payload, indent=1, sort_keys=False) + "\n")
         print(f"wrote {path}", file=sys.stderr)
         return path
+
+
+def invocation() -> str:
+    """This process's command line as typed: ``python -m bench.x`` leaves the path of the
+    package's ``__main__.py`` in ``sys.argv[0]``, which reads as another command."""
+    argv0 = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
+    if argv0 is not None and argv0.name == "__main__.py":
+        try:
+            module = ".".join(argv0.resolve().parent.relative_to(Path.cwd().resolve()).parts)
+            head = ["-m", module]
+        except ValueError:
+            head = [str(argv0)]
+    else:
+        head = [str(argv0)] if argv0 else []
+    return " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *head, *sys.argv[1:]])
 
 
 def rerun_command(name: str, mode: str) -> str:

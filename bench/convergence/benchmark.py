@@ -27,6 +27,7 @@ from bench.convergence.stats import (
     best_by_loss,
     check_ddp_best,
     check_gaps_grow_with_dp,
+    check_local_worst,
     check_noloco_vs_diloco,
     check_scaling_order,
     grid_rows,
@@ -72,7 +73,8 @@ def summarise(result: Result, plan: Plan, runs: list[dict], chosen: dict, home_l
         walls += [r | {"link": "home"} for r in wall_rows(to_target, home)]
     result.rows = (grids + scaling + scaling_sweep_rows(runs, first, chosen["scaling_outer_lr"])
                    + sweep_rows(runs, plan.sweep_grid, first, NOLOCO_DEFAULT) + to_target + walls + runs)
-    checks = {"ddp_best": check_ddp_best(grids), "noloco_le_diloco": check_noloco_vs_diloco(grids, runs),
+    checks = {"ddp_best": check_ddp_best(grids), "local_worst": check_local_worst(grids),
+              "noloco_le_diloco": check_noloco_vs_diloco(grids, runs),
               "gaps_grow_with_dp": check_gaps_grow_with_dp(grids), "scaling_order": check_scaling_order(scaling)}
     grid_run = next(r for r in runs if r["section"] == "grid")
     result.summary = {

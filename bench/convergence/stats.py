@@ -132,6 +132,14 @@ def check_ddp_best(rows: Sequence[dict]) -> dict:
             "every_seed": all(r["gap_min_pct"] > 0 for r in others)}
 
 
+def check_local_worst(rows: Sequence[dict]) -> dict:
+    """In every grid local-only training (no communication) has the highest mean
+    perplexity: any averaging at all should beat none."""
+    grids = sorted({r["grid"] for r in rows})
+    worst = {g: max((r for r in rows if r["grid"] == g), key=lambda r: r["ppl_mean"])["method"] for g in grids}
+    return {"holds": bool(worst) and all(m == "local" for m in worst.values()), "worst_by_grid": worst}
+
+
 def check_noloco_vs_diloco(rows: Sequence[dict], runs: Sequence[dict]) -> dict:
     """NoLoCo's mean perplexity at or below DiLoCo's in every grid; per grid the
     relative difference in % (negative: NoLoCo better) and in how many seeds it holds."""
@@ -222,8 +230,16 @@ def sweep_rows(runs: Sequence[dict], grid: tuple[int, int], seed: int, default: 
                      "gap_to_diloco_max_pct": max(to_diloco) if to_diloco else None,
                      "weight_std_mean": statistics.fmean(r["weight_std"] for r in mine),
                      "outer_lr": mine[0]["outer_lr"], "outer_momentum": mine[0]["outer_momentum"],
-                     "outer_gamma": mine[0]["outer_gamma"]})
+                     "outer_gamma": mine[0]["outer_gamma"], "outer_gain": outer_gain(mine[0])})
     return rows
+
+
+def outer_gain(run: dict) -> float | None:
+    """How many times a steady Delta is applied per round: beta / (1 - alpha) for the
+    heavy-ball form both methods use (``None`` for methods without an outer step)."""
+    if run.get("outer_lr") is None or run.get("outer_momentum") is None:
+        return None
+    return run["outer_lr"] / (1.0 - run["outer_momentum"])
 
 
 def sweep_choice(runs: Sequence[dict], grid: tuple[int, int], seed: int, default: str) -> str:

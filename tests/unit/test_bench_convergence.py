@@ -11,6 +11,7 @@ from bench.convergence.report import markdown
 from bench.convergence.stats import (
     check_ddp_best,
     check_gaps_grow_with_dp,
+    check_local_worst,
     check_noloco_vs_diloco,
     check_scaling_order,
     grid_rows,
@@ -32,7 +33,8 @@ def _run(section, dp, pp, method, seed, loss, outer_lr=None, variant=""):
             "variant": variant, "inner_lr": 2e-3, "loss_curve": curve, "outer_rounds": 8,
             "val_loss": loss, "ppl": math.exp(loss), "fixed_val_loss": loss, "consensus_val_loss": loss,
             "weight_std": 0.0,
-            "outer_lr": outer_lr, "outer_gamma": 0.7, "outer_momentum": 0.3 if method == "diloco" else 0.5,
+            "outer_lr": 0.7 if outer_lr is None and method in ("noloco", "diloco") else outer_lr,
+            "outer_gamma": 0.7, "outer_momentum": 0.3 if method == "diloco" else 0.5,
             "nesterov": section == "scaling",
             "inner_steps": 100 if method == "diloco" else 50, "tokens": 1000, "num_parameters": 10, "wall_s": 1.0,
             "cpu_s": 1.0, "val_windows": 256, "all_val_windows": 486}
@@ -75,7 +77,7 @@ def test_checks_pass_on_paper_like_runs():
     runs = _paper_like_runs()
     rows = grid_rows(runs)
     assert check_ddp_best(rows)["holds"] and check_ddp_best(rows)["every_seed"]
-    assert check_noloco_vs_diloco(rows, runs)["holds"]
+    assert check_noloco_vs_diloco(rows, runs)["holds"] and check_local_worst(rows)["holds"]
     grow = check_gaps_grow_with_dp(rows)
     assert grow["holds"] and list(grow["series"]) == ["noloco PP=2", "diloco PP=2"]
     chosen = [r for r in runs if r["section"] != "scaling" or r["outer_lr"] == 0.2]
@@ -90,6 +92,10 @@ def test_checks_fail_when_the_shape_is_broken():
     assert check_ddp_best(rows)["best_by_grid"]["8 x 2"] == "diloco" and not check_ddp_best(rows)["holds"]
     assert not check_noloco_vs_diloco(rows, runs)["holds"]
     assert not check_gaps_grow_with_dp(rows)["holds"]
+    worse = [r | {"val_loss": 9.0, "ppl": math.exp(9.0)} if (r["method"], r["dp"], r["pp"]) == ("noloco", 4, 2) else r
+             for r in _paper_like_runs()]
+    local = check_local_worst(grid_rows(worse))
+    assert not local["holds"] and local["worst_by_grid"]["4 x 2"] == "noloco"
 
 
 def test_plan_phases_and_markdown_render_from_json_alone():
@@ -117,9 +123,9 @@ def test_plan_phases_and_markdown_render_from_json_alone():
                      "summary": result.summary, "notes": []})
     noloco_ppl = (math.exp(1.02) + math.exp(1.021)) / 2
     assert f"| noloco | {noloco_ppl:.3f} |" in text and "+7.6 %" in text  # the paper's 4 x 2 NoLoCo gap
-    assert text.count("**yes**") == 5 and "All four checks hold" in text
+    assert text.count("**yes**") == 6 and "All checks hold" in text
     assert "Nesterov momentum 0.9" in text and "0.1 -> 1.1" in text and "(best)" in text
-    assert "| gamma = 0.0 | 1.0250 | 1 |" in text and "| home | 8 x 1 | noloco | as run here |" in text
+    assert "| gamma = 0.0 | 1.40 | 1.0250 | 1 |" in text and "| home | 8 x 1 | noloco | as run here |" in text
 
 
 def test_sweeps_choose_the_lowest_loss_on_the_first_seed():

@@ -27,3 +27,13 @@ def test_every_image_the_document_shows_exists():
         if line.startswith("![") and "](" in line:
             path = line.split("](", 1)[1].rstrip(")")
             assert (Path(report.ROOT) / path).is_file(), path
+
+
+def test_a_result_records_a_module_run_as_it_was_typed(monkeypatch):
+    from bench.common.results import invocation
+
+    main = Path.cwd() / "bench" / "convergence" / "__main__.py"
+    monkeypatch.setattr("sys.argv", [str(main), "--full"])
+    assert invocation().split(" ", 1)[1] == "-m bench.convergence --full"
+    monkeypatch.setattr("sys.argv", ["bench/run_all.py", "--only", "x"])
+    assert invocation().endswith("bench/run_all.py --only x")
