@@ -225,8 +225,8 @@ def _checks(result: dict) -> str:
     ddp, nd, grow, order = c["ddp_best"], c["noloco_le_diloco"], c["gaps_grow_with_dp"], c["scaling_order"]
     local = c.get("local_worst")
     best = ", ".join(f"{g}: {m}" for g, m in ddp["best_by_grid"].items())
-    nd_grids = "; ".join(f"{g}: {v['diff_pct']:+.2f} % ({v['seeds_holding']} of {v['seeds']} seeds)"
-                         for g, v in nd["by_grid"].items())
+    nd_grids = "; ".join(f"{g}: {v['diff_pct']:+.2f} %{_paired_range(v)} ({v['seeds_holding']} of {v['seeds']} "
+                         "seeds at or below)" for g, v in nd["by_grid"].items())
     series = "; ".join(f"{name}: " + " -> ".join(f"{gap:+.2f} % (DP {dp})" for dp, gap in zip(v["dp"], v["gap_pct"]))
                        for name, v in grow["series"].items())
     excess = " -> ".join(f"{e:+.2f} % (M {m})" for m, e in zip(order["m"], order["excess_pct"]))
@@ -239,6 +239,13 @@ def _checks(result: dict) -> str:
         f"- Gaps to DDP grow with DP: {_yes(grow['holds'])} ({series}).",
         f"- DiLoCo's excess over DDP rises with M: {_yes(order['holds'])} ({excess}).",
     ])
+
+
+def _paired_range(check: dict) -> str:
+    """The seed-by-seed differences' range, where the result has it."""
+    if check.get("paired_min_pct") is None:
+        return ""
+    return f", per seed {check['paired_min_pct']:+.2f}..{check['paired_max_pct']:+.2f} %"
 
 
 def _meaning(result: dict) -> str:

@@ -154,7 +154,8 @@ def check_noloco_vs_diloco(rows: Sequence[dict], runs: Sequence[dict]) -> dict:
         paired = paired_gaps_pct(_by_seed(_select(runs, method="noloco", **select), "ppl"),
                                  _by_seed(_select(runs, method="diloco", **select), "ppl"))
         by_grid[r["grid"]] = {"diff_pct": 100.0 * (r["ppl_mean"] / diloco["ppl_mean"] - 1.0),
-                              "seeds_holding": sum(d <= 0 for d in paired), "seeds": len(paired)}
+                              "seeds_holding": sum(d <= 0 for d in paired), "seeds": len(paired),
+                              "paired_min_pct": min(paired, default=None), "paired_max_pct": max(paired, default=None)}
     return {"holds": bool(by_grid) and all(v["diff_pct"] <= 0 for v in by_grid.values()),
             "every_seed": bool(by_grid) and all(v["seeds_holding"] == v["seeds"] for v in by_grid.values()),
             "by_grid": by_grid}
