@@ -100,6 +100,7 @@ class RoundOutcome:
     partners: list[str] = field(default_factory=list)
     seconds: float = 0.0  # from the boundary to the outer step applied
     proposals: int = 0  # proposals we sent
+    alone: bool = False  # nobody else was in the stage (as our view had it): local-only by plan
     prepare_s: float = 0.0  # snapshot, our own Delta's scale, encoding
     partner_at: float | None = None  # when the partner was agreed (its proposal or ours accepted)
     exchange_s: float | None = None  # from the partner agreed to its payload in and checked
@@ -178,6 +179,7 @@ class OuterExchange:
         outcome.prepare_s = now() - started
         callers = self.callers_expected()
         had_company = callers or bool(self.candidates())
+        outcome.alone = not had_company
         announcing = asyncio.create_task(self._announce_seeking())
         self._offer = reply
         try:

@@ -1,0 +1,55 @@
+"""The swarm-scale simulator (swarm_node/scale) at a small N: the node's own pairing,
+exchange, guard, chooser and membership code for two stages of peers on a virtual
+clock, in well under a second a run."""
+
+import pytest
+
+from swarm_node.scale.config import ScaleConfig
+from swarm_node.scale.vclock import run
+from swarm_node.scale.world import World
+
+SMALL = dict(peers_per_stage=8, inner_steps=10, duration_s=150.0, payload_bytes=2_000_000)
+
+
+def simulate(**overrides):
+    return run(World(ScaleConfig(**(SMALL | overrides))).run())
+
+
+def test_a_small_swarm_pairs_every_round_and_routes_every_forward():
+    figures = simulate()
+    assert figures.rounds >= 8 * 2 * 8  # peers x stages x rounds in the window, about
+    assert figures.partner_share >= 0.95 and figures.alone_rounds == 0
+    assert figures.forwards > 0 and figures.forwards_lost_share == 0.0 and figures.forwards_to_dead_share == 0.0
+    assert figures.to_partner_median_s is not None and figures.to_partner_median_s < 5.0
+    assert figures.control_by_kind_per_peer_min["pairing"] > 0 and figures.control_by_kind_per_peer_min["dht"] > 0
+
+
+def test_a_run_is_the_same_for_the_same_seed():
+    assert simulate(seed=3).as_dict() == simulate(seed=3).as_dict()
+    assert simulate(seed=3).as_dict() != simulate(seed=4).as_dict()
+
+
+def test_crashed_peers_cost_forwards_until_their_records_expire_but_the_live_ones_keep_pairing():
+    figures = simulate(crash_per_hour=30.0)
+    assert figures.crashes >= 5 and figures.joins >= 5
+    assert 0.0 < figures.forwards_to_dead_share < 0.3  # chosen from records that outlive their writers
+    assert figures.forwards_lost_share < 0.02  # a failed forward is retried on another peer
+    assert figures.partner_share >= 0.85
+
+
+def test_peers_behind_a_nat_take_stage_zero_and_nobody_routes_to_them():
+    figures = simulate(unreachable_share=0.25)
+    assert figures.forwards_to_unreachable_share == 0.0
+    assert figures.partner_share >= 0.9  # they still pair: they call out to the others
+
+
+def test_the_barrier_baseline_runs_the_same_population():
+    figures = simulate(method="diloco", peers_per_stage=4)
+    assert figures.method == "diloco" and figures.rounds > 0 and figures.partner_share >= 0.9
+
+
+def test_settings_are_refused_before_anything_starts():
+    with pytest.raises(ValueError, match="at least 2 peers"):
+        ScaleConfig(peers_per_stage=1)
+    with pytest.raises(ValueError, match="unreachable_share"):
+        ScaleConfig(unreachable_share=0.6, stages=2)
