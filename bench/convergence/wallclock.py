@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bench.latency_model.sim import pair_exchange_mean, sample_paths, tree_paths
+from bench.common.latency import pair_exchange_mean, sample_paths, tree_paths
 
 MC_SAMPLES = 20_000
 

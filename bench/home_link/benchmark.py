@@ -48,7 +48,7 @@ from bench.common.procs import unwind_on_sigterm
 from bench.common.results import Result, parse_mode, pyplot, rerun_command
 from bench.common.snapshots import load_snapshots
 from bench.home_link.swarms import RTT_MS, Ran, run_hivemind, run_one_stage, run_two_stages
-from bench.vs_hivemind.curves import CurvePoint, Point, swarm_curve, time_to_target
+from bench.common.curves import CurvePoint, Point, swarm_curve, time_to_target
 from swarm_node.data.dataset import load_windows
 from swarm_node.data.spec import DataSpec
 from swarm_node.model.config import model_config

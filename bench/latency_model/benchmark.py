@@ -4,7 +4,7 @@ and inner-step times measured by bench.sync_cost and bench.swarm_efficiency.
 
     .venv/bin/python -m bench.latency_model [--full]
 
-Pure numpy Monte Carlo (bench/latency_model/sim.py), no network. Part 1: critical path
+Pure numpy Monte Carlo (bench/common/latency.py), no network. Part 1: critical path
 of a binary-tree all-reduce among N peers against one pair exchange, log-normal message
 times with std/t in {0, 0.5, 1, 1.5, 2.5}. Part 2: wall time of a run under DiLoCo's
 global barrier against NoLoCo's pairwise waits, inner-step times LogNormal(1, 0.5).
@@ -24,7 +24,7 @@ import numpy as np
 from bench.common.results import Result, load, parse_mode
 from bench.latency_model.inputs import label, largest_per_setting, small_n_ratios, source_note, summary_times
 from bench.latency_model.report import markdown, plot
-from bench.latency_model.sim import (
+from bench.common.latency import (
     Variant,
     allreduce_to_pair_ratio,
     barrier_run_times,

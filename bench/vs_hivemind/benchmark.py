@@ -25,7 +25,7 @@ from pathlib import Path
 
 from bench.common.results import Result, parse_mode, pyplot, rerun_command
 from bench.common.sandbox import Sandbox
-from bench.vs_hivemind.curves import CurvePoint, Point, common_target, swarm_curve, time_to_target, value_at
+from bench.common.curves import CurvePoint, Point, common_target, swarm_curve, time_to_target, value_at
 from bench.vs_hivemind.runs import Plan, SwarmRun, load_snapshots, run_hivemind, run_swarm_node
 from swarm_node.config import suggested_lr
 from swarm_node.data.dataset import load_windows

@@ -8,7 +8,7 @@ import pytest
 
 from bench.latency_model import benchmark as latency_model
 from bench.latency_model.inputs import largest_per_setting, small_n_ratios, summary_times
-from bench.latency_model.sim import (
+from bench.common.latency import (
     Variant,
     allreduce_to_pair_ratio,
     barrier_run_times,

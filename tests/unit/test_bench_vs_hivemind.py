@@ -3,7 +3,7 @@ target and counter interpolation, on hand-made numbers."""
 
 import pytest
 
-from bench.vs_hivemind.curves import CurvePoint, Point, common_target, swarm_curve, time_to_target, value_at
+from bench.common.curves import CurvePoint, Point, common_target, swarm_curve, time_to_target, value_at
 
 
 def test_swarm_curve_averages_peers_and_waits_for_the_last():

@@ -1,4 +1,5 @@
-"""The NoLoCo paper's section 5.3 latency model as vectorised Monte Carlo (numpy only).
+"""The NoLoCo paper's section 5.3 latency model as vectorised Monte Carlo (numpy only),
+shared by bench.latency_model and the convergence benchmark's wall-clock table.
 
 Communication: the critical path of a binary-tree all-reduce among N peers against
 that of one pair exchange, with log-normal message times. Idle time: the wall time of

@@ -1,5 +1,6 @@
-"""Pure bookkeeping of bench.vs_hivemind: from evaluated snapshots to curves, a target
-loss both methods reach, the time each needs for it, and bytes at a given time."""
+"""Pure bookkeeping shared by the benchmarks that race swarm-node against hivemind
+(bench.vs_hivemind, bench.home_link): from evaluated snapshots to curves, a target loss
+both methods reach, the time each needs for it, and bytes at a given time."""
 
 from __future__ import annotations
 
