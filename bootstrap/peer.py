@@ -162,7 +162,8 @@ class BootstrapPeer:
         while True:
             try:
                 async with asyncio.timeout(max(5.0, self.config.poll_period_s * 2)):
-                    records, unreadable = await read_registry(self.dht, self.spec.run_id, self.spec.num_stages)
+                    records, unreadable = await read_registry(self.dht, self.spec.run_id, self.spec.num_stages,
+                                                              self.spec.registry_shards)
                 for event in self.view.ingest(time.time(), records, len(unreadable)):
                     log.info("%s", event)
             except TimeoutError:
@@ -241,8 +242,11 @@ class BootstrapPeer:
                         "For a public run use --public-ip IP --port PORT (or --host-maddrs /ip4/0.0.0.0/tcp/PORT "
                         "--announce-maddrs /ip4/IP/tcp/PORT)")
         elif "public" not in scopes and "dns" not in scopes:
+            # an address given on purpose (--public-ip on a LAN, a test bed) needs no advice to give one
+            fix = ("if volunteers come from the internet, announce the address it sees instead"
+                   if self.config.announce_maddrs else "pass --public-ip for volunteers on the internet")
             log.warning("this bootstrap announces private addresses only (%s): only machines on the same network "
-                        "can join; pass --public-ip for volunteers on the internet", ", ".join(self.maddrs))
+                        "can join; %s", ", ".join(self.maddrs), fix)
 
     # -- HTTP ------------------------------------------------------------------------
     def _routes(self) -> dict:

@@ -307,7 +307,8 @@ class LocalSwarm:
     async def _records(self, dht: SwarmDHT) -> dict[int, list[PeerRecord]]:
         try:
             async with asyncio.timeout(2 * self.spec.num_stages):
-                records, _ = await read_registry(dht, self.spec.run_id, self.spec.num_stages)  # refused: not shown
+                records, _ = await read_registry(dht, self.spec.run_id, self.spec.num_stages,  # refused: not shown
+                                                   self.spec.registry_shards)
         except TimeoutError:
             return {}
         out: dict[int, list[PeerRecord]] = {}

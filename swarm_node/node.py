@@ -392,6 +392,7 @@ class Node:
                           queue=pipeline.queue if pipeline else 0,
                           inner_step=w.inner_step if w else 0, outer_round=w.outer_round if w else 0,
                           seeking=self.exchange is not None and self.exchange.seeking,
+                          round_step=w.inner_step - w.last_round_step if w else 0,
                           loss=round(w.loss_ema, 5) if w and w.loss_ema is not None else None,
                           tokens=stats.tokens, lost=stats.microbatches_lost,
                           partner_rounds=stats.rounds_with_partner, local_rounds=stats.local_only_rounds,
@@ -413,7 +414,8 @@ class Node:
                 "bytes_sent": transport.bytes_sent if transport else 0,
                 "bytes_received": transport.bytes_received if transport else 0,
                 "round_held_s": round(self.gate.held_s, 3),
-                "training_s": round(self.worker.training_s, 3) if self.worker else 0.0, **asdict(self.stats)}
+                "training_s": round(self.worker.training_s, 3) if self.worker else 0.0, **asdict(self.stats),
+                **{f"dht_{k}": v for k, v in (asdict(self.dht.ops) if self.dht else {}).items()}}
 
     def health(self) -> tuple[str, bool]:
         return self.state, self.dht is not None and self.dht.is_alive()

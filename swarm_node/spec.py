@@ -36,6 +36,7 @@ class SettingNames:
     layers: str
 
 
+MAX_REGISTRY_SHARDS = 4096
 SPEC_NAMES = SettingNames(model="model_size", stages="num_stages", layers="layers_per_stage")
 CLI_NAMES = SettingNames(model="--model", stages="--stages", layers="--layers-per-stage")
 
@@ -99,10 +100,20 @@ class RunSpec:
     min_version: str = "0.1.0"
     # A closed run: only these peer ids may take part (empty: anyone may join).
     allowed_peers: tuple[str, ...] = ()
+    # How many DHT keys a stage's registry records are spread over (a power of two). A
+    # read returns one key's records, about 1 kB each (an RSA key and signature around
+    # each): 1 suits runs of a few dozen peers a stage; a run of hundreds should take
+    # about its peers per stage / 4, so each read returns a handful and every node sees
+    # a sample of its stage, refreshed one shard at a time (membership/registry.py).
+    registry_shards: int = 1
 
     def __post_init__(self) -> None:
         if self.num_stages < 1 or self.seq_len < 2 or self.batch_size < 1 or self.samples_per_step < 1:
             raise ConfigError("num_stages, seq_len, batch_size and samples_per_step must be positive")
+        if (type(self.registry_shards) is not int or not 1 <= self.registry_shards <= MAX_REGISTRY_SHARDS
+                or self.registry_shards & (self.registry_shards - 1)):
+            raise ConfigError(f"registry_shards must be a power of two from 1 to {MAX_REGISTRY_SHARDS}, "
+                              f"got {self.registry_shards!r}")
         if not all(isinstance(p, str) and 0 < len(p) <= 128 for p in self.allowed_peers):
             raise ConfigError("allowed_peers must list peer ids (base58 strings)")
         # Checked here, from the size table alone, so that a spec file, a published spec and

@@ -27,7 +27,7 @@ import torch
 
 from swarm_node.errors import PeerRefused, ProtocolError, StreamClosed
 from swarm_node.gossip.group import GroupRound
-from swarm_node.gossip.pairing import PairingCoordinator, PairResult, Refused, now
+from swarm_node.gossip.pairing import SEEKING_NOW, PairingCoordinator, PairResult, Refused, now
 from swarm_node.gossip.partner_check import ROUNDS_APART, PartnerCheck, Poisoned, RoundsApart
 from swarm_node.net import protocols
 from swarm_node.net.transport import ServeLimits, short_id
@@ -110,7 +110,7 @@ class RoundOutcome:
 
 class OuterExchange:
     def __init__(self, *, spec_hash: str, method: str, times: ExchangeTimes, state: OuterState,
-                 services: NodeServices, gate: RoundGate, candidates: Callable[[], list[tuple[str, bool]]],
+                 services: NodeServices, gate: RoundGate, candidates: Callable[[], list[tuple[str, int]]],
                  callers_expected: Callable[[], bool], announce: Callable[[], Awaitable[None]],
                  stopping: asyncio.Event, own_id: str, max_update_ratio: float = 3.0):
         self.spec_hash = spec_hash
@@ -119,7 +119,7 @@ class OuterExchange:
         self.compute, self.transport, self.guard, self.stats = (services.compute, services.transport,
                                                                 services.guard, services.stats)
         self.gate = gate
-        self.candidates = candidates  # callable, unbanned peers of our stage: (peer, announces seeking)
+        self.candidates = candidates  # callable, unbanned peers of our stage: (peer, how likely it accepts now)
         self.callers_expected = callers_expected  # peers that cannot be called may call us this round
         self.announce = announce  # publish our record now (it says whether we seek)
         self.stopping = stopping
@@ -255,7 +255,7 @@ class OuterExchange:
         ``seeking`` is waiting for a partner right now, and if we are past half of our
         round we take ours early and propose."""
         if (isinstance(self.pairing, PairingCoordinator) and self.pairing.state.value == "idle"
-                and any(seeking for _, seeking in self.candidates())):
+                and any(likely >= SEEKING_NOW for _, likely in self.candidates())):
             await self.maybe_round_early(wait_s=0.0)
 
     async def maybe_round_early(self, wait_s: float) -> None:
@@ -275,6 +275,7 @@ class OuterExchange:
 
     async def _send_proposal(self, peer: str, timeout_s: float) -> None:
         self._outcome.proposals += 1
+        self.stats.proposals_sent += 1
         request = encode_frame({"kind": "propose", "spec": self.spec_hash, "round": self.state.outer_round})
         deadline = now() + timeout_s
         while True:
@@ -292,6 +293,7 @@ class OuterExchange:
                     raise
         yes, why = answer_is_yes(raw)
         if not yes:
+            self.stats.proposals_refused += 1
             raise Refused(why)
         self._outcome.partner_at = now()
 

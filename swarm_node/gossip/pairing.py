@@ -5,7 +5,9 @@ The rule (symmetric, tolerant of joins, leaves and odd counts):
 1. When a node finishes its H-th inner step of a round it becomes SEEKING and
    announces ``seeking`` in its registry record.
 2. While SEEKING it *proposes* to a random live peer of its stage (peers that announce
-   ``seeking`` first), and meanwhile accepts proposals. A proposal is a few bytes; only
+   ``seeking`` first, then those whose record says they are past half of their round,
+   who accept by taking their round early (rule 7), then the rest), and meanwhile
+   accepts proposals. A proposal is a few bytes; only
    an accepted one is followed by the (phi, Delta) payload, so a refusal costs one
    round trip, not two model-sized transfers. (Sending the payload with the request
    made every refusal cost a full upload, and with large stages the swarm spent its
@@ -50,6 +52,11 @@ from swarm_node.errors import PeerError, PeerTimeout
 log = logging.getLogger(__name__)
 
 MIN_REQUEST_S = 0.25  # do not propose when the round could not use the answer anyway
+# How likely a candidate is to accept a proposal now, as its record says: the higher are
+# asked first. Rounds that pair pull partners into phase, so in a large stage most peers
+# are early in their rounds when one reaches its boundary: asked at random, three in
+# four answered not-ready, ten round trips a partner (bench/scale).
+UNLIKELY, PAST_HALF, SEEKING_NOW = 0, 1, 2
 
 
 def now() -> float:
@@ -171,12 +178,13 @@ class PairingCoordinator:
 
     # -- the seeking side -----------------------------------------------------------
     async def run_round(self, round_no: int, own_payload: Any,
-                        candidates: Callable[[], list[tuple[str, bool]]],
+                        candidates: Callable[[], list[tuple[str, int]]],
                         propose: Callable[[str, float], Awaitable[None]],
                         send: Callable[[str, Any, float], Awaitable[Any]],
                         on_peer_failure: Callable[[str, str], None] = lambda peer, why: None,
                         expect_request: bool = False) -> PairResult | None:
-        """Seek a partner until the deadline. ``candidates()`` lists (peer, is_seeking);
+        """Seek a partner until the deadline. ``candidates()`` lists (peer, how likely it
+        accepts now: UNLIKELY, PAST_HALF or SEEKING_NOW);
         ``propose(peer, timeout)`` returns if the peer reserved itself for us and raises
         Refused / PeerError otherwise; ``send(peer, payload, timeout)`` returns the
         partner's payload or raises the same. ``expect_request``: a peer is already
@@ -268,8 +276,8 @@ class PairingCoordinator:
         self._counterpart = None
         self._changed.set()
 
-    def _pick(self, candidates: list[tuple[str, bool]]) -> str | None:
+    def _pick(self, candidates: list[tuple[str, int]]) -> str | None:
         if not candidates:
             return None
-        seeking = [peer for peer, is_seeking in candidates if is_seeking]
-        return self.rng.choice(seeking or [peer for peer, _ in candidates])
+        best = max(likely for _, likely in candidates)
+        return self.rng.choice([peer for peer, likely in candidates if likely == best])

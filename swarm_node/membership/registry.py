@@ -1,36 +1,95 @@
 """The per-stage registry in the DHT: where the records live and how they are read.
-Each node heartbeats a PeerRecord under ``<run>/stage/<k>`` in its own signed entry
+Each node heartbeats a PeerRecord under its stage's key in its own signed entry
 (subkey ``[owner:<public key>]``): no peer can overwrite or impersonate another's record,
-and the peer id a record stands for is the one whose key signed it."""
+and the peer id a record stands for is the one whose key signed it.
+
+A stage's records are spread over the run's ``registry_shards`` keys
+(``<run>/stage/<k>/<shard>``, the shard a hash of the peer id; one shard is the key
+``<run>/stage/<k>`` itself). A DHT read returns a key's whole dictionary, from several
+replicas, and every entry carries an RSA key and signature (about 1 kB): one key for a
+stage of a thousand peers made every read a megabyte. With shards a read returns the
+few peers of one shard, and a node's view of a large stage is a sample, refreshed one
+shard at a time (membership/view.py)."""
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
+import random
 import time
+from dataclasses import dataclass
 
 from swarm_node.errors import ProtocolError
 from swarm_node.net.dht import SwarmDHT
 from swarm_node.wire.records import CLOCK_SKEW_S, MAX_RECORD_TTL_S, PeerRecord
 
+Entries = dict[str, tuple[PeerRecord, float]]  # peer -> (record, expiry on the wall clock)
+READS_AT_ONCE = 16  # shards a whole-stage read (a dashboard's) asks for at once
+# A sharded registry is for runs of hundreds of peers a stage, where every heartbeat and
+# read costs DHT lookups and ~1 kB entries from several replicas, and its readers serve
+# each other: there, at least this cadence (bench/scale measures it against 10 kB/s).
+SHARDED_HEARTBEAT_S, SHARDED_POLL_S, SHARDED_TTL_S = 6.0, 2.0, 30.0
 
-def stage_key(run_id: str, stage: int) -> str:
-    return f"{run_id}/stage/{stage}"
+
+@dataclass(frozen=True)
+class Cadence:
+    """How often a node publishes and reads the registry, and how long its record lives."""
+    heartbeat_s: float
+    poll_s: float
+    ttl_s: float
+    alternate_stages: bool = False  # each read takes one of the stages we work with, in turn
+
+    @classmethod
+    def for_shards(cls, shards: int, heartbeat_s: float, poll_s: float, ttl_s: float) -> "Cadence":
+        """The node's own settings for a one-key registry; at least the sharded cadence
+        for a sharded one (a large run), reading one stage at a time."""
+        if shards == 1:
+            return cls(heartbeat_s, poll_s, ttl_s)
+        return cls(max(heartbeat_s, SHARDED_HEARTBEAT_S), max(poll_s, SHARDED_POLL_S), max(ttl_s, SHARDED_TTL_S),
+                   alternate_stages=True)
 
 
-async def read_stage(dht: SwarmDHT, run_id: str, stage: int) -> tuple[dict[str, PeerRecord], dict[str, ProtocolError]]:
-    """Live records of one stage, parsed: (peer -> record, peer -> why its record is refused)."""
-    records, unreadable = await _read_entries(dht, run_id, stage)
+def shard_of(peer_id: str, shards: int) -> int:
+    """Which of a stage's ``shards`` keys holds ``peer_id``'s record."""
+    if shards == 1:
+        return 0
+    return int.from_bytes(hashlib.sha256(peer_id.encode()).digest()[:8], "big") % shards
+
+
+def stage_key(run_id: str, stage: int, shard: int = 0, shards: int = 1) -> str:
+    return f"{run_id}/stage/{stage}" if shards == 1 else f"{run_id}/stage/{stage}/{shard}"
+
+
+async def read_shard(dht: SwarmDHT, run_id: str, stage: int, shard: int,
+                     shards: int) -> tuple[Entries, dict[str, ProtocolError]]:
+    """One shard of a stage: (peer -> (record, expiry)), (peer -> why its entry is refused).
+    An entry filed under a shard its peer id does not hash to is refused: nobody
+    honest writes one, and a flood of them must not fill one small key."""
+    records, unreadable = await _read_entries(dht, stage_key(run_id, stage, shard, shards))
+    for peer in [p for p in records if shard_of(p, shards) != shard]:
+        del records[peer]
+        unreadable[peer] = ProtocolError(f"its record is filed under shard {shard} of stage {stage}; its peer id "
+                                         f"belongs in shard {shard_of(peer, shards)}")
+    return records, unreadable
+
+
+async def read_stage(dht: SwarmDHT, run_id: str, stage: int, shards: int = 1, max_shards: int | None = None,
+                     rng: random.Random | None = None) -> tuple[dict[str, PeerRecord], dict[str, ProtocolError]]:
+    """Live records of one stage, parsed: (peer -> record, peer -> why its record is
+    refused); all its shards, or ``max_shards`` of them at random."""
+    records, unreadable = await _read_shards(dht, run_id, stage, shards, max_shards, rng)
     return {peer: record for peer, (record, _) in records.items()}, unreadable
 
 
-async def read_registry(dht: SwarmDHT, run_id: str, num_stages: int) -> tuple[dict[str, PeerRecord],
-                                                                             dict[str, ProtocolError]]:
+async def read_registry(dht: SwarmDHT, run_id: str, num_stages: int, shards: int = 1) -> tuple[
+        dict[str, PeerRecord], dict[str, ProtocolError]]:
     """Every stage's records, one per peer: the one that expires last. A peer that changed
     its stage while joining leaves its withdrawn guess behind until that expires, and a
     view that merged stages in index order showed it in the wrong stage."""
-    newest: dict[str, tuple[PeerRecord, float]] = {}
+    newest: Entries = {}
     refused: dict[str, ProtocolError] = {}
     for stage in range(num_stages):
-        records, unreadable = await _read_entries(dht, run_id, stage)
+        records, unreadable = await _read_shards(dht, run_id, stage, shards, None, None)
         refused.update(unreadable)
         for peer, (record, expires_at_s) in records.items():
             if peer not in newest or expires_at_s > newest[peer][1]:
@@ -38,14 +97,28 @@ async def read_registry(dht: SwarmDHT, run_id: str, num_stages: int) -> tuple[di
     return {peer: record for peer, (record, _) in newest.items()}, refused
 
 
-async def _read_entries(dht: SwarmDHT, run_id: str, stage: int) -> tuple[dict[str, tuple[PeerRecord, float]],
-                                                                        dict[str, ProtocolError]]:
-    records: dict[str, tuple[PeerRecord, float]] = {}
+async def _read_shards(dht: SwarmDHT, run_id: str, stage: int, shards: int, max_shards: int | None,
+                       rng: random.Random | None) -> tuple[Entries, dict[str, ProtocolError]]:
+    which = list(range(shards))
+    if max_shards is not None and max_shards < shards:
+        which = (rng or random).sample(which, max_shards)
+    records: Entries = {}
+    unreadable: dict[str, ProtocolError] = {}
+    for start in range(0, len(which), READS_AT_ONCE):
+        for found, refused in await asyncio.gather(*(read_shard(dht, run_id, stage, shard, shards)
+                                                     for shard in which[start:start + READS_AT_ONCE])):
+            records.update(found)
+            unreadable.update(refused)
+    return records, unreadable
+
+
+async def _read_entries(dht: SwarmDHT, key: str) -> tuple[Entries, dict[str, ProtocolError]]:
+    records: Entries = {}
     unreadable: dict[str, ProtocolError] = {}
     # The expiry is the writer's choice: one claiming more than any node publishes (plus
     # a clock error) is a forgery meant to outlive its writer (one claimed an hour).
     latest_expiry_s = time.time() + MAX_RECORD_TTL_S + CLOCK_SKEW_S
-    for peer, entry in (await dht.get_signed(stage_key(run_id, stage))).items():
+    for peer, entry in (await dht.get_signed(key)).items():
         try:
             if entry.expires_at_s > latest_expiry_s:
                 raise ProtocolError(f"it claims to live {entry.expires_at_s - time.time():.0f} s; "
@@ -56,5 +129,6 @@ async def _read_entries(dht: SwarmDHT, run_id: str, stage: int) -> tuple[dict[st
     return records, unreadable
 
 
-async def publish_record(dht: SwarmDHT, run_id: str, record: PeerRecord, ttl_s: float) -> bool:
-    return await dht.store_signed(stage_key(run_id, record.stage), record.to_wire(), ttl_s)
+async def publish_record(dht: SwarmDHT, run_id: str, record: PeerRecord, ttl_s: float, shards: int = 1) -> bool:
+    key = stage_key(run_id, record.stage, shard_of(dht.peer_id, shards), shards)
+    return await dht.store_signed(key, record.to_wire(), ttl_s)

@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable
 
 from swarm_node.errors import SwarmError
+from swarm_node.gossip.pairing import PAST_HALF, SEEKING_NOW, UNLIKELY
 from swarm_node.membership.discovery import SPEC_REPUBLISH_S, publish_spec
-from swarm_node.membership.registry import publish_record, read_stage
+from swarm_node.membership.registry import Cadence, Entries, publish_record, read_shard, read_stage, shard_of
 from swarm_node.membership.stages import assign_stage, rebalanced_stage
 from swarm_node.net.dht import SwarmDHT
 from swarm_node.net.guard import PeerGuard
@@ -26,6 +28,8 @@ from swarm_node.wire.records import PeerRecord
 log = logging.getLogger(__name__)
 
 STAGE_SETTLE_PASSES = 3  # looks at the joiners' announced stages before taking one for good
+JOIN_SHARDS = 4  # shards of each stage a joiner reads to count the stages (of a sharded registry)
+ENDED_SHARDS = 8  # shards read to tell whether a stage has ended
 
 
 class Membership:
@@ -40,7 +44,12 @@ class Membership:
         self.stage: int | None = None
         self.state = "joining"  # joining, training, finished, leaving: as our record says
         self.reachability: Reachability | None = None  # what peers measured dialling us back
-        self.peers: dict[int, dict[str, PeerRecord]] = {}
+        self.peers: dict[int, dict[str, PeerRecord]] = {}  # what we know of each stage, without expired records
+        self.shards = spec.registry_shards
+        self.cadence = Cadence.for_shards(self.shards, config.heartbeat_s, config.registry_poll_s, config.record_ttl_s)
+        self._reads = 0  # registry reads so far: a sharded registry reads our stage and the next in turn
+        self._entries: dict[int, Entries] = {}  # stage -> peer -> (record, expiry): the view, shard by shard
+        self._next_shard: dict[int, int] = {}  # stage -> the shard the next read takes
         self._seen_live_s: dict[int, float] = {}  # stage -> when a read last showed a live peer in it
 
     @property
@@ -64,16 +73,22 @@ class Membership:
         """Where our micro-batches can go."""
         return self.callable_peers(self.stage + 1)
 
-    def partner_candidates(self) -> list[tuple[str, bool]]:
-        """Peers of our stage we may propose to: (peer, whether it announces seeking).
-        Verified peers and at most one unverified one (net/guard.py). A record's
-        ``seeking`` is a claim: believed of verified peers only, so a probe of a forged
-        record (they all claim to seek) comes after the peers we know are seeking, not
-        in their place (in a multi-host run, rounds spent proposing to forged peers
-        stopped the stage's compute)."""
+    def partner_candidates(self) -> list[tuple[str, int]]:
+        """Peers of our stage we may propose to, each with how likely it accepts now
+        (gossip/pairing.py: seeking, past half of its round, or neither). Verified peers
+        and at most one unverified one (net/guard.py). What a record says is a claim:
+        believed of verified peers only, so a probe of a forged record (they all claim
+        to seek) comes after the peers we know are seeking, not in their place (in a
+        multi-host run, rounds spent proposing to forged peers stopped the stage's compute)."""
         peers = self.callable_peers(self.stage)
-        return [(p, peers[p].seeking and self.guard.is_verified(p))
-                for p in self.guard.probe_set(list(peers), random)]
+        half = self.spec.method.inner_steps // 2
+        candidates = []
+        for peer in self.guard.probe_set(list(peers), random):
+            record, likely = peers[peer], UNLIKELY
+            if self.guard.is_verified(peer):
+                likely = SEEKING_NOW if record.seeking else PAST_HALF if record.round_step >= half else UNLIKELY
+            candidates.append((peer, likely))
+        return candidates
 
     def callers_expected(self) -> bool:
         """Peers of our stage that nobody can call only ever call us: keep rounds open
@@ -93,14 +108,15 @@ class Membership:
         last_live_s = self._seen_live_s.setdefault(stage, now)
         try:
             async with asyncio.timeout(timeout_s):
-                parsed, _ = await read_stage(self.dht, self.spec.run_id, stage)
+                parsed, _ = await read_stage(self.dht, self.spec.run_id, stage, self.shards,
+                                             max_shards=ENDED_SHARDS)
         except TimeoutError:
             return False
         if any(r.state in ("training", "joining") and r.spec_hash == self.spec_hash
                for peer, r in parsed.items() if peer != self.own_id):
             self._seen_live_s[stage] = clock()
             return False
-        return now - last_live_s >= self.config.record_ttl_s
+        return now - last_live_s >= self.cadence.ttl_s
 
     def steps_behind(self, inner_step: int) -> int:
         """How far the most advanced live peer of our stage is ahead of ``inner_step``."""
@@ -109,34 +125,66 @@ class Membership:
 
     # -- reading the registry ------------------------------------------------------
     async def refresh(self, all_stages: bool = False) -> None:
-        """Read our stage and the next (or every stage), keeping the records we can use."""
+        """Read our stage and the next (or every stage), keeping the records we can use.
+        One shard of each per read (a few, for every stage); records of shards not read
+        this time stay until they expire."""
         if all_stages or self.stage is None:
             stages = range(self.spec.num_stages)
         else:
-            stages = {self.stage, min(self.stage + 1, self.spec.num_stages - 1)}
+            stages = sorted({self.stage, min(self.stage + 1, self.spec.num_stages - 1)})
+            if self.cadence.alternate_stages:
+                stages = [stages[self._reads % len(stages)]]
+        self._reads += 1
         for stage in stages:
-            parsed, unreadable = await read_stage(self.dht, self.spec.run_id, stage)
-            for peer, exc in unreadable.items():
-                self.guard.ignore(peer, f"registry record refused: {exc}")
-            records = {}
-            for peer, record in parsed.items():
-                if peer == self.own_id:
-                    continue
-                if not self.spec.admits(peer):
-                    self.guard.ignore(peer, "not on this closed run's list of allowed peers")
-                    continue
-                if record.spec_hash != self.spec_hash:
-                    self.guard.ignore(peer, f"run-spec hash {record.spec_hash} differs from ours ({self.spec_hash})")
-                    continue
-                if record.stage == stage:
-                    records[peer] = record
-            self.peers[stage] = records
+            for shard in self._shards_to_read(stage, JOIN_SHARDS if all_stages else 1):
+                found, unreadable = await read_shard(self.dht, self.spec.run_id, stage, shard, self.shards)
+                for peer, exc in unreadable.items():
+                    self.guard.ignore(peer, f"registry record refused: {exc}")
+                self._merge(stage, shard, self._usable(stage, found))
+            self._expire(stage)
+
+    def _shards_to_read(self, stage: int, count: int) -> list[int]:
+        """The next ``count`` shards of ``stage`` in turn (from a random one), so a view
+        covers the stage every ``shards`` reads."""
+        start = self._next_shard.setdefault(stage, random.randrange(self.shards))
+        count = min(count, self.shards)
+        self._next_shard[stage] = (start + count) % self.shards
+        return [(start + i) % self.shards for i in range(count)]
+
+    def _usable(self, stage: int, found: Entries) -> Entries:
+        usable = {}
+        for peer, (record, expires_at_s) in found.items():
+            if peer == self.own_id:
+                continue
+            if not self.spec.admits(peer):
+                self.guard.ignore(peer, "not on this closed run's list of allowed peers")
+                continue
+            if record.spec_hash != self.spec_hash:
+                self.guard.ignore(peer, f"run-spec hash {record.spec_hash} differs from ours ({self.spec_hash})")
+                continue
+            if record.stage == stage:
+                usable[peer] = (record, expires_at_s)
+        return usable
+
+    def _merge(self, stage: int, shard: int, found: Entries) -> None:
+        """This shard as read replaces what we held of it (peers gone from it are gone)."""
+        entries = self._entries.setdefault(stage, {})
+        for peer in [p for p in entries if shard_of(p, self.shards) == shard and p not in found]:
+            del entries[peer]
+        entries.update(found)
+
+    def _expire(self, stage: int) -> None:
+        entries = self._entries.get(stage, {})
+        now = time.time()
+        for peer in [p for p, (_, expires_at_s) in entries.items() if expires_at_s <= now]:
+            del entries[peer]
+        self.peers[stage] = {peer: record for peer, (record, _) in entries.items()}
 
     async def registry_loop(self, after_each: Callable[[], Awaitable[None]] | None = None) -> None:
         while True:
-            await asyncio.sleep(self.config.registry_poll_s * random.uniform(0.8, 1.2))
+            await asyncio.sleep(self.cadence.poll_s * random.uniform(0.8, 1.2))
             try:
-                async with asyncio.timeout(max(2.0, self.config.registry_poll_s * 2)):
+                async with asyncio.timeout(max(2.0, self.cadence.poll_s * 2)):
                     await self.refresh()
             except TimeoutError:
                 log.warning("registry read timed out")
@@ -149,14 +197,15 @@ class Membership:
             raise SwarmError("the DHT process died, so this node can no longer find peers; "
                              "restart it (if the machine is short of memory, that is the likely cause)")
         try:
-            async with asyncio.timeout(self.config.heartbeat_s * 2):
-                await publish_record(self.dht, self.spec.run_id, self.record(), ttl_s=self.config.record_ttl_s)
+            async with asyncio.timeout(self.cadence.heartbeat_s * 2):
+                await publish_record(self.dht, self.spec.run_id, self.record(), ttl_s=self.cadence.ttl_s,
+                                     shards=self.shards)
         except TimeoutError:
             log.warning("registry heartbeat timed out")
 
     async def heartbeat_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.config.heartbeat_s * random.uniform(0.8, 1.2))
+            await asyncio.sleep(self.cadence.heartbeat_s * random.uniform(0.8, 1.2))
             await self.heartbeat()
 
     async def publish_loop(self) -> None:
@@ -181,7 +230,7 @@ class Membership:
         self.stage = assign_stage(self.peers, self.own_id, self.spec.num_stages, self.reachable)
         await self.heartbeat()  # state "joining": visible to the others
         for settle in range(STAGE_SETTLE_PASSES):
-            await asyncio.sleep(self.config.registry_poll_s * 2 * random.uniform(1.0, 1.5))
+            await asyncio.sleep(self.cadence.poll_s * 2 * random.uniform(1.0, 1.5))
             await self.refresh(all_stages=True)
             if settle == 0:
                 chosen = assign_stage(self.peers, self.own_id, self.spec.num_stages, self.reachable)

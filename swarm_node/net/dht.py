@@ -29,7 +29,7 @@ from hivemind.utils.multiaddr import Multiaddr
 
 from swarm_node.errors import ConfigError, PeerError, SwarmError
 from swarm_node.net.identity import ensure_identity, owner_subkey, peer_id_of_owner, record_validator
-from swarm_node.net.logs import route_hivemind_logs
+from swarm_node.net.logs import quiet_streams_reset_before_their_header, route_hivemind_logs
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,15 @@ def _forget_parent_signal_handlers() -> None:
         pass
 
 
+@dataclass
+class DhtOps:
+    """What a peer asked of the DHT for the registry, counted so that a real run can be
+    held against the swarm-scale simulator's (swarm_node/scale), which counts the same."""
+    gets: int = 0
+    entries_read: int = 0  # signed entries the gets returned
+    stores: int = 0
+
+
 os.register_at_fork(after_in_child=_forget_parent_signal_handlers)
 route_hivemind_logs()  # every program that talks to peers starts here
 
@@ -73,6 +82,7 @@ class SwarmDHT:
         self._throwaway_dir = throwaway_dir
         self._start_kwargs = start_kwargs or {}
         self._p2p: P2P | None = None
+        self.ops = DhtOps()
 
     @classmethod
     async def start(cls, *, initial_peers: Sequence[str] = (), host_maddrs: Sequence[str] = ("/ip4/127.0.0.1/tcp/0",),
@@ -133,6 +143,7 @@ class SwarmDHT:
 
     async def replicate_p2p(self) -> P2P:
         if self._p2p is None:
+            quiet_streams_reset_before_their_header(asyncio.get_running_loop())
             self._p2p = await self.dht.replicate_p2p()
         return self._p2p
 
@@ -185,6 +196,7 @@ class SwarmDHT:
 
     async def store_signed(self, key: str, value, ttl_s: float) -> bool:
         """Store under our owner subkey: only this peer's key can write that entry."""
+        self.ops.stores += 1
         return await self.store(key, self._owner, value, ttl_s)
 
     async def get_signed(self, key: str) -> dict[str, Signed]:
@@ -195,6 +207,8 @@ class SwarmDHT:
             signer = peer_id_of_owner(subkey)
             if signer is not None:
                 signed[signer] = entry
+        self.ops.gets += 1
+        self.ops.entries_read += len(signed)
         return signed
 
     async def get_subkeys(self, key: str) -> dict[str, Signed]:

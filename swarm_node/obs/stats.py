@@ -15,6 +15,8 @@ class NodeStats:
     local_only_rounds: int = 0
     rounds_alone: int = 0  # of the local-only rounds: no other peer was in the stage (the plan, not a failure)
     tokens: int = 0
+    proposals_sent: int = 0  # pairing proposals we made (gossip/pairing.py)
+    proposals_refused: int = 0  # of those, answered no (busy, not ready, another round)
     partners: list[str] = field(default_factory=list)
     downloaded_from: str | None = None
     resumed_from_step: int | None = None

@@ -22,13 +22,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--crash-per-hour", type=float, default=0.0, help="crashes per peer and hour")
     parser.add_argument("--leave-per-hour", type=float, default=0.0, help="graceful leaves per peer and hour")
     parser.add_argument("--unreachable-share", type=float, default=0.0, help="share of peers behind a NAT")
+    parser.add_argument("--registry-shards", type=int, default=1, help="the run spec's registry_shards")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--verbose", action="store_true", help="the nodes' own log lines")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.ERROR)
     config = ScaleConfig(peers_per_stage=args.peers, stages=args.stages, method=args.method,
                          inner_steps=args.inner_steps, duration_s=args.duration_s, crash_per_hour=args.crash_per_hour,
-                         leave_per_hour=args.leave_per_hour, unreachable_share=args.unreachable_share, seed=args.seed)
+                         leave_per_hour=args.leave_per_hour, unreachable_share=args.unreachable_share, seed=args.seed,
+                         registry_shards=args.registry_shards)
     started = time.perf_counter()
     figures = run(World(config).run())
     print(json.dumps(figures.as_dict() | {"real_s": round(time.perf_counter() - started, 1)}, indent=1))

@@ -40,9 +40,10 @@ class ScaleConfig:
     # range (Kademlia lookups and replication), and expires at its TTL.
     record_delay_s: tuple[float, float] = (0.2, 2.0)
     # What an outer payload weighs (one stage's phi and Delta as the run's codec sends
-    # them): it sets how long an exchange takes on each link.
-    payload_bytes: int = 24_000_000
+    # them; 4 MB: a 17M-parameter stage in near4-3): it sets how long an exchange takes.
+    payload_bytes: int = 4_000_000
     activation_bytes: int = 1_000_000  # one micro-batch forward
+    registry_shards: int = 1  # the run spec's: keys a stage's records are spread over
 
     def __post_init__(self) -> None:
         if self.peers_per_stage < 2 or self.stages < 1:

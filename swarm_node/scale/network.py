@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import msgpack
 
 from swarm_node.errors import PeerTimeout
-from swarm_node.net.dht import Signed
+from swarm_node.net.dht import DhtOps, Signed
 
 OWNER_KEY_BYTES = 391  # "[owner:ssh-rsa ...]", msgpack'd: the subkey of every signed entry
 SIGNATURE_BYTES = 356  # "[signature:...]" appended to the value
@@ -160,7 +160,8 @@ class Network:
         me = self.endpoints[caller]
         seconds, lookup_bytes = self._lookup(me)
         size = entry_bytes(value)
-        me.traffic.add("dht", lookup_bytes + size * self.costs.replicas)
+        me.traffic.add("dht-lookup", lookup_bytes)
+        me.traffic.add("dht-store", size * self.costs.replicas)
         for holder in self.holders(key):
             self.endpoints[holder].traffic.add("dht-serving", size + self.costs.lookup_rpc_bytes // 2)
         await asyncio.sleep(seconds)
@@ -182,7 +183,8 @@ class Network:
                 value, expires = seen[-1]
                 visible[peer] = Signed(value, wall_now() + (expires - now))
         answer = sum(entry_bytes(v.value) for v in visible.values())
-        me.traffic.add("dht", lookup_bytes + answer * self.costs.get_responders)
+        me.traffic.add("dht-lookup", lookup_bytes)
+        me.traffic.add("dht-get", answer * self.costs.get_responders)
         holders = self.holders(key)
         for holder in holders[:self.costs.get_responders]:
             self.endpoints[holder].traffic.add("dht-serving", answer + self.costs.lookup_rpc_bytes // 2)
@@ -196,15 +198,20 @@ class SimDHT:
         self.network = network
         self.peer_id = peer_id
         self.wall_now = wall_now
+        self.ops = DhtOps()
 
     def is_alive(self) -> bool:
         return self.network.endpoints[self.peer_id].alive
 
     async def store_signed(self, key: str, value: dict, ttl_s: float) -> bool:
+        self.ops.stores += 1
         return await self.network.dht_store(self.peer_id, key, value, ttl_s)
 
     async def get_signed(self, key: str) -> dict[str, Signed]:
-        return await self.network.dht_get(self.peer_id, key, self.wall_now)
+        found = await self.network.dht_get(self.peer_id, key, self.wall_now)
+        self.ops.gets += 1
+        self.ops.entries_read += len(found)
+        return found
 
 
 class SimTransport:

@@ -49,6 +49,7 @@ class RoundRecord:
     started_at: float
     ended_at: float
     partners: int
+    partner: str | None  # the first, for the round trips to it
     proposals: int
     to_partner_s: float | None
     alone: bool  # nobody else was in the stage as this peer saw it
@@ -110,6 +111,7 @@ class SimPeer:
                           state=self.membership.state, throughput=round(1.0 / self.step_s, 3),
                           inner_step=worker.inner_step, outer_round=worker.outer_round,
                           seeking=self.exchange is not None and self.exchange.seeking,
+                          round_step=worker.inner_step - worker.last_round_step,
                           partner_rounds=stats.rounds_with_partner, local_rounds=stats.local_only_rounds,
                           last_error=stats.last_error, reachable=self.membership.reachable,
                           recent_steps=0, recent_microbatches=0)
@@ -213,7 +215,8 @@ class SimPeer:
             to_partner = (outcome.partner_at - outcome.started_at
                           if outcome.partners and outcome.partner_at is not None else None)
             self.on_round(RoundRecord(self.peer_id, self.stage, outcome.round_no, outcome.started_at,
-                                      outcome.ended_at, len(outcome.partners), outcome.proposals, to_partner,
+                                      outcome.ended_at, len(outcome.partners),
+                                      outcome.partners[0] if outcome.partners else None, outcome.proposals, to_partner,
                                       alone=outcome.alone))
 
     def note_answer(self, protocol: str, answer: bytes) -> None:

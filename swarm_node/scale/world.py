@@ -50,6 +50,7 @@ class ScaleFigures:
     control_bytes_per_peer_min_p99: float
     control_bytes_per_peer_min_max: float
     control_by_kind_per_peer_min: dict
+    registry_ops_per_peer_min: dict  # DHT gets, entries they returned, stores: mean of live peers
     forwards: int
     forwards_to_dead_share: float
     forwards_to_unreachable_share: float
@@ -69,7 +70,8 @@ class World:
         self.node_config = node_config or NodeConfig()
         self.rng = random.Random(config.seed)
         self.spec = RunSpec(run_id="scale", model_size=MODEL_FOR_STAGES, num_stages=config.stages,
-                            method=default_method(config.method, inner_steps=config.inner_steps))
+                            method=default_method(config.method, inner_steps=config.inner_steps),
+                            registry_shards=config.registry_shards)
         self.network = Network(self.rng, costs or DhtCosts(), config.record_delay_s, self._modelled_bytes)
         self.peers: dict[str, SimPeer] = {}
         self.rounds: list[RoundRecord] = []
@@ -173,7 +175,8 @@ class World:
 
     def _snapshot(self) -> dict:
         return {p.peer_id: {"traffic": dict(p.endpoint.traffic.bytes_by_kind), "refusals": p.counters.refusals,
-                            "held_s": p.gate.held_s, "forwards": asdict(p.counters.forwards)}
+                            "held_s": p.gate.held_s, "forwards": asdict(p.counters.forwards),
+                            "dht": asdict(p.dht.ops)}
                 for p in self.peers.values()}
 
     def _figures(self, start: float, end: float, before: dict, after: dict) -> ScaleFigures:
@@ -183,20 +186,20 @@ class World:
         to_partner = [r.to_partner_s for r in with_partner if r.to_partner_s is not None]
         in_rtts = []
         for r in with_partner:
-            peer = self.peers[r.peer]
-            partner = peer.exchange.last.partners[0] if peer.exchange.last and peer.exchange.last.partners else None
-            if r.to_partner_s is not None and partner in self.network.endpoints:
-                rtt = (self.network.endpoints[r.peer].rtt_s + self.network.endpoints[partner].rtt_s) / 2
+            if r.to_partner_s is not None and r.partner in self.network.endpoints:
+                rtt = (self.network.endpoints[r.peer].rtt_s + self.network.endpoints[r.partner].rtt_s) / 2
                 in_rtts.append(r.to_partner_s / rtt)
         n_rounds = max(1, len(window))
         span_min = (end - start) / 60.0
-        per_peer_min, by_kind = [], {}
+        per_peer_min, by_kind, registry_ops = [], {}, {}
         live_ids = [p for p in after if self.network.endpoints[p].alive and p in before]
         for peer in live_ids:
             delta = {k: v - before[peer]["traffic"].get(k, 0) for k, v in after[peer]["traffic"].items()}
             per_peer_min.append(sum(delta.values()) / span_min)
             for k, v in delta.items():
                 by_kind.setdefault(k, []).append(v / span_min)
+            for k, v in after[peer]["dht"].items():
+                registry_ops.setdefault(k, []).append((v - before[peer]["dht"][k]) / span_min)
         refusals = sum(after[p]["refusals"] - before.get(p, {"refusals": 0})["refusals"] for p in after)
         held = sum(after[p]["held_s"] - before.get(p, {"held_s": 0.0})["held_s"] for p in after)
         fwd = {k: sum(after[p]["forwards"][k] - before.get(p, {"forwards": {k: 0}})["forwards"].get(k, 0)
@@ -217,6 +220,7 @@ class World:
             control_bytes_per_peer_min_p99=_quantile(per_peer_min, 0.99) or 0.0,
             control_bytes_per_peer_min_max=max(per_peer_min, default=0.0),
             control_by_kind_per_peer_min={k: statistics.mean(v) for k, v in sorted(by_kind.items())},
+            registry_ops_per_peer_min={k: statistics.mean(v) for k, v in registry_ops.items()},
             forwards=fwd["sent"], forwards_to_dead_share=fwd["to_dead"] / sent,
             forwards_to_unreachable_share=fwd["to_unreachable"] / sent, forwards_lost_share=fwd["lost"] / sent,
             crashes=self.crashes, leaves=self.leaves, joins=self.joins)

@@ -27,6 +27,7 @@ class PeerRecord:
     inner_step: int = 0
     outer_round: int = 0
     seeking: bool = False  # at an outer-round boundary, looking for a partner
+    round_step: int = 0  # inner steps since its last outer round: past half, it accepts a proposal early
     loss: float | None = None  # last stage: EMA of the training loss
     tokens: int = 0  # stage 0: tokens this node has fed into the pipeline
     lost: int = 0  # micro-batches this node gave up on
@@ -53,6 +54,7 @@ class PeerRecord:
                 state=_str(raw.get("state", "training")), throughput=_float(raw.get("throughput", 0.0)),
                 queue=_int(raw.get("queue", 0), 0, 10**6), inner_step=_int(raw.get("inner_step", 0), 0, 10**12),
                 outer_round=_int(raw.get("outer_round", 0), 0, 10**12), seeking=_bool(raw.get("seeking", False)),
+                round_step=_int(raw.get("round_step", 0), 0, 10**12),
                 loss=None if raw.get("loss") is None else _float(raw["loss"]),
                 tokens=_int(raw.get("tokens", 0), 0, 10**18), lost=_int(raw.get("lost", 0), 0, 10**12),
                 partner_rounds=_int(raw.get("partner_rounds", 0), 0, 10**12),

@@ -21,7 +21,7 @@ def test_a_small_swarm_pairs_every_round_and_routes_every_forward():
     assert figures.partner_share >= 0.95 and figures.alone_rounds == 0
     assert figures.forwards > 0 and figures.forwards_lost_share == 0.0 and figures.forwards_to_dead_share == 0.0
     assert figures.to_partner_median_s is not None and figures.to_partner_median_s < 5.0
-    assert figures.control_by_kind_per_peer_min["pairing"] > 0 and figures.control_by_kind_per_peer_min["dht"] > 0
+    assert figures.control_by_kind_per_peer_min["pairing"] > 0 and figures.control_by_kind_per_peer_min["dht-get"] > 0
 
 
 def test_a_run_is_the_same_for_the_same_seed():
@@ -53,3 +53,15 @@ def test_settings_are_refused_before_anything_starts():
         ScaleConfig(peers_per_stage=1)
     with pytest.raises(ValueError, match="unreachable_share"):
         ScaleConfig(unreachable_share=0.6, stages=2)
+
+
+def test_with_shards_a_peer_reads_about_as_many_records_whatever_the_stage_size():
+    def read(figures):  # registry entries a peer receives a minute
+        return figures.registry_ops_per_peer_min["entries_read"]
+
+    short = dict(duration_s=80.0)
+    small = simulate(peers_per_stage=8, registry_shards=2, **short)
+    large, one_key = (simulate(peers_per_stage=32, registry_shards=shards, **short) for shards in (8, 1))
+    assert read(large) < 1.5 * read(small)
+    assert read(one_key) > 2.5 * read(small)  # one key a stage: every read brings the whole stage
+    assert large.partner_share >= 0.95 and large.forwards > 0 and large.forwards_lost_share == 0.0  # a sample pairs and routes

@@ -1,0 +1,129 @@
+"""The scale benchmark's plot and BENCHMARKS.md section, from the result JSON alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.common.results import pyplot, rerun_command
+
+NAME = "scale"
+LABELS = ("noloco", "one-key registry", "diloco")
+COLOURS = {"noloco": "#2e8b57", "one-key registry": "#8c8c8c", "diloco": "#c0642f"}
+# The issue's bar at N = 1024: share of rounds with a partner, median time to a partner
+# in round trips, control traffic per peer.
+TARGET_PARTNER_SHARE, TARGET_RTTS, TARGET_CONTROL_KB_S = 0.95, 3.0, 10.0
+
+
+def _runs(rows: list[dict], label: str) -> list[dict]:
+    return sorted((r for r in rows if r.get("kind") == "run" and r["label"] == label), key=lambda r: r["peers_per_stage"])
+
+
+def _kb_s(per_min: float) -> float:
+    return per_min / 60e3
+
+
+def plot(rows: list[dict], out_dir: Path) -> None:
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for label in LABELS:
+        runs = _runs(rows, label)
+        if not runs:
+            continue
+        n = [r["peers_per_stage"] for r in runs]
+        style = dict(color=COLOURS[label], marker="o", label=label)
+        axes[0].plot(n, [r["partner_share"] for r in runs], **style)
+        axes[1].plot(n, [_kb_s(r["control_bytes_per_peer_min_median"]) for r in runs], **style)
+        axes[1].plot(n, [_kb_s(r["control_bytes_per_peer_min_max"]) for r in runs], color=COLOURS[label],
+                     linestyle=":", marker="x", label=f"{label}, busiest peer")
+        if label != "diloco":
+            axes[2].plot(n, [r["to_partner_median_s"] or float("nan") for r in runs], **style)
+            axes[2].plot(n, [r["to_partner_p99_s"] or float("nan") for r in runs], color=COLOURS[label],
+                         linestyle=":", marker="x", label=f"{label}, p99")
+    axes[1].axhline(TARGET_CONTROL_KB_S, color="black", linewidth=0.8, linestyle="--", label="10 kB/s")
+    titles = ("rounds with a partner (live peers)", "control traffic per peer (kB/s)", "boundary to partner (s)")
+    for ax, title in zip(axes, titles):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("peers per stage")
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[1].set_yscale("log")
+    axes[2].set_yscale("log")
+    fig.tight_layout()
+    fig.savefig(out_dir / f"{NAME}.png", dpi=110)
+    plt.close(fig)
+
+
+def _num(value, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _table(rows: list[dict]) -> str:
+    lines = ["| registry, method | peers a stage | shards | rounds | with a partner | proposals / round | "
+             "refusals / round | to a partner: median, p99 (s) | median (round trips) | idle / round (s) | "
+             "control kB/s a peer: median, p99, max | forwards to dead / unreachable / lost | crashes, joins | "
+             "real s |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for label in LABELS:
+        for r in _runs(rows, label):
+            lines.append(
+                f"| {label} | {r['peers_per_stage']} | {r['registry_shards']} | {r['rounds']} | "
+                f"{r['partner_share']:.3f} | {r['proposals_per_round']:.2f} | {r['refusals_per_round']:.2f} | "
+                f"{_num(r['to_partner_median_s'])}, {_num(r['to_partner_p99_s'])} | "
+                f"{_num(r['to_partner_median_rtts'], 1)} | {r['idle_per_round_s']:.2f} | "
+                f"{_kb_s(r['control_bytes_per_peer_min_median']):.1f}, {_kb_s(r['control_bytes_per_peer_min_p99']):.1f}, "
+                f"{_kb_s(r['control_bytes_per_peer_min_max']):.1f} | "
+                f"{100 * r['forwards_to_dead_share']:.2f} % / {100 * r['forwards_to_unreachable_share']:.2f} % / "
+                f"{100 * r['forwards_lost_share']:.2f} % | {r['crashes']}, {r['joins']} | {r['real_s']:.0f} |")
+    return "\n".join(lines)
+
+
+def _by_kind(rows: list[dict]) -> str:
+    runs = _runs(rows, "noloco")
+    kinds = sorted({k for r in runs for k in r["control_by_kind_per_peer_min"]})
+    ops = ("gets", "entries_read", "stores")
+    lines = ["Control traffic by kind, NoLoCo, kB/s a peer (mean over peers), and the registry operations "
+             "behind the DHT's share, a minute a peer:", "",
+             "| peers a stage | " + " | ".join(kinds) + " | registry gets | entries read | stores |",
+             "|---|" + "---|" * (len(kinds) + len(ops))]
+    for r in runs:
+        registry = r.get("registry_ops_per_peer_min", {})
+        lines.append(f"| {r['peers_per_stage']} | " + " | ".join(
+            f"{_kb_s(r['control_by_kind_per_peer_min'].get(k, 0.0)):.2f}" for k in kinds) + " | " + " | ".join(
+            f"{registry[k]:.1f}" if k in registry else "-" for k in ops) + " |")
+    return "\n".join(lines)
+
+
+def _verdict(rows: list[dict]) -> str:
+    runs = _runs(rows, "noloco")
+    if not runs:
+        return ""
+    top = runs[-1]
+    holds = {
+        "rounds with a partner >= 95 %": top["partner_share"] >= TARGET_PARTNER_SHARE,
+        "median time to a partner < 3 round trips": (top["to_partner_median_rtts"] or 1e9) < TARGET_RTTS,
+        "control traffic < 10 kB/s for every peer": _kb_s(top["control_bytes_per_peer_min_max"]) < TARGET_CONTROL_KB_S,
+    }
+    marks = "; ".join(f"{k}: **{'yes' if v else 'no'}**" for k, v in holds.items())
+    return f"At N = {top['peers_per_stage']} a stage: {marks}."
+
+
+def markdown(result: dict) -> str:
+    rows = result["rows"]
+    s = result["summary"]
+    parts = [
+        "## scale: hundreds of peers a stage on the swarm-scale simulator",
+        f"{result['mode'].capitalize()} run, {result['wall_s']:.0f} s on {result['machine']['cpu_count']} CPUs:",
+        f"```bash\n{rerun_command(NAME, result['mode'])}\n```",
+        "The node's own Membership, PeerGuard, OuterExchange (PairingCoordinator, GroupRound for DiLoCo, the "
+        "partner checks), RoundGate and PeerChooser for every peer, on a virtual clock, around a model-free stage "
+        "(the real outer-round code on 32 weights) and a modelled network (swarm_node/scale/network.py says what "
+        f"is modelled and how). {s['duration_s']:.0f} virtual seconds a run, figures after two rounds of warm-up; "
+        f"scenario: {s['scenario']}.",
+        "![scale](bench/results/scale.png)",
+        _table(rows),
+        _by_kind(rows),
+        _verdict(rows),
+    ]
+    if result["notes"]:
+        parts.append("\n".join(f"- {n}" for n in result["notes"]))
+    return "\n\n".join(p for p in parts if p) + "\n"
