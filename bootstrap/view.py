@@ -105,6 +105,8 @@ class SwarmView:
                 events.append(f"peer {peer[-6:]} joined stage {record.stage} (version {record.version})")
             elif row is not None and record.state in GONE_STATES and row.record.state not in GONE_STATES:
                 events.append(f"peer {peer[-6:]} of stage {record.stage} is {record.state}")
+            elif row is not None and record.stage != row.record.stage:  # joiners even out the stages
+                events.append(f"peer {peer[-6:]} moved from stage {row.record.stage} to stage {record.stage}")
         for peer, row in self.peers.items():
             if peer in previous:
                 self._note_changes(now_s, peer, previous[peer].record, row.record)

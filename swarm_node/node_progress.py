@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Callable
 
 from swarm_node.gossip.exchange import OuterExchange
 from swarm_node.membership.view import Membership
@@ -23,11 +25,12 @@ TOKEN_RATE_WINDOW_S = 30.0
 
 class ProgressFeed:
     def __init__(self, *, spec: RunSpec, max_steps: int | None, worker: StageWorker, pipeline: Pipeline,
-                 membership: Membership, exchange: OuterExchange, stats: NodeStats):
+                 membership: Membership, exchange: OuterExchange, stats: NodeStats,
+                 clock: Callable[[], float] = time.monotonic):
         self.spec, self.max_steps, self.worker, self.pipeline = spec, max_steps, worker, pipeline
         self.membership, self.exchange, self.stats = membership, exchange, stats
-        self._token_rate = RecentGrowth(window_s=TOKEN_RATE_WINDOW_S)
-        self._recent_microbatches = RecentGrowth()
+        self._token_rate = RecentGrowth(window_s=TOKEN_RATE_WINDOW_S, clock=clock)
+        self._recent_microbatches = RecentGrowth(clock=clock)
 
     async def run(self, log: logging.Logger, live: bool) -> None:
         progress = NodeProgress(log, live=live)
@@ -43,7 +46,10 @@ class ProgressFeed:
         tokens_per_microbatch = self.spec.batch_size * self.spec.seq_len
         grown, span_s = self._token_rate.sample_rate(stats.microbatches_done)
         last = self.exchange.last
-        recent = self._recent_microbatches.sample(stats.microbatches_done)
+        recent, watched_s = self._recent_microbatches.sample_rate(stats.microbatches_done)
+        # "stalled" only once a whole window was watched: a node up for a second has done
+        # nothing yet, and its first line said "no work ... in the last minute"
+        quiet = not recent and watched_s >= self._recent_microbatches.window_s
         return NodeSnapshot(
             inner_step=w.inner_step, max_steps=self.max_steps,
             loss=w.loss_ema if w.is_last else self.pipeline.loss_seen,
@@ -53,10 +59,12 @@ class ProgressFeed:
             last_round=last.round_no if last else None,
             last_partner=short_id(last.partners[0]) if last and last.partners else None,
             last_round_ago_s=asyncio.get_running_loop().time() - last.ended_at if last else None,
-            stalled=None if recent else stats.last_error or self._waiting_for())
+            stalled=stats.last_error or self._waiting_for() if quiet else None)
 
     def _waiting_for(self) -> str:
         stage = self.membership.stage
         if self.worker.is_first and not self.worker.is_last:
+            if self.pipeline.waiting_for_next_stage:
+                return f"waiting for a stage-{stage + 1} peer to join"
             return f"no micro-batch came back from stage {stage + 1} in the last minute"
         return f"no work from stage {stage - 1} in the last minute" if stage else "nothing done"

@@ -39,6 +39,7 @@ from swarm_node.wire.records import PeerRecord
 
 log = logging.getLogger(__name__)
 
+NEXT_STAGE_POLL_S = 0.5
 SHARDS_BY_PEER_ID = 1024  # a node without --data-shard reads the shard its peer id hashes to
 
 
@@ -59,6 +60,7 @@ class Pipeline:
         self.loader: ShardedBatches | None = None
         self.queue = 0  # forward requests being served
         self.in_flight = 0  # our own micro-batches in the pipeline (stage 0)
+        self.waiting_for_next_stage = False  # stage 0 with no next-stage peer to send to
         self.throughput = 0.0  # samples/s, as our record reports it
         self.loss_seen: float | None = None  # EMA of the losses the last stage reports back to us
         # Magnitude screens for what neighbours send (train/screen.py): used on the compute thread only.
@@ -109,6 +111,7 @@ class Pipeline:
             async with asyncio.TaskGroup() as tg:
                 while not self.issued_enough():
                     await self.gate.idle.wait()
+                    await self._next_stage_known()
                     await slots.acquire()
                     if self.issued_enough():
                         slots.release()
@@ -123,6 +126,20 @@ class Pipeline:
                 # spin on the event loop and starve the round that is meant to take it.
                 await self.step_if_ready()
         await finished()
+
+    async def _next_stage_known(self) -> None:
+        """Stage 0 draws a micro-batch only while some next-stage peer can take it: the
+        first volunteer of a run (or one whose next-stage peers are all backed off) waits
+        for one instead of losing a micro-batch every hop deadline. Polled: peers appear
+        through the registry loop and bans lapse with time."""
+        if self.worker.is_last or self.next_peers():
+            return
+        self.waiting_for_next_stage = True
+        log.info("waiting for a stage-%d peer: none is known yet (or all are backed off)",
+                 self.worker.stage.stage_index + 1)
+        while not self.next_peers() and not self.stopping.is_set():
+            await asyncio.sleep(NEXT_STAGE_POLL_S)
+        self.waiting_for_next_stage = False
 
     def reached_max_steps(self) -> bool:
         limit = self.config.max_steps

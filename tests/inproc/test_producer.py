@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 import torch
+import vclock
 from parts import StageParts
 
 from swarm_node.data.dataset import load_windows
@@ -71,3 +72,31 @@ def test_gradients_held_over_a_round_finish_the_run_without_starving_the_loop():
     assert worker.inner_step == max_steps and pipeline.reached_max_steps()
     assert finished == [max_steps] and ticks >= 1
     assert stage.stats.microbatches_done == 0  # the last step came from the held gradients alone
+
+
+def test_stage_0_waits_for_a_next_stage_peer_instead_of_losing_micro_batches():
+    """The first volunteer of a two-stage run draws nothing until a stage-1 peer is
+    known (it used to lose a micro-batch every hop deadline, and showed as failing),
+    and stops cleanly while it waits."""
+    spec = RunSpec(run_id="producer", model_size="debug", num_stages=2, seq_len=16, batch_size=4,
+                   samples_per_step=4, data=DataSpec(kind="synthetic"), method=default_method("noloco", inner_steps=50))
+    data = load_windows(spec.data, spec.seq_len)
+    stage = StageParts(spec, StageWorker(spec, 0, data.vocab_size))
+    pipeline = stage.pipeline()
+    pipeline.open_data(data, "QmSelf", resumed=None)
+    before = pipeline.loader.state_dict()
+    finished = []
+
+    async def finish():
+        finished.append(True)
+
+    async def scenario():
+        producing = asyncio.create_task(pipeline.produce(finished=finish))
+        await asyncio.sleep(120)  # virtual: two hop deadlines and more
+        assert pipeline.waiting_for_next_stage and pipeline.in_flight == 0 and not producing.done()
+        stage.stopping.set()
+        await asyncio.wait_for(producing, 5)
+
+    vclock.run(scenario())
+    assert finished == [True] and stage.stats.microbatches_lost == 0
+    assert pipeline.loader.state_dict() == before  # nothing was drawn

@@ -51,8 +51,9 @@ def test_joins_leaves_and_vanishings_are_reported_for_the_log():
     view = SwarmView("r", HASH, num_stages=2)
     assert view.ingest(1.0, {"abcdef": rec(0), "ghijkl": rec(1)}) == ["peer abcdef joined stage 0 (version 0.1.0)",
                                                                        "peer ghijkl joined stage 1 (version 0.1.0)"]
+    assert view.ingest(1.5, {"abcdef": rec(0), "ghijkl": rec(0)}) == ["peer ghijkl moved from stage 1 to stage 0"]
     assert view.ingest(2.0, {"abcdef": rec(0, state="leaving")}) == ["peer abcdef of stage 0 is leaving"]
-    assert view.ingest(3.0, {}) == ["peer ghijkl of stage 1 vanished without leaving"]
+    assert view.ingest(3.0, {}) == ["peer ghijkl of stage 0 vanished without leaving"]
 
 
 def test_a_peer_missing_from_one_poll_only_is_no_failure():

@@ -71,7 +71,8 @@ def test_without_a_terminal_the_node_status_is_a_log_line_a_minute(caplog):
 
 def test_the_node_feeds_the_line_from_its_components():
     """Stage 0 of two shows the loss the last stage reports back; with nothing done in
-    the last minute it says what it waits for; a partner's short id names the round."""
+    a whole minute it says what it waits for (not before a minute was watched); a
+    partner's short id names the round."""
     import asyncio
     from types import SimpleNamespace
 
@@ -84,11 +85,19 @@ def test_the_node_feeds_the_line_from_its_components():
     membership = SimpleNamespace(stage=0, live_peers=lambda stage: {"QmOther": None})
     exchange = SimpleNamespace(last=None)
     stats = NodeStats()
-    feed = ProgressFeed(spec=spec, max_steps=100, worker=worker, pipeline=SimpleNamespace(loss_seen=2.5),
-                        membership=membership, exchange=exchange, stats=stats)
+    now = [0.0]
+    pipeline = SimpleNamespace(loss_seen=2.5, waiting_for_next_stage=False)
+    feed = ProgressFeed(spec=spec, max_steps=100, worker=worker, pipeline=pipeline,
+                        membership=membership, exchange=exchange, stats=stats, clock=lambda: now[0])
 
     async def snapshots():
+        assert feed.snapshot().stalled is None  # just started: nothing to say yet
+        now[0] = 61.0
+        pipeline.waiting_for_next_stage = True
+        assert feed.snapshot().stalled == "waiting for a stage-1 peer to join"
+        pipeline.waiting_for_next_stage = False
         first = feed.snapshot()
+        now[0] = 62.0
         stats.microbatches_done += 3
         exchange.last = SimpleNamespace(round_no=4, partners=["Qm" + "x" * 40 + "abc123"],
                                         ended_at=asyncio.get_running_loop().time())
