@@ -353,6 +353,10 @@ def _add_local_parser(sub) -> None:
     p.add_argument("--blocking-rounds", action="store_true",
                    help="nodes stop their inner steps during outer rounds (for comparison with the overlapped "
                         "default)")
+    p.add_argument("--registry-shards", type=_positive_int, default=None, metavar="S",
+                   help="DHT keys each stage's registry is spread over, a power of two (default: the largest at or "
+                        "below replicas / 4; from 8 replicas up the nodes then read one shard at a time and "
+                        "heartbeat every 6 s, which keeps 32 nodes' DHT traffic within what 2 cores can serve)")
     p.add_argument("--device", default="cpu",
                    help="device of every node: cpu | cuda[:N] | mps | auto; default: %(default)s")
     p.add_argument("--round-timeout", type=float, default=15.0, metavar="SECONDS",
@@ -388,6 +392,7 @@ def _run_local(args: argparse.Namespace) -> int:
     from swarm_node.config import default_warmup_steps, suggested_lr
     from swarm_node.data.spec import DataSpec
     from swarm_node.local import ChaosPlan, LocalConfig, run_local
+    from swarm_node.membership.registry import suggested_shards
     from swarm_node.optim import InnerHyper, default_method
     from swarm_node.spec import CLI_NAMES, RunSpec, check_model_split
 
@@ -404,6 +409,7 @@ def _run_local(args: argparse.Namespace) -> int:
                    data=DataSpec.parse(args.data), method=method,
                    **({"outer_codec": args.outer_codec} if args.outer_codec else {}),
                    **({"activation_codec": args.activation_codec} if args.activation_codec else {}),
+                   registry_shards=args.registry_shards or suggested_shards(args.replicas),
                    inner=InnerHyper(lr=args.lr or suggested_lr(args.model),
                                     warmup_steps=default_warmup_steps(args.steps), total_steps=args.steps))
     config = LocalConfig(replicas=args.replicas, steps=args.steps, device=args.device,

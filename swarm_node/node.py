@@ -139,7 +139,7 @@ class Node:
         # on a terminal, log lines print above the live progress line
         with logging_redirect_tqdm() if live else contextlib.nullcontext():
             try:
-                await self._start()
+                await self._start(reaper.rescan)
                 async with asyncio.TaskGroup() as tg:
                     membership, exchange = self.membership, self.exchange
                     after_read = exchange.meet_a_seeking_peer if not membership.reachable else None
@@ -170,7 +170,8 @@ class Node:
             raise self.fatal
         return self.summary()
 
-    async def _start(self) -> None:
+    async def _start(self, tree_changed: Callable[[], None]) -> None:
+        """``tree_changed``: our child processes changed (the DHT and p2pd started)."""
         cfg = self.config
         raise_open_file_limit()
         if cfg.http_port is not None:  # first, so a slow start shows as "joining" rather than as nothing
@@ -179,6 +180,7 @@ class Node:
         self.dht = await SwarmDHT.start(initial_peers=cfg.initial_peers, host_maddrs=cfg.host_maddrs,
                                         announce_maddrs=cfg.announce_maddrs, identity_path=cfg.identity_path,
                                         client_mode=cfg.client_mode, startup_timeout_s=cfg.startup_timeout_s)
+        tree_changed()
         self.transport = Transport(await self.dht.replicate_p2p(), on_fault=self.guard.fault,
                                    on_reached=self.guard.reached)
         await self._join_run()
@@ -188,6 +190,7 @@ class Node:
         await membership.refresh(all_stages=True)
         if await check_own_reachability(self.dht, self.transport, membership, cfg.initial_peers, cfg.host_maddrs):
             await self.dht.restart_in_client_mode()
+            tree_changed()
             self.transport = Transport(await self.dht.replicate_p2p(), on_fault=self.guard.fault,
                                        on_reached=self.guard.reached)
             await membership.refresh(all_stages=True)

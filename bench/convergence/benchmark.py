@@ -20,7 +20,17 @@ import sys
 import time
 
 from bench.common.results import Result, load, parse_mode, pyplot
-from bench.convergence.plan import FULL, NOLOCO_DEFAULT, QUICK, Plan, confirming_jobs, main_jobs, tuning_jobs
+from bench.convergence.plan import (
+    FULL,
+    NOLOCO_DEFAULT,
+    QUICK,
+    WIRE_BASELINE,
+    Plan,
+    confirming_jobs,
+    main_jobs,
+    tuning_jobs,
+    wire_jobs,
+)
 from bench.convergence.report import markdown, plot  # noqa: F401  (bench.report renders through markdown)
 from bench.convergence.runs import Runner
 from bench.convergence.stats import (
@@ -37,6 +47,7 @@ from bench.convergence.stats import (
     steps_to_target_rows,
     sweep_choice,
     sweep_rows,
+    wire_rows,
 )
 from bench.convergence.wallclock import Link, link_from_home_link, wall_rows
 from swarm_node.optim.methods import default_method
@@ -71,11 +82,15 @@ def summarise(result: Result, plan: Plan, runs: list[dict], chosen: dict, home_l
     walls = [r | {"link": "fast"} for r in wall_rows(to_target, FAST_LINK)]
     if home is not None:
         walls += [r | {"link": "home"} for r in wall_rows(to_target, home)]
+    wire = wire_rows(runs, WIRE_BASELINE)
     result.rows = (grids + scaling + scaling_sweep_rows(runs, first, chosen["scaling_outer_lr"])
-                   + sweep_rows(runs, plan.sweep_grid, first, NOLOCO_DEFAULT) + to_target + walls + runs)
+                   + sweep_rows(runs, plan.sweep_grid, first, NOLOCO_DEFAULT) + wire + to_target + walls + runs)
     checks = {"ddp_best": check_ddp_best(grids), "local_worst": check_local_worst(grids),
               "noloco_le_diloco": check_noloco_vs_diloco(grids, runs),
               "gaps_grow_with_dp": check_gaps_grow_with_dp(grids), "scaling_order": check_scaling_order(scaling)}
+    if wire:
+        checks["wire_within_1pct"] = {"holds": all(r["within_bar"] for r in wire if r["variant"] != WIRE_BASELINE),
+                                      "gaps_pct": {r["variant"]: round(r["gap_pct"], 3) for r in wire}}
     grid_run = next(r for r in runs if r["section"] == "grid")
     result.summary = {
         "model": plan.model, "num_parameters": grid_run["num_parameters"], "steps": plan.steps,
@@ -99,23 +114,35 @@ def summarise(result: Result, plan: Plan, runs: list[dict], chosen: dict, home_l
 def _options(parser) -> None:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                         help="parallel simulator processes (default: CPUs)")
+    parser.add_argument("--wire-only", action="store_true",
+                        help="run only the wire section (the overlapped round and the codecs) with the last result's "
+                             "inner lr, and put its runs into that result in place of any earlier ones")
     parser.add_argument("--resummarise", action="store_true",
                         help="train nothing: recompute the tables from the runs in the last result of this mode "
                              "(after a new home_link result, for the time-to-target table)")
 
 
-def _resummarise(plan: Plan, result: Result) -> None:
+def _resummarise(plan: Plan, result: Result, workers: int | None = None) -> None:
     """The last result of this mode with its tables recomputed from its runs; when and
-    how it ran stay as they were."""
+    how it ran stay as they were. With ``workers``, the wire section's runs are made
+    first (on that result's inner lr) and replace any it had."""
     last = load(NAME, result.out_dir)
     if last is None or last["mode"] != result.mode:
         raise SystemExit(f"bench.{NAME}: no {result.mode} result in {result.out_dir} to resummarise")
     s = last["summary"]
     chosen = {"inner_lr": s["inner_lr"], "noloco": s["noloco_choice"],
               "scaling_outer_lr": {int(m): lr for m, lr in s["scaling_outer_lr"].items()}}
+    runs = [r for r in last["rows"] if r["kind"] == "run"]
+    if workers is not None:
+        started = time.perf_counter()
+        with Runner(workers) as runner:
+            wire = runner.run(wire_jobs(plan, s["inner_lr"]), "wire")
+        runs = [r for r in runs if r["section"] != "wire"] + wire
+        last["notes"] = [n for n in last["notes"] if not n.startswith("The wire section")] + [
+            f"The wire section ({len(wire)} runs) was run on its own afterwards (`--wire-only`): "
+            f"{time.perf_counter() - started:.0f} s wall, {sum(r['cpu_s'] for r in wire):.0f} CPU-seconds."]
     home_link = load("home_link")
-    summarise(result, plan, [r for r in last["rows"] if r["kind"] == "run"], chosen,
-              home_link["summary"] if home_link else None)
+    summarise(result, plan, runs, chosen, home_link["summary"] if home_link else None)
     last |= {"rows": result.rows, "summary": result.summary,
              "notes": [n for n in last["notes"] if not n.startswith("No bench/results/home_link.json")]}
     result.path().write_text(json.dumps(last, indent=1) + "\n")
@@ -127,8 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     plan = FULL if args.full else QUICK
     result = Result(NAME, args.mode, args.out_dir)
     started = time.perf_counter()
-    if args.resummarise:
-        _resummarise(plan, result)
+    if args.resummarise or args.wire_only:
+        _resummarise(plan, result, max(1, args.workers) if args.wire_only else None)
         return 0
     runs, chosen = run_plan(plan, max(1, args.workers))
     home_link = load("home_link")

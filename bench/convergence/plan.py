@@ -14,6 +14,24 @@ NOLOCO_DEFAULT = "default"  # the sweep's label for the project's NoLoCo default
 
 
 @dataclass(frozen=True)
+class WireVariant:
+    label: str
+    outer_codec: str = "fp16"
+    activation_codec: str = "fp16"
+    latency_rounds: float | None = None  # an overlapped round's exchange lands this many rounds late
+
+
+WIRE_BASELINE = "blocking fp16"
+WIRE_VARIANTS = (WireVariant(WIRE_BASELINE), WireVariant("overlapped, half a round late", latency_rounds=0.5),
+                 WireVariant("overlapped, one round late", latency_rounds=1.0),
+                 WireVariant("overlapped, two rounds late", latency_rounds=2.0),
+                 WireVariant("near4-3 payload", outer_codec="near4-3"),
+                 WireVariant("overlapped, half a round late, near4-3 (the node's default)", outer_codec="near4-3",
+                             latency_rounds=0.5),
+                 WireVariant("int8 activations", activation_codec="int8"))
+
+
+@dataclass(frozen=True)
 class Plan:
     model: str
     steps: int  # inner steps per worker, the same for every method
@@ -35,6 +53,10 @@ class Plan:
     # NoLoCo's open settings, varied one at a time from the defaults on one grid.
     sweep_grid: tuple[int, int] = (4, 2)
     noloco_sweep: tuple[tuple[str, float], ...] = ()  # (alpha | beta | gamma, value)
+    # How the node moves a round (issue 16), on one grid over every seed: the blocking 16-bit
+    # round of before, the overlapped round landing late, the payload and activation codecs.
+    wire_grid: tuple[int, int] = (4, 2)
+    wire_variants: tuple[WireVariant, ...] = ()
     curve_every: int = 50  # steps between the points of the validation-loss curve
     curve_batches: int = 2  # validation batches per point (the final evaluation takes eval_batches)
     notes: tuple[str, ...] = field(default=())
@@ -53,7 +75,8 @@ class Plan:
 QUICK = Plan(model="debug", steps=60, global_batch=32, seq_len=64, seeds=(0, 1),
              grids=((4, 2), (8, 2), (8, 1)), scaling_m=(1, 2, 4, 8), eval_batches=4,
              inner_steps=(("noloco", 6), ("diloco", 6)), inner_lrs=(2e-3, 4e-3),
-             scaling_outer_lrs=(0.1, 0.2), noloco_sweep=(("gamma", 0.0),), curve_every=10)
+             scaling_outer_lrs=(0.1, 0.2), noloco_sweep=(("gamma", 0.0),), curve_every=10,
+             wire_variants=(WIRE_VARIANTS[0], WIRE_VARIANTS[5]))
 # Full: a regime that can tell the methods apart (issue 17): a global batch of 64
 # sequences (16 per replica at DP 4), 1000 steps at H = 10 for both methods (100 outer
 # rounds), the inner lr tuned for DDP, about 90 CPU-minutes.
@@ -62,7 +85,8 @@ FULL = Plan(model="debug", steps=1000, global_batch=64, seq_len=64, seeds=(0, 1,
             inner_steps=(("noloco", 10), ("diloco", 10)), inner_lrs=(1.5e-3, 3e-3, 6e-3),
             scaling_outer_lrs=(0.05, 0.1, 0.2, 0.4),
             noloco_sweep=(("gamma", 0.0), ("gamma", 0.35), ("gamma", 1.0), ("alpha", 0.3), ("alpha", 0.7),
-                          ("beta", 0.5), ("beta", 1.0)))
+                          ("beta", 0.5), ("beta", 1.0)),
+            wire_variants=WIRE_VARIANTS)
 
 
 @dataclass(frozen=True)
@@ -78,7 +102,10 @@ class Job:
     outer_momentum: float | None = None
     outer_gamma: float | None = None
     nesterov: bool = False
-    variant: str = ""  # the sweep's label
+    variant: str = ""  # the sweep's or the wire section's label
+    outer_codec: str = "fp32"
+    activation_codec: str = "fp32"
+    outer_latency_steps: int | None = None  # None: the blocking round
 
     @property
     def cost(self) -> int:
@@ -112,6 +139,18 @@ def _sweep_job(plan: Plan, seed: int, inner_lr: float | None, setting: str, valu
                **{overrides[setting]: value})
 
 
+def wire_jobs(plan: Plan, inner_lr: float | None) -> list[Job]:
+    """Every wire variant on the wire grid and every seed (NoLoCo, the defaults)."""
+    dp, pp = plan.wire_grid
+    h = plan.h_of("noloco")
+    if plan.wire_variants and h is None:
+        raise ValueError("the wire section needs NoLoCo's H in the plan")
+    return [Job("wire", dp, pp, "noloco", seed, plan, inner_lr=inner_lr, variant=v.label, outer_codec=v.outer_codec,
+                activation_codec=v.activation_codec,
+                outer_latency_steps=None if v.latency_rounds is None else round(v.latency_rounds * h))
+            for v in plan.wire_variants for seed in plan.seeds]
+
+
 def main_jobs(plan: Plan, inner_lr: float | None) -> list[Job]:
     """Every grid on every seed; the scaling and NoLoCo sweeps on the first seed."""
     if plan.scaling_reference not in plan.grids:
@@ -125,6 +164,7 @@ def main_jobs(plan: Plan, inner_lr: float | None) -> list[Job]:
                  outer_momentum=plan.scaling_momentum, nesterov=True)
              for m in plan.scaling_m for lr in _scaling_lrs(plan, m)]
     jobs += [_sweep_job(plan, first, inner_lr, setting, value) for setting, value in plan.noloco_sweep]
+    jobs += wire_jobs(plan, inner_lr)
     return _longest_first(jobs)
 
 

@@ -176,6 +176,26 @@ def _sweep_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def _wire_table(result: dict) -> str:
+    rows = _rows(result["rows"], "wire")
+    if not rows:
+        return ""
+    lines = [f"**How a round moves** (issue 16) on grid {rows[0]['grid']}, NoLoCo with the defaults, every seed: "
+             "the overlapped round (ALGORITHM.md 3.1) landing half a round to two rounds late, the outer payload in "
+             "near4-3 (3.2), activations and their gradients in int8, each against the blocking round with "
+             "phi, Delta and activations in 16 bits, paired by seed; the bar is 1 %.", "",
+             "| variant | payload | activations | lands (steps late) | eval loss (mean ± std) | "
+             "gap to blocking fp16 (min..max) | within 1 % |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        gap = "-" if r["gap_pct"] is None else (
+            f"{r['gap_pct']:+.2f} % ({r['gap_min_pct']:+.2f}..{r['gap_max_pct']:+.2f})")
+        late = "blocking" if r["outer_latency_steps"] is None else str(r["outer_latency_steps"])
+        lines.append(f"| {r['variant']} | {r['outer_codec']} | {r['activation_codec']} | {late} | "
+                     f"{r['val_loss_mean']:.4f} ± {r['val_loss_std']:.4f} | {gap} | "
+                     f"{'yes' if r['within_bar'] else 'no'} |")
+    return "\n".join(lines)
+
+
 def _wall_table(result: dict) -> str:
     s = result["summary"]
     walls = _rows(result["rows"], "wall")
@@ -360,6 +380,7 @@ def markdown(result: dict) -> str:
         *(_grid_table(result["rows"], g) for g in grids),
         _scaling_table(result),
         _sweep_table(result),
+        _wire_table(result),
         _wall_table(result),
         "**Does it reproduce the paper's shape?**",
         _checks(result),
@@ -368,4 +389,4 @@ def markdown(result: dict) -> str:
     ]
     if result["notes"]:
         parts.append("\n".join(f"- {n}" for n in result["notes"]))
-    return "\n\n".join(parts) + "\n"
+    return "\n\n".join(p for p in parts if p) + "\n"

@@ -31,7 +31,8 @@ def sim_config(job: Job):
     return SimConfig(method=method, inner=inner, data=DataSpec(kind="corpus"),
                      replicas=job.dp, stages=job.pp, model_size=plan.model, seq_len=plan.seq_len,
                      batch_size=plan.global_batch // job.dp, steps=plan.steps, seed=job.seed,
-                     eval_batches=plan.eval_batches, eval_batch_size=64)
+                     eval_batches=plan.eval_batches, eval_batch_size=64, outer_codec=job.outer_codec,
+                     activation_codec=job.activation_codec, outer_latency_steps=job.outer_latency_steps)
 
 
 def _train(sim, every: int, curve_batches: int) -> list[list[float]]:
@@ -40,12 +41,9 @@ def _train(sim, every: int, curve_batches: int) -> list[list[float]]:
     validation loss over random paths on the first ``curve_batches`` batches (what the
     swarm's model can do at that point; a replica's own training loss flatters methods
     whose replicas drift apart)."""
-    method = sim.config.method
     curve = []
     for step in range(1, sim.config.steps + 1):
-        sim.train_step()
-        if method.has_outer_step and step % method.inner_steps == 0:
-            sim.outer_round()
+        sim.advance(step)
         if step % every == 0:
             curve.append([step, round(sim.evaluate_random_paths(EVAL_PATHS_SEED, max_batches=curve_batches), 5)])
     return curve
@@ -70,6 +68,8 @@ def run_job(job: Job) -> dict:
     method = config.method
     return {"kind": "run", "section": job.section, "dp": job.dp, "pp": job.pp, "method": job.method,
             "seed": job.seed, "variant": job.variant, "batch_size": config.batch_size,
+            "outer_codec": job.outer_codec, "activation_codec": job.activation_codec,
+            "outer_latency_steps": job.outer_latency_steps,
             "inner_lr": config.inner.lr, "inner_steps": method.inner_steps,
             "outer_lr": method.outer.beta if method.outer else None,
             "outer_momentum": method.outer.alpha if method.outer else None,

@@ -287,3 +287,28 @@ def steps_to_target_rows(runs: Sequence[dict]) -> list[dict]:
                          "target_loss": target, "inner_steps": _select(mine, method=method)[0]["inner_steps"],
                          "steps": None if None in steps else statistics.fmean(steps)})
     return rows
+
+
+WIRE_BAR_PCT = 1.0  # issue 16: each way of moving a round within 1 % of the blocking 16-bit round
+
+
+def wire_rows(runs: Sequence[dict], baseline: str) -> list[dict]:
+    """The wire section: each variant's final validation loss (random paths) against the
+    blocking 16-bit round's on the same seeds (paired), with the spread over seeds."""
+    wire = _select(runs, section="wire")
+    reference = _by_seed(_select(wire, variant=baseline), "val_loss")
+    rows = []
+    for variant in dict.fromkeys(r["variant"] for r in wire):
+        mine = _select(wire, variant=variant)
+        losses = _by_seed(mine, "val_loss")
+        gaps = paired_gaps_pct(losses, reference)
+        rows.append({"kind": "wire", "grid": f"{mine[0]['dp']} x {mine[0]['pp']}", "variant": variant,
+                     "seeds": len(mine), "outer_codec": mine[0]["outer_codec"],
+                     "activation_codec": mine[0]["activation_codec"],
+                     "outer_latency_steps": mine[0]["outer_latency_steps"],
+                     "val_loss_mean": statistics.fmean(losses.values()),
+                     "val_loss_std": statistics.stdev(losses.values()) if len(losses) > 1 else 0.0,
+                     "gap_pct": statistics.fmean(gaps) if gaps else None,
+                     "gap_min_pct": min(gaps) if gaps else None, "gap_max_pct": max(gaps) if gaps else None,
+                     "within_bar": bool(gaps) and abs(statistics.fmean(gaps)) <= WIRE_BAR_PCT})
+    return rows

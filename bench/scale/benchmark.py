@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from bench.common.results import Result, parse_mode
 from bench.scale.report import markdown, plot
+from swarm_node.membership.registry import suggested_shards
 
 __all__ = ["main", "markdown", "run"]
 
@@ -50,12 +51,7 @@ PLANS = {"quick": Plan(duration_s=480.0, cases=_cases((16, 64, 256), one_key_up_
 SCENARIO = dict(stages=2, inner_steps=50, step_s=1.0, unreachable_share=0.2, crash_per_hour=0.1,
                 rtt_ms=(10.0, 200.0), uplink_mbit_s=(5.0, 500.0))
 
-def shards_for(peers: int) -> int:
-    """About four records a read: the largest power of two at or below peers / 4."""
-    shards = 1
-    while shards * 2 <= peers // 4:
-        shards *= 2
-    return shards
+shards_for = suggested_shards  # the rule `swarm-node local` and the example spec follow
 
 def simulate(case: Case, duration_s: float, seed: int = 0) -> dict:
     """One run in this process (a worker of the pool): its figures and its cost."""

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from bench.common import ROOT
 from bench.common.results import RESULTS_DIR, Result
+from swarm_node.membership.registry import suggested_shards
 
 NAME = "scale_processes"
 VENV_BIN = Path(sys.executable).parent
@@ -146,7 +147,15 @@ def run_processes(args: argparse.Namespace, run_dir: Path) -> tuple[dict, Memory
             thread.join()
     if returncode != 0:
         raise RuntimeError(f"swarm-node local failed ({returncode}); see {run_dir / 'local.log'}")
+    (run_dir / "memory.json").write_text(json.dumps({"by_kind": samples.by_kind, "processes": samples.processes}))
     return json.loads((run_dir / "local-summary.json").read_text()), samples
+
+
+def read_run(run_dir: Path) -> tuple[dict, MemorySamples]:
+    """A finished run's summary and memory samples, to figure it again."""
+    memory = json.loads((run_dir / "memory.json").read_text())
+    return (json.loads((run_dir / "local-summary.json").read_text()),
+            MemorySamples(by_kind=memory["by_kind"], processes=memory["processes"]))
 
 
 def real_figures(run_dir: Path, summary: dict) -> dict:
@@ -181,7 +190,8 @@ def simulated_figures(args: argparse.Namespace, step_s: float, duration_s: float
     for seed in range(seeds):
         config = ScaleConfig(peers_per_stage=args.replicas, stages=args.stages, inner_steps=args.inner_steps,
                              duration_s=duration_s, step_s=step_s, rtt_ms=(0.1, 1.0), uplink_mbit_s=(2000.0, 2000.0),
-                             straggler_share=0.0, record_delay_s=(0.05, 0.5), seed=seed)
+                             straggler_share=0.0, record_delay_s=(0.05, 0.5), seed=seed,
+                             registry_shards=suggested_shards(args.replicas))
         out.append(run(World(config).run()).as_dict())
     return out
 
@@ -195,14 +205,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=3, help="simulator runs (seeds) beside the real one")
     parser.add_argument("--timeout-s", type=float, default=3600.0)
     parser.add_argument("--run-dir", type=Path, default=None, help="keep the nodes' logs and summaries here")
+    parser.add_argument("--from-run-dir", action="store_true",
+                        help="start nothing: figure the finished run in --run-dir again (and run the simulator)")
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
     result = Result(NAME, "quick", args.out_dir)
     run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="swarm-scale-processes-"))
     run_dir.mkdir(parents=True, exist_ok=True)
-    summary, samples = run_processes(args, run_dir)
+    summary, samples = read_run(run_dir) if args.from_run_dir else run_processes(args, run_dir)
     real = real_figures(run_dir, summary)
-    result.add(kind="real", stages=args.stages, peers_per_stage=args.replicas, inner_steps=args.inner_steps, **real)
+    result.add(kind="real", stages=args.stages, peers_per_stage=args.replicas, inner_steps=args.inner_steps,
+               registry_shards=suggested_shards(args.replicas), **real)
     for kind, values in sorted(samples.by_kind.items()):
         result.add(kind="memory", process=kind, count=samples.processes.get(kind, 0),
                    pss_mb_median=round(statistics.median(values), 1), pss_mb_max=round(max(values), 1))

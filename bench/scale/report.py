@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.common.results import pyplot, rerun_command
+from bench.common.results import load, pyplot, rerun_command
 
 NAME = "scale"
 LABELS = ("noloco", "one-key registry", "diloco")
@@ -107,6 +107,48 @@ def _verdict(rows: list[dict]) -> str:
     return f"At N = {top['peers_per_stage']} a stage: {marks}."
 
 
+def _processes(result: dict | None) -> str:
+    """The real node processes next to the simulator at the same size (bench/scale/processes.py)."""
+    if result is None:
+        return ""
+    rows = result["rows"]
+    real = next(r for r in rows if r["kind"] == "real")
+    sims = [r for r in rows if r["kind"] == "simulated"]
+    memory = [r for r in rows if r["kind"] == "memory"]
+    s = result["summary"]
+    sim_ops = {k: sum(r["registry_ops_per_peer_min"][k] for r in sims) / len(sims) for k in ("gets", "entries_read",
+                                                                                               "stores")}
+    lines = [
+        f"**{real['nodes']} real node processes** on this machine (`{result['command']}`, {result['wall_s']:.0f} s): "
+        f"`swarm-node local`, {real['stages']} stages x {real['peers_per_stage']} nodes, the debug model, one torch "
+        f"thread each, H = {real['inner_steps']}, the registry in {real.get('registry_shards', '?')} shards a stage; "
+        f"beside it the simulator with the same shape (the inner-step time the nodes measured, "
+        f"{real['step_s_median']:.2f} s; loopback links; no churn), {len(sims)} seeds. Rounds 0 and 1 are left out "
+        "of both, as the simulator's warm-up.", "",
+        "| | rounds | with a partner | proposals / round | refusals / round | registry gets / min a peer | "
+        "entries read / min | stores / min |", "|---|---|---|---|---|---|---|---|",
+        f"| real processes | {real['rounds_in_window']} | {real['partner_share']:.3f} | "
+        f"{real['proposals_per_round']:.2f} | {real['refusals_per_round']:.2f} | "
+        + " | ".join(f"{real['registry_ops_per_peer_min'][k]:.1f}" for k in ("gets", "entries_read", "stores")) + " |",
+        f"| simulator (mean of {len(sims)}) | {sum(r['rounds'] for r in sims) / len(sims):.0f} | "
+        f"{sum(r['partner_share'] for r in sims) / len(sims):.3f} | "
+        f"{sum(r['proposals_per_round'] for r in sims) / len(sims):.2f} | "
+        f"{sum(r['refusals_per_round'] for r in sims) / len(sims):.2f} | "
+        + " | ".join(f"{sim_ops[k]:.1f}" for k in ("gets", "entries_read", "stores")) + " |", "",
+        f"Rounds with a partner {100 * s['partner_share']['real']:.1f} % real against "
+        f"{100 * s['partner_share']['simulated']:.1f} % simulated ({s['partner_share']['points_apart']} points apart; "
+        f"the bar is 5); proposals per round {s['proposals_per_round']['real']} against "
+        f"{s['proposals_per_round']['simulated']} (x{s['proposals_per_round']['ratio']}; the bar is within 30 %). "
+        f"Micro-batches lost: {real['microbatches_lost']}.", "",
+        "Memory per process kind (PSS, so pages a forked DHT child shares with its node count once; sampled every "
+        "5 s):", "", "| process | how many | PSS median (MB) | PSS max (MB) |", "|---|---|---|---|",
+        *(f"| {m['process']} | {m['count']} | {m['pss_mb_median']:.0f} | {m['pss_mb_max']:.0f} |" for m in memory),
+    ]
+    if result.get("notes"):
+        lines += ["", *(f"- {n}" for n in result["notes"])]
+    return "\n".join(lines)
+
+
 def markdown(result: dict) -> str:
     rows = result["rows"]
     s = result["summary"]
@@ -123,6 +165,7 @@ def markdown(result: dict) -> str:
         _table(rows),
         _by_kind(rows),
         _verdict(rows),
+        _processes(load("scale_processes")),
     ]
     if result["notes"]:
         parts.append("\n".join(f"- {n}" for n in result["notes"]))

@@ -49,6 +49,15 @@ class Cadence:
                    alternate_stages=True)
 
 
+def suggested_shards(peers_per_stage: int) -> int:
+    """About four records a read: the largest power of two at or below peers / 4 (1 for
+    a few dozen peers a stage and fewer: one key, the fast cadence)."""
+    shards = 1
+    while shards * 2 <= peers_per_stage // 4:
+        shards *= 2
+    return shards
+
+
 def shard_of(peer_id: str, shards: int) -> int:
     """Which of a stage's ``shards`` keys holds ``peer_id``'s record."""
     if shards == 1:

@@ -105,7 +105,7 @@ class SwarmDHT:
             if announce_maddrs:
                 kwargs["announce_maddrs"] = list(announce_maddrs)
             try:
-                dht = await _start_dht(kwargs, client_mode, initial_peers, startup_timeout_s)
+                dht = await _start_dht_patiently(kwargs, client_mode, initial_peers, startup_timeout_s)
             except _Unreachable:
                 log.warning("the initial peers cannot open connections to this node (a NAT or firewall is in "
                             "the way); continuing in client mode through relays: this node trains, but "
@@ -268,6 +268,48 @@ class _Unreachable(Exception):
     pass
 
 
+class _InitialPeersSilent(SwarmError):
+    pass
+
+
+FIRST_RETRY_S, LONGEST_RETRY_S = 2.0, 15.0
+
+
+async def _start_dht_patiently(kwargs: dict, client_mode: bool, initial_peers: Sequence[str],
+                               timeout_s: float) -> DHT:
+    """Start the DHT; while the initial peers do not answer its pings but one of them
+    accepts TCP connections, try again (backing off) until ``timeout_s``. hivemind gives a
+    ping 3 s: a bootstrap on a busy machine (32 nodes starting at once beside it) or
+    behind a slow link can miss that and still be up. A port nobody listens on is an
+    error at once: a wrong address is said without waiting."""
+    loop = asyncio.get_running_loop()
+    deadline, wait_s = loop.time() + timeout_s, FIRST_RETRY_S
+    while True:
+        try:
+            return await _start_dht(kwargs, client_mode, initial_peers, timeout_s)
+        except _InitialPeersSilent:
+            if loop.time() + wait_s > deadline or not await asyncio.to_thread(_any_port_listening, initial_peers):
+                raise
+            log.warning("the initial peers did not answer in time although one accepts connections (busy?); "
+                        "trying again in %.0f s", wait_s)
+            await asyncio.sleep(wait_s)
+            wait_s = min(2 * wait_s, LONGEST_RETRY_S)
+
+
+def _any_port_listening(maddrs: Sequence[str], timeout_s: float = 3.0) -> bool:
+    """Whether a TCP connection to any /ip4|ip6/.../tcp/PORT multiaddr is accepted."""
+    for text in maddrs:
+        parts = text.strip("/").split("/")
+        if len(parts) < 4 or parts[0] not in ("ip4", "ip6") or parts[2] != "tcp" or not parts[3].isdigit():
+            continue
+        try:
+            with socket.create_connection((parts[1], int(parts[3])), timeout=timeout_s):
+                return True
+        except OSError:
+            continue
+    return False
+
+
 async def _start_dht(kwargs: dict, client_mode: bool, initial_peers: Sequence[str], timeout_s: float) -> DHT:
     extra = dict(client_mode=True, use_relay=True, use_auto_relay=True) if client_mode else dict(client_mode=False)
     try:
@@ -288,7 +330,7 @@ def _explain_start_failure(exc: Exception, initial_peers: Sequence[str], timeout
     text = str(exc)
     if ("none of the initial_peers responded" in text or "bootstrap failed" in text
             or "failed to connect to bootstrap peers" in text):
-        return SwarmError(f"none of the initial peers answered ({', '.join(initial_peers) or 'none given'}); "
+        return _InitialPeersSilent(f"none of the initial peers answered ({', '.join(initial_peers) or 'none given'}); "
                           "check the multiaddrs (including the /p2p/ id), that the peer is up, "
                           "and that its port is reachable from here")
     if "local time must be within" in text:

@@ -82,6 +82,7 @@ class Simulator:
         self.loaders = [ShardedBatches(self.data, batch_size=config.batch_size, seed=config.seed,
                                        shard_id=r, num_shards=config.replicas) for r in range(config.replicas)]
         self.outer_rounds = 0
+        self._in_flight = None  # an overlapped round's payloads, and the step they land at
 
     def _build_worker(self, stage_index: int) -> Worker:
         cfg = self.config
@@ -159,6 +160,27 @@ class Simulator:
     def outer_round(self) -> None:
         """The blocking round: every worker's payload at the boundary, applied at once."""
         self._land(self._exchange())
+
+    def advance(self, step: int) -> float:
+        """Inner step ``step`` (counted from 1), then the outer round it makes due, as
+        configured: blocking, or overlapped (ALGORITHM.md 3.1: the payloads as encoded at
+        the boundary land ``outer_latency_steps`` later; one that outlasts a round lands
+        at the next boundary, where the node waits for it; the last one lands at the end).
+        Returns the step's training loss."""
+        cfg = self.config
+        train_loss = self.train_step()
+        if cfg.method.has_outer_step and step % cfg.method.inner_steps == 0:
+            if self._in_flight is not None:
+                self._land(self._in_flight[0])
+                self._in_flight = None
+            if cfg.outer_latency_steps:
+                self._in_flight = (self._exchange(), step + cfg.outer_latency_steps)
+            else:
+                self.outer_round()
+        if self._in_flight is not None and (step >= self._in_flight[1] or step == cfg.steps):
+            self._land(self._in_flight[0])
+            self._in_flight = None
+        return train_loss
 
     def _exchange(self) -> list[tuple[list[list[int]], list[list], list | None]]:
         """Per stage: the groups, and every worker's (phi, Delta) as encoded at the
@@ -241,19 +263,8 @@ class Simulator:
         start = time.perf_counter()
         val_curve = [(0, self.evaluate())]
         train_curve: list[tuple[int, float]] = []
-        in_flight = None  # an overlapped round's payloads, and the step they land at
         for step in range(1, cfg.steps + 1):
-            train_loss = self.train_step()
-            if cfg.method.has_outer_step and step % cfg.method.inner_steps == 0:
-                if in_flight is not None:  # it outlasted a round: the node waits for it here
-                    self._land(in_flight[0])
-                if cfg.outer_latency_steps:
-                    in_flight = (self._exchange(), step + cfg.outer_latency_steps)
-                else:
-                    self.outer_round()
-            if in_flight is not None and (step >= in_flight[1] or step == cfg.steps):  # the last one lands too
-                self._land(in_flight[0])
-                in_flight = None
+            train_loss = self.advance(step)
             tokens = step * cfg.tokens_per_step
             train_curve.append((tokens, train_loss))
             val_loss = None

@@ -34,3 +34,28 @@ def test_the_verdict_at_the_largest_n_says_which_bar_holds():
     slow = markdown(_result([_row("noloco", 1024, to_partner_median_rtts=9.0,
                                   control_bytes_per_peer_min_max=900e3)]))
     assert slow.count("**no**") == 2 and "| noloco | 1024 | 256 |" in slow
+
+
+def test_the_real_run_is_figured_from_the_nodes_logs_and_summaries(tmp_path):
+    """Rounds 0 and 1 are left out of the partner share, as the simulator's warm-up;
+    proposals and registry operations come from every node's summary."""
+    import json
+
+    from bench.scale.processes import real_figures, round_outcomes
+
+    log = ("12:00:01 I swarm_node.gossip.exchange: round 0: no other peer in our stage; local-only steps\n"
+           "12:00:02 I swarm_node.gossip.exchange: round 1: averaged with abc123 in 0.20s\n"
+           "12:00:03 I swarm_node.gossip.exchange: round 2: averaged with abc123 in 0.20s\n"
+           "12:00:04 I swarm_node.gossip.exchange: round 3: no partner found in 15.0s, local-only step\n")
+    assert round_outcomes(log) == [(0, False), (1, True), (2, True), (3, False)]
+    for i in range(2):
+        (tmp_path / f"node-s0-r{i}.log").write_text(log)
+        (tmp_path / f"summary-stage0-{i}.json").write_text(json.dumps(
+            {"rounds_with_partner": 2, "local_only_rounds": 2, "proposals_sent": 6, "proposals_refused": 2,
+             "training_wall_s": 120.0, "inner_steps": 40, "dht_gets": 60, "dht_entries_read": 240, "dht_stores": 20,
+             "microbatches_lost": 0, "bytes_sent": 1200}))
+    figures = real_figures(tmp_path, {"final_val_loss": 2.5})
+    assert figures["rounds_in_window"] == 4 and figures["partner_share"] == 0.5
+    assert figures["proposals_per_round"] == 1.5 and figures["refusals_per_round"] == 0.5
+    assert figures["registry_ops_per_peer_min"] == {"gets": 30.0, "entries_read": 120.0, "stores": 10.0}
+    assert figures["step_s_median"] == 3.0
