@@ -47,6 +47,15 @@ def parse_mode(description: str, argv: list[str] | None = None,
     return args
 
 
+def run_mode(description: str, run: Callable[[str, Path], "Result"], plot: Callable[[list[dict], Path], None],
+             argv: list[str] | None = None) -> None:
+    """A benchmark whose run takes only its mode: parse ``--full``, run, plot, write."""
+    args = parse_mode(description, argv)
+    result = run(args.mode, args.out_dir)
+    plot(result.rows, result.out_dir)
+    result.write()
+
+
 def _prog() -> str | None:
     """``python -m bench.<name>`` when a benchmark runs as its package's ``__main__``
     (argparse on Python 3.11 would call it ``__main__.py``); otherwise argparse's own."""

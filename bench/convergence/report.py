@@ -183,7 +183,9 @@ def _wire_table(result: dict) -> str:
     lines = [f"**How a round moves** (issue 16) on grid {rows[0]['grid']}, NoLoCo with the defaults, every seed: "
              "the overlapped round (ALGORITHM.md 3.1) landing half a round to two rounds late, the outer payload in "
              "near4-3 (3.2), activations and their gradients in int8, each against the blocking round with "
-             "phi, Delta and activations in 16 bits, paired by seed; the bar is 1 %.", "",
+             "phi, Delta and activations in 16 bits, paired by seed; the bar is 1 %. A round is never more than one "
+             "behind: one still under way at the next boundary holds the steps there until it lands, so two rounds "
+             "late trains as one round late (the wait is idle time, not tokens).", "",
              "| variant | payload | activations | lands (steps late) | eval loss (mean ± std) | "
              "gap to blocking fp16 (min..max) | within 1 % |", "|---|---|---|---|---|---|---|"]
     for r in rows:

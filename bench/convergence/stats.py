@@ -292,13 +292,15 @@ def steps_to_target_rows(runs: Sequence[dict]) -> list[dict]:
 WIRE_BAR_PCT = 1.0  # issue 16: each way of moving a round within 1 % of the blocking 16-bit round
 
 
-def wire_rows(runs: Sequence[dict], baseline: str) -> list[dict]:
+def wire_rows(runs: Sequence[dict], baseline: str, order: Sequence[str] = ()) -> list[dict]:
     """The wire section: each variant's final validation loss (random paths) against the
-    blocking 16-bit round's on the same seeds (paired), with the spread over seeds."""
+    blocking 16-bit round's on the same seeds (paired), with the spread over seeds; in
+    ``order`` (the plan's), then any other variant the runs hold."""
     wire = _select(runs, section="wire")
     reference = _by_seed(_select(wire, variant=baseline), "val_loss")
     rows = []
-    for variant in dict.fromkeys(r["variant"] for r in wire):
+    ran = dict.fromkeys(r["variant"] for r in wire)
+    for variant in [v for v in order if v in ran] + [v for v in ran if v not in order]:
         mine = _select(wire, variant=variant)
         losses = _by_seed(mine, "val_loss")
         gaps = paired_gaps_pct(losses, reference)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common.results import Result, load, parse_mode
+from bench.common.results import Result, load, run_mode
 from bench.latency_model.inputs import label, largest_per_setting, small_n_ratios, source_note, summary_times
 from bench.latency_model.report import markdown, plot
 from bench.common.latency import (
@@ -256,7 +256,4 @@ def run(mode: str, out_dir: Path) -> Result:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_mode(__doc__.split("\n\n")[0], argv)
-    result = run(args.mode, args.out_dir)
-    plot(result.rows, result.out_dir)
-    result.write()
+    run_mode(__doc__.split("\n\n")[0], run, plot, argv)

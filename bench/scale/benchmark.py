@@ -19,7 +19,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
-from bench.common.results import Result, parse_mode
+from bench.common.results import Result, run_mode
 from bench.scale.report import markdown, plot
 from swarm_node.membership.registry import suggested_shards
 
@@ -86,7 +86,4 @@ def run(mode: str, out_dir) -> Result:
     return result
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_mode(__doc__.split("\n\n")[0], argv)
-    result = run(args.mode, args.out_dir)
-    plot(result.rows, result.out_dir)
-    result.write()
+    run_mode(__doc__.split("\n\n")[0], run, plot, argv)

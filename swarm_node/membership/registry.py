@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import random
-import time
 from dataclasses import dataclass
 
 from swarm_node.errors import ProtocolError
@@ -126,11 +125,12 @@ async def _read_entries(dht: SwarmDHT, key: str) -> tuple[Entries, dict[str, Pro
     unreadable: dict[str, ProtocolError] = {}
     # The expiry is the writer's choice: one claiming more than any node publishes (plus
     # a clock error) is a forgery meant to outlive its writer (one claimed an hour).
-    latest_expiry_s = time.time() + MAX_RECORD_TTL_S + CLOCK_SKEW_S
+    now_s = dht.wall_now()
+    latest_expiry_s = now_s + MAX_RECORD_TTL_S + CLOCK_SKEW_S
     for peer, entry in (await dht.get_signed(key)).items():
         try:
             if entry.expires_at_s > latest_expiry_s:
-                raise ProtocolError(f"it claims to live {entry.expires_at_s - time.time():.0f} s; "
+                raise ProtocolError(f"it claims to live {entry.expires_at_s - now_s:.0f} s; "
                                     f"nodes publish for at most {MAX_RECORD_TTL_S:.0f} s")
             records[peer] = (PeerRecord.from_wire(entry.value), entry.expires_at_s)
         except ProtocolError as exc:

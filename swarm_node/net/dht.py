@@ -138,6 +138,10 @@ class SwarmDHT:
         """hivemind runs the DHT in a child process; it can die under us (OOM killer, kill)."""
         return self.dht.is_alive()
 
+    def wall_now(self) -> float:
+        """The clock entries' expiries are on (hivemind's DHT time: the wall clock)."""
+        return get_dht_time()
+
     def visible_maddrs(self) -> list[str]:
         return [str(m) for m in self.dht.get_visible_maddrs()]
 

@@ -197,18 +197,21 @@ class SimDHT:
     def __init__(self, network: Network, peer_id: str, wall_now: Callable[[], float]):
         self.network = network
         self.peer_id = peer_id
-        self.wall_now = wall_now
+        self._wall_now = wall_now
         self.ops = DhtOps()
 
     def is_alive(self) -> bool:
         return self.network.endpoints[self.peer_id].alive
+
+    def wall_now(self) -> float:
+        return self._wall_now()
 
     async def store_signed(self, key: str, value: dict, ttl_s: float) -> bool:
         self.ops.stores += 1
         return await self.network.dht_store(self.peer_id, key, value, ttl_s)
 
     async def get_signed(self, key: str) -> dict[str, Signed]:
-        found = await self.network.dht_get(self.peer_id, key, self.wall_now)
+        found = await self.network.dht_get(self.peer_id, key, self._wall_now)
         self.ops.gets += 1
         self.ops.entries_read += len(found)
         return found

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -87,7 +86,7 @@ class SimPeer:
         self.gate, self.stopping = RoundGate(), asyncio.Event()
         self.exchange: OuterExchange | None = None
         self.worker = TinyStage(spec, stage, seed=rng.randrange(1 << 30))
-        self.dht = SimDHT(network, self.peer_id, time.time)
+        self.dht = SimDHT(network, self.peer_id, virtual_wall_clock)
         self.transport = SimTransport(network, self.peer_id, CONTROL.get, on_answer=self.note_answer)
         self.membership = Membership(spec=spec, dht=self.dht, guard=self.guard, config=config, record=self.record)
         self.membership.stage = stage
@@ -223,5 +222,14 @@ class SimPeer:
         if protocol == protocols.PAIR and not answer_is_yes(answer)[0]:
             self.counters.refusals += 1
 
+
+def virtual_wall_clock() -> float:
+    """Wall-clock seconds on the virtual clock: records' expiries and the views that drop
+    them must move with simulated time (on time.time() a crashed peer's record, stamped
+    in virtual seconds, outlived the whole run)."""
+    return VIRTUAL_EPOCH_S + asyncio.get_running_loop().time()
+
+
+VIRTUAL_EPOCH_S = 1.8e9  # a wall-clock date for the virtual clock's zero
 
 _FORWARD_LIMITS = ServeLimits(max_request_bytes=1 << 20, max_concurrent=32, max_per_peer=8, handler_timeout_s=30.0)

@@ -40,6 +40,9 @@ class FakeDHT:
     def is_alive(self) -> bool:
         return True
 
+    def wall_now(self) -> float:
+        return time.time()
+
     async def get_signed(self, key: str) -> dict[str, Signed]:
         return signed_entries(self.stored.get(key, {}))
 

@@ -3,6 +3,7 @@ shared (fake) registry on the virtual clock and spread evenly; a leaving record 
 peer out of everyone's view at once."""
 
 import asyncio
+import time
 
 import vclock
 from parts import signed_entries
@@ -33,6 +34,9 @@ class SharedRegistry:
 
             def is_alive(self):
                 return True
+
+            def wall_now(self):
+                return time.time()
 
             async def get_signed(self, key):
                 return signed_entries(registry.entries.get(key, {}))

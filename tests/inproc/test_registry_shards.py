@@ -61,23 +61,27 @@ def test_each_read_takes_one_shard_and_the_view_fills_up_over_the_shards():
     assert seen[1] == seen[2] and seen[3] == seen[4]  # stage 0's reads leave stage 1's view as it was
 
 
-def test_peers_gone_from_a_shard_leave_the_view_when_it_is_read_again_and_expired_ones_at_once():
+def test_a_peer_a_read_misses_stays_until_its_record_expires_and_an_expired_one_leaves_at_once():
+    """A DHT read merges what the replicas that answered in time hold: on a busy machine
+    it returns part of a key, and absence from one read is no sign that a peer left."""
     stored = sharded(PEERS)
+    stale = next(iter(stored["r/stage/1/1"]))
+    stored["r/stage/1/1"][stale] = Signed(record(), time.time() + 0.5)  # its last heartbeat: it crashed
     dht = FakeDHT("self", stored)
     view = Membership(spec=SPEC, dht=dht, guard=PeerGuard(), config=NodeConfig(), record=lambda: None)
     view.stage = 1  # the last stage: every read is of stage 1
     for _ in range(4):
         asyncio.run(view.refresh())
-    gone = next(iter(stored["r/stage/1/0"]))
-    del stored["r/stage/1/0"][gone]
-    stale = next(iter(stored["r/stage/1/1"]))
-    stored["r/stage/1/1"][stale] = Signed(record(), time.time() + 0.05)
+    assert stale in view.peers[1]
+    missed = next(iter(stored["r/stage/1/0"]))
+    del stored["r/stage/1/0"][missed]  # a partial read: this replica set did not return it
     for _ in range(4):
         asyncio.run(view.refresh())
-    time.sleep(0.1)
+    assert missed in view.peers[1]
+    time.sleep(0.6)  # real time: the record's expiry is on the wall clock
     asyncio.run(view.refresh())  # reads another shard; the expired record goes anyway
-    assert gone not in view.peers[1] and stale not in view.peers[1]
-    assert len(view.peers[1]) == len(PEERS) - 2
+    assert stale not in view.peers[1] and missed in view.peers[1]
+    assert len(view.peers[1]) == len(PEERS) - 1
 
 
 def test_a_record_filed_under_another_shard_is_refused_and_logged_once(caplog):
