@@ -11,7 +11,8 @@ from bench.common import ROOT
 from bench.common.results import RESULTS_DIR, load
 
 DOC = ROOT / "BENCHMARKS.md"
-SECTIONS = ("sync_cost", "latency_model", "swarm_efficiency", "convergence", "vs_hivemind", "wire_bytes", "home_link")
+SECTIONS = ("sync_cost", "latency_model", "swarm_efficiency", "convergence", "vs_hivemind", "wire_bytes", "home_link",
+            "scale")
 
 HEADER = """# Benchmarks
 
@@ -39,6 +40,7 @@ TITLES = {
     "vs_hivemind": "this project vs hivemind.Optimizer: time to a target loss, bytes",
     "wire_bytes": "bytes on the wire per round and per token",
     "home_link": "volunteers on shaped home links: blocking vs overlapped vs compressed rounds",
+    "scale": "hundreds of peers a stage on the swarm-scale simulator, and 32 real processes",
 }
 
 

@@ -167,10 +167,15 @@ def real_figures(run_dir: Path, summary: dict) -> dict:
     step_s = [n["training_wall_s"] / n["inner_steps"] for n in nodes if n["inner_steps"] > 0]
     per_min = {k: statistics.mean(n[f"dht_{k}"] / m for n, m in zip(nodes, minutes))
                for k in ("gets", "entries_read", "stores")}
+    proposals = sum(n["proposals_sent"] for n in nodes)
     return {"nodes": len(nodes), "rounds": rounds, "rounds_in_window": len(window),
             "partner_share": sum(window) / max(1, len(window)),
             "partner_share_all_rounds": sum(n["rounds_with_partner"] for n in nodes) / max(1, rounds),
-            "proposals_per_round": sum(n["proposals_sent"] for n in nodes) / max(1, rounds),
+            "proposals_per_round": proposals / max(1, rounds),
+            # what control messages and the DHT took here (2 cores for every process): the simulator's links
+            "proposal_s_mean": sum(n["proposal_s"] for n in nodes) / max(1, proposals),
+            "dht_get_s_mean": sum(n["dht_get_s"] for n in nodes) / max(1, sum(n["dht_gets"] for n in nodes)),
+            "dht_store_s_mean": sum(n["dht_store_s"] for n in nodes) / max(1, sum(n["dht_stores"] for n in nodes)),
             "refusals_per_round": sum(n["proposals_refused"] for n in nodes) / max(1, rounds),
             "step_s_median": statistics.median(step_s), "training_s_median": 60 * statistics.median(minutes),
             "registry_ops_per_peer_min": per_min,
@@ -179,20 +184,40 @@ def real_figures(run_dir: Path, summary: dict) -> dict:
             "final_val_loss": summary.get("final_val_loss")}
 
 
-def simulated_figures(args: argparse.Namespace, step_s: float, duration_s: float, seeds: int) -> list[dict]:
-    """The simulator with the real run's shape: loopback links (sub-millisecond round trips,
-    fast enough that payloads take no time), the measured step time, no churn."""
+# The debug model's outer payload in near4-3 and one micro-batch's activations in fp16
+# (8 x 64 tokens of hidden size 64): what an exchange and a forward carry here.
+PAYLOAD_BYTES, ACTIVATION_BYTES = 50_000, 65_536
+
+
+def simulated_figures(args: argparse.Namespace, real: dict, seeds: int, calibrated: bool) -> list[dict]:
+    """The simulator with the real run's shape: its stages, peers, H, the inner-step time
+    the nodes measured, the debug model's payloads, no churn. Links: loopback (0.1-1 ms
+    round trips), or, ``calibrated``, what a control message took in the real run (the
+    mean proposal's answer: every process of the swarm shares 2 cores, so loopback
+    answers in hundreds of milliseconds), and DHT gets and stores that take as long as
+    the real ones did (seconds: each is several RPCs through the DHT processes and p2pd
+    daemons of nodes that are all busy)."""
+    from swarm_node.local import LocalConfig
+    from swarm_node.node_config import NodeConfig
     from swarm_node.scale.config import ScaleConfig
     from swarm_node.scale.vclock import run
     from swarm_node.scale.world import World
 
+    rtt_ms = (1000 * real["proposal_s_mean"],) * 2 if calibrated else (0.1, 1.0)
+    delay_s = (0.05, 0.5)
+    dht = {"dht_get_s": real["dht_get_s_mean"], "dht_store_s": real["dht_store_s_mean"]} if calibrated else {}
     out = []
     for seed in range(seeds):
         config = ScaleConfig(peers_per_stage=args.replicas, stages=args.stages, inner_steps=args.inner_steps,
-                             duration_s=duration_s, step_s=step_s, rtt_ms=(0.1, 1.0), uplink_mbit_s=(2000.0, 2000.0),
-                             straggler_share=0.0, record_delay_s=(0.05, 0.5), seed=seed,
-                             registry_shards=suggested_shards(args.replicas))
-        out.append(run(World(config).run()).as_dict())
+                             duration_s=real["training_s_median"], step_s=real["step_s_median"], rtt_ms=rtt_ms,
+                             uplink_mbit_s=(2000.0, 2000.0), straggler_share=0.0, record_delay_s=delay_s,
+                             payload_bytes=PAYLOAD_BYTES, activation_bytes=ACTIVATION_BYTES, seed=seed,
+                             registry_shards=suggested_shards(args.replicas), **dht)
+        nodes = NodeConfig(round_timeout_s=LocalConfig.round_timeout_s)  # as swarm-node local runs them
+        figures = run(World(config, node_config=nodes).run()).as_dict()
+        out.append(figures | {"links": "calibrated" if calibrated else "loopback", "rtt_ms": rtt_ms[0],
+                              "record_delay_s": list(delay_s), "dht_get_s": config.dht_get_s,
+                              "dht_store_s": config.dht_store_s})
     return out
 
 
@@ -215,24 +240,28 @@ def main(argv: list[str] | None = None) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     summary, samples = read_run(run_dir) if args.from_run_dir else run_processes(args, run_dir)
     real = real_figures(run_dir, summary)
+    result.note(f"swarm-node local ran {summary['wall_s']:.0f} s (start-up, training, evaluation)"
+                + (f"; these figures were computed again from its files (--from-run-dir) with the simulator as "
+                   f"it is now" if args.from_run_dir else "") + ".")
     result.add(kind="real", stages=args.stages, peers_per_stage=args.replicas, inner_steps=args.inner_steps,
                registry_shards=suggested_shards(args.replicas), **real)
     for kind, values in sorted(samples.by_kind.items()):
         result.add(kind="memory", process=kind, count=samples.processes.get(kind, 0),
                    pss_mb_median=round(statistics.median(values), 1), pss_mb_max=round(max(values), 1))
-    sims = simulated_figures(args, real["step_s_median"], real["training_s_median"], args.seeds)
-    for seed, sim in enumerate(sims):
-        result.add(kind="simulated", seed=seed, **{k: v for k, v in sim.items() if not isinstance(v, dict)},
-                   registry_ops_per_peer_min=sim["registry_ops_per_peer_min"])
-    share = statistics.mean(s["partner_share"] for s in sims)
-    proposals = statistics.mean(s["proposals_per_round"] for s in sims)
-    result.summary = {
-        "partner_share": {"real": round(real["partner_share"], 3), "simulated": round(share, 3),
-                          "points_apart": round(100 * abs(real["partner_share"] - share), 1)},
-        "proposals_per_round": {"real": round(real["proposals_per_round"], 2), "simulated": round(proposals, 2),
-                                "ratio": round(proposals / real["proposals_per_round"], 2)
-                                if real["proposals_per_round"] else None},
-        "run_dir": str(run_dir)}
+    result.summary = {"run_dir": str(run_dir)}
+    for calibrated in (False, True):
+        sims = simulated_figures(args, real, args.seeds, calibrated)
+        for seed, sim in enumerate(sims):
+            result.add(kind="simulated", seed=seed, **{k: v for k, v in sim.items() if not isinstance(v, dict)},
+                       registry_ops_per_peer_min=sim["registry_ops_per_peer_min"])
+        share = statistics.mean(s["partner_share"] for s in sims)
+        proposals = statistics.mean(s["proposals_per_round"] for s in sims)
+        result.summary[sims[0]["links"]] = {
+            "partner_share": {"real": round(real["partner_share"], 3), "simulated": round(share, 3),
+                              "points_apart": round(100 * abs(real["partner_share"] - share), 1)},
+            "proposals_per_round": {"real": round(real["proposals_per_round"], 2), "simulated": round(proposals, 2),
+                                    "ratio": round(proposals / real["proposals_per_round"], 2)
+                                    if real["proposals_per_round"] else None}}
     path = result.write()
     print(json.dumps(result.summary, indent=1))
     print(f"wrote {path}", file=sys.stderr)

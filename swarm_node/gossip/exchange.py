@@ -277,7 +277,14 @@ class OuterExchange:
         self._outcome.proposals += 1
         self.stats.proposals_sent += 1
         request = encode_frame({"kind": "propose", "spec": self.spec_hash, "round": self.state.outer_round})
-        deadline = now() + timeout_s
+        sent = now()
+        deadline = sent + timeout_s
+        try:
+            await self._propose_until_answered(peer, request, deadline)
+        finally:
+            self.stats.proposal_s += now() - sent
+
+    async def _propose_until_answered(self, peer: str, request: bytes, deadline: float) -> None:
         while True:
             try:
                 raw = await self.transport.request(peer, protocols.PAIR, request, timeout_s=deadline - now(),

@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 STAGE_SETTLE_PASSES = 3  # looks at the joiners' announced stages before taking one for good
 JOIN_SHARDS = 4  # shards of each stage a joiner reads to count the stages (of a sharded registry)
 ENDED_SHARDS = 8  # shards read to tell whether a stage has ended
+READ_DEADLINE_S = 10.0  # at least; a registry read of the sharded cadence may take 5 polls
+SLOW_DHT_LOG_S = 60.0
 
 
 class Membership:
@@ -50,6 +52,7 @@ class Membership:
         self._entries: dict[int, Entries] = {}  # stage -> peer -> (record, expiry): the view, shard by shard
         self._next_shard: dict[int, int] = {}  # stage -> the shard the next read takes
         self._seen_live_s: dict[int, float] = {}  # stage -> when a read last showed a live peer in it
+        self._slow_ops, self._slow_logged_at = 0, None  # DHT operations past their deadline, not yet logged
 
     @property
     def own_id(self) -> str:
@@ -196,12 +199,23 @@ class Membership:
         while True:
             await asyncio.sleep(self.cadence.poll_s * random.uniform(0.8, 1.2))
             try:
-                async with asyncio.timeout(max(2.0, self.cadence.poll_s * 2)):
+                # A read the DHT is slow to answer still brings the peers it found: cut it
+                # off late (on 2 cores running 32 nodes, a third of the reads took over 4 s)
+                async with asyncio.timeout(max(READ_DEADLINE_S, self.cadence.poll_s * 5)):
                     await self.refresh()
             except TimeoutError:
-                log.warning("registry read timed out")
+                self._slow_dht("registry read")
             if after_each is not None:
                 await after_each()
+
+    def _slow_dht(self, what: str) -> None:
+        """A DHT operation ran past its deadline: said at most once a minute, with a count."""
+        self._slow_ops += 1
+        now = asyncio.get_running_loop().time()
+        if self._slow_logged_at is None or now - self._slow_logged_at >= SLOW_DHT_LOG_S:
+            log.warning("%s timed out (%d DHT operations past their deadline since the last such line): the DHT "
+                        "answers slowly (a busy machine or link)", what, self._slow_ops)
+            self._slow_ops, self._slow_logged_at = 0, now
 
     # -- publishing ------------------------------------------------------------------
     async def heartbeat(self) -> None:
@@ -213,7 +227,7 @@ class Membership:
                 await publish_record(self.dht, self.spec.run_id, self.record(), ttl_s=self.cadence.ttl_s,
                                      shards=self.shards)
         except TimeoutError:
-            log.warning("registry heartbeat timed out")
+            self._slow_dht("registry heartbeat")
 
     async def heartbeat_loop(self) -> None:
         while True:

@@ -17,6 +17,7 @@ import signal
 import socket
 import tempfile
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -66,6 +67,11 @@ class DhtOps:
     gets: int = 0
     entries_read: int = 0  # signed entries the gets returned
     stores: int = 0
+    get_s: float = 0.0  # seconds the gets took, summed
+    store_s: float = 0.0
+
+    def timed(self, kind: str, started_s: float, ended_s: float) -> None:
+        setattr(self, f"{kind}_s", getattr(self, f"{kind}_s") + ended_s - started_s)
 
 
 os.register_at_fork(after_in_child=_forget_parent_signal_handlers)
@@ -201,13 +207,22 @@ class SwarmDHT:
     async def store_signed(self, key: str, value, ttl_s: float) -> bool:
         """Store under our owner subkey: only this peer's key can write that entry."""
         self.ops.stores += 1
-        return await self.store(key, self._owner, value, ttl_s)
+        started = time.monotonic()
+        try:
+            return await self.store(key, self._owner, value, ttl_s)
+        finally:
+            self.ops.timed("store", started, time.monotonic())
 
     async def get_signed(self, key: str) -> dict[str, Signed]:
         """Owner-tagged entries of ``key`` by the peer id whose key signed them (the
         validator has checked each signature); untagged entries are ignored."""
         signed = {}
-        for subkey, entry in (await self.get_subkeys(key)).items():
+        started = time.monotonic()
+        try:
+            found = await self.get_subkeys(key)
+        finally:
+            self.ops.timed("get", started, time.monotonic())
+        for subkey, entry in found.items():
             signer = peer_id_of_owner(subkey)
             if signer is not None:
                 signed[signer] = entry

@@ -39,6 +39,11 @@ class ScaleConfig:
     # The DHT: a record stored becomes visible to readers after a delay drawn from this
     # range (Kademlia lookups and replication), and expires at its TTL.
     record_delay_s: tuple[float, float] = (0.2, 2.0)
+    # A get or store takes its lookup's round trips on the caller's link, or, where set,
+    # these mean seconds (times 0.5-1.5): what a real run measured its DHT ops to take
+    # (on a machine whose cores every node shares, far longer than the round trips).
+    dht_get_s: float | None = None
+    dht_store_s: float | None = None
     # What an outer payload weighs (one stage's phi and Delta as the run's codec sends
     # them; 4 MB: a 17M-parameter stage in near4-3): it sets how long an exchange takes.
     payload_bytes: int = 4_000_000
@@ -61,6 +66,8 @@ class ScaleConfig:
                 raise ValueError(f"{name} must be in [0, 1)")
         if self.unreachable_share * self.stages >= 1.0:
             raise ValueError("unreachable peers all take stage 0: unreachable_share * stages must stay below 1")
+        if min(self.dht_get_s or 0.0, self.dht_store_s or 0.0) < 0:
+            raise ValueError("dht_get_s and dht_store_s cannot be negative")
         if min(self.crash_per_hour, self.leave_per_hour, self.joins_per_stage_hour or 0.0) < 0:
             raise ValueError("churn rates cannot be negative")
 

@@ -87,10 +87,11 @@ class Endpoint:
 
 class Network:
     def __init__(self, rng: random.Random, costs: DhtCosts, record_delay_s: tuple[float, float],
-                 modelled_bytes: Callable[[str, bool, int], int]):
+                 modelled_bytes: Callable[[str, bool, int], int], op_s: dict[str, float | None] | None = None):
         self.rng = rng
         self.costs = costs
         self.record_delay_s = record_delay_s
+        self.op_s = op_s or {}  # "get" / "store" -> measured mean seconds, instead of the lookup's round trips
         self.modelled_bytes = modelled_bytes  # (protocol, is_request, actual bytes) -> bytes the model moves
         self.endpoints: dict[str, Endpoint] = {}
         # key -> peer -> versions (value, visible_at, expires_at), on the loop's clock: the
@@ -150,15 +151,17 @@ class Network:
                                         ^ target)[:self.costs.replicas]
         return self._holders[key]
 
-    def _lookup(self, caller: Endpoint) -> tuple[float, int]:
-        """(seconds, bytes) of finding a key's replicas from ``caller``."""
+    def _lookup(self, caller: Endpoint, op: str) -> tuple[float, int]:
+        """(seconds, bytes) of finding a key's replicas from ``caller`` for a get or store."""
         rpcs = self.costs.lookup_rpcs(sum(e.alive for e in self.endpoints.values()))
+        if self.op_s.get(op) is not None:
+            return self.op_s[op] * self.rng.uniform(0.5, 1.5), rpcs * self.costs.lookup_rpc_bytes
         hops = max(1, rpcs // 3)
         return hops * caller.rtt_s * self.rng.uniform(1.0, 2.0), rpcs * self.costs.lookup_rpc_bytes
 
     async def dht_store(self, caller: str, key: str, value: dict, ttl_s: float) -> bool:
         me = self.endpoints[caller]
-        seconds, lookup_bytes = self._lookup(me)
+        seconds, lookup_bytes = self._lookup(me, "store")
         size = entry_bytes(value)
         me.traffic.add("dht-lookup", lookup_bytes)
         me.traffic.add("dht-store", size * self.costs.replicas)
@@ -173,7 +176,7 @@ class Network:
 
     async def dht_get(self, caller: str, key: str, wall_now: Callable[[], float]) -> dict[str, Signed]:
         me = self.endpoints[caller]
-        seconds, lookup_bytes = self._lookup(me)
+        seconds, lookup_bytes = self._lookup(me, "get")
         await asyncio.sleep(seconds)
         now = asyncio.get_running_loop().time()
         visible = {}
@@ -208,10 +211,18 @@ class SimDHT:
 
     async def store_signed(self, key: str, value: dict, ttl_s: float) -> bool:
         self.ops.stores += 1
-        return await self.network.dht_store(self.peer_id, key, value, ttl_s)
+        started = asyncio.get_running_loop().time()
+        try:
+            return await self.network.dht_store(self.peer_id, key, value, ttl_s)
+        finally:
+            self.ops.timed("store", started, asyncio.get_running_loop().time())
 
     async def get_signed(self, key: str) -> dict[str, Signed]:
-        found = await self.network.dht_get(self.peer_id, key, self._wall_now)
+        started = asyncio.get_running_loop().time()
+        try:
+            found = await self.network.dht_get(self.peer_id, key, self._wall_now)
+        finally:
+            self.ops.timed("get", started, asyncio.get_running_loop().time())
         self.ops.gets += 1
         self.ops.entries_read += len(found)
         return found

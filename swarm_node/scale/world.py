@@ -72,7 +72,8 @@ class World:
         self.spec = RunSpec(run_id="scale", model_size=MODEL_FOR_STAGES, num_stages=config.stages,
                             method=default_method(config.method, inner_steps=config.inner_steps),
                             registry_shards=config.registry_shards)
-        self.network = Network(self.rng, costs or DhtCosts(), config.record_delay_s, self._modelled_bytes)
+        self.network = Network(self.rng, costs or DhtCosts(), config.record_delay_s, self._modelled_bytes,
+                               op_s={"get": config.dht_get_s, "store": config.dht_store_s})
         self.peers: dict[str, SimPeer] = {}
         self.rounds: list[RoundRecord] = []
         self.crashes = self.leaves = self.joins = 0
