@@ -70,7 +70,9 @@ case "$cmd" in
         ;;
     test)
         ensure_venv
-        exec "$VENV/bin/python" -m pytest -q "$@"
+        # One worker per core, a test file per worker: most tests wait on processes and
+        # networks, and a file's tests share its swarm.
+        exec "$VENV/bin/python" -m pytest -q -n "${SWARM_TEST_WORKERS:-auto}" --dist loadfile "$@"
         ;;
     test-slow)
         ensure_venv test,hf,tensorboard,wandb,hf-datasets

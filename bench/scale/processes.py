@@ -241,8 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     summary, samples = read_run(run_dir) if args.from_run_dir else run_processes(args, run_dir)
     real = real_figures(run_dir, summary)
     result.note(f"swarm-node local ran {summary['wall_s']:.0f} s (start-up, training, evaluation)"
-                + (f"; these figures were computed again from its files (--from-run-dir) with the simulator as "
-                   f"it is now" if args.from_run_dir else "") + ".")
+                + ("; these figures were computed again from its files (--from-run-dir) with the simulator as "
+                   "it is now" if args.from_run_dir else "") + ".")
     result.add(kind="real", stages=args.stages, peers_per_stage=args.replicas, inner_steps=args.inner_steps,
                registry_shards=suggested_shards(args.replicas), **real)
     for kind, values in sorted(samples.by_kind.items()):

@@ -27,8 +27,9 @@ import torch
 
 from swarm_node.errors import PeerRefused, ProtocolError, StreamClosed
 from swarm_node.gossip.group import GroupRound
-from swarm_node.gossip.pairing import SEEKING_NOW, PairingCoordinator, PairResult, Refused, now
+from swarm_node.gossip.pairing import HINTED, SEEKING_NOW, PairingCoordinator, PairResult, Refused, now
 from swarm_node.gossip.partner_check import ROUNDS_APART, PartnerCheck, Poisoned, RoundsApart
+from swarm_node.gossip.seekers import Seekers
 from swarm_node.net import protocols
 from swarm_node.net.transport import ServeLimits, short_id
 from swarm_node.node_services import NodeServices
@@ -41,6 +42,8 @@ from swarm_node.wire.messages import (
     check_fetch,
     check_outer_header,
     check_proposal,
+    refusal,
+    refusal_hints,
 )
 from swarm_node.wire.outer_codec import OuterCodec
 
@@ -135,6 +138,8 @@ class OuterExchange:
             self.pairing = PairingCoordinator(round_timeout_s=times.round_timeout_s,
                                               request_timeout_s=times.exchange_s,
                                               propose_timeout_s=PROPOSE_TIMEOUT_S, own_id=own_id)
+        self.own_id = own_id
+        self.seekers = Seekers(now)  # peers heard seeking lately: whom we try first, and name in refusals
         self.last: RoundOutcome | None = None
         self.behind = False  # a partner rounds ahead was out of our scale: the node should catch up
         self._outcome = RoundOutcome(-1)
@@ -212,9 +217,19 @@ class OuterExchange:
                 on_peer_failure=self._partner_failed, expect_request=expect_request)
             return list(gathered.items())
         result: PairResult | None = await self.pairing.run_round(
-            round_no, reply, candidates=self.candidates, propose=self._send_proposal, send=self._send_outer,
+            round_no, reply, candidates=self._pairing_candidates, propose=self._send_proposal, send=self._send_outer,
             on_peer_failure=self._partner_failed, expect_request=expect_request)
         return [(result.partner, result.payload)] if result else []
+
+    def _pairing_candidates(self) -> list[tuple[str, int]]:
+        """Our view's candidates, those heard seeking lately first: only verified peers,
+        so a hint reorders whom we would ask anyway and never brings in a new one."""
+        ranked = self.candidates()
+        fresh = self.seekers.fresh()
+        if not fresh:
+            return ranked
+        return [(peer, HINTED if peer in fresh and self.guard.is_verified(peer) else likely)
+                for peer, likely in ranked]
 
     def _partner_failed(self, peer: str, what: str) -> None:
         """Backed off (a poisoner's longer ban is kept), logged at most once a minute a peer."""
@@ -277,6 +292,7 @@ class OuterExchange:
         self._outcome.proposals += 1
         self.stats.proposals_sent += 1
         request = encode_frame({"kind": "propose", "spec": self.spec_hash, "round": self.state.outer_round})
+        self.seekers.tried(peer)
         sent = now()
         deadline = sent + timeout_s
         try:
@@ -301,6 +317,12 @@ class OuterExchange:
         yes, why = answer_is_yes(raw)
         if not yes:
             self.stats.proposals_refused += 1
+            try:
+                hints = refusal_hints(raw)
+            except ProtocolError as exc:
+                self.guard.fault(peer, f"bad refusal of a proposal ({exc})")
+                raise
+            self.seekers.hinted([hint for hint in hints if hint != self.own_id])
             raise Refused(why)
         self._outcome.partner_at = now()
 
@@ -383,7 +405,13 @@ class OuterExchange:
                 raise Refused("busy")
             if self.pairing.state.value == "idle":
                 await self.maybe_round_early(wait_s=PROPOSE_TIMEOUT_S / 2)  # else: not-ready, not a time-out
-            self.pairing.on_propose(remote)
+            try:
+                self.pairing.on_propose(remote)
+            except Refused as exc:
+                hints = self.seekers.hints_for(remote)
+                self.seekers.proposed(remote)  # it seeks: our lead when our own proposal is refused
+                return refusal(str(exc), hints)
+            self.seekers.tried(remote)
             self._outcome.partner_at = now()
             return encode_frame({"kind": "propose", "ok": True})
         except Refused as exc:

@@ -56,7 +56,9 @@ MIN_REQUEST_S = 0.25  # do not propose when the round could not use the answer a
 # asked first. Rounds that pair pull partners into phase, so in a large stage most peers
 # are early in their rounds when one reaches its boundary: asked at random, three in
 # four answered not-ready, ten round trips a partner (bench/scale).
-UNLIKELY, PAST_HALF, SEEKING_NOW = 0, 1, 2
+# HINTED: a verified peer of our view heard seeking in the last seconds (it proposed to
+# us, or a refuser named it: gossip/seekers.py), fresher than any record.
+UNLIKELY, PAST_HALF, SEEKING_NOW, HINTED = 0, 1, 2, 3
 
 
 def now() -> float:

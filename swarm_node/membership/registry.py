@@ -27,7 +27,10 @@ READS_AT_ONCE = 16  # shards a whole-stage read (a dashboard's) asks for at once
 # A sharded registry is for runs of hundreds of peers a stage, where every heartbeat and
 # read costs DHT lookups and ~1 kB entries from several replicas, and its readers serve
 # each other: there, at least this cadence (bench/scale measures it against 10 kB/s).
-SHARDED_HEARTBEAT_S, SHARDED_POLL_S, SHARDED_TTL_S = 6.0, 2.0, 30.0
+# Every store's walk downloads the shard's dictionary from each of its 5 replicas
+# (net/dht.py): at a 6 s heartbeat, stores were two thirds of a peer's DHT bytes.
+SHARDED_HEARTBEAT_S, SHARDED_POLL_S, SHARDED_TTL_S = 12.0, 2.0, 36.0
+FRESH_READ_HEARTBEATS = 1.5  # a sharded read's copy: newest record at most this many heartbeats old
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,13 @@ class Cadence:
     poll_s: float
     ttl_s: float
     alternate_stages: bool = False  # each read takes one of the stages we work with, in turn
+    # A read takes the first copy of a shard whose newest record is at most this old
+    # (None: the latest, from every node holding one: net/dht.py says what that costs).
+    fresh_read_s: float | None = None
+
+    def sufficient_expiry_s(self, wall_now_s: float) -> float | None:
+        """The DHT expiry a copy's newest record must reach for a read to stop at it."""
+        return None if self.fresh_read_s is None else wall_now_s + self.ttl_s - self.fresh_read_s
 
     @classmethod
     def for_shards(cls, shards: int, heartbeat_s: float, poll_s: float, ttl_s: float) -> "Cadence":
@@ -44,8 +54,11 @@ class Cadence:
         for a sharded one (a large run), reading one stage at a time."""
         if shards == 1:
             return cls(heartbeat_s, poll_s, ttl_s)
-        return cls(max(heartbeat_s, SHARDED_HEARTBEAT_S), max(poll_s, SHARDED_POLL_S), max(ttl_s, SHARDED_TTL_S),
-                   alternate_stages=True)
+        heartbeat_s = max(heartbeat_s, SHARDED_HEARTBEAT_S)
+        # a shard of a few live peers has a record at most one heartbeat old (jitter 1.2x),
+        # unless all of them left: then the read walks on and returns what it finds
+        return cls(heartbeat_s, max(poll_s, SHARDED_POLL_S), max(ttl_s, SHARDED_TTL_S), alternate_stages=True,
+                   fresh_read_s=heartbeat_s * FRESH_READ_HEARTBEATS)
 
 
 def suggested_shards(peers_per_stage: int) -> int:
@@ -68,12 +81,12 @@ def stage_key(run_id: str, stage: int, shard: int = 0, shards: int = 1) -> str:
     return f"{run_id}/stage/{stage}" if shards == 1 else f"{run_id}/stage/{stage}/{shard}"
 
 
-async def read_shard(dht: SwarmDHT, run_id: str, stage: int, shard: int,
-                     shards: int) -> tuple[Entries, dict[str, ProtocolError]]:
+async def read_shard(dht: SwarmDHT, run_id: str, stage: int, shard: int, shards: int,
+                     sufficient_expiry_s: float | None = None) -> tuple[Entries, dict[str, ProtocolError]]:
     """One shard of a stage: (peer -> (record, expiry)), (peer -> why its entry is refused).
     An entry filed under a shard its peer id does not hash to is refused: nobody
     honest writes one, and a flood of them must not fill one small key."""
-    records, unreadable = await _read_entries(dht, stage_key(run_id, stage, shard, shards))
+    records, unreadable = await _read_entries(dht, stage_key(run_id, stage, shard, shards), sufficient_expiry_s)
     for peer in [p for p in records if shard_of(p, shards) != shard]:
         del records[peer]
         unreadable[peer] = ProtocolError(f"its record is filed under shard {shard} of stage {stage}; its peer id "
@@ -120,14 +133,15 @@ async def _read_shards(dht: SwarmDHT, run_id: str, stage: int, shards: int, max_
     return records, unreadable
 
 
-async def _read_entries(dht: SwarmDHT, key: str) -> tuple[Entries, dict[str, ProtocolError]]:
+async def _read_entries(dht: SwarmDHT, key: str,
+                        sufficient_expiry_s: float | None = None) -> tuple[Entries, dict[str, ProtocolError]]:
     records: Entries = {}
     unreadable: dict[str, ProtocolError] = {}
     # The expiry is the writer's choice: one claiming more than any node publishes (plus
     # a clock error) is a forgery meant to outlive its writer (one claimed an hour).
     now_s = dht.wall_now()
     latest_expiry_s = now_s + MAX_RECORD_TTL_S + CLOCK_SKEW_S
-    for peer, entry in (await dht.get_signed(key)).items():
+    for peer, entry in (await dht.get_signed(key, sufficient_expiry_s)).items():
         try:
             if entry.expires_at_s > latest_expiry_s:
                 raise ProtocolError(f"it claims to live {entry.expires_at_s - now_s:.0f} s; "
@@ -140,4 +154,4 @@ async def _read_entries(dht: SwarmDHT, key: str) -> tuple[Entries, dict[str, Pro
 
 async def publish_record(dht: SwarmDHT, run_id: str, record: PeerRecord, ttl_s: float, shards: int = 1) -> bool:
     key = stage_key(run_id, record.stage, shard_of(dht.peer_id, shards), shards)
-    return await dht.store_signed(key, record.to_wire(), ttl_s)
+    return await dht.store_signed(key, record.compact_wire(), ttl_s)

@@ -139,7 +139,8 @@ class Membership:
         self._reads += 1
         for stage in stages:
             for shard in self._shards_to_read(stage, JOIN_SHARDS if all_stages else 1):
-                found, unreadable = await read_shard(self.dht, self.spec.run_id, stage, shard, self.shards)
+                found, unreadable = await read_shard(self.dht, self.spec.run_id, stage, shard, self.shards,
+                                                     self.cadence.sufficient_expiry_s(self.dht.wall_now()))
                 for peer, exc in unreadable.items():
                     self.guard.ignore(peer, f"registry record refused: {exc}")
                 self._merge(stage, self._usable(stage, found))

@@ -37,6 +37,41 @@ log = logging.getLogger(__name__)
 
 UNREACHABLE_MARK = "can't access this node"
 REBOOTSTRAP_DIALS_AT_ONCE = 32
+# hivemind 1.1.12's DHTNode defaults, which every DHT of ours runs with: a key lives on
+# the NUM_REPLICAS nodes nearest its hash; a get or store walks the DHT (traverse_dht)
+# with NUM_WORKERS finds in flight until it has visited the BUCKET_SIZE nearest nodes
+# it knows of (its beam), unless a get is satisfied sooner. The scale simulator's cost
+# model (swarm_node/scale/network.py) follows these.
+NUM_REPLICAS, BUCKET_SIZE, NUM_WORKERS = 5, 20, 4
+
+
+@dataclass(frozen=True)
+class Traversal:
+    """How one kind of DHT operation walks the DHT: finds in flight, and its beam."""
+    workers: int
+    beam_size: int
+
+
+# get(latest=True) is never satisfied early: it walks its whole beam and takes the
+# dictionary from every node that holds or caches the key (measured on 16 DHT processes:
+# from all 15 others, 78 kB for 4 records; bench/scale/dht_costs.py).
+LATEST_GET = Traversal(NUM_WORKERS, BUCKET_SIZE)
+# A get that asks only for a dictionary whose newest entry is recent stops at the first
+# node holding one, the replicas being the first nodes near the key a walk reaches;
+# one find at a time, so finds already in flight do not bring more copies.
+FRESH_GET = Traversal(1, BUCKET_SIZE)
+# A store's walk is made of finds, and a find answers with the key's dictionary: with
+# hivemind's beam of 20 a store downloaded the dictionary from every holder on its way
+# (97 kB to store one 1 kB entry beside 3 others). A beam of the replicas it needs visits
+# those (and what leads to them): Kademlia's answers name each node's nearest to the key,
+# so the walk still ends at the key's nearest nodes. One find at a time: a heartbeat can
+# wait a few round trips, and finds in flight beside it would each bring a copy too.
+STORE = Traversal(1, NUM_REPLICAS)
+# hivemind's cache_nearest=1 makes every get that found something newer than its own
+# cached copy upload the whole dictionary to one more node near the key (0.5-0.7 uploads
+# a get measured); reads that stop at the first fresh copy, which the replicas hold,
+# gain nothing from extra copies.
+CACHE_NEAREST = 0
 
 
 @dataclass(frozen=True)
@@ -107,7 +142,8 @@ class SwarmDHT:
             validator = record_validator(identity_path)
             kwargs = dict(initial_peers=list(initial_peers), host_maddrs=list(host_maddrs), start=True,
                           startup_timeout=startup_timeout_s, identity_path=identity_path,
-                          record_validators=[validator], check_if_identity_free=throwaway_dir is None)
+                          record_validators=[validator], check_if_identity_free=throwaway_dir is None,
+                          cache_nearest=CACHE_NEAREST)
             if announce_maddrs:
                 kwargs["announce_maddrs"] = list(announce_maddrs)
             try:
@@ -129,9 +165,7 @@ class SwarmDHT:
         """Start again, same identity, as a DHT client behind relays: for a node others
         cannot dial (its peers would keep trying to, and time out, if it served the DHT).
         Whoever replicated the old P2P client must replicate again."""
-        if self._p2p is not None:
-            await self._p2p.shutdown()
-            self._p2p = None
+        await self._close_replica()
         await self._stop_child()
         initial_peers = self._start_kwargs.get("initial_peers", ())
         timeout_s = self._start_kwargs.get("startup_timeout", 60.0)
@@ -202,7 +236,8 @@ class SwarmDHT:
         return len(reached)
 
     async def store(self, key: str, subkey: str, value, ttl_s: float) -> bool:
-        return bool(await self.dht.store(key, value, get_dht_time() + ttl_s, subkey=subkey, return_future=True))
+        return bool(await self.dht.store(key, value, get_dht_time() + ttl_s, subkey=subkey, return_future=True,
+                                         beam_size=STORE.beam_size, num_workers=STORE.workers))
 
     async def store_signed(self, key: str, value, ttl_s: float) -> bool:
         """Store under our owner subkey: only this peer's key can write that entry."""
@@ -213,13 +248,15 @@ class SwarmDHT:
         finally:
             self.ops.timed("store", started, time.monotonic())
 
-    async def get_signed(self, key: str) -> dict[str, Signed]:
+    async def get_signed(self, key: str, sufficient_expiry_s: float | None = None) -> dict[str, Signed]:
         """Owner-tagged entries of ``key`` by the peer id whose key signed them (the
-        validator has checked each signature); untagged entries are ignored."""
+        validator has checked each signature); untagged entries are ignored. The latest
+        the DHT holds, or (``sufficient_expiry_s``, wall clock) the first copy found whose
+        newest entry expires then or later."""
         signed = {}
         started = time.monotonic()
         try:
-            found = await self.get_subkeys(key)
+            found = await self.get_subkeys(key, sufficient_expiry_s)
         finally:
             self.ops.timed("get", started, time.monotonic())
         for subkey, entry in found.items():
@@ -230,9 +267,13 @@ class SwarmDHT:
         self.ops.entries_read += len(signed)
         return signed
 
-    async def get_subkeys(self, key: str) -> dict[str, Signed]:
+    async def get_subkeys(self, key: str, sufficient_expiry_s: float | None = None) -> dict[str, Signed]:
         """Live entries of a dictionary record (expired ones are dropped by the DHT)."""
-        found = await self.dht.get(key, latest=True, return_future=True)
+        if sufficient_expiry_s is None:
+            found = await self.dht.get(key, latest=True, return_future=True)
+        else:
+            found = await self.dht.get(key, sufficient_expiration_time=sufficient_expiry_s,
+                                       num_workers=FRESH_GET.workers, return_future=True)
         if found is None or not isinstance(found.value, dict):
             return {}
         return {str(sub): Signed(entry.value, float(entry.expiration_time)) for sub, entry in found.value.items()
@@ -241,10 +282,18 @@ class SwarmDHT:
     async def shutdown(self) -> None:
         """Stop the DHT process and forget a throwaway identity."""
         try:
+            await self._close_replica()
             await self._stop_child()
         finally:
             if self._throwaway_dir is not None:
                 shutil.rmtree(self._throwaway_dir, ignore_errors=True)
+
+    async def _close_replica(self) -> None:
+        """Closed on the loop: left to the garbage collector, hivemind's P2P.__del__ asks
+        for an event loop in whichever thread collects it, and raises in any but ours."""
+        if self._p2p is not None:
+            replica, self._p2p = self._p2p, None
+            await replica.shutdown()
 
     async def _stop_child(self) -> None:
         """Runs on a daemon thread: if the child is wedged and the caller gives up

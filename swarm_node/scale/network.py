@@ -10,21 +10,22 @@ What is modelled, and how:
   times of busy peers a little and does not touch pairing or control traffic.
 - A call to a crashed peer, or to one behind a NAT, gets no answer: the caller waits out
   its own deadline (a dial that is never answered).
-- The DHT (hivemind's Kademlia) as costs and delays, not as a routing table: a store or
-  a get takes a lookup of ``lookup_rpcs(N)`` round trips; a stored entry becomes visible
-  after a delay and expires at its TTL; a get returns what is visible under the key. Its
-  bytes: each lookup RPC, the entries each replica sends back (a get answers with the
-  whole dictionary of the key, from ``get_responders`` replicas), the entry to each of
-  ``replicas`` replicas for a store; the replicas (the peers nearest the key's hash)
-  count what they receive and send. The sizes of a signed entry are hivemind's own
-  (an RSA owner key and signature around the record's msgpack); the RPC figures are
-  estimates that the 32-process run measures.
+- The DHT (hivemind's Kademlia) as costs and delays, not as a routing table: a stored
+  entry becomes visible after a delay and expires at its TTL; a get returns what is
+  visible under the key. Its bytes follow what hivemind 1.1.12 does (DhtCosts says how
+  it was checked): a get or a store walks the DHT with find RPCs, and every find that
+  reaches a node holding the key (one of its ``replicas`` nearest nodes, or a node that
+  read it lately and still caches it) comes back with the key's whole dictionary, a
+  store's find too. Readers and stores count what they send and receive; the nodes
+  asked count what they serve. The sizes of a signed entry are hivemind's own (an RSA
+  owner key and signature around the record's msgpack).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import heapq
 import math
 import random
 from collections import defaultdict
@@ -34,7 +35,7 @@ from dataclasses import dataclass, field
 import msgpack
 
 from swarm_node.errors import PeerTimeout
-from swarm_node.net.dht import DhtOps, Signed
+from swarm_node.net.dht import CACHE_NEAREST, FRESH_GET, LATEST_GET, NUM_REPLICAS, STORE, DhtOps, Signed, Traversal
 
 OWNER_KEY_BYTES = 391  # "[owner:ssh-rsa ...]", msgpack'd: the subkey of every signed entry
 SIGNATURE_BYTES = 356  # "[signature:...]" appended to the value
@@ -43,14 +44,48 @@ ENTRY_FRAMING_BYTES = 24  # expiry and protobuf framing
 
 @dataclass(frozen=True)
 class DhtCosts:
-    replicas: int = 5  # hivemind's num_replicas
-    get_responders: int = 3  # replicas that answer a get with the key's dictionary (latest=True asks on)
-    lookup_rpc_bytes: int = 700  # one find RPC: request, and an answer naming the nearest peers
+    """What hivemind 1.1.12's DHT moves for a get or a store, checked two ways.
 
-    def lookup_rpcs(self, total_peers: int) -> int:
-        """Kademlia with k = 20 buckets: about log2(N) / log2(k) + 1 hops, each asking a
-        few peers at once."""
-        return 3 * max(1, math.ceil(math.log2(max(total_peers, 2)) / math.log2(20)) + 1)
+    Its code (hivemind/dht/node.py, traverse.py): ``get(latest=True)`` asks for an
+    expiry of infinity, so ``_SearchState`` is never satisfied and ``traverse_dht`` runs
+    until it has visited the ``beam_size`` (bucket_size, 20) nearest nodes it knows of;
+    ``rpc_find`` answers with the key's whole dictionary wherever it sits in storage
+    *or cache*, and every reader caches what it found (``cache_locally``) and pushes it
+    to one more node (``cache_nearest=1``); a store walks the same way
+    (``find_nearest_nodes``, beam max(bucket_size, num_replicas)) with the same finds,
+    so it downloads the dictionary from every holder it passes, and then sends its
+    entry to the ``num_replicas`` (5) nearest. A find's answer names up to 20 nodes.
+
+    Measured (bench/scale/dht_costs.py, 16 real DHT processes with the RSA validator,
+    4 signed records of 258 msgpack bytes under one key, protobuf bytes of every RPC):
+    a find request 46 B, 50.4 B a node named in its answer, a signed entry 1024 B in a
+    find's answer; in the steady state (every node had read the key) a latest get made
+    15 finds and got the dictionary from all 15 (77.7 kB, 0.67 cache pushes), a cold
+    one from the 5 replicas (35.9 kB); a store 97 kB (18.3 finds, each with the
+    dictionary, and 5 stores of about 85 B plus the entry). This model gives 76.6 kB,
+    34.7 kB and 79 kB there. The previous figures (3 responders, 700 B a find, about
+    9 finds, no dictionary in a store's finds) understated a get 2-4x and a store 8x."""
+    replicas: int = NUM_REPLICAS
+    find_request_bytes: int = 46
+    neighbour_bytes: float = 50.4  # one node named in a find's answer (DHTID and PeerID)
+    neighbours: int = 20  # bucket_size: how many a find's answer names
+    store_rpc_bytes: int = 85  # a store RPC around its entry
+    # cache_nearest=1 (hivemind's default): the share of gets that push what they found
+    # to one more node (0.5-0.67 measured); the node runs without (CACHE_NEAREST)
+    cache_push_share: float = 0.6 if CACHE_NEAREST else 0.0
+    # how the registry's gets and stores walk (the node's choices, swarm_node/net/dht.py)
+    get: Traversal = LATEST_GET
+    fresh_get: Traversal = FRESH_GET
+    store: Traversal = STORE
+
+    def approach_finds(self, live: int, workers: int) -> int:
+        """Finds before a walk reaches the key's neighbourhood: a caller's routing table
+        already knows nodes that close in a few hundred nodes; each 20-fold more nodes
+        cost about one more hop, ``workers`` finds at once."""
+        return workers * max(0, math.ceil(math.log(max(live, 2)) / math.log(self.neighbours)) - 1)
+
+    def find_bytes(self, live: int) -> float:
+        return self.find_request_bytes + self.neighbour_bytes * min(self.neighbours, live - 1)
 
 
 def entry_bytes(value: dict) -> int:
@@ -97,7 +132,9 @@ class Network:
         # key -> peer -> versions (value, visible_at, expires_at), on the loop's clock: the
         # one readers see and the one spreading
         self.store: dict[str, dict[str, list[tuple[dict, float, float]]]] = defaultdict(dict)
-        self._holders: dict[str, list[str]] = {}
+        self.caches: dict[str, dict[str, float]] = {}  # key -> peer caching its dictionary -> until (loop clock)
+        self._holders: dict[str, list[str]] = {}  # key -> the live peers nearest it
+        self._node_ids: dict[str, int] = {}
 
     # -- peers ---------------------------------------------------------------------
     def add(self, endpoint: Endpoint) -> None:
@@ -144,29 +181,75 @@ class Network:
     # -- the DHT -------------------------------------------------------------------
     def holders(self, key: str) -> list[str]:
         """The live peers nearest the key's hash: where its entries are stored."""
+        return self._nearest(key)[:self.costs.replicas]
+
+    def _nearest(self, key: str) -> list[str]:
+        """The live peers nearest the key's hash, as many as a walk's beam can visit (and
+        one more, for a caller among them)."""
         if key not in self._holders:
             target = int.from_bytes(hashlib.sha1(key.encode()).digest(), "big")
-            live = [p for p, e in self.endpoints.items() if e.alive]
-            self._holders[key] = sorted(live, key=lambda p: int.from_bytes(hashlib.sha1(p.encode()).digest(), "big")
-                                        ^ target)[:self.costs.replicas]
+            beam = max(self.costs.get.beam_size, self.costs.fresh_get.beam_size, self.costs.store.beam_size,
+                       self.costs.replicas) + 1
+            self._holders[key] = heapq.nsmallest(beam, (p for p, e in self.endpoints.items() if e.alive),
+                                                 key=lambda p: self._node_ids.setdefault(p, _node_id(p)) ^ target)
         return self._holders[key]
 
-    def _lookup(self, caller: Endpoint, op: str) -> tuple[float, int]:
-        """(seconds, bytes) of finding a key's replicas from ``caller`` for a get or store."""
-        rpcs = self.costs.lookup_rpcs(sum(e.alive for e in self.endpoints.values()))
+    def _lookup_s(self, caller: Endpoint, op: str) -> float:
+        """How long finding a key's replicas from ``caller`` takes, for a get or store."""
         if self.op_s.get(op) is not None:
-            return self.op_s[op] * self.rng.uniform(0.5, 1.5), rpcs * self.costs.lookup_rpc_bytes
-        hops = max(1, rpcs // 3)
-        return hops * caller.rtt_s * self.rng.uniform(1.0, 2.0), rpcs * self.costs.lookup_rpc_bytes
+            return self.op_s[op] * self.rng.uniform(0.5, 1.5)
+        hops = max(1, math.ceil(math.log2(max(self._live(), 2)) / math.log2(20)) + 1)
+        return hops * caller.rtt_s * self.rng.uniform(1.0, 2.0)
+
+    def _live(self) -> int:
+        return sum(e.alive for e in self.endpoints.values())
+
+    def _visible(self, key: str, now: float) -> dict[str, tuple[dict, float]]:
+        """peer -> (value, expiry) of the entries a reader sees under ``key`` now."""
+        visible = {}
+        for peer, versions in self.store.get(key, {}).items():
+            seen = [(value, expires) for value, visible_at, expires in versions if visible_at <= now < expires]
+            if seen:
+                visible[peer] = seen[-1]
+        return visible
+
+    def _walk(self, caller: str, key: str, way: Traversal, now: float,
+              enough: Callable[[str], bool] = lambda peer: False) -> tuple[int, list[str]]:
+        """(finds, the nodes whose find answered with the key's dictionary) of one walk
+        from ``caller``: the approach, then the key's nearest nodes, nearest first, until
+        ``enough`` (a get satisfied early; the finds already in flight still answer) or
+        the beam is visited."""
+        live = self._live()
+        finds = self.costs.approach_finds(live, way.workers)
+        holders, cached = set(self.holders(key)), self.caches.get(key, {})
+        answered, stop_at = [], None
+        for i, node in enumerate(p for p in self._nearest(key) if p != caller):
+            if i >= way.beam_size or (stop_at is not None and i >= stop_at):
+                break
+            finds += 1
+            if node in holders or cached.get(node, 0.0) > now:
+                answered.append(node)
+                if stop_at is None and enough(node):
+                    stop_at = i + way.workers
+        return finds, answered
 
     async def dht_store(self, caller: str, key: str, value: dict, ttl_s: float) -> bool:
         me = self.endpoints[caller]
-        seconds, lookup_bytes = self._lookup(me, "store")
+        seconds = self._lookup_s(me, "store")
+        now = asyncio.get_running_loop().time()
+        live = self._live()
+        finds, answered = self._walk(caller, key, self.costs.store, now)
+        dictionary = sum(entry_bytes(v) for v, _ in self._visible(key, now).values())
         size = entry_bytes(value)
-        me.traffic.add("dht-lookup", lookup_bytes)
-        me.traffic.add("dht-store", size * self.costs.replicas)
+        me.traffic.add("dht-lookup", finds * self.costs.find_bytes(live))
+        me.traffic.add("dht-store", len(answered) * dictionary
+                       + (size + self.costs.store_rpc_bytes) * len([h for h in self.holders(key) if h != caller]))
+        for node in answered:
+            self.endpoints[node].traffic.add("dht-serving", dictionary)
         for holder in self.holders(key):
-            self.endpoints[holder].traffic.add("dht-serving", size + self.costs.lookup_rpc_bytes // 2)
+            if holder != caller:
+                self.endpoints[holder].traffic.add("dht-serving", size + self.costs.store_rpc_bytes)
+        self._serve_finds(caller, key, finds, live)
         await asyncio.sleep(seconds)
         now = asyncio.get_running_loop().time()
         versions = [v for v in self.store[key].get(caller, []) if v[2] > now]
@@ -174,24 +257,54 @@ class Network:
         self.store[key][caller] = [*versions[-1:], (value, now + self.rng.uniform(*self.record_delay_s), now + ttl_s)]
         return True
 
-    async def dht_get(self, caller: str, key: str, wall_now: Callable[[], float]) -> dict[str, Signed]:
+    def _serve_finds(self, caller: str, key: str, finds: int, live: int) -> None:
+        """The nodes a walk asked answer a find each (the approach's are spread over the swarm)."""
+        nearest = [p for p in self._nearest(key) if p != caller]
+        for i in range(finds):
+            node = nearest[i] if i < len(nearest) else self.rng.choice(nearest)
+            self.endpoints[node].traffic.add("dht-serving", self.costs.find_bytes(live))
+
+    async def dht_get(self, caller: str, key: str, wall_now: Callable[[], float],
+                      sufficient_expiry_s: float | None = None) -> dict[str, Signed]:
+        """What ``key`` holds: the latest (``sufficient_expiry_s`` None), or the first
+        dictionary found whose newest entry expires at ``sufficient_expiry_s`` (wall
+        clock) or later."""
         me = self.endpoints[caller]
-        seconds, lookup_bytes = self._lookup(me, "get")
-        await asyncio.sleep(seconds)
-        now = asyncio.get_running_loop().time()
-        visible = {}
-        for peer, versions in self.store.get(key, {}).items():
-            seen = [(value, expires) for value, visible_at, expires in versions if visible_at <= now < expires]
-            if seen:
-                value, expires = seen[-1]
-                visible[peer] = Signed(value, wall_now() + (expires - now))
-        answer = sum(entry_bytes(v.value) for v in visible.values())
-        me.traffic.add("dht-lookup", lookup_bytes)
-        me.traffic.add("dht-get", answer * self.costs.get_responders)
-        holders = self.holders(key)
-        for holder in holders[:self.costs.get_responders]:
-            self.endpoints[holder].traffic.add("dht-serving", answer + self.costs.lookup_rpc_bytes // 2)
-        return visible
+        await asyncio.sleep(self._lookup_s(me, "get"))
+        loop_now = asyncio.get_running_loop().time()
+        wall_offset = wall_now() - loop_now
+        visible = self._visible(key, loop_now)
+        newest = max((expires for _, expires in visible.values()), default=0.0)
+        cached = self.caches.setdefault(key, {})
+        if sufficient_expiry_s is None:
+            way, enough = self.costs.get, (lambda node: False)
+        else:
+            threshold = sufficient_expiry_s - wall_offset
+            way = self.costs.fresh_get
+
+            def enough(node: str) -> bool:
+                return (newest if node in self.holders(key) else cached.get(node, 0.0)) >= threshold
+        live = self._live()
+        finds, answered = self._walk(caller, key, way, loop_now, enough)
+        dictionary = sum(entry_bytes(v) for v, _ in visible.values())
+        me.traffic.add("dht-lookup", finds * self.costs.find_bytes(live))
+        me.traffic.add("dht-get", len(answered) * dictionary)
+        for node in answered:
+            self.endpoints[node].traffic.add("dht-serving", dictionary)
+        self._serve_finds(caller, key, finds, live)
+        if visible and newest > cached.get(caller, 0.0):  # cache_locally; and cache_nearest pushes it on
+            cached[caller] = newest
+            if self.rng.random() < self.costs.cache_push_share:
+                target = next((p for p in self._nearest(key) if p != caller), None)
+                if target is not None:
+                    me.traffic.add("dht-get", dictionary)
+                    self.endpoints[target].traffic.add("dht-serving", dictionary)
+                    cached[target] = max(cached.get(target, 0.0), newest)
+        return {peer: Signed(value, wall_offset + expires) for peer, (value, expires) in visible.items()}
+
+
+def _node_id(peer_id: str) -> int:
+    return int.from_bytes(hashlib.sha1(peer_id.encode()).digest(), "big")
 
 
 class SimDHT:
@@ -217,10 +330,10 @@ class SimDHT:
         finally:
             self.ops.timed("store", started, asyncio.get_running_loop().time())
 
-    async def get_signed(self, key: str) -> dict[str, Signed]:
+    async def get_signed(self, key: str, sufficient_expiry_s: float | None = None) -> dict[str, Signed]:
         started = asyncio.get_running_loop().time()
         try:
-            found = await self.network.dht_get(self.peer_id, key, self._wall_now)
+            found = await self.network.dht_get(self.peer_id, key, self._wall_now, sufficient_expiry_s)
         finally:
             self.ops.timed("get", started, asyncio.get_running_loop().time())
         self.ops.gets += 1

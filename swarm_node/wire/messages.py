@@ -128,6 +128,37 @@ def _check_control(raw: bytes, kind: str, spec_hash: str, what: str) -> None:
         raise ProtocolError(what)
 
 
+MAX_SEEKER_HINTS = 3  # peers a refusal may name as seeking (gossip/seekers.py)
+MAX_PEER_ID_CHARS = 64  # base58 libp2p ids are 46-53 characters
+
+
+def refusal(why: str, seekers: list[str] | tuple[str, ...] = ()) -> bytes:
+    """A proposal refused, naming up to MAX_SEEKER_HINTS peers we saw seeking (older
+    nodes read ``ok`` and ``error`` only, and ignore the rest)."""
+    header = {"ok": False, "error": why}
+    if seekers:
+        header["seekers"] = list(seekers[:MAX_SEEKER_HINTS])
+    return encode_frame(header)
+
+
+def refusal_hints(raw: bytes) -> list[str]:
+    """The peers a refusal names as seeking, or ProtocolError (a list of at most
+    MAX_SEEKER_HINTS peer ids, ASCII letters and digits; none: an empty list)."""
+    header, _ = decode_frame(raw, CONTROL_LIMITS)
+    hints = header.get("seekers", [])
+    if not isinstance(hints, list) or len(hints) > MAX_SEEKER_HINTS:
+        raise ProtocolError(f"a refusal names seekers as {type(hints).__name__} of {_length(hints)}")
+    for hint in hints:
+        if (not isinstance(hint, str) or not 0 < len(hint) <= MAX_PEER_ID_CHARS or not hint.isascii()
+                or not hint.isalnum()):
+            raise ProtocolError(f"a refusal names a seeker that is no peer id: {str(hint)[:40]!r}")
+    return hints
+
+
+def _length(value: object) -> str:
+    return str(len(value)) if isinstance(value, (list, str, dict, bytes)) else "?"
+
+
 def answer_is_yes(raw: bytes) -> tuple[bool, str]:
     """A control answer (to a proposal, to an outer payload): (yes, the refusal's reason)."""
     header, _ = decode_frame(raw, CONTROL_LIMITS)

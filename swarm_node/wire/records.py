@@ -5,7 +5,7 @@ because anyone can write one."""
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 from swarm_node.errors import ProtocolError
 
@@ -14,6 +14,7 @@ MAX_FIELD_CHARS = 64
 MAX_ERROR_CHARS = 160
 MAX_RECORD_TTL_S = 120.0  # nodes publish records for at most this long (NodeConfig refuses more)
 CLOCK_SKEW_S = 60.0  # DHT expiries are wall-clock; hivemind already needs clocks about this close
+REQUIRED_FIELDS = ("stage", "spec_hash", "version")  # every record carries these
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,14 @@ class PeerRecord:
 
     def to_wire(self) -> dict:
         return asdict(self)
+
+    def compact_wire(self) -> dict:
+        """The record as the registry stores it: fields at their default are left out,
+        since every reader (``from_wire``, this one and the ones before it) fills them in.
+        Each heartbeat is downloaded again by every replica a store or read passes,
+        so the ~70 bytes of a training peer's defaults cost many times over."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name in REQUIRED_FIELDS or getattr(self, f.name) != f.default}
 
     @classmethod
     def from_wire(cls, raw: object) -> "PeerRecord":

@@ -36,6 +36,7 @@ class FakeDHT:
         self.peer_id = peer_id
         self.stored = stored or {}
         self.published: list[tuple[str, dict]] = []
+        self.sufficient_expiries: list[float | None] = []  # what each read asked for (None: the latest)
 
     def is_alive(self) -> bool:
         return True
@@ -43,7 +44,8 @@ class FakeDHT:
     def wall_now(self) -> float:
         return time.time()
 
-    async def get_signed(self, key: str) -> dict[str, Signed]:
+    async def get_signed(self, key: str, sufficient_expiry_s: float | None = None) -> dict[str, Signed]:
+        self.sufficient_expiries.append(sufficient_expiry_s)
         return signed_entries(self.stored.get(key, {}))
 
     async def store_signed(self, key: str, value: dict, ttl_s: float) -> bool:

@@ -38,7 +38,7 @@ class SharedRegistry:
             def wall_now(self):
                 return time.time()
 
-            async def get_signed(self, key):
+            async def get_signed(self, key, sufficient_expiry_s=None):
                 return signed_entries(registry.entries.get(key, {}))
 
             async def store_signed(self, key, value, ttl_s):

@@ -45,8 +45,11 @@ def test_shards_split_the_peers_and_one_shard_keeps_the_old_key():
 
 def test_a_node_publishes_under_its_own_shard():
     dht = FakeDHT("Qm007")
-    asyncio.run(publish_record(dht, "r", PeerRecord.from_wire(record()), ttl_s=15.0, shards=4))
-    assert dht.published == [(stage_key("r", 1, shard_of("Qm007", 4), 4), record())]
+    published = PeerRecord.from_wire(record())
+    asyncio.run(publish_record(dht, "r", published, ttl_s=15.0, shards=4))
+    # the compact form: fields at their default left out, which every reader fills in
+    assert dht.published == [(stage_key("r", 1, shard_of("Qm007", 4), 4), published.compact_wire())]
+    assert PeerRecord.from_wire(dht.published[0][1]) == published
 
 
 def test_each_read_takes_one_shard_and_the_view_fills_up_over_the_shards():
@@ -59,6 +62,8 @@ def test_each_read_takes_one_shard_and_the_view_fills_up_over_the_shards():
         seen.append(len(view.peers.get(1, {})))
     assert seen[0] == 0 and seen[1] < len(PEERS) and seen == sorted(seen) and seen[-1] == len(PEERS)
     assert seen[1] == seen[2] and seen[3] == seen[4]  # stage 0's reads leave stage 1's view as it was
+    # a sharded read stops at the first copy whose newest record is one heartbeat and a half old
+    assert all(expiry is not None for expiry in dht.sufficient_expiries)
 
 
 def test_a_peer_a_read_misses_stays_until_its_record_expires_and_an_expired_one_leaves_at_once():

@@ -146,8 +146,15 @@ def test_a_round_under_way_beside_the_inner_steps_fits_the_estimate(gen, codec):
     assert 0.7 * estimate.state_bytes <= measured <= estimate.state_bytes
 
 
-@pytest.mark.parametrize("vocab", [VOCAB, 8192])
-@pytest.mark.parametrize("autocast_bf16", [False, True], ids=["fp32", "bf16-autocast"])
+def _vocab_and_casts():
+    """The default tier takes each cast once, with the small and the large vocabulary;
+    the slow tier adds the other two pairings."""
+    for vocab, autocast_bf16 in ((VOCAB, False), (8192, True), (VOCAB, True), (8192, False)):
+        marks = () if (vocab == 8192) == autocast_bf16 else (pytest.mark.slow,)
+        yield pytest.param(vocab, autocast_bf16, marks=marks, id=f"{vocab}-{'bf16-autocast' if autocast_bf16 else 'fp32'}")
+
+
+@pytest.mark.parametrize("vocab, autocast_bf16", list(_vocab_and_casts()))
 @pytest.mark.parametrize("size, stages, stage", list(splits()))
 def test_activation_part_bounds_a_measured_micro_batch(gen, vocab, autocast_bf16, size, stages, stage):
     """The peak that one micro-batch's recomputed forward and backward allocates, bf16
