@@ -27,6 +27,7 @@ def final_loss(latency_steps: int | None, seed: int = 0) -> float:
     return result.final_val_loss
 
 
+@pytest.mark.slow  # two 4 x 2 runs; the rule's steps are checked by default in tests/unit/test_overlapped_worker.py
 def test_an_exchange_landing_half_a_round_late_trains_as_well_as_the_blocking_round():
     blocking, overlapped = final_loss(None), final_loss(H // 2)
     assert overlapped != blocking  # the rule ran: the progress made meanwhile was carried
