@@ -63,7 +63,7 @@ def test_each_read_takes_one_shard_and_the_view_fills_up_over_the_shards():
     assert seen[0] == 0 and seen[1] < len(PEERS) and seen == sorted(seen) and seen[-1] == len(PEERS)
     assert seen[1] == seen[2] and seen[3] == seen[4]  # stage 0's reads leave stage 1's view as it was
     # a sharded read stops at the first copy whose newest record is one heartbeat and a half old
-    assert all(expiry is not None for expiry in dht.sufficient_expiries)
+    assert dht.sufficient_expiries and all(expiry is not None for expiry in dht.sufficient_expiries)
 
 
 def test_a_peer_a_read_misses_stays_until_its_record_expires_and_an_expired_one_leaves_at_once():
