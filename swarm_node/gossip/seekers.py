@@ -16,7 +16,6 @@ others; hints we were given are not passed on."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 
 SEEKER_FRESH_S = 2.0  # a proposer is likely still seeking this long after it called (rounds pair in seconds)
@@ -24,12 +23,8 @@ MAX_HINTS = 3  # peers named in one refusal
 MAX_TRACKED = 64  # each table's bound, whatever number of ids call us
 
 
-def loop_clock() -> float:
-    return asyncio.get_running_loop().time()
-
-
 class Seekers:
-    def __init__(self, clock: Callable[[], float] = loop_clock):
+    def __init__(self, clock: Callable[[], float]):  # the pairing's clock (gossip/pairing.now)
         self.clock = clock
         self._heard: dict[str, float] = {}  # peer -> when it proposed to us and we refused (first hand)
         self._hinted: dict[str, float] = {}  # peer -> when a refuser named it

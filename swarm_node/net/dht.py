@@ -18,7 +18,8 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -105,8 +106,14 @@ class DhtOps:
     get_s: float = 0.0  # seconds the gets took, summed
     store_s: float = 0.0
 
-    def timed(self, kind: str, started_s: float, ended_s: float) -> None:
-        setattr(self, f"{kind}_s", getattr(self, f"{kind}_s") + ended_s - started_s)
+    @contextmanager
+    def timing(self, kind: str, clock: Callable[[], float] = time.monotonic) -> Iterator[None]:
+        """Adds the time the block takes to ``<kind>_s`` (get or store), failed or not."""
+        started = clock()
+        try:
+            yield
+        finally:
+            setattr(self, f"{kind}_s", getattr(self, f"{kind}_s") + clock() - started)
 
 
 os.register_at_fork(after_in_child=_forget_parent_signal_handlers)
@@ -242,11 +249,8 @@ class SwarmDHT:
     async def store_signed(self, key: str, value, ttl_s: float) -> bool:
         """Store under our owner subkey: only this peer's key can write that entry."""
         self.ops.stores += 1
-        started = time.monotonic()
-        try:
+        with self.ops.timing("store"):
             return await self.store(key, self._owner, value, ttl_s)
-        finally:
-            self.ops.timed("store", started, time.monotonic())
 
     async def get_signed(self, key: str, sufficient_expiry_s: float | None = None) -> dict[str, Signed]:
         """Owner-tagged entries of ``key`` by the peer id whose key signed them (the
@@ -254,11 +258,8 @@ class SwarmDHT:
         the DHT holds, or (``sufficient_expiry_s``, wall clock) the first copy found whose
         newest entry expires then or later."""
         signed = {}
-        started = time.monotonic()
-        try:
+        with self.ops.timing("get"):
             found = await self.get_subkeys(key, sufficient_expiry_s)
-        finally:
-            self.ops.timed("get", started, time.monotonic())
         for subkey, entry in found.items():
             signer = peer_id_of_owner(subkey)
             if signer is not None:

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import msgpack
 
 from swarm_node.errors import PeerTimeout
+from swarm_node.gossip.pairing import now as loop_now  # the running loop's clock: virtual here
 from swarm_node.net.dht import CACHE_NEAREST, FRESH_GET, LATEST_GET, NUM_REPLICAS, STORE, DhtOps, Signed, Traversal
 
 OWNER_KEY_BYTES = 391  # "[owner:ssh-rsa ...]", msgpack'd: the subkey of every signed entry
@@ -241,14 +242,14 @@ class Network:
         finds, answered = self._walk(caller, key, self.costs.store, now)
         dictionary = sum(entry_bytes(v) for v, _ in self._visible(key, now).values())
         size = entry_bytes(value)
+        replicas = [h for h in self.holders(key) if h != caller]  # the entry goes to each
         me.traffic.add("dht-lookup", finds * self.costs.find_bytes(live))
         me.traffic.add("dht-store", len(answered) * dictionary
-                       + (size + self.costs.store_rpc_bytes) * len([h for h in self.holders(key) if h != caller]))
+                       + (size + self.costs.store_rpc_bytes) * len(replicas))
         for node in answered:
             self.endpoints[node].traffic.add("dht-serving", dictionary)
-        for holder in self.holders(key):
-            if holder != caller:
-                self.endpoints[holder].traffic.add("dht-serving", size + self.costs.store_rpc_bytes)
+        for holder in replicas:
+            self.endpoints[holder].traffic.add("dht-serving", size + self.costs.store_rpc_bytes)
         self._serve_finds(caller, key, finds, live)
         await asyncio.sleep(seconds)
         now = asyncio.get_running_loop().time()
@@ -324,18 +325,12 @@ class SimDHT:
 
     async def store_signed(self, key: str, value: dict, ttl_s: float) -> bool:
         self.ops.stores += 1
-        started = asyncio.get_running_loop().time()
-        try:
+        with self.ops.timing("store", loop_now):
             return await self.network.dht_store(self.peer_id, key, value, ttl_s)
-        finally:
-            self.ops.timed("store", started, asyncio.get_running_loop().time())
 
     async def get_signed(self, key: str, sufficient_expiry_s: float | None = None) -> dict[str, Signed]:
-        started = asyncio.get_running_loop().time()
-        try:
+        with self.ops.timing("get", loop_now):
             found = await self.network.dht_get(self.peer_id, key, self._wall_now, sufficient_expiry_s)
-        finally:
-            self.ops.timed("get", started, asyncio.get_running_loop().time())
         self.ops.gets += 1
         self.ops.entries_read += len(found)
         return found
