@@ -39,8 +39,46 @@ def public_run(module_bed, tmp_path_factory):
     second.join_line()
     # two volunteers on distant links (30 ms more to every round trip), two nearby
     volunteers = [Volunteer(bed, bed.add_host(f"v{i}", rtt_ms=30 if i % 2 else 0), workdir, line) for i in range(4)]
-    return {"bed": bed, "boot": boot, "second": second, "line": line, "volunteers": volunteers,
-            "workdir": workdir, "spec": spec, "ready_s": ready_s}
+    run = {"bed": bed, "boot": boot, "second": second, "line": line, "volunteers": volunteers,
+           "workdir": workdir, "spec": spec, "ready_s": ready_s}
+    # Two newcomers that only read the run spec and leave start now, while the swarm
+    # forms, rather than one after the other once it trained: each takes half a minute
+    # on a busy 2-core machine, and the volunteers train all the while.
+    run["reader"] = _start_stock_reader(run)
+    run["wrong"] = _start_wrong_spec_volunteer(run)
+    return run
+
+
+def _start_stock_reader(run):
+    """Plain hivemind, as any hivemind program would read a signed record (a client: it
+    serves nothing), on a host of its own."""
+    bed, boot = run["bed"], run["boot"]
+    script = ("import json, sys\n"
+              "from hivemind import DHT\n"
+              "from hivemind.dht.crypto import RSASignatureValidator\n"
+              "dht = DHT(initial_peers=[sys.argv[1]], start=True, client_mode=True,\n"
+              "          record_validators=[RSASignatureValidator()])\n"
+              "found = dht.get(sys.argv[2], latest=True)\n"
+              "print('ENTRIES', json.dumps([e.value for e in found.value.values()] if found else None))\n"
+              "dht.shutdown()\n")
+    log = run["workdir"] / "reader.log"
+    process = bed.popen(bed.add_host("reader"), [sys.executable, "-c", script, boot.maddr, boot.status()["spec_key"]],
+                        log=log, env=volunteer_env())
+    return process, log
+
+
+def _start_wrong_spec_volunteer(run) -> Volunteer:
+    """A volunteer whose run spec file differs, joining through the line a volunteer's
+    node printed (any node's address works as an initial peer: every node publishes the
+    spec it follows)."""
+    bed, workdir = run["bed"], run["workdir"]
+    other = workdir / "other.toml"
+    other.write_text(run["spec"].read_text().replace("seq_len = 64", "seq_len = 32"))
+    first = run["volunteers"][0]
+    node_line = wait_for(lambda: re.search(r"join through this node with (--initial-peers \S+)", first.text()), 120,
+                         "the first volunteer to print its own join line", workdir)
+    return Volunteer(bed, bed.add_host("wrong"), workdir, f"swarm-node join {node_line.group(1)}", "--config",
+                     str(other))
 
 
 def _all_paired_twice(run) -> list[dict]:
@@ -124,20 +162,8 @@ def test_metrics_parse_with_the_prometheus_parser(public_run):
     assert sum(1 for name, _ in samples if name == "swarm_peer_inner_step") == 4
 
 
-def test_a_stock_hivemind_dht_on_another_host_reads_the_run_spec(public_run, tmp_path):
-    boot, bed = public_run["boot"], public_run["bed"]
-    # plain hivemind, as any hivemind program would read a signed record (a client: it serves nothing)
-    script = ("import json, sys\n"
-              "from hivemind import DHT\n"
-              "from hivemind.dht.crypto import RSASignatureValidator\n"
-              "dht = DHT(initial_peers=[sys.argv[1]], start=True, client_mode=True,\n"
-              "          record_validators=[RSASignatureValidator()])\n"
-              "found = dht.get(sys.argv[2], latest=True)\n"
-              "print('ENTRIES', json.dumps([e.value for e in found.value.values()] if found else None))\n"
-              "dht.shutdown()\n")
-    log = tmp_path / "reader.log"
-    reader = bed.popen(bed.add_host("reader"), [sys.executable, "-c", script, boot.maddr, boot.status()["spec_key"]],
-                       log=log, env=volunteer_env())
+def test_a_stock_hivemind_dht_on_another_host_reads_the_run_spec(public_run):
+    reader, log = public_run["reader"]
     assert reader.wait(timeout=120) == 0, log.read_text()[-3000:]
     entries = json.loads(re.search(r"^ENTRIES (.*)$", log.read_text(), re.M).group(1))
     assert len(entries) == 1 and entries[0]["run_id"] == "multihost"
@@ -167,14 +193,7 @@ def test_dashboard_shows_the_peer_table_and_a_loss_plot_from_real_data(public_ru
 
 
 def test_a_volunteer_with_an_incompatible_spec_refuses_and_exits_nonzero(public_run):
-    """It joins through the line a volunteer's node printed, from another host: any
-    node's address works as an initial peer (every node publishes the spec it follows)."""
-    bed, workdir = public_run["bed"], public_run["workdir"]
-    other = workdir / "other.toml"
-    other.write_text(public_run["spec"].read_text().replace("seq_len = 64", "seq_len = 32"))
-    node_line = re.search(r"join through this node with (--initial-peers \S+)", public_run["volunteers"][0].text())
-    wrong = Volunteer(bed, bed.add_host("wrong"), workdir, f"swarm-node join {node_line.group(1)}", "--config",
-                      str(other))
+    wrong = public_run["wrong"]
     assert wrong.process.wait(timeout=120) == 2
     last = wrong.text().strip().splitlines()[-1]
     assert "your run spec file has hash" in last and "leave the file out" in last, last
@@ -185,6 +204,11 @@ def test_training_outlives_every_bootstrap_and_a_restarted_one_lists_the_swarm_a
     _all_paired_twice(public_run)
     live = {p["peer_id"] for p in boot.peers() if p["state"] == "training"}
     assert len(live) == 4
+    # the bootstrap writes down the peers that answered it every ten seconds or so: wait
+    # until all four are in the file a restart reads, whatever ran before this test
+    remembered = workdir / "bootstrap.peers.json"
+    wait_for(lambda: remembered.exists() and live <= set(json.loads(remembered.read_text())["peers"]), 60,
+             "the bootstrap to write down every live peer", workdir)
     for bootstrap in (boot, public_run["second"]):  # a crash: the whole process group, daemon included
         os.killpg(bootstrap.process.pid, signal.SIGKILL)
         bootstrap.process.wait()
@@ -194,10 +218,12 @@ def test_training_outlives_every_bootstrap_and_a_restarted_one_lists_the_swarm_a
 
     boot.start()  # the same identity, port and run spec, as systemd's Restart=always would
     restarted = time.monotonic()
+    boot.join_line()  # it is up: the 30 s below are its finding the swarm, not a starved interpreter's start
+    up = time.monotonic()
     wait_for(lambda: live <= {p["peer_id"] for p in boot.peers() if p["state"] == "training"}, 30,
              "the restarted bootstrap to list every live node", workdir)
-    print(f"the restarted bootstrap listed all {len(live)} live nodes {time.monotonic() - restarted:.1f} s after "
-          "its start")
+    print(f"the restarted bootstrap was up {up - restarted:.1f} s after its start and listed all {len(live)} live "
+          f"nodes {time.monotonic() - up:.1f} s later")
     # it found them itself, from the peers it wrote down, not only through the nodes' redials
     assert re.search(r"dialled [4-9] of the \d+ peers this bootstrap knew before its restart", boot.log.read_text())
     newcomer = Volunteer(bed, bed.add_host("late"), workdir, boot.join_line())
