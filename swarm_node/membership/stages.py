@@ -31,19 +31,30 @@ def assign_stage(peers: Peers, own_id: str, num_stages: int, reachable: bool) ->
 
 
 def rebalanced_stage(peers: Peers, own_id: str, stage: int, num_stages: int, reachable: bool) -> int:
-    """``stage``, or an emptiest one when the stages as announced differ by two or more
-    peers and we are the newest id of a fullest stage (nobody behind a NAT moves: it
-    can only hold stage 0). Joiners that did not see each other in time (records
-    spread through the DHT in seconds, and on a busy machine 4 volunteers once split
-    3 + 1) even out this way."""
+    """``stage``, or another one when we are the newest movable id of our stage and
+
+    - the stages as announced differ by two or more peers and ours is a fullest: we take
+      an emptiest one. Joiners that did not see each other in time (records spread
+      through the DHT in seconds, and on a busy machine 4 volunteers once split 3 + 1)
+      even out this way;
+    - or stage 0 holds only peers nobody can dial and ours holds two or more: we take
+      stage 0. Peers behind a NAT cannot pair with each other (they only call out), so
+      without a reachable peer beside them they train alone: seen on a busy machine,
+      two volunteers that did not see each other in time both took stage 1 and left the
+      one behind a NAT alone in stage 0, by counts a balanced 1 + 2.
+
+    Nobody behind a NAT moves: it can only hold stage 0."""
     stages = range(num_stages)
     announced = {s: [p for p, r in peers.get(s, {}).items() if r.state in ("training", "joining")] for s in stages}
     announced[stage].append(own_id)
     count = {s: len(members) for s, members in announced.items()}
-    if not reachable or max(count.values()) - min(count.values()) < 2 or count[stage] < max(count.values()):
+    stranded = stage != 0 and count[stage] >= 2 and bool(announced[0]) and not any(
+        peers[0][p].reachable for p in announced[0])
+    uneven = max(count.values()) - min(count.values()) >= 2 and count[stage] == max(count.values())
+    if not reachable or not (stranded or uneven):
         return stage
     movable = [p for p in announced[stage] if p == own_id or (
         peers[stage][p].state == "joining" and peers[stage][p].reachable)]
     if max(movable) != own_id:
         return stage
-    return min(stages, key=lambda s: (count[s], s))
+    return 0 if stranded else min(stages, key=lambda s: (count[s], s))

@@ -112,6 +112,29 @@ def test_joiners_that_did_not_see_each_other_in_time_even_out_one_move_at_a_time
     assert rebalanced_stage({0: {"Qa": rec(0)}, 1: {"Qb": rec(1)}}, "Qc", 0, spec.num_stages, reachable=True) == 0
 
 
+def test_a_peer_behind_a_nat_alone_in_stage_0_gets_a_reachable_peer_beside_it():
+    """Seen on a busy machine: two volunteers that had not seen each other both took
+    stage 1 while the one behind a NAT held stage 0 alone (1 + 2: balanced by counts,
+    but it could pair with nobody). The newest id of stage 1 moves to stage 0, only it."""
+    spec = RunSpec(run_id="r", model_size="tiny", num_stages=2)
+
+    def rec(stage, reachable=True, state="joining"):
+        return PeerRecord(stage=stage, spec_hash=spec.spec_hash(), version=__version__, state=state,
+                          reachable=reachable)
+
+    natted = {"Qz": rec(0, reachable=False)}
+    moves = {me: rebalanced_stage({0: natted, 1: {other: rec(1)}}, me, 1, spec.num_stages, reachable=True)
+             for me, other in (("Qa", "Qb"), ("Qb", "Qa"))}
+    assert moves == {"Qa": 1, "Qb": 0}
+    # a peer already training in stage 1 does not move, so the joiner beside it does
+    assert rebalanced_stage({0: natted, 1: {"Qz9": rec(1, state="training")}}, "Qa", 1, 2, reachable=True) == 0
+    # alone in stage 1 it stays: moving would only strand stage 1
+    assert rebalanced_stage({0: natted, 1: {}}, "Qa", 1, spec.num_stages, reachable=True) == 1
+    # a reachable peer already in stage 0: nobody moves
+    with_open = {0: {**natted, "Qc": rec(0)}, 1: {"Qa": rec(1)}}
+    assert rebalanced_stage(with_open, "Qb", 1, spec.num_stages, reachable=True) == 1
+
+
 def test_a_peer_that_changed_stage_while_joining_is_shown_in_the_stage_it_trains_in():
     """Seen in a CI run of the NAT test: a volunteer guessed stage 1, withdrew the guess
     with a `leaving` record there and trained stage 0; the dashboard merged the stages
