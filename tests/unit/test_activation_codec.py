@@ -67,7 +67,10 @@ def test_anything_that_does_not_fit_is_a_protocol_error(codec, data):
     tensors = []
     for _ in range(data.draw(st.integers(0, 3))):
         dtype = data.draw(st.sampled_from([torch.uint8, torch.float32, torch.float16, torch.int64]))
-        dims = data.draw(st.lists(st.integers(0, 600), min_size=1, max_size=3))
+        # long flat tensors, or small blocks of up to 3 dimensions: three free dimensions up
+        # to 600 once drew a 600**3 int64 tensor (1.7 GB) and made this test the tier's slowest
+        dims = data.draw(st.one_of(st.lists(st.integers(0, 600), min_size=1, max_size=1),
+                                   st.lists(st.integers(0, 40), min_size=2, max_size=3)))
         tensors.append(torch.zeros(dims, dtype=dtype))
     try:
         out = decode_activations(tensors, shape, codec)
