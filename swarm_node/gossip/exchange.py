@@ -273,20 +273,26 @@ class OuterExchange:
                 and any(likely >= SEEKING_NOW for _, likely in self.candidates())):
             await self.maybe_round_early(wait_s=0.0)
 
-    async def maybe_round_early(self, wait_s: float) -> None:
+    async def maybe_round_early(self, wait_s: float, for_peer: str | None = None) -> None:
         """A partner is at its boundary and we are past half of our round: start our
         round now (steps stop at once), and let the request in when we are seeking
-        (within ``wait_s``: the caller's deadline must leave room for our answer)."""
+        (within ``wait_s``: the caller's deadline must leave room for our answer).
+        ``for_peer``: the proposer that asks; the round opens reserved for it."""
         if self.gate.in_round or self.stopping.is_set():
             return
         if not await self.compute(force_round_if_ready, self.state):
             return
+        if for_peer is not None and isinstance(self.pairing, PairingCoordinator):
+            self.pairing.hold_for(for_peer)
         self.gate.open_early()
         try:
             async with asyncio.timeout(wait_s):
                 await self.pairing.seeking.wait()
         except TimeoutError:
             pass
+        finally:
+            if for_peer is not None and isinstance(self.pairing, PairingCoordinator):
+                self.pairing.drop_hold(for_peer)
 
     async def _send_proposal(self, peer: str, timeout_s: float) -> None:
         self._outcome.proposals += 1
@@ -403,8 +409,8 @@ class OuterExchange:
                 raise Refused("not-pairing")  # a DiLoCo run exchanges with everyone, no proposals
             if self.guard.is_banned(remote):  # it failed us or sent a poisoned update: we do not pair with it either
                 raise Refused("busy")
-            if self.pairing.state.value == "idle":
-                await self.maybe_round_early(wait_s=PROPOSE_TIMEOUT_S / 2)  # else: not-ready, not a time-out
+            if self.pairing.state.value == "idle":  # else: not-ready, not a time-out
+                await self.maybe_round_early(wait_s=PROPOSE_TIMEOUT_S / 2, for_peer=remote)
             try:
                 self.pairing.on_propose(remote)
             except Refused as exc:

@@ -297,3 +297,46 @@ def test_the_reserved_peer_asking_again_is_told_yes_again_and_others_busy():
         await asyncio.gather(rounding, return_exceptions=True)
 
     vclock.run(scenario())
+
+
+def test_a_round_opened_early_for_a_proposer_starts_reserved_for_it():
+    """Rule 7: a proposal that opens our round early gets the round, even though the round,
+    once open, would have proposed elsewhere in the same loop turn."""
+    async def scenario():
+        node = PairingCoordinator(round_timeout_s=5.0, request_timeout_s=5.0)
+        proposed_to = []
+
+        async def propose(peer, timeout):
+            proposed_to.append(peer)
+
+        async def fine():
+            return "theirs"
+
+        node.hold_for("puller")
+        task = asyncio.create_task(node.run_round(0, "mine", candidates=lambda: [("elsewhere", 0)], propose=propose,
+                                                  send=None, expect_request=True))
+        await node.seeking.wait()
+        node.on_propose("puller")  # its proposal, answered once the round is open: yes
+        node.drop_hold("puller")  # what the handler does on its way out: the hold is spent already
+        with pytest.raises(Refused, match="busy"):
+            node.on_propose("other")
+        await node.answer("puller", fine)
+        return await task, proposed_to
+
+    result, proposed_to = vclock.run(scenario())
+    assert (result.partner, result.initiated, proposed_to) == ("puller", False, [])
+
+
+def test_a_dropped_hold_leaves_the_round_seeking():
+    async def scenario():
+        node = PairingCoordinator(round_timeout_s=5.0, request_timeout_s=5.0)
+        node.hold_for("gone")
+        node.drop_hold("gone")  # our round did not open in time: the proposer was told not-ready
+        task = await _seeking_alone(node)
+        with pytest.raises(Refused, match="no-reservation"):
+            node.claim("gone")
+        node.on_propose("other")
+        await node.answer("other", lambda: asyncio.sleep(0, "theirs"))
+        return await task
+
+    assert vclock.run(scenario()).partner == "other"
