@@ -95,6 +95,8 @@ class SimPeer:
         self.chooser = PeerChooser(is_banned=self.guard.is_banned, rng=random.Random(rng.random()))
         self.payload_bytes = payload_bytes
         self.tasks: list[asyncio.Task] = []
+        self._next_view: dict | None = None  # the view of the next stage that _next_candidates was built from
+        self._next_candidates: list[Candidate] = []
 
     @property
     def stage(self) -> int:
@@ -176,8 +178,7 @@ class SimPeer:
         counts = self.counters.forwards
         try:
             for _ in range(self.config.hop_retries):
-                candidates = [Candidate(p, r.throughput, r.queue) for p, r in self.membership.next_stage_peers().items()]
-                peer = self.chooser.choose(candidates)
+                peer = self.chooser.choose(self._next_stage_candidates())
                 if peer is None:
                     break
                 target = self.network.endpoints[peer]
@@ -198,6 +199,17 @@ class SimPeer:
             counts.lost += 1
         finally:
             in_flight.release()
+
+    def _next_stage_candidates(self) -> list[Candidate]:
+        """The next stage's peers as the chooser takes them, built again only when the view
+        of that stage changed (Membership replaces it at each read): a forward every inner
+        step rebuilt it each time."""
+        view = self.membership.peers.get(self.stage + 1)
+        if view is not self._next_view:
+            self._next_view = view
+            self._next_candidates = [Candidate(p, r.throughput, r.queue)
+                                     for p, r in self.membership.next_stage_peers().items()]
+        return self._next_candidates
 
     async def _serve_forward(self, remote: str, request: bytes) -> bytes:
         return b"k"
