@@ -258,7 +258,7 @@ class Node:
         self.exchange = OuterExchange(
             spec_hash=self.spec_hash, method=spec.method.name, times=times, state=self.worker, gate=self.gate,
             candidates=membership.partner_candidates,
-            callers_expected=membership.callers_expected, announce=membership.heartbeat,
+            callers_expected=membership.callers_expected, announce=membership.round_changed,
             stopping=self.stopping, own_id=self.peer_id, max_update_ratio=cfg.max_update_ratio, services=services)
         self.state_sync = StateSync(worker=self.worker, spec_hash=self.spec_hash,
                                     donors=partial(membership.callable_peers, self.stage),
@@ -324,7 +324,7 @@ class Node:
             await self.gate.next_round()
             try:
                 await self.exchange.run_round()
-                await self.membership.heartbeat()
+                await self.membership.round_changed()
                 if self.exchange.behind and self.config.download_state:
                     await self._catch_up_now()
             finally:

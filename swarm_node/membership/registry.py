@@ -43,6 +43,12 @@ class Cadence:
     # A read takes the first copy of a shard whose newest record is at most this old
     # (None: the latest, from every node holding one: net/dht.py says what that costs).
     fresh_read_s: float | None = None
+    # Whether a round's start and end are published at once (``seeking``), beside the
+    # heartbeats. A sharded view reads a peer's record once in many seconds, so the
+    # flag is stale by the time it is read, while rounds pair in a round trip (a
+    # proposal pulls a peer past half into its round): the two extra stores a round
+    # were a third of a peer's DHT bytes for nothing (bench/scale).
+    announce_rounds: bool = True
 
     def sufficient_expiry_s(self, wall_now_s: float) -> float | None:
         """The DHT expiry a copy's newest record must reach for a read to stop at it."""
@@ -58,7 +64,7 @@ class Cadence:
         # a shard of a few live peers has a record at most one heartbeat old (jitter 1.2x),
         # unless all of them left: then the read walks on and returns what it finds
         return cls(heartbeat_s, max(poll_s, SHARDED_POLL_S), max(ttl_s, SHARDED_TTL_S), alternate_stages=True,
-                   fresh_read_s=heartbeat_s * FRESH_READ_HEARTBEATS)
+                   fresh_read_s=heartbeat_s * FRESH_READ_HEARTBEATS, announce_rounds=False)
 
 
 def suggested_shards(peers_per_stage: int) -> int:

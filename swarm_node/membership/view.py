@@ -230,6 +230,12 @@ class Membership:
         except TimeoutError:
             self._slow_dht("registry heartbeat")
 
+    async def round_changed(self) -> None:
+        """A round opened (we seek) or closed: published now where the cadence says so
+        (a one-key registry), else with the next heartbeat."""
+        if self.cadence.announce_rounds:
+            await self.heartbeat()
+
     async def heartbeat_loop(self) -> None:
         while True:
             await asyncio.sleep(self.cadence.heartbeat_s * random.uniform(0.8, 1.2))

@@ -127,7 +127,7 @@ class SimPeer:
         self.exchange = OuterExchange(
             spec_hash=self.membership.spec_hash, method=self.spec.method.name, times=times, state=self.worker,
             services=services, gate=self.gate, candidates=self.membership.partner_candidates,
-            callers_expected=self.membership.callers_expected, announce=self.membership.heartbeat,
+            callers_expected=self.membership.callers_expected, announce=self.membership.round_changed,
             stopping=self.stopping, own_id=self.peer_id, max_update_ratio=self.config.max_update_ratio)
         self.exchange.pairing.rng = random.Random(self.rng.random())  # back-offs and picks: the run's seed decides
         await self.exchange.serve(self.transport, self.guard.admit)
@@ -220,7 +220,7 @@ class SimPeer:
             await self.gate.next_round()
             try:
                 outcome = await self.exchange.run_round()
-                await self.membership.heartbeat()
+                await self.membership.round_changed()
             finally:
                 self.gate.round_over()
             to_partner = (outcome.partner_at - outcome.started_at
