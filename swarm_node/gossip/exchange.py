@@ -44,11 +44,13 @@ from swarm_node.wire.messages import (
     check_proposal,
     refusal,
     refusal_hints,
+    refusal_ready_in_s,
 )
 from swarm_node.wire.outer_codec import OuterCodec
 
 log = logging.getLogger(__name__)
 
+MAX_READY_IN_S = 30.0  # further off than a round's deadline, a "ready in" is of no use to the proposer
 DECLINES_BEFORE_BACKOFF = 3  # rounds-apart declines of one peer in a row
 MAX_DECLINED_TRACKED = 4096
 PROPOSE_TIMEOUT_S = 5.0  # a pairing proposal is a few bytes: no answer in this time means the peer is unwell
@@ -146,6 +148,7 @@ class OuterExchange:
         self._declined: dict[str, int] = {}  # peer -> rounds-apart declines in a row
         self._alone = False  # the last round found nobody else in the stage
         self._offer: bytes | None = None  # our payload while a round is open
+        self._round_opened_at: float | None = None
         # after a round, our payload stays for its partners (on the loop's clock) until the
         # exchange time is up: a partner's fetch may come after its payload has paired us
         self._kept: dict[str, tuple[bytes, float]] = {}
@@ -177,6 +180,7 @@ class OuterExchange:
         if opened.theta_start is not None:
             self.gate.resume_steps()  # what we send is taken: inner steps go on beside the exchange
         round_no = opened.round_no
+        self._round_opened_at = now()  # the next round's steps count from here: its pace (_ready_in_s)
         self._outcome = outcome = RoundOutcome(round_no, started_at=started)
         await self.compute(self._note_own_delta, opened.fraction)
         reply = await self.compute(encode_frame, {"kind": "outer", "spec": self.spec_hash, "round": round_no,
@@ -329,7 +333,12 @@ class OuterExchange:
                 self.guard.fault(peer, f"bad refusal of a proposal ({exc})")
                 raise
             self.seekers.hinted([hint for hint in hints if hint != self.own_id])
-            raise Refused(why)
+            try:
+                ready_in_s = refusal_ready_in_s(raw)
+            except ProtocolError as exc:
+                self.guard.fault(peer, f"bad refusal of a proposal ({exc})")
+                raise
+            raise Refused(why, ready_in_s)
         self._outcome.partner_at = now()
 
     async def _send_outer(self, peer: str, payload: bytes, timeout_s: float) -> tuple[Tensors, Tensors]:
@@ -416,7 +425,7 @@ class OuterExchange:
             except Refused as exc:
                 hints = self.seekers.hints_for(remote)
                 self.seekers.proposed(remote)  # it seeks: our lead when our own proposal is refused
-                return refusal(str(exc), hints)
+                return refusal(str(exc), hints, self._ready_in_s() if str(exc) == "not-ready" else None)
             self.seekers.tried(remote)
             self._outcome.partner_at = now()
             return encode_frame({"kind": "propose", "ok": True})
@@ -425,6 +434,17 @@ class OuterExchange:
         except ProtocolError as exc:
             self.guard.fault(remote, f"bad pairing proposal ({exc})")
             return encode_frame({"ok": False, "error": "protocol"})
+
+    def _ready_in_s(self) -> float | None:
+        """When our round will be past half (we then accept a proposal, rule 7), at this
+        round's pace so far; None when we cannot tell."""
+        if self.gate.in_round or self._round_opened_at is None:
+            return None
+        fraction, elapsed = self.state.round_fraction(), now() - self._round_opened_at
+        if not 0.0 < fraction < 0.5 or elapsed <= 0:
+            return None
+        ready_in_s = elapsed * (0.5 - fraction) / fraction
+        return ready_in_s if ready_in_s <= MAX_READY_IN_S else None
 
     async def handle_outer(self, remote: str, request: bytes) -> bytes:
         """A partner's payload; the answer is our verdict (our payload goes on ``handle_fetch``)."""

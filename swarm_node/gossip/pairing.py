@@ -20,7 +20,11 @@ The rule (symmetric, tolerant of joins, leaves and odd counts):
 4. Two nodes that propose to each other at the same instant pair at once: the one with
    the larger peer id accepts the other's proposal and refuses the other way round, so
    the smaller id sends the payload. Other refusals (``busy``, ``not-ready``) and
-   failures lead to a short random back-off and another random choice.
+   failures lead to a short random back-off and another random choice. A ``not-ready``
+   may say in how many seconds its round will be past half (rule 7): that peer is
+   not asked again before then, and is asked first then (at most ETA_CLAIMS times a
+   round, so false claims cost a few proposals). A node whose every candidate said "later" waits for the
+   first of them, open to proposals, instead of asking the same peers again.
 5. A reservation lasts until the reserved peer's payload has had its full exchange
    timeout; a proposer that dies after being accepted costs its partner that long, and
    the partner goes back to seeking. A reserved node holds its round open past the
@@ -46,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import math
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -63,6 +68,9 @@ MIN_REQUEST_S = 0.25  # do not propose when the round could not use the answer a
 # HINTED: a verified peer of our view heard seeking in the last seconds (it proposed to
 # us, or a refuser named it: gossip/seekers.py), fresher than any record.
 UNLIKELY, PAST_HALF, SEEKING_NOW, HINTED = 0, 1, 2, 3
+READY_NOW = 4  # it told us itself, refusing this round, that it would accept by now (rule 4)
+ETA_CLAIMS = 3  # "ready in" claims believed of one peer a round (its pace may be a little off)
+ETA_WAIT_S = 1.0  # at most this long a wait for a peer that said "later" (new candidates may come meanwhile)
 
 
 def now() -> float:
@@ -89,7 +97,12 @@ class PairResult:
 
 
 class Refused(Exception):
-    """The peer answered but would not pair now (busy or not ready)."""
+    """The peer answered but would not pair now (busy or not ready); ``ready_in_s``: in
+    how many seconds it says it will accept (a claim)."""
+
+    def __init__(self, why: str = "refused", ready_in_s: float | None = None):
+        super().__init__(why)
+        self.ready_in_s = ready_in_s
 
 
 async def backoff(wake: asyncio.Event, rng: random.Random, bounds_s: tuple[float, float], deadline: float) -> None:
@@ -126,6 +139,8 @@ class PairingCoordinator:
         self._counterpart: str | None = None  # whom we propose to, are reserved for, or exchange with
         self._reserved_until = 0.0
         self._accepted: PairResult | None = None
+        self._ready_at: dict[str, float] = {}  # peer -> when it said it accepts, this round (inf: claim spent)
+        self._claims: dict[str, int] = {}  # peer -> how many such claims it made this round
         self._held_for: str | None = None  # a proposer that opened our round early: the round starts reserved for it
         self._changed = asyncio.Event()  # a proposal was accepted, a payload arrived, or a reservation ended
 
@@ -215,6 +230,7 @@ class PairingCoordinator:
         self._own_payload = own_payload
         self._accepted = None
         self._counterpart = None
+        self._ready_at, self._claims = {}, {}
         self._changed.clear()
         if not expect_request and not candidates():
             self._own_payload = None
@@ -245,7 +261,11 @@ class PairingCoordinator:
                         return result
                 if self.state is PairState.SEEKING and self._accepted is None:
                     self._changed.clear()
-                    await backoff(self._changed, self.rng, self.backoff_s, deadline)
+                    ready_at = min((t for t in self._ready_at.values() if now() < t < math.inf), default=None)
+                    if peer is None and live and ready_at is not None:  # all said "later": wait for the first
+                        await wait_set(self._changed, min(ready_at - now(), ETA_WAIT_S, max(0.0, deadline - now())))
+                    else:
+                        await backoff(self._changed, self.rng, self.backoff_s, deadline)
         finally:
             self.state = PairState.IDLE
             self.seeking.clear()
@@ -263,7 +283,10 @@ class PairingCoordinator:
         timeout = min(self.propose_timeout_s, remaining)
         try:
             await propose(peer, timeout)
-        except Refused:
+        except Refused as exc:
+            if exc.ready_in_s is not None and self._claims.get(peer, 0) < ETA_CLAIMS:
+                self._claims[peer] = self._claims.get(peer, 0) + 1
+                self._ready_at[peer] = now() + exc.ready_in_s
             if self.state is PairState.PROPOSING:
                 self._back_to_seeking()
             return None  # else a crossed proposal reserved us for this peer: wait for its payload
@@ -302,7 +325,19 @@ class PairingCoordinator:
         self._changed.set()
 
     def _pick(self, candidates: list[tuple[str, int]]) -> str | None:
-        if not candidates:
+        at = now()
+        ranked = []
+        for peer, likely in candidates:
+            ready_at = self._ready_at.get(peer)
+            if ready_at is None:
+                ranked.append((peer, likely))
+            elif ready_at <= at:
+                ranked.append((peer, READY_NOW))
+            # else: it said when it accepts; not before
+        if not ranked:
             return None
-        best = max(likely for _, likely in candidates)
-        return self.rng.choice([peer for peer, likely in candidates if likely == best])
+        best = max(likely for _, likely in ranked)
+        peer = self.rng.choice([peer for peer, likely in ranked if likely == best])
+        if best == READY_NOW:
+            self._ready_at[peer] = math.inf  # its claim is spent: not asked again unless it makes another
+        return peer

@@ -132,13 +132,32 @@ MAX_SEEKER_HINTS = 3  # peers a refusal may name as seeking (gossip/seekers.py)
 MAX_PEER_ID_CHARS = 64  # base58 libp2p ids are 46-53 characters
 
 
-def refusal(why: str, seekers: list[str] | tuple[str, ...] = ()) -> bytes:
-    """A proposal refused, naming up to MAX_SEEKER_HINTS peers we saw seeking (older
-    nodes read ``ok`` and ``error`` only, and ignore the rest)."""
+MAX_READY_IN_S = 600.0  # the furthest a refusal may say it will accept
+
+
+def refusal(why: str, seekers: list[str] | tuple[str, ...] = (), ready_in_s: float | None = None) -> bytes:
+    """A proposal refused, naming up to MAX_SEEKER_HINTS peers we saw seeking and, for a
+    ``not-ready``, in how many seconds we will accept (older nodes read ``ok`` and
+    ``error`` only, and ignore the rest)."""
     header = {"ok": False, "error": why}
     if seekers:
         header["seekers"] = list(seekers[:MAX_SEEKER_HINTS])
+    if ready_in_s is not None:
+        header["ready_in_s"] = round(min(max(ready_in_s, 0.0), MAX_READY_IN_S), 3)
     return encode_frame(header)
+
+
+def refusal_ready_in_s(raw: bytes) -> float | None:
+    """In how many seconds a refuser says it will accept a proposal (None: it did not
+    say), or ProtocolError (not a number from 0 to MAX_READY_IN_S)."""
+    header, _ = decode_frame(raw, CONTROL_LIMITS)
+    ready_in_s = header.get("ready_in_s")
+    if ready_in_s is None:
+        return None
+    if (type(ready_in_s) not in (int, float) or not math.isfinite(ready_in_s)
+            or not 0.0 <= ready_in_s <= MAX_READY_IN_S):
+        raise ProtocolError(f"a refusal says it is ready in {str(ready_in_s)[:40]!r} seconds")
+    return float(ready_in_s)
 
 
 def refusal_hints(raw: bytes) -> list[str]:

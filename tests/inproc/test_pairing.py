@@ -12,7 +12,7 @@ import pytest
 import vclock
 
 from swarm_node.errors import PeerTimeout
-from swarm_node.gossip.pairing import PairingCoordinator, Refused
+from swarm_node.gossip.pairing import ETA_CLAIMS, PairingCoordinator, Refused
 
 
 class FakeNetwork:
@@ -340,3 +340,47 @@ def test_a_dropped_hold_leaves_the_round_seeking():
         return await task
 
     assert vclock.run(scenario()).partner == "other"
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_peer_that_says_when_it_accepts_is_asked_then_first_and_believed_a_few_times(seed):
+    """Rule 4: "not-ready, in 1 s" keeps the peer out of our choices until then; then it
+    is asked before the others; a peer that says "later" every time is believed
+    ETA_CLAIMS times a round; meanwhile we wait open to proposals."""
+    async def scenario():
+        node = PairingCoordinator(round_timeout_s=6.0, request_timeout_s=5.0, backoff_s=(0.01, 0.02),
+                                  rng=random.Random(seed))
+        loop = asyncio.get_running_loop()
+        asked = []
+
+        async def propose(peer, timeout):
+            asked.append((peer, loop.time()))
+            raise Refused("not-ready", ready_in_s=1.0 if peer == "later" else None)
+
+        candidates = [("later", 0), ("other", 0)]
+        return await node.run_round(0, "mine", candidates=lambda: candidates, propose=propose, send=None), asked
+
+    result, asked = vclock.run(scenario())
+    assert result is None
+    later = [at for peer, at in asked if peer == "later"]
+    assert len(later) == 1 + ETA_CLAIMS  # then no more this round
+    assert all(1.0 - 1e-9 <= b - a <= 1.0 + 0.05 for a, b in zip(later, later[1:]))  # when it said (a back-off's length late)
+    assert all(peer == "other" for peer, at in asked if later[0] < at < later[1])
+
+
+def test_an_eta_wait_still_accepts_proposals():
+    async def scenario():
+        node = PairingCoordinator(round_timeout_s=10.0, request_timeout_s=5.0)
+
+        async def propose(peer, timeout):
+            raise Refused("not-ready", ready_in_s=8.0)
+
+        task = asyncio.create_task(node.run_round(0, "mine", candidates=lambda: [("later", 0)], propose=propose,
+                                                  send=None))
+        await asyncio.sleep(1.0)
+        assert node.state.value == "seeking"
+        node.on_propose("caller")
+        await node.answer("caller", lambda: asyncio.sleep(0, "theirs"))
+        return await task
+
+    assert vclock.run(scenario()).partner == "caller"

@@ -13,7 +13,7 @@ from swarm_node.scale.vclock import run
 from swarm_node.spec import RunSpec
 from swarm_node.train.worker import StageWorker
 from swarm_node.wire.codec import encode_frame
-from swarm_node.wire.messages import answer_is_yes
+from swarm_node.wire.messages import answer_is_yes, refusal_ready_in_s
 
 SPEC = RunSpec(run_id="early", model_size="debug", num_stages=2, seq_len=16, batch_size=4, samples_per_step=4,
                data=DataSpec(kind="synthetic"), method=default_method("noloco", inner_steps=50),
@@ -64,3 +64,18 @@ def test_a_node_before_half_of_its_round_refuses_and_does_not_open_it():
     parts = node_at_step(10)
     accepted, proposed_to = run(propose_to(parts))
     assert not accepted and proposed_to == [] and not parts.gate.in_round
+
+
+def test_a_node_before_half_says_when_it_will_accept():
+    """Opened 10 s ago and 10 of 50 steps in, it reaches half (25) in 15 s at that pace."""
+    async def scenario():
+        parts = node_at_step(0)
+        exchange = parts.exchange()
+        exchange._round_opened_at = asyncio.get_running_loop().time()
+        await asyncio.sleep(10.0)
+        parts.worker.inner.step_count = 10
+        return await exchange.handle_propose("QmEarly", PROPOSAL)
+
+    answer = run(scenario())
+    assert answer_is_yes(answer) == (False, "not-ready")
+    assert refusal_ready_in_s(answer) == 15.0

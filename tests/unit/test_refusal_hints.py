@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from swarm_node.errors import ProtocolError
 from swarm_node.gossip.seekers import MAX_TRACKED, SEEKER_FRESH_S, Seekers
 from swarm_node.wire.codec import encode_frame
-from swarm_node.wire.messages import MAX_SEEKER_HINTS, answer_is_yes, refusal, refusal_hints
+from swarm_node.wire.messages import MAX_SEEKER_HINTS, answer_is_yes, refusal, refusal_hints, refusal_ready_in_s
 from swarm_node.wire.records import PeerRecord
 
 peer_ids = st.text(string.ascii_letters + string.digits, min_size=1, max_size=64)
@@ -105,3 +105,23 @@ def test_a_compact_record_reads_back_as_the_record(record):
     compact = record.compact_wire()
     assert PeerRecord.from_wire(compact) == record
     assert set(compact) <= set(record.to_wire())
+
+
+@given(st.floats(0.0, 600.0) | st.none())
+@settings(max_examples=200, deadline=None)
+def test_a_refusals_ready_in_round_trips(ready_in_s):
+    raw = refusal("not-ready", ["QmA"], ready_in_s)
+    got = refusal_ready_in_s(raw)
+    assert got is None if ready_in_s is None else abs(got - ready_in_s) <= 1e-3
+    assert refusal_hints(raw) == ["QmA"]
+
+
+@given(anything)
+@settings(max_examples=1000, deadline=None)
+def test_any_ready_in_field_decodes_or_raises_protocol_error(value):
+    raw = encode_frame({"ok": False, "error": "not-ready", "ready_in_s": value})
+    try:
+        ready_in_s = refusal_ready_in_s(raw)
+    except ProtocolError:
+        return
+    assert ready_in_s is None or 0.0 <= ready_in_s <= 600.0
