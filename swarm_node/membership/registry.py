@@ -29,7 +29,7 @@ READS_AT_ONCE = 16  # shards a whole-stage read (a dashboard's) asks for at once
 # each other: there, at least this cadence (bench/scale measures it against 10 kB/s).
 # Every store's walk downloads the shard's dictionary from each of its 5 replicas
 # (net/dht.py): at a 6 s heartbeat, stores were two thirds of a peer's DHT bytes.
-SHARDED_HEARTBEAT_S, SHARDED_POLL_S, SHARDED_TTL_S = 12.0, 2.0, 36.0
+SHARDED_HEARTBEAT_S, SHARDED_POLL_S, SHARDED_TTL_S = 12.0, 3.0, 36.0
 FRESH_READ_HEARTBEATS = 1.5  # a sharded read's copy: newest record at most this many heartbeats old
 
 
