@@ -287,16 +287,13 @@ class OuterExchange:
         if not await self.compute(force_round_if_ready, self.state):
             return
         if for_peer is not None and isinstance(self.pairing, PairingCoordinator):
-            self.pairing.hold_for(for_peer)
+            self.pairing.hold_for(for_peer)  # handle_propose drops it once it has answered
         self.gate.open_early()
         try:
             async with asyncio.timeout(wait_s):
                 await self.pairing.seeking.wait()
         except TimeoutError:
             pass
-        finally:
-            if for_peer is not None and isinstance(self.pairing, PairingCoordinator):
-                self.pairing.drop_hold(for_peer)
 
     async def _send_proposal(self, peer: str, timeout_s: float) -> None:
         self._outcome.proposals += 1
@@ -418,14 +415,16 @@ class OuterExchange:
                 raise Refused("not-pairing")  # a DiLoCo run exchanges with everyone, no proposals
             if self.guard.is_banned(remote):  # it failed us or sent a poisoned update: we do not pair with it either
                 raise Refused("busy")
-            if self.pairing.state.value == "idle":  # else: not-ready, not a time-out
-                await self.maybe_round_early(wait_s=PROPOSE_TIMEOUT_S / 2, for_peer=remote)
             try:
+                if self.pairing.state.value == "idle":  # else: not-ready, not a time-out
+                    await self.maybe_round_early(wait_s=PROPOSE_TIMEOUT_S / 2, for_peer=remote)
                 self.pairing.on_propose(remote)
             except Refused as exc:
                 hints = self.seekers.hints_for(remote)
                 self.seekers.proposed(remote)  # it seeks: our lead when our own proposal is refused
                 return refusal(str(exc), hints, self._ready_in_s() if str(exc) == "not-ready" else None)
+            finally:
+                self.pairing.drop_hold(remote)  # answered (a yes confirmed it) or cut short
             self.seekers.tried(remote)
             self._outcome.partner_at = now()
             return encode_frame({"kind": "propose", "ok": True})

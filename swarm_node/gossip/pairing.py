@@ -142,13 +142,16 @@ class PairingCoordinator:
         self._ready_at: dict[str, float] = {}  # peer -> when it said it accepts, this round (inf: claim spent)
         self._claims: dict[str, int] = {}  # peer -> how many such claims it made this round
         self._held_for: str | None = None  # a proposer that opened our round early: the round starts reserved for it
+        self._unconfirmed: str | None = None  # reserved by a hold, its proposal not yet answered yes
         self._changed = asyncio.Event()  # a proposal was accepted, a payload arrived, or a reservation ended
 
     # -- the answering side (called by the network handlers) -------------------------
     def on_propose(self, remote: str) -> None:
         """Accept ``remote``'s proposal (we are then reserved for it) or raise Refused."""
         if self.state is PairState.RESERVED and self._counterpart == remote:
-            return  # asked again (its first answer was lost to a stream reset): still yes
+            if self._unconfirmed == remote:
+                self._unconfirmed = None  # the round held for it: this is the yes it is told
+            return  # or asked again (its first answer was lost to a stream reset): still yes
         crossed = (self.state is PairState.PROPOSING and self._counterpart == remote
                    and self.own_id and self.own_id > remote)
         if self.state is not PairState.SEEKING and not crossed:
@@ -157,15 +160,21 @@ class PairingCoordinator:
 
     def hold_for(self, remote: str) -> None:
         """``remote``'s proposal is opening our round early (rule 7): the round starts
-        reserved for it, and its proposal, answered once the round is open, is a yes."""
+        reserved for it, and its proposal, answered once the round is open, is a yes.
+        The caller ends with ``drop_hold`` whatever happens."""
         if self.state is PairState.IDLE:
             self._held_for = remote
 
     def drop_hold(self, remote: str) -> None:
-        """The proposal that opened our round was not answered yes (our round did not
-        open in time): no hold is left for the round to start with."""
+        """The proposal that opened our round has been answered, or never will be (our
+        round did not open in time, or the handler was cut short): a hold not taken is
+        dropped, and a reservation it made that the proposer was never told of is
+        released rather than left to lapse."""
         if self._held_for == remote:
             self._held_for = None
+        if self._unconfirmed == remote:
+            self._unconfirmed = None
+            self.release(remote)
 
     def _reserve(self, remote: str) -> None:
         self.state = PairState.RESERVED
@@ -239,6 +248,7 @@ class PairingCoordinator:
         held, self._held_for = self._held_for, None
         if held is not None:
             self._reserve(held)
+            self._unconfirmed = held
         self.seeking.set()
         deadline = now() + self.round_timeout_s
         try:
@@ -268,6 +278,7 @@ class PairingCoordinator:
                         await backoff(self._changed, self.rng, self.backoff_s, deadline)
         finally:
             self.state = PairState.IDLE
+            self._unconfirmed = None
             self.seeking.clear()
             self._own_payload = None
             self._counterpart = None

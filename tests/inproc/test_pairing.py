@@ -384,3 +384,21 @@ def test_an_eta_wait_still_accepts_proposals():
         return await task
 
     assert vclock.run(scenario()).partner == "caller"
+
+
+def test_a_hold_whose_proposer_was_never_answered_is_released():
+    """The handler that opened our round early was cut short before it said yes: the
+    round does not wait out a reservation its proposer never heard of."""
+    async def scenario():
+        node = PairingCoordinator(round_timeout_s=5.0, request_timeout_s=60.0)
+        node.hold_for("cut")
+        task = await _seeking_alone(node)
+        assert node.may_fetch("cut")  # reserved for it by the hold
+        node.drop_hold("cut")  # the handler's way out, with no on_propose before it
+        assert node.state.value == "seeking" and not node.may_fetch("cut")
+        node.on_propose("other")
+        node.drop_hold("other")  # nothing held for it: a no-op
+        await node.answer("other", lambda: asyncio.sleep(0, "theirs"))
+        return await task
+
+    assert vclock.run(scenario()).partner == "other"
