@@ -80,3 +80,8 @@ def test_only_a_sharded_registry_reads_fresh_copies():
     assert sharded.sufficient_expiry_s(100.0) == 100.0 + sharded.ttl_s - sharded.fresh_read_s
     assert sharded.fresh_read_s >= sharded.heartbeat_s  # an up-to-date replica always qualifies
     assert sharded.heartbeat_s * 3 <= sharded.ttl_s
+
+
+def test_only_a_one_key_registry_publishes_each_rounds_start_and_end():
+    assert Cadence.for_shards(1, 2.0, 1.0, 15.0).announce_rounds
+    assert not Cadence.for_shards(16, 2.0, 1.0, 15.0).announce_rounds  # heartbeats only: a read is stale anyway
