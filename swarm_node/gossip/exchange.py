@@ -2,7 +2,7 @@
 Delta) with it, check what came, and apply the outer step.
 
 Seeking side: when a round is due the node encodes its payload once, announces
-``seeking`` in its record, and lets the coordinator (gossip/pairing.py, or
+``seeking`` in its record (a one-key registry's; a sharded one's heartbeats say it), and lets the coordinator (gossip/pairing.py, or
 gossip/group.py for DiLoCo) propose and exchange until the round deadline. An exchange
 moves both payloads at once: the caller sends its own (``/swarm-node/outer``, answered
 with the partner's verdict) while it fetches the partner's (``/swarm-node/outer-fetch``);
