@@ -187,8 +187,8 @@ class SimPeer:
                 counts.to_unreachable += target.alive and not target.reachable
                 self.chooser.started(peer)
                 try:
-                    await self.transport.request(peer, protocols.FORWARD, b"f", timeout_s=self.config.hop_timeout_s,
-                                                 max_response_bytes=16)
+                    await self.network.instant_call(self.peer_id, peer, protocols.FORWARD, b"f", b"k",
+                                                    self.config.hop_timeout_s)
                     self.guard.succeeded(peer)
                     return
                 except PeerError:

@@ -39,6 +39,7 @@ class TinyStage(StageWorker):
         self.round_forced = False
         self._steps = 0
         self._moves, self._moves_left = None, 0
+        self._weights = self.params[0].detach()  # the same storage, outside autograd (as under no_grad)
 
     @property
     def inner_step(self) -> int:
@@ -49,7 +50,7 @@ class TinyStage(StageWorker):
             self._moves = self.lr * (self.direction + torch.randn(MOVES_DRAWN, WEIGHTS, generator=self.noise))
             self._moves_left = MOVES_DRAWN
         self._moves_left -= 1
-        self.params[0].data.add_(self._moves[self._moves_left])  # .data: no autograd, as under no_grad
+        self._weights.add_(self._moves[self._moves_left])
         self._steps += 1
         return self._steps
 
