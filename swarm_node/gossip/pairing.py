@@ -23,8 +23,10 @@ The rule (symmetric, tolerant of joins, leaves and odd counts):
    failures lead to a short random back-off and another random choice. A ``not-ready``
    may say in how many seconds its round will be past half (rule 7): that peer is
    not asked again before then, and is asked first then (at most ETA_CLAIMS times a
-   round, so false claims cost a few proposals). A node whose every candidate said "later" waits for the
-   first of them, open to proposals, instead of asking the same peers again.
+   round, so false claims cost a few proposals). Such a refusal is followed by the
+   next proposal at once (no back-off: nobody contends, and the refuser is set aside);
+   a node whose every candidate said "later" waits for the first of them, open to
+   proposals, instead of asking the same peers again.
 5. A reservation lasts until the reserved peer's payload has had its full exchange
    timeout; a proposer that dies after being accepted costs its partner that long, and
    the partner goes back to seeking. A reserved node holds its round open past the
@@ -269,6 +271,8 @@ class PairingCoordinator:
                     result = await self._initiate(round_no, peer, remaining, propose, send, on_peer_failure)
                     if result is not None:
                         return result
+                if peer is not None and now() < self._ready_at.get(peer, 0.0) < math.inf:
+                    continue  # it said when it accepts and is set aside till then: the next peer at once
                 if self.state is PairState.SEEKING and self._accepted is None:
                     self._changed.clear()
                     ready_at = min((t for t in self._ready_at.values() if now() < t < math.inf), default=None)

@@ -402,3 +402,22 @@ def test_a_hold_whose_proposer_was_never_answered_is_released():
         return await task
 
     assert vclock.run(scenario()).partner == "other"
+
+
+def test_after_a_refusal_that_says_when_the_next_peer_is_asked_at_once():
+    async def scenario():
+        node = PairingCoordinator(round_timeout_s=3.0, request_timeout_s=5.0, backoff_s=(1.0, 1.0),
+                                  rng=random.Random(0))
+        loop = asyncio.get_running_loop()
+        asked = []
+
+        async def propose(peer, timeout):
+            asked.append((peer, loop.time()))
+            raise Refused("not-ready", ready_in_s=10.0 if not asked[1:] else None)
+
+        await node.run_round(0, "mine", candidates=lambda: [("a", 0), ("b", 0)], propose=propose, send=None)
+        return asked
+
+    asked = vclock.run(scenario())
+    assert asked[1][1] == asked[0][1] and asked[1][0] != asked[0][0]  # no back-off after "later"
+    assert asked[2][1] - asked[1][1] >= 1.0  # a plain not-ready still backs off
