@@ -37,9 +37,7 @@ ensure_venv() {
     if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
         echo "dev.sh: installing swarm-node and its dependencies into $VENV (about 2 minutes)" >&2
         ensure_torch
-        # --no-compile: Python compiles what it imports on first use; compiling every
-        # installed file up front took half a minute of the install.
-        "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-compile \
+        "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
             -e ".[$extras]" 2> >(grep -v "is ignored: it is neither" >&2)
         echo "$want" > "$stamp"
         echo "dev.sh: installed; to run swarm-node and swarm-bootstrap directly: . $VENV/bin/activate" >&2
@@ -52,7 +50,7 @@ ensure_torch() {
     # GB, so ask for the +cpu build, from a local wheel or index when pip has one, else
     # from PyTorch's CPU index (about 200 MB). Other platforms' PyPI wheels are CPU builds.
     "$VENV/bin/python" -c "import torch" 2>/dev/null && return 0
-    local pip=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-compile)
+    local pip=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
     if [[ "$(uname -s)-$(uname -m)" == Linux-x86_64 ]]; then
         "${pip[@]}" "torch==$TORCH_VERSION+cpu" 2>/dev/null ||
             "${pip[@]}" "torch==$TORCH_VERSION+cpu" --extra-index-url https://download.pytorch.org/whl/cpu
