@@ -50,7 +50,7 @@ from swarm_node.wire.outer_codec import OuterCodec
 
 log = logging.getLogger(__name__)
 
-MAX_READY_IN_S = 30.0  # further off than a round's deadline, a "ready in" is of no use to the proposer
+READY_IN_WORTH_SAYING_S = 30.0  # further off than a round's deadline, a "ready in" is of no use to the proposer
 DECLINES_BEFORE_BACKOFF = 3  # rounds-apart declines of one peer in a row
 MAX_DECLINED_TRACKED = 4096
 PROPOSE_TIMEOUT_S = 5.0  # a pairing proposal is a few bytes: no answer in this time means the peer is unwell
@@ -325,16 +325,11 @@ class OuterExchange:
         if not yes:
             self.stats.proposals_refused += 1
             try:
-                hints = refusal_hints(raw)
+                hints, ready_in_s = refusal_hints(raw), refusal_ready_in_s(raw)
             except ProtocolError as exc:
                 self.guard.fault(peer, f"bad refusal of a proposal ({exc})")
                 raise
             self.seekers.hinted([hint for hint in hints if hint != self.own_id])
-            try:
-                ready_in_s = refusal_ready_in_s(raw)
-            except ProtocolError as exc:
-                self.guard.fault(peer, f"bad refusal of a proposal ({exc})")
-                raise
             raise Refused(why, ready_in_s)
         self._outcome.partner_at = now()
 
@@ -443,7 +438,7 @@ class OuterExchange:
         if not 0.0 < fraction < 0.5 or elapsed <= 0:
             return None
         ready_in_s = elapsed * (0.5 - fraction) / fraction
-        return ready_in_s if ready_in_s <= MAX_READY_IN_S else None
+        return ready_in_s if ready_in_s <= READY_IN_WORTH_SAYING_S else None
 
     async def handle_outer(self, remote: str, request: bytes) -> bytes:
         """A partner's payload; the answer is our verdict (our payload goes on ``handle_fetch``)."""
