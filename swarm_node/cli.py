@@ -207,6 +207,10 @@ def _add_join_parser(sub) -> None:
     p.add_argument("--threads", type=_positive_int, default=None,
                    help="torch CPU threads of the training thread (default: OMP_NUM_THREADS if set, else the cores "
                         "other processes leave free, less one for this node's networking)")
+    p.add_argument("--compute-share", type=_share, default=1.0, metavar="F",
+                   help="compute at most this share of the time, 0 < F <= 1: after each piece of work the node rests "
+                        "in proportion, so a machine you also use stays responsive; it trains at about F of its "
+                        "speed and its peers send it less (default %(default)s)")
     p.add_argument("--no-state-download", action="store_true",
                    help="start from the run's initial weights instead of a live peer's state")
     p.add_argument("--checkpoint-dir", type=Path, default=None,
@@ -278,6 +282,13 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _share(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be above 0 and at most 1, got {text}")
+    return value
+
+
 def _ratio(text: str) -> float:
     value = float(text)
     if not value > 1:
@@ -310,7 +321,8 @@ def _run_join(args: argparse.Namespace) -> int:
                         blocking_rounds=args.blocking_rounds, one_payload_at_a_time=args.one_payload_at_a_time,
                         max_update_ratio=args.max_update_ratio, http_host=args.http_host,
                         metrics_sinks=tuple(m for m in args.metrics if m != "none"), metrics_dir=args.metrics_dir,
-                        threads=args.threads or node_threads(), command_line=("swarm-node", *args.argv),
+                        threads=args.threads or node_threads(), compute_share=args.compute_share,
+                        command_line=("swarm-node", *args.argv),
                         http_port=args.http_port, progress=not args.no_progress)
     use_uvloop()
     node = Node(spec, config)
@@ -363,6 +375,10 @@ def _add_local_parser(sub) -> None:
                    help="seconds a node seeks a partner per outer round; default: %(default)s")
     p.add_argument("--threads-per-node", type=_positive_int, default=1,
                    help="torch CPU threads of each node; default: %(default)s")
+    p.add_argument("--compute-share", type=_share, default=1.0, metavar="F",
+                   help="each node computes at most this share of the time, 0 < F <= 1, and rests the remainder "
+                        "(leaves the machine to other work; the swarm trains at about F of its speed); "
+                        "default: %(default)s")
     p.add_argument("--eval-batches", type=_positive_int, default=8, metavar="N",
                    help="validation batches of 64 windows for the final loss (the bundled corpus has 8); "
                         "default: %(default)s")
@@ -414,7 +430,8 @@ def _run_local(args: argparse.Namespace) -> int:
                                     warmup_steps=default_warmup_steps(args.steps), total_steps=args.steps))
     config = LocalConfig(replicas=args.replicas, steps=args.steps, device=args.device,
                          round_timeout_s=args.round_timeout, run_dir=args.run_dir, progress=not args.no_progress,
-                         threads_per_node=args.threads_per_node, eval_batches=args.eval_batches,
+                         threads_per_node=args.threads_per_node, compute_share=args.compute_share,
+                         eval_batches=args.eval_batches,
                          blocking_rounds=args.blocking_rounds,
                          dashboard_port=args.dashboard_port, checkpoint_dir=args.checkpoint_dir,
                          chaos=ChaosPlan(kills=args.chaos_kills, restarts=min(args.chaos_restarts, args.chaos_kills),

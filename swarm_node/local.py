@@ -62,6 +62,7 @@ class LocalConfig:
     steps: int = 200
     device: str = "cpu"
     threads_per_node: int = 1
+    compute_share: float = 1.0  # each node computes at most this share of the time (--compute-share)
     round_timeout_s: float = 15.0
     blocking_rounds: bool = False
     eval_batches: int = 8
@@ -73,6 +74,10 @@ class LocalConfig:
     chaos: ChaosPlan | None = None
     checkpoint_dir: Path | None = None  # every node writes checkpoints to its own sub-directory of this
     eval_threads: int | None = None  # torch threads of the final evaluation (default: the cores free then)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.compute_share <= 1:
+            raise ValueError("compute_share must be in (0, 1]")
 
 
 @dataclass
@@ -213,6 +218,8 @@ class LocalSwarm:
                "--host-maddrs", "/ip4/127.0.0.1/tcp/0"]  # one machine: loopback, any free port
         if self.config.blocking_rounds:
             cmd.append("--blocking-rounds")
+        if self.config.compute_share < 1:
+            cmd += ["--compute-share", str(self.config.compute_share)]
         if not restarted:  # everyone starts together; a restarted node may need to catch up with its stage
             cmd.append("--no-state-download")
         if stage == 0:

@@ -86,7 +86,7 @@ class Node:
         self.stats = NodeStats()
         self.stopping = asyncio.Event()
         self.gate = RoundGate()
-        self.compute = ComputeThread(config.threads, on_fatal=self._fail)
+        self.compute = ComputeThread(config.threads, on_fatal=self._fail, share=config.compute_share)
         self.guard = PeerGuard(admits=lambda peer: self.spec is not None and self.spec.admits(peer),
                                max_faults=config.max_peer_faults, caller_ban_s=config.caller_ban_s)
         self.dht: SwarmDHT | None = None

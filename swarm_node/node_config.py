@@ -20,6 +20,7 @@ class NodeConfig:
     stage: int | None = None  # None: choose automatically
     device: str = "cpu"
     threads: int | None = None  # torch threads of the compute thread (None: torch's default)
+    compute_share: float = 1.0  # compute at most this share of the time (train/compute.py), for a shared machine
     data_shard: tuple[int, int] | None = None  # (shard id, shard count); default: from the peer id
     max_steps: int | None = None  # stop after this many inner steps (stage 0 drives the run)
     run_dir: Path | None = None  # where the summary and final weights are written
@@ -76,6 +77,8 @@ class NodeConfig:
         return max(self.exchange_timeout_s, 1.5 * both_ways_s)
 
     def __post_init__(self) -> None:
+        if not 0 < self.compute_share <= 1:
+            raise ValueError("compute_share must be in (0, 1]")
         if self.slowest_link_mbit_s <= 0:
             raise ValueError("slowest_link_mbit_s must be positive")
         if self.checkpoint_every_rounds < 1:

@@ -11,13 +11,21 @@ Linux a thread's own): where the CPU is short, the event loop, the libp2p daemon
 the DHT, which keep the node's deadlines (proposals, heartbeats, answers), go first,
 and the user's other programs too, as volunteer-computing clients do. With the CPU to
 itself it runs at full speed; an outer round that no longer pauses compute would
-otherwise starve the control traffic of a CPU-bound node."""
+otherwise starve the control traffic of a CPU-bound node.
+
+A node may also be told to compute only a share of the time (``--compute-share``), as
+volunteer-computing clients throttle: after each piece of work the thread rests in
+proportion to it, before the result is handed on. Resting before the hand-off is what
+slows the whole node (its messages, its routing share, its stated throughput) and not
+just this thread, whose work is often the smaller part of a small model's micro-batch."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -27,6 +35,7 @@ import torch
 
 from swarm_node.errors import PeerRefused, SwarmError
 
+log = logging.getLogger(__name__)
 Explain = Callable[[BaseException], SwarmError | None]
 COMPUTE_NICE = 10
 
@@ -45,7 +54,15 @@ def _start_compute_thread(threads: int | None) -> None:
 
 
 class ComputeThread:
-    def __init__(self, threads: int | None = None, on_fatal: Callable[[SwarmError], None] = lambda error: None):
+    def __init__(self, threads: int | None = None,
+                 on_fatal: Callable[[SwarmError], None] = lambda error: None, share: float = 1.0):
+        if not 0 < share <= 1:
+            raise ValueError(f"the compute share must be in (0, 1], got {share}")
+        self._rest_per_busy_s = 1 / share - 1
+        if share < 1:
+            log.info("computing at most %.0f%% of the time, resting the remainder (compute share %g)",
+                     100 * share, share)
+        self._closing = threading.Event()  # ends a rest at once: shutdown never waits for one
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compute",
                                             initializer=_start_compute_thread, initargs=(threads,))
         self.on_fatal = on_fatal
@@ -56,7 +73,8 @@ class ComputeThread:
         if self.closed:  # a stream handler the daemon still runs while we shut down
             raise PeerRefused("this node is shutting down")
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._executor, partial(fn, *args, **kwargs))
+            job = partial(fn, *args, **kwargs)
+            return await asyncio.get_running_loop().run_in_executor(self._executor, self._run, job)
         except Exception as exc:
             error = self.explain(exc)
             if error is None:
@@ -64,6 +82,21 @@ class ComputeThread:
             self.on_fatal(error)
             raise error from exc
 
+    def _run(self, job: Callable[[], Any]) -> Any:
+        """In the compute thread: the job, then its rest when the node computes only a share
+        of the time."""
+        if not self._rest_per_busy_s:
+            return job()
+        started = time.perf_counter()
+        try:
+            return job()
+        finally:
+            self.rest((time.perf_counter() - started) * self._rest_per_busy_s)
+
+    def rest(self, seconds: float) -> None:
+        self._closing.wait(seconds)
+
     def close(self) -> None:
         self.closed = True
+        self._closing.set()
         self._executor.shutdown(wait=True, cancel_futures=True)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from netbed import Host, TestBed, host_env
 from polling import wait_for as _wait_for
+from shared_machine import COMPUTE_SHARE
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent  # swarm-node and swarm-bootstrap are on the PATH as installed
@@ -97,14 +98,15 @@ class BootstrapOnHost:
 
 
 class Volunteer:
-    """`swarm-node join` typed on a host of its own: the bootstrap's line, plus ``extra``."""
+    """`swarm-node join` typed on a host of its own: the bootstrap's line, plus a compute
+    share (tests/shared_machine.py) and ``extra``."""
 
     def __init__(self, bed: TestBed, host: Host, workdir: Path, line: str, *extra: str):
         self.bed, self.host = bed, host
         self.workdir = workdir / host.name
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.log = self.workdir / "join.log"
-        self.command = " ".join([line, *map(shlex.quote, extra)])
+        self.command = " ".join([line, *map(shlex.quote, (*COMPUTE_SHARE, *extra))])
         self.process = bed.popen(host, ["bash", "-c", self.command], cwd=self.workdir, env=volunteer_env(),
                                  log=self.log)
 

@@ -1,6 +1,7 @@
 """A public run between real hosts. A host starts `swarm-bootstrap` with a run spec; a
 second bootstrap on another host serves what the first publishes; four volunteers on
-four more hosts each type exactly the line the first bootstrap printed. They must find
+four more hosts each type the line the first bootstrap printed (and a compute share, as
+on a machine they also use: tests/shared_machine.py). They must find
 each other, spread over the stages, route, pair, show up in both bootstraps' status
 (JSON, Prometheus, the dashboard), outlive every bootstrap, and be listed again by a
 restarted one, through which a newcomer then joins and downloads state."""

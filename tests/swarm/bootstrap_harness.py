@@ -14,6 +14,7 @@ import urllib.request
 from pathlib import Path
 
 from polling import wait_for
+from shared_machine import COMPUTE_SHARE
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_SPEC = REPO / "examples" / "debug-synthetic.toml"
@@ -80,7 +81,7 @@ class Bootstrap:
 
 
 def join(workdir: Path, name: str, *args: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "swarm_node", "join", *args]
+    cmd = [sys.executable, "-m", "swarm_node", "join", *COMPUTE_SHARE, *args]
     log = open(workdir / f"{name}.log", "wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=workdir,
                             env=dict(os.environ, OMP_NUM_THREADS="1"))

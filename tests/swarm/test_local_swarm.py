@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from bootstrap_harness import stop, wait_for
+from shared_machine import COMPUTE_SHARE
 
 
 
@@ -25,7 +26,8 @@ def run_local(tmp_path, method: str, steps: int = 90, dashboard: bool = False,
     out, log = tmp_path / f"{method}.json", tmp_path / f"{method}.log"
     cmd = [sys.executable, "-m", "swarm_node", "local", "--stages", "2", "--replicas", "2", "--model", "debug",
            "--data", "synthetic:order=1", "--steps", str(steps), "--inner-steps", "30", "--method", method,
-           "--json-out", str(out), "--no-progress", *(["--dashboard-port", "0"] if dashboard else []), *extra]
+           "--json-out", str(out), "--no-progress", *COMPUTE_SHARE, *(["--dashboard-port", "0"] if dashboard else []),
+           *extra]
     with open(log, "wb") as sink:
         proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True, env=_tagged_env())
     status = None
@@ -159,7 +161,7 @@ def test_a_node_killed_hard_is_reported_lost_and_the_rest_finish(tmp_path):
     out = tmp_path / "out.json"
     cmd = [sys.executable, "-m", "swarm_node", "local", "--stages", "2", "--replicas", "2", "--model", "debug",
            "--data", "synthetic:order=1", "--steps", "120", "--inner-steps", "30", "--run-dir", str(run_dir),
-           "--round-timeout", "5", "--json-out", str(out), "--no-progress"]
+           "--round-timeout", "5", "--json-out", str(out), "--no-progress", *COMPUTE_SHARE]
     swarm = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_tagged_env())
     victim_log = run_dir / "node-s1-r1.log"
     victim = None
@@ -172,6 +174,7 @@ def test_a_node_killed_hard_is_reported_lost_and_the_rest_finish(tmp_path):
             victim = int(found[-1]) if found else None
         time.sleep(0.2)  # polling a log file for a condition
     assert victim is not None, "the stage-1 nodes never got to their first round"
+    assert "computing at most 25% of the time" in victim_log.read_text()  # `local` passed --compute-share on
     sockets = _hivemind_sockets_of(_ours_running(".").split())
     assert sockets, "found no socket of the swarm's processes to check afterwards"
     os.kill(victim, signal.SIGKILL)

@@ -17,7 +17,8 @@ def test_large_stages_get_a_deadline_that_fits_both_payloads_at_the_slowest_link
 
 
 @pytest.mark.parametrize("bad", [{"slowest_link_mbit_s": 0.0}, {"checkpoint_every_rounds": 0},
-                                 {"heartbeat_s": 10.0, "record_ttl_s": 15.0}])
+                                 {"heartbeat_s": 10.0, "record_ttl_s": 15.0}, {"compute_share": 0.0},
+                                 {"compute_share": 1.5}])
 def test_inconsistent_settings_are_refused(bad):
     with pytest.raises(ValueError):
         NodeConfig(**bad)
