@@ -62,11 +62,16 @@ def junk_value(rng: random.Random, depth: int = 0):
     return rng.choice(kinds)()
 
 
-@functools.lru_cache(maxsize=256)
-def large_noise(shape: tuple[int, ...]) -> torch.Tensor:
-    """Random values far out of range; drawn once a shape (drawing a whole stage's worth
-    for every frame was a third of the 10,000 frames' time)."""
-    return torch.randn(shape).mul(1e6)
+@functools.lru_cache(maxsize=512)
+def large_noise(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """Random values far out of range; drawn once a shape and dtype (drawing a whole
+    stage's worth for every frame was a third of the 10,000 frames' time)."""
+    return torch.randn(shape).mul(1e6).to(dtype)
+
+
+@functools.lru_cache(maxsize=512)
+def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    return torch.zeros(shape, dtype=dtype)
 
 
 def structured(rng: random.Random, base_header: dict, tensors: list[torch.Tensor]) -> bytes:
@@ -80,7 +85,7 @@ def structured(rng: random.Random, base_header: dict, tensors: list[torch.Tensor
         if rng.random() < 0.3:
             shape = [max(0, d + rng.randint(-2, 2)) for d in shape] or [1]
         dtype = rng.choice([torch.float32, torch.float16, torch.int64, torch.int32, t.dtype])
-        out.append(torch.zeros(shape).to(dtype) if rng.random() < 0.5 else large_noise(tuple(shape)).to(dtype))
+        out.append(zeros(tuple(shape), dtype) if rng.random() < 0.5 else large_noise(tuple(shape), dtype))
     if rng.random() < 0.2:
         out = out[: rng.randrange(len(out) + 1)]
     try:
