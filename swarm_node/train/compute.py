@@ -58,7 +58,7 @@ class ComputeThread:
                  on_fatal: Callable[[SwarmError], None] = lambda error: None, share: float = 1.0):
         if not 0 < share <= 1:
             raise ValueError(f"the compute share must be in (0, 1], got {share}")
-        self._rest_per_busy_s = 1 / share - 1
+        self._rest_per_busy = 1 / share - 1  # seconds of rest per second of work
         if share < 1:
             log.info("computing at most %.0f%% of the time, resting the remainder (compute share %g)",
                      100 * share, share)
@@ -85,13 +85,13 @@ class ComputeThread:
     def _run(self, job: Callable[[], Any]) -> Any:
         """In the compute thread: the job, then its rest when the node computes only a share
         of the time."""
-        if not self._rest_per_busy_s:
+        if not self._rest_per_busy:
             return job()
         started = time.perf_counter()
         try:
             return job()
         finally:
-            self.rest((time.perf_counter() - started) * self._rest_per_busy_s)
+            self.rest((time.perf_counter() - started) * self._rest_per_busy)
 
     def rest(self, seconds: float) -> None:
         self._closing.wait(seconds)
