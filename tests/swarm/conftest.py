@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-from shared_machine import COMPUTE_SHARE
 
 from swarm_node.membership.registry import read_stage
 from swarm_node.net.dht import SwarmDHT
@@ -38,7 +37,7 @@ class SwarmHarness:
         """``program``: what python runs instead of swarm_node (a hostile peer built in the test)."""
         cmd = [sys.executable, *program, "join", "--initial-peers", self.maddr, "--config",
                str(self.spec_path), "--stage", str(stage), "--device", "cpu", "--threads", "1", "--run-dir",
-               str(self.tmp_path), "--no-progress", "--host-maddrs", "/ip4/127.0.0.1/tcp/0", *COMPUTE_SHARE, *extra]
+               str(self.tmp_path), "--no-progress", "--host-maddrs", "/ip4/127.0.0.1/tcp/0", *extra]
         log = open(self.tmp_path / f"{name}.log", "wb")
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                 env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})))

@@ -26,8 +26,7 @@ def run_local(tmp_path, method: str, steps: int = 90, dashboard: bool = False,
     out, log = tmp_path / f"{method}.json", tmp_path / f"{method}.log"
     cmd = [sys.executable, "-m", "swarm_node", "local", "--stages", "2", "--replicas", "2", "--model", "debug",
            "--data", "synthetic:order=1", "--steps", str(steps), "--inner-steps", "30", "--method", method,
-           "--json-out", str(out), "--no-progress", *COMPUTE_SHARE, *(["--dashboard-port", "0"] if dashboard else []),
-           *extra]
+           "--json-out", str(out), "--no-progress", *(["--dashboard-port", "0"] if dashboard else []), *extra]
     with open(log, "wb") as sink:
         proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True, env=_tagged_env())
     status = None
@@ -161,7 +160,8 @@ def test_a_node_killed_hard_is_reported_lost_and_the_rest_finish(tmp_path):
     out = tmp_path / "out.json"
     cmd = [sys.executable, "-m", "swarm_node", "local", "--stages", "2", "--replicas", "2", "--model", "debug",
            "--data", "synthetic:order=1", "--steps", "120", "--inner-steps", "30", "--run-dir", str(run_dir),
-           "--round-timeout", "5", "--json-out", str(out), "--no-progress", *COMPUTE_SHARE]
+           "--round-timeout", "5", "--json-out", str(out), "--no-progress",
+           *COMPUTE_SHARE]  # not to save time (the run is 120 steps either way): to see `local` pass it on
     swarm = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_tagged_env())
     victim_log = run_dir / "node-s1-r1.log"
     victim = None
