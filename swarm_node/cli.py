@@ -283,9 +283,13 @@ def _positive_float(text: str) -> float:
 
 
 def _share(text: str) -> float:
+    from swarm_node.node_config import check_compute_share
+
     value = float(text)
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be above 0 and at most 1, got {text}")
+    try:
+        check_compute_share(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be above 0 and at most 1, got {text}") from None
     return value
 
 

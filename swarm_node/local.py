@@ -33,6 +33,7 @@ from swarm_node.model.config import model_config
 from swarm_node.model.stages import build_stage
 from swarm_node.net.dht import SwarmDHT
 from swarm_node.net.reaper import daemon_sockets, remove_if_unused
+from swarm_node.node_config import check_compute_share
 from swarm_node.obs.progress import EvaluationProgress, TrainingProgress
 from swarm_node.spec import RunSpec
 from swarm_node.state.checkpoint import PREFIX as CHECKPOINT_PREFIX
@@ -76,8 +77,7 @@ class LocalConfig:
     eval_threads: int | None = None  # torch threads of the final evaluation (default: the cores free then)
 
     def __post_init__(self) -> None:
-        if not 0 < self.compute_share <= 1:
-            raise ValueError("compute_share must be in (0, 1]")
+        check_compute_share(self.compute_share)
 
 
 @dataclass

@@ -8,6 +8,12 @@ from pathlib import Path
 from swarm_node.wire.records import MAX_RECORD_TTL_S
 
 
+def check_compute_share(share: float) -> None:
+    """A compute share is a fraction of the time: above 0 (nan fails too), at most 1."""
+    if not 0 < share <= 1:
+        raise ValueError(f"the compute share must be above 0 and at most 1, got {share}")
+
+
 @dataclass(frozen=True)
 class NodeConfig:
     initial_peers: tuple[str, ...] = ()
@@ -77,8 +83,7 @@ class NodeConfig:
         return max(self.exchange_timeout_s, 1.5 * both_ways_s)
 
     def __post_init__(self) -> None:
-        if not 0 < self.compute_share <= 1:
-            raise ValueError("compute_share must be in (0, 1]")
+        check_compute_share(self.compute_share)
         if self.slowest_link_mbit_s <= 0:
             raise ValueError("slowest_link_mbit_s must be positive")
         if self.checkpoint_every_rounds < 1:

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from swarm_node.errors import PeerRefused, SwarmError
+from swarm_node.node_config import check_compute_share
 
 log = logging.getLogger(__name__)
 Explain = Callable[[BaseException], SwarmError | None]
@@ -56,8 +57,7 @@ def _start_compute_thread(threads: int | None) -> None:
 class ComputeThread:
     def __init__(self, threads: int | None = None,
                  on_fatal: Callable[[SwarmError], None] = lambda error: None, share: float = 1.0):
-        if not 0 < share <= 1:
-            raise ValueError(f"the compute share must be in (0, 1], got {share}")
+        check_compute_share(share)
         self._rest_per_busy = 1 / share - 1  # seconds of rest per second of work
         if share < 1:
             log.info("computing at most %.0f%% of the time, resting the remainder (compute share %g)",

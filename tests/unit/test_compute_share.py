@@ -103,15 +103,18 @@ def test_the_result_is_handed_on_only_after_the_rest():
 
 
 def test_closing_ends_a_rest_at_once():
-    compute = ComputeThread(threads=1, share=1e-6)  # a million times the job's time: days
+    resting = threading.Event()
 
-    async def start_resting():
-        job = asyncio.ensure_future(compute(busy_for, 0.01))
-        await asyncio.sleep(0)
-        return job
+    class Noted(ComputeThread):
+        def rest(self, seconds: float) -> None:
+            resting.set()  # the job is done and its rest begins: closing now cancels nothing queued
+            super().rest(seconds)
+
+    compute = Noted(threads=1, share=1e-6)  # a million times the job's time: days
 
     async def scenario():
-        job = await start_resting()
+        job = asyncio.ensure_future(compute(busy_for, 0.01))
+        assert await asyncio.get_running_loop().run_in_executor(None, resting.wait, 60)
         closer = asyncio.get_running_loop().run_in_executor(None, compute.close)
         await asyncio.wait_for(closer, timeout=60)  # returns once the rest is cut short, not after days
         return await job
