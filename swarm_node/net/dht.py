@@ -18,6 +18,7 @@ import socket
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,18 +33,13 @@ from hivemind.utils.multiaddr import Multiaddr
 from swarm_node.errors import ConfigError, PeerError, SwarmError
 from swarm_node.net.identity import ensure_identity, owner_subkey, peer_id_of_owner, record_validator
 from swarm_node.net.logs import quiet_streams_reset_before_their_header, route_hivemind_logs
+from swarm_node.net.near import BUCKET_SIZE, NUM_REPLICAS, NUM_WORKERS, read_near, store_near
 
 log = logging.getLogger(__name__)
 
 
 UNREACHABLE_MARK = "can't access this node"
 REBOOTSTRAP_DIALS_AT_ONCE = 32
-# hivemind 1.1.12's DHTNode defaults, which every DHT of ours runs with: a key lives on
-# the NUM_REPLICAS nodes nearest its hash; a get or store walks the DHT (traverse_dht)
-# with NUM_WORKERS finds in flight until it has visited the BUCKET_SIZE nearest nodes
-# it knows of (its beam), unless a get is satisfied sooner. The scale simulator's cost
-# model (swarm_node/scale/network.py) follows these.
-NUM_REPLICAS, BUCKET_SIZE, NUM_WORKERS = 5, 20, 4
 
 
 @dataclass(frozen=True)
@@ -59,7 +55,8 @@ class Traversal:
 LATEST_GET = Traversal(NUM_WORKERS, BUCKET_SIZE)
 # A get that asks only for a dictionary whose newest entry is recent stops at the first
 # node holding one, the replicas being the first nodes near the key a walk reaches;
-# one find at a time, so finds already in flight do not bring more copies.
+# one find at a time, so finds already in flight do not bring more copies. The registry
+# reads this way only where net/near.py cannot: it asks a remembered replica at random.
 FRESH_GET = Traversal(1, BUCKET_SIZE)
 # A store's walk is made of finds, and a find answers with the key's dictionary: with
 # hivemind's beam of 20 a store downloaded the dictionary from every holder on its way
@@ -67,6 +64,8 @@ FRESH_GET = Traversal(1, BUCKET_SIZE)
 # those (and what leads to them): Kademlia's answers name each node's nearest to the key,
 # so the walk still ends at the key's nearest nodes. One find at a time: a heartbeat can
 # wait a few round trips, and finds in flight beside it would each bring a copy too.
+# net/near.py walks so once a key and then stores to the replicas it found directly;
+# hivemind's store is the fallback.
 STORE = Traversal(1, NUM_REPLICAS)
 # hivemind's cache_nearest=1 makes every get that found something newer than its own
 # cached copy upload the whole dictionary to one more node near the key (0.5-0.7 uploads
@@ -103,6 +102,12 @@ class DhtOps:
     gets: int = 0
     entries_read: int = 0  # signed entries the gets returned
     stores: int = 0
+    # how (net/near.py): gets answered by a replica asked directly, and the finds they
+    # made; gets and stores that fell back to hivemind's walk
+    near_gets: int = 0
+    near_finds: int = 0
+    walked_gets: int = 0
+    walked_stores: int = 0
     get_s: float = 0.0  # seconds the gets took, summed
     store_s: float = 0.0
 
@@ -131,6 +136,7 @@ class SwarmDHT:
         self._start_kwargs = start_kwargs or {}
         self._p2p: P2P | None = None
         self.ops = DhtOps()
+        self.answered_by: Counter[str] = Counter()  # peer id -> the gets it answered directly (net/near.py)
 
     @classmethod
     async def start(cls, *, initial_peers: Sequence[str] = (), host_maddrs: Sequence[str] = ("/ip4/127.0.0.1/tcp/0",),
@@ -250,6 +256,12 @@ class SwarmDHT:
         """Store under our owner subkey: only this peer's key can write that entry."""
         self.ops.stores += 1
         with self.ops.timing("store"):
+            expiry = get_dht_time() + ttl_s
+            stored, _ = await self.dht.run_coroutine(partial(store_near, key=key, subkey=self._owner, value=value,
+                                                             expiration=expiry), return_future=True)
+            if stored is not None:
+                return stored
+            self.ops.walked_stores += 1
             return await self.store(key, self._owner, value, ttl_s)
 
     async def get_signed(self, key: str, sufficient_expiry_s: float | None = None) -> dict[str, Signed]:
@@ -273,8 +285,17 @@ class SwarmDHT:
         if sufficient_expiry_s is None:
             found = await self.dht.get(key, latest=True, return_future=True)
         else:
-            found = await self.dht.get(key, sufficient_expiration_time=sufficient_expiry_s,
-                                       num_workers=FRESH_GET.workers, return_future=True)
+            found, finds, source = await self.dht.run_coroutine(partial(read_near, key=key,
+                                                                sufficient_expiry=sufficient_expiry_s),
+                                                        return_future=True)
+            self.ops.near_finds += finds
+            if found is not None:
+                self.ops.near_gets += 1
+                self.answered_by[source] += 1
+            else:
+                self.ops.walked_gets += 1
+                found = await self.dht.get(key, sufficient_expiration_time=sufficient_expiry_s,
+                                           num_workers=FRESH_GET.workers, return_future=True)
         if found is None or not isinstance(found.value, dict):
             return {}
         return {str(sub): Signed(entry.value, float(entry.expiration_time)) for sub, entry in found.value.items()

@@ -17,7 +17,14 @@ What is modelled, and how:
   reaches a node holding the key (one of its ``replicas`` nearest nodes, or a node that
   read it lately and still caches it) comes back with the key's whole dictionary, a
   store's find too. Readers and stores count what they send and receive; the nodes
-  asked count what they serve. The sizes of a signed entry are hivemind's own (an RSA
+  asked count what they serve.
+- The registry's fresh reads and heartbeats as net/near.py makes them: a peer that has
+  met a key before (read it, or stored to it within RELEARN_S) knows its replicas and
+  reads from one of them at random, one find, or stores to them with no walk. A cold
+  read approaches the key (finds spread over the swarm) and then asks a random replica;
+  a cold store walks as hivemind's does. Not modelled: a remembered replica that has
+  crashed (the real read loses one find's time-out to it and asks another), and copies
+  that differ between replicas. The sizes of a signed entry are hivemind's own (an RSA
   owner key and signature around the record's msgpack).
 """
 
@@ -37,6 +44,7 @@ import msgpack
 from swarm_node.errors import PeerTimeout
 from swarm_node.gossip.pairing import now as loop_now  # the running loop's clock: virtual here
 from swarm_node.net.dht import CACHE_NEAREST, FRESH_GET, LATEST_GET, NUM_REPLICAS, STORE, DhtOps, Signed, Traversal
+from swarm_node.net.near import RELEARN_S
 
 OWNER_KEY_BYTES = 391  # "[owner:ssh-rsa ...]", msgpack'd: the subkey of every signed entry
 SIGNATURE_BYTES = 356  # "[signature:...]" appended to the value
@@ -134,6 +142,7 @@ class Network:
         # one readers see and the one spreading
         self.store: dict[str, dict[str, list[tuple[dict, float, float]]]] = defaultdict(dict)
         self.caches: dict[str, dict[str, float]] = {}  # key -> peer caching its dictionary -> until (loop clock)
+        self.met: dict[str, dict[str, float]] = defaultdict(dict)  # peer -> key -> when it last learned the replicas
         self._holders: dict[str, list[str]] = {}  # key -> the live peers nearest it
         self._node_ids: dict[str, int] = {}
         self._live_count = 0  # live endpoints, kept as they come and go (counting them was a third of a run's time)
@@ -263,7 +272,11 @@ class Network:
         seconds = self._lookup_s(me, "store")
         now = asyncio.get_running_loop().time()
         live = self._live()
-        finds, answered = self._walk(caller, key, self.costs.store, now)
+        if now - self.met[caller].get(key, -math.inf) <= RELEARN_S:
+            finds, answered = 0, []  # straight to the replicas it knows
+        else:
+            finds, answered = self._walk(caller, key, self.costs.store, now)
+            self.met[caller][key] = now
         dictionary = sum(entry_bytes(v) for v, _ in self._visible(key, now).values())
         size = entry_bytes(value)
         replicas = [h for h in self.holders(key) if h != caller]  # the entry goes to each
@@ -281,6 +294,16 @@ class Network:
         # the entry stored before stays visible until this one has spread
         self.store[key][caller] = [*versions[-1:], (value, now + self.rng.uniform(*self.record_delay_s), now + ttl_s)]
         return True
+
+    def _near_read(self, caller: str, key: str, live: int, enough: Callable[[str], bool]) -> list[str] | None:
+        """A read as net/near.py makes it: [] where the caller holds a fresh copy itself,
+        [the replica asked] where it holds one, None where no replica does (the caller
+        walks then)."""
+        holders = self.holders(key)
+        if caller in holders:
+            return [] if enough(caller) else None
+        replica = self.rng.choice(holders)
+        return [replica] if enough(replica) else None
 
     def _serve_finds(self, caller: str, key: str, finds: int, live: int) -> None:
         """The nodes a walk asked answer a find each (the approach's are spread over the swarm)."""
@@ -310,13 +333,24 @@ class Network:
             def enough(node: str) -> bool:
                 return (newest if node in self.holders(key) else cached.get(node, 0.0)) >= threshold
         live = self._live()
-        finds, answered = self._walk(caller, key, way, loop_now, enough)
+        found = {peer: Signed(value, wall_offset + expires) for peer, (value, expires) in visible.items()}
+        near = self._near_read(caller, key, live, enough) if sufficient_expiry_s is not None else None
+        if near == []:  # its own copy
+            return found
+        finds, answered = (len(near) + self.costs.approach_finds(live, 1) * (key not in self.met[caller]), near) \
+            if near else self._walk(caller, key, way, loop_now, enough)
         dictionary = sum(entry_bytes(v) for v, _ in visible.values())
         me.traffic.add("dht-lookup", finds * self.costs.find_bytes(live))
         me.traffic.add("dht-get", len(answered) * dictionary)
         for node in answered:
-            self.endpoints[node].traffic.add("dht-serving", dictionary)
-        self._serve_finds(caller, key, finds, live)
+            self.endpoints[node].traffic.add("dht-serving", dictionary + (self.costs.find_bytes(live) if near else 0))
+        if near:  # the approach's finds, if any, are spread over the swarm
+            for _ in range(finds - 1):
+                self.endpoints[self.rng.choice(self._nearest(key))].traffic.add("dht-serving",
+                                                                                 self.costs.find_bytes(live))
+            self.met[caller][key] = loop_now  # the answer names the replicas
+        else:
+            self._serve_finds(caller, key, finds, live)
         if visible and newest > cached.get(caller, 0.0):  # cache_locally; and cache_nearest pushes it on
             cached[caller] = newest
             if self.rng.random() < self.costs.cache_push_share:
@@ -325,7 +359,7 @@ class Network:
                     me.traffic.add("dht-get", dictionary)
                     self.endpoints[target].traffic.add("dht-serving", dictionary)
                     cached[target] = max(cached.get(target, 0.0), newest)
-        return {peer: Signed(value, wall_offset + expires) for peer, (value, expires) in visible.items()}
+        return found
 
 
 def _node_id(peer_id: str) -> int:

@@ -1,12 +1,17 @@
-"""The sharded registry's reads and stores on real hivemind DHTs in this process: a store
-walks to the key's replicas only, and a read that stops at the first fresh copy still
-brings every live record of the shard (the simulator's cost model assumes both)."""
+"""The sharded registry's reads and stores on real hivemind DHTs in this process: a
+heartbeat goes to the key's replicas, a read asks one of them at random and still
+brings every live record of the shard, and a replica that dies costs a find, not the
+read (the simulator's cost model assumes all of it)."""
 
 import asyncio
+from collections import Counter
+
+from hivemind.dht.routing import DHTID
 
 from swarm_node import __version__
-from swarm_node.membership.registry import Cadence, publish_record, read_shard, shard_of
+from swarm_node.membership.registry import Cadence, publish_record, read_shard, shard_of, stage_key
 from swarm_node.net.dht import SwarmDHT
+from swarm_node.net.near import NUM_REPLICAS
 from swarm_node.wire.records import PeerRecord
 
 SHARDS = 2
@@ -39,3 +44,47 @@ def test_a_fresh_copy_read_brings_every_record_of_the_shard():
 
     ops = asyncio.run(asyncio.wait_for(scenario(), 120))
     assert ops.gets == SHARDS and ops.stores == 1
+    assert ops.walked_gets == 0 and ops.walked_stores == 0
+
+
+async def _own_node_id(_dht, node):
+    return node.node_id
+
+
+def test_reads_spread_over_the_replicas_and_survive_one_dying():
+    async def scenario():
+        first = await SwarmDHT.start()
+        nodes = [first, *[await SwarmDHT.start(initial_peers=first.visible_maddrs()) for _ in range(8)]]
+        try:
+            for i, dht in enumerate(nodes):
+                record = PeerRecord(stage=0, spec_hash="f" * 16, version=__version__, inner_step=i)
+                assert await publish_record(dht, "real", record, CADENCE.ttl_s, SHARDS)
+            assert sum(d.ops.walked_stores for d in nodes) == 0  # every heartbeat went to the replicas directly
+            ids = {d.peer_id: await d.dht.run_coroutine(_own_node_id, return_future=True) for d in nodes}
+            shard = 0
+            key_id = DHTID.generate(source=stage_key("real", 0, shard, SHARDS))
+            replicas = sorted(nodes, key=lambda d: key_id.xor_distance(ids[d.peer_id]))[:NUM_REPLICAS]
+            reader = next(d for d in nodes if d not in replicas)  # holds no copy of its own
+            expected = {d.peer_id for d in nodes if shard_of(d.peer_id, SHARDS) == shard}
+
+            async def read_all(times):
+                for _ in range(times):
+                    found, refused = await read_shard(reader, "real", 0, shard, SHARDS,
+                                                      CADENCE.sufficient_expiry_s(reader.wall_now()))
+                    assert refused == {} and set(found) == expected
+            await read_all(30)
+            answered = Counter(reader.answered_by)
+            assert reader.ops.walked_gets == 0 and sum(answered.values()) == 30
+            assert set(answered) <= {d.peer_id for d in replicas}  # only the replicas were asked for the shard
+            assert len(answered) >= 3 and max(answered.values()) <= 18, answered  # about 6 each
+            assert reader.ops.near_finds <= 30 + 2  # warm reads: one find each
+            victim = replicas[0]
+            await victim.shutdown()
+            nodes.remove(victim)
+            await read_all(10)
+            assert reader.ops.walked_gets == 0 and reader.answered_by[victim.peer_id] == answered[victim.peer_id]
+        finally:
+            for dht in nodes:
+                await dht.shutdown()
+
+    asyncio.run(asyncio.wait_for(scenario(), 180))

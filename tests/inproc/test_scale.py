@@ -2,9 +2,14 @@
 exchange, guard, chooser and membership code for two stages of peers on a virtual
 clock, in a few seconds a run."""
 
+import asyncio
+import random
+from collections import Counter
+
 import pytest
 
 from swarm_node.scale.config import ScaleConfig
+from swarm_node.scale.network import DhtCosts, Endpoint, Network
 from swarm_node.scale.vclock import run
 from swarm_node.scale.world import World
 
@@ -67,3 +72,34 @@ def test_with_shards_a_peer_reads_about_as_many_records_whatever_the_stage_size(
     assert read(large) < 1.5 * read(small)
     assert read(one_key) > 2.5 * read(small)  # one key a stage: every read brings the whole stage
     assert large.partner_share >= 0.95 and large.forwards > 0 and large.forwards_lost_share == 0.0  # a sample pairs and routes
+
+
+def test_warm_registry_reads_are_one_find_at_a_random_replica_and_heartbeats_do_not_walk():
+    """The registry's DHT traffic as net/near.py makes it (tests/inproc/test_registry_real_dht.py
+    checks the real thing): the replicas share the reads, and only a cold store walks."""
+    async def scenario():
+        net = Network(random.Random(0), DhtCosts(), (0.0, 0.0), lambda protocol, is_request, n: n)
+        for i in range(40):
+            net.add(Endpoint(f"peer{i}", rtt_s=0.05, uplink_bps=1e8, downlink_bps=4e8, reachable=True))
+        writer = net.endpoints["peer0"].traffic.bytes_by_kind
+        for i in range(3):
+            await net.dht_store("peer0", "key", {"step": i}, 60.0)
+            if i == 0:
+                cold = writer["dht-store"] + writer["dht-lookup"]
+        warm = (writer["dht-store"] + writer["dht-lookup"] - cold) / 2
+        assert warm < cold / 2  # no walk, no dictionary downloaded: the entry to each replica
+        holders = net.holders("key")
+        reader = next(p for p in net.endpoints if p not in holders)
+        lookups, served = [], Counter()
+        loop = asyncio.get_running_loop()
+        for _ in range(50):
+            serving = {h: net.endpoints[h].traffic.bytes_by_kind["dht-serving"] for h in holders}
+            looked = net.endpoints[reader].traffic.bytes_by_kind["dht-lookup"]
+            found = await net.dht_get(reader, "key", loop.time, sufficient_expiry_s=loop.time())
+            assert found["peer0"].value == {"step": 2}
+            lookups.append(net.endpoints[reader].traffic.bytes_by_kind["dht-lookup"] - looked)
+            served.update(h for h in holders if net.endpoints[h].traffic.bytes_by_kind["dht-serving"] > serving[h])
+        assert set(lookups[1:]) == {net.costs.find_bytes(40)}  # one find each once the replicas are known
+        assert len(served) == len(holders) and max(served.values()) <= 25, served  # about 10 each
+
+    run(scenario())
