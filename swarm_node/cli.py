@@ -10,6 +10,7 @@ from swarm_node import __version__
 from swarm_node.cli_export import add_export_parser, add_generate_parser
 from swarm_node.cli_probe import add_probe_parser
 from swarm_node.errors import ConfigError, SwarmError
+from swarm_node.node_config import DEFAULT_STARTUP_TIMEOUT_S
 from swarm_node.obs.sinks import SINKS
 
 # wire/outer_codec.py's table and wire/messages.py's (a test keeps them equal): the parser
@@ -199,8 +200,9 @@ def _add_join_parser(sub) -> None:
                    help="stage 0: read this shard of the data (default: derived from the peer id)")
     p.add_argument("--round-timeout", type=float, default=20.0,
                    help="seconds to seek a partner per outer round before the local-only step (default %(default)s)")
-    p.add_argument("--startup-timeout", type=float, default=60.0,
-                   help="seconds for the libp2p daemon to start (default %(default)s)")
+    p.add_argument("--startup-timeout", type=float, default=DEFAULT_STARTUP_TIMEOUT_S,
+                   help="seconds for the DHT to start and reach an initial peer; one that accepts "
+                        "connections but does not answer (busy) is retried until then (default %(default)s)")
     p.add_argument("--slowest-link-mbit", type=_positive_float, default=20.0, metavar="MBIT_S",
                    help="the slowest upload expected among peers; outer exchanges of large stages get deadlines "
                         "that fit it (default %(default)s)")

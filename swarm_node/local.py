@@ -33,13 +33,19 @@ from swarm_node.model.config import model_config
 from swarm_node.model.stages import build_stage
 from swarm_node.net.dht import SwarmDHT
 from swarm_node.net.reaper import daemon_sockets, remove_if_unused
-from swarm_node.node_config import check_compute_share
+from swarm_node.node_config import DEFAULT_STARTUP_TIMEOUT_S, check_compute_share
 from swarm_node.obs.progress import EvaluationProgress, TrainingProgress
 from swarm_node.spec import RunSpec
 from swarm_node.state.checkpoint import PREFIX as CHECKPOINT_PREFIX
 from swarm_node.system import default_threads
 from swarm_node.train.evaluate import average_into, path_val_loss, val_batch_count, weight_spread
 from swarm_node.wire.records import PeerRecord
+
+# Every node of a local swarm imports torch and starts its DHT at the same moment, on
+# this machine's cores, while the bootstrap has to answer them all: 32 nodes on 2 cores
+# took minutes to reach it, and at the join's own default (60 s) 10 to 26 of them gave
+# up ("none of the initial peers answered"). So each node gets this long a core it shares.
+STARTUP_S_PER_NODE_A_CORE = 15.0
 
 log = logging.getLogger("swarm_node.local")
 
@@ -200,6 +206,12 @@ class LocalSwarm:
         if self._dashboard_dir is not None:
             shutil.rmtree(self._dashboard_dir, ignore_errors=True)
 
+    def startup_timeout_s(self) -> float:
+        """How long a node may take to reach the bootstrap: the join's default, or more
+        where many nodes share few cores."""
+        nodes = self.spec.num_stages * self.config.replicas
+        return max(DEFAULT_STARTUP_TIMEOUT_S, STARTUP_S_PER_NODE_A_CORE * nodes / len(os.sched_getaffinity(0)))
+
     def _spawn_all(self, spec_path: Path, maddrs: list[str]) -> None:
         self._spawn_args = (spec_path, maddrs)
         for stage in range(self.spec.num_stages):
@@ -215,6 +227,7 @@ class LocalSwarm:
                "--config", str(spec_path), "--stage", str(stage), "--device", self.config.device,
                "--threads", str(self.config.threads_per_node), "--run-dir", str(self.run_dir),
                "--round-timeout", str(self.config.round_timeout_s), "--no-progress",
+               "--startup-timeout", str(self.startup_timeout_s()),
                "--host-maddrs", "/ip4/127.0.0.1/tcp/0"]  # one machine: loopback, any free port
         if self.config.blocking_rounds:
             cmd.append("--blocking-rounds")

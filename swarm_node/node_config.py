@@ -7,6 +7,8 @@ from pathlib import Path
 
 from swarm_node.wire.records import MAX_RECORD_TTL_S
 
+DEFAULT_STARTUP_TIMEOUT_S = 60.0  # for the DHT to start and reach an initial peer (a busy one is retried)
+
 
 def check_compute_share(share: float) -> None:
     """A compute share is a fraction of the time: above 0 (nan fails too), at most 1."""
@@ -51,7 +53,7 @@ class NodeConfig:
     record_ttl_s: float = 15.0
     registry_poll_s: float = 1.0
     state_download_timeout_s: float = 120.0
-    startup_timeout_s: float = 60.0
+    startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
     connectivity_check_s: float = 5.0  # period of the "am I still connected to anyone" check
     download_state: bool = True
     checkpoint_dir: Path | None = None  # resume from here at start; save after rounds and on shutdown

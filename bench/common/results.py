@@ -100,17 +100,14 @@ class Result:
 
 
 def invocation() -> str:
-    """This process's command line as typed: ``python -m bench.x`` leaves the path of the
-    package's ``__main__.py`` in ``sys.argv[0]``, which reads as another command."""
-    argv0 = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
-    if argv0 is not None and argv0.name == "__main__.py":
-        try:
-            module = ".".join(argv0.resolve().parent.relative_to(Path.cwd().resolve()).parts)
-            head = ["-m", module]
-        except ValueError:
-            head = [str(argv0)]
+    """This process's command line as typed: under ``python -m bench.x[.y]``, ``sys.argv[0]``
+    holds the path of the module's file, which reads as another command (and one that
+    cannot import ``bench``)."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name:
+        head = ["-m", spec.name.removesuffix(".__main__")]
     else:
-        head = [str(argv0)] if argv0 else []
+        head = [sys.argv[0]] if sys.argv and sys.argv[0] else []
     return " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *head, *sys.argv[1:]])
 
 

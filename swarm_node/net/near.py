@@ -72,11 +72,10 @@ def _readable(node: DHTNode, key_id: DHTID, found: ValueWithExpiration) -> Value
     return ValueWithExpiration(entries, found.expiration_time)
 
 
-async def read_near(_dht, node: DHTNode, key: str, sufficient_expiry: float,
-                    rng: random.Random | None = None) -> tuple[ValueWithExpiration | None, int, str | None]:
+async def read_near(_dht, node: DHTNode, key: str,
+                    sufficient_expiry: float) -> tuple[ValueWithExpiration | None, int, str | None]:
     """(The key's dictionary, whose newest entry expires at ``sufficient_expiry`` or
     later, or None: walk instead; finds made; the peer id of the node that answered)."""
-    rng = rng or random
     key_id = DHTID.generate(source=key)
     held = node.protocol.storage.get(key_id)
     if held is not None and isinstance(held.value, DictionaryDHTValue) and held.expiration_time >= sufficient_expiry:
@@ -89,7 +88,7 @@ async def read_near(_dht, node: DHTNode, key: str, sufficient_expiry: float,
         pool = sorted((n for n in known if n not in asked), key=key_id.xor_distance)[:NUM_REPLICAS]
         if not pool:
             return None, finds - 1, None
-        target = rng.choice(pool)
+        target = random.choice(pool)  # the replicas share the reads
         asked.add(target)
         known_peer = known[target]
         answer = await node.protocol.call_find(known_peer, [key_id])

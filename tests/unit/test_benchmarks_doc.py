@@ -1,7 +1,10 @@
 """BENCHMARKS.md is what bench/report.py renders from the committed results: no number
 in it is typed by hand, and every benchmark has results."""
 
+import importlib.machinery
 import json
+import sys
+import types
 from pathlib import Path
 
 from bench import report
@@ -32,8 +35,14 @@ def test_every_image_the_document_shows_exists():
 def test_a_result_records_a_module_run_as_it_was_typed(monkeypatch):
     from bench.common.results import invocation
 
-    main = Path.cwd() / "bench" / "convergence" / "__main__.py"
-    monkeypatch.setattr("sys.argv", [str(main), "--full"])
+    main = types.ModuleType("__main__")  # what python -m leaves: the module's spec, its file in argv[0]
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    main.__spec__ = importlib.machinery.ModuleSpec("bench.convergence.__main__", None)
+    monkeypatch.setattr("sys.argv", [str(Path.cwd() / "bench" / "convergence" / "__main__.py"), "--full"])
     assert invocation().split(" ", 1)[1] == "-m bench.convergence --full"
+    main.__spec__ = importlib.machinery.ModuleSpec("bench.scale.processes", None)
+    monkeypatch.setattr("sys.argv", [str(Path.cwd() / "bench" / "scale" / "processes.py"), "--seeds", "3"])
+    assert invocation().split(" ", 1)[1] == "-m bench.scale.processes --seeds 3"
+    main.__spec__ = None  # a script run by its path
     monkeypatch.setattr("sys.argv", ["bench/run_all.py", "--only", "x"])
     assert invocation().endswith("bench/run_all.py --only x")

@@ -71,3 +71,17 @@ def test_the_final_evaluation_logs_each_path_and_uses_its_threads(tmp_path, monk
         "evaluated the consensus model (4 of 4)"]
     assert threads == [2, 2, 2, 2]
     assert result["final_consensus_val_loss"] is not None and result["initial_val_loss"] > 0
+
+
+def test_nodes_crowding_few_cores_get_longer_to_reach_the_bootstrap(tmp_path, monkeypatch):
+    spec = RunSpec(model_size="debug", num_stages=2, data=DATA)
+    monkeypatch.setattr(local.os, "sched_getaffinity", lambda pid: {0, 1})
+    few = local.LocalSwarm(spec, local.LocalConfig(replicas=2, run_dir=tmp_path))
+    assert few.startup_timeout_s() == local.DEFAULT_STARTUP_TIMEOUT_S  # the demo: the join's own default
+    crowd = local.LocalSwarm(spec, local.LocalConfig(replicas=16, run_dir=tmp_path))
+    assert crowd.startup_timeout_s() == 32 / 2 * local.STARTUP_S_PER_NODE_A_CORE > local.DEFAULT_STARTUP_TIMEOUT_S
+    spawned = []
+    monkeypatch.setattr(local.subprocess, "Popen", lambda cmd, **kw: spawned.append(cmd) or FakeProcess(0))
+    crowd._spawn_args = (tmp_path / "spec.json", ["/ip4/127.0.0.1/tcp/1/p2p/Qm"])
+    crowd._spawn(1, 0)
+    assert spawned[0][spawned[0].index("--startup-timeout") + 1] == str(crowd.startup_timeout_s())
