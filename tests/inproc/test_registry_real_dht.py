@@ -18,14 +18,27 @@ SHARDS = 2
 CADENCE = Cadence.for_shards(SHARDS, heartbeat_s=2.0, poll_s=1.0, ttl_s=15.0)
 
 
+async def start_publishing(count: int) -> list[SwarmDHT]:
+    """``count`` DHTs in this process, each with its record in the registry (inner step =
+    its index, seeking on even ones); the caller shuts them down."""
+    nodes = [await SwarmDHT.start()]
+    try:
+        while len(nodes) < count:
+            nodes.append(await SwarmDHT.start(initial_peers=nodes[0].visible_maddrs()))
+        for i, dht in enumerate(nodes):
+            record = PeerRecord(stage=0, spec_hash="f" * 16, version=__version__, inner_step=i, seeking=i % 2 == 0)
+            assert await publish_record(dht, "real", record, CADENCE.ttl_s, SHARDS)
+    except BaseException:
+        for dht in nodes:
+            await dht.shutdown()
+        raise
+    return nodes
+
+
 def test_a_fresh_copy_read_brings_every_record_of_the_shard():
     async def scenario():
-        first = await SwarmDHT.start()
-        nodes = [first, *[await SwarmDHT.start(initial_peers=first.visible_maddrs()) for _ in range(5)]]
+        nodes = await start_publishing(6)
         try:
-            for i, dht in enumerate(nodes):
-                record = PeerRecord(stage=0, spec_hash="f" * 16, version=__version__, inner_step=i, seeking=i % 2 == 0)
-                assert await publish_record(dht, "real", record, CADENCE.ttl_s, SHARDS)
             by_shard = {s: {d.peer_id for d in nodes if shard_of(d.peer_id, SHARDS) == s} for s in range(SHARDS)}
             reader = nodes[-1]
             for shard, expected in by_shard.items():
@@ -53,12 +66,8 @@ async def _own_node_id(_dht, node):
 
 def test_reads_spread_over_the_replicas_and_survive_one_dying():
     async def scenario():
-        first = await SwarmDHT.start()
-        nodes = [first, *[await SwarmDHT.start(initial_peers=first.visible_maddrs()) for _ in range(8)]]
+        nodes = await start_publishing(9)
         try:
-            for i, dht in enumerate(nodes):
-                record = PeerRecord(stage=0, spec_hash="f" * 16, version=__version__, inner_step=i)
-                assert await publish_record(dht, "real", record, CADENCE.ttl_s, SHARDS)
             assert sum(d.ops.walked_stores for d in nodes) == 0  # every heartbeat went to the replicas directly
             ids = {d.peer_id: await d.dht.run_coroutine(_own_node_id, return_future=True) for d in nodes}
             shard = 0
