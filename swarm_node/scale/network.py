@@ -344,7 +344,7 @@ class Network:
         me.traffic.add("dht-get", len(answered) * dictionary)
         for node in answered:
             self.endpoints[node].traffic.add("dht-serving", dictionary + (self.costs.find_bytes(live) if near else 0))
-        if near:  # the approach's finds, if any, are spread over the swarm
+        if near:  # a cold read's approach: finds spread over the nodes around the key, replicas among them
             for _ in range(finds - 1):
                 self.endpoints[self.rng.choice(self._nearest(key))].traffic.add("dht-serving",
                                                                                  self.costs.find_bytes(live))
