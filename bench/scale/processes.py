@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import statistics
@@ -178,6 +179,8 @@ def real_figures(run_dir: Path, summary: dict) -> dict:
             "dht_store_s_mean": sum(n["dht_store_s"] for n in nodes) / max(1, sum(n["dht_stores"] for n in nodes)),
             "refusals_per_round": sum(n["proposals_refused"] for n in nodes) / max(1, rounds),
             "step_s_median": statistics.median(step_s), "training_s_median": 60 * statistics.median(minutes),
+            # how far apart the nodes' speeds were: how many reach a round's end at once
+            "step_s_log_sigma": statistics.pstdev(math.log(s) for s in step_s),
             "registry_ops_per_peer_min": per_min,
             "microbatches_lost": sum(n["microbatches_lost"] for n in nodes),
             "bytes_sent_per_peer_min": statistics.mean(n["bytes_sent"] / m for n, m in zip(nodes, minutes)),
@@ -209,7 +212,8 @@ def simulated_figures(args: argparse.Namespace, real: dict, seeds: int, calibrat
     out = []
     for seed in range(seeds):
         config = ScaleConfig(peers_per_stage=args.replicas, stages=args.stages, inner_steps=args.inner_steps,
-                             duration_s=real["training_s_median"], step_s=real["step_s_median"], rtt_ms=rtt_ms,
+                             duration_s=real["training_s_median"], step_s=real["step_s_median"],
+                             speed_sigma=real["step_s_log_sigma"], rtt_ms=rtt_ms,
                              uplink_mbit_s=(2000.0, 2000.0), straggler_share=0.0, record_delay_s=delay_s,
                              payload_bytes=PAYLOAD_BYTES, activation_bytes=ACTIVATION_BYTES, seed=seed,
                              registry_shards=suggested_shards(args.replicas), **dht)

@@ -152,7 +152,9 @@ def _processes(result: dict | None) -> str:
         f"`swarm-node local`, {real['stages']} stages x {real['peers_per_stage']} nodes, the debug model, one torch "
         f"thread each, H = {real['inner_steps']}, the registry in {real.get('registry_shards', '?')} shards a stage; "
         f"beside it the simulator with the same shape (the inner-step time the nodes measured, "
-        f"{real['step_s_median']:.2f} s; the debug model's payloads; no churn), on loopback links and on links "
+        f"{real['step_s_median']:.2f} s, and how far apart the nodes' speeds were"
+        + (f", log-normal sigma {real['step_s_log_sigma']:.2f}" if "step_s_log_sigma" in real else "")
+        + "; the debug model's payloads; no churn), on loopback links and on links "
         "calibrated to what the real run measured. Rounds 0 and 1 are left out of both, as the simulator's warm-up.",
         "", *table, "", "; ".join(verdicts) + f". Micro-batches lost: {real['microbatches_lost']}.", "",
         "Memory per process kind (PSS, so pages a forked DHT child shares with its node count once; sampled every "
