@@ -181,6 +181,15 @@ def real_figures(run_dir: Path, summary: dict) -> dict:
             "step_s_median": statistics.median(step_s), "training_s_median": 60 * statistics.median(minutes),
             # how far apart the nodes' speeds were: how many reach a round's end at once
             "step_s_log_sigma": statistics.pstdev(math.log(s) for s in step_s),
+            # the outer round's parts on the compute thread (queueing behind inner steps
+            # included), which the model-free stage does in no time: a node busy with a
+            # round refuses proposals ("busy"), 4 in 10 of the real refusals
+            "round_prepare_s_mean": sum(n["round_prepare_s"] for n in nodes) / max(1, rounds),
+            "round_close_s_mean": sum(n["round_close_s"] for n in nodes) / max(1, rounds),
+            "round_exchange_s_mean": sum(n["round_exchange_s"] for n in nodes)
+            / max(1, sum(n["round_exchanges"] for n in nodes)),
+            "refused_busy_share": sum(n.get("proposals_refused_busy", 0) for n in nodes)
+            / max(1, sum(n["proposals_refused"] for n in nodes)),
             "registry_ops_per_peer_min": per_min,
             "microbatches_lost": sum(n["microbatches_lost"] for n in nodes),
             "bytes_sent_per_peer_min": statistics.mean(n["bytes_sent"] / m for n, m in zip(nodes, minutes)),
@@ -214,6 +223,9 @@ def simulated_figures(args: argparse.Namespace, real: dict, seeds: int, calibrat
         config = ScaleConfig(peers_per_stage=args.replicas, stages=args.stages, inner_steps=args.inner_steps,
                              duration_s=real["training_s_median"], step_s=real["step_s_median"],
                              speed_sigma=real["step_s_log_sigma"], rtt_ms=rtt_ms,
+                             round_prepare_s=real["round_prepare_s_mean"], round_close_s=real["round_close_s_mean"],
+                             # the exchange beyond its messages' round trip: decoding and checking
+                             round_check_s=max(0.0, real["round_exchange_s_mean"] - real["proposal_s_mean"]),
                              uplink_mbit_s=(2000.0, 2000.0), straggler_share=0.0, record_delay_s=delay_s,
                              payload_bytes=PAYLOAD_BYTES, activation_bytes=ACTIVATION_BYTES, seed=seed,
                              registry_shards=suggested_shards(args.replicas), **dht)

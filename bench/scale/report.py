@@ -154,6 +154,10 @@ def _processes(result: dict | None) -> str:
         f"beside it the simulator with the same shape (the inner-step time the nodes measured, "
         f"{real['step_s_median']:.2f} s, and how far apart the nodes' speeds were"
         + (f", log-normal sigma {real['step_s_log_sigma']:.2f}" if "step_s_log_sigma" in real else "")
+        + (f"; the outer round's compute: {real['round_prepare_s_mean']:.2f} s at the boundary, "
+           f"{max(0.0, real['round_exchange_s_mean'] - real['proposal_s_mean']):.2f} s to check the partner's "
+           f"payload, {real['round_close_s_mean']:.2f} s for the outer step, which leave a node busy for proposals "
+           f"({100 * real['refused_busy_share']:.0f} % of the real refusals)" if "round_prepare_s_mean" in real else "")
         + "; the debug model's payloads; no churn), on loopback links and on links "
         "calibrated to what the real run measured. Rounds 0 and 1 are left out of both, as the simulator's warm-up.",
         "", *table, "", "; ".join(verdicts) + f". Micro-batches lost: {real['microbatches_lost']}.", "",

@@ -324,6 +324,8 @@ class OuterExchange:
         yes, why = answer_is_yes(raw)
         if not yes:
             self.stats.proposals_refused += 1
+            self.stats.proposals_refused_busy += why == "busy"
+            self.stats.proposals_refused_not_ready += why == "not-ready"
             try:
                 hints, ready_in_s = refusal_hints(raw), refusal_ready_in_s(raw)
             except ProtocolError as exc:

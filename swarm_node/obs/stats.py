@@ -17,6 +17,8 @@ class NodeStats:
     tokens: int = 0
     proposals_sent: int = 0  # pairing proposals we made (gossip/pairing.py)
     proposals_refused: int = 0  # of those, answered no (busy, not ready, another round)
+    proposals_refused_busy: int = 0  # of those, by a peer seeking, proposing or exchanging with another
+    proposals_refused_not_ready: int = 0  # of those, by a peer not at its round's end yet
     proposal_s: float = 0.0  # seconds our proposals took to be answered, summed (a control round trip each)
     partners: list[str] = field(default_factory=list)
     downloaded_from: str | None = None

@@ -49,6 +49,12 @@ class ScaleConfig:
     payload_bytes: int = 4_000_000
     activation_bytes: int = 1_000_000  # one micro-batch forward
     registry_shards: int = 1  # the run spec's: keys a stage's records are spread over
+    # Compute seconds of an outer round's parts, which the model-free stage does in no time:
+    # the snapshot and encoding at the boundary, decoding and checking the partner's
+    # payload, and the outer step (what a real run measured, to compare with it).
+    round_prepare_s: float = 0.0
+    round_check_s: float = 0.0
+    round_close_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.peers_per_stage < 2 or self.stages < 1:
@@ -66,6 +72,8 @@ class ScaleConfig:
                 raise ValueError(f"{name} must be in [0, 1)")
         if self.unreachable_share * self.stages >= 1.0:
             raise ValueError("unreachable peers all take stage 0: unreachable_share * stages must stay below 1")
+        if min(self.round_prepare_s, self.round_check_s, self.round_close_s) < 0:
+            raise ValueError("round_prepare_s, round_check_s and round_close_s cannot be negative")
         if min(self.dht_get_s or 0.0, self.dht_store_s or 0.0) < 0:
             raise ValueError("dht_get_s and dht_store_s cannot be negative")
         if min(self.crash_per_hour, self.leave_per_hour, self.joins_per_stage_hour or 0.0) < 0:

@@ -40,6 +40,24 @@ async def inline(fn, *args, **kwargs):
     return fn(*args, **kwargs)
 
 
+# The outer round's work on the compute thread, by the name of the call the exchange
+# makes (tests/inproc/test_scale.py holds these names to the code): what the model-free
+# stage does in no time takes a real model's seconds where the run says so.
+OUTER_WORK = {"open_round": "prepare", "_decode_and_check": "check", "close_round": "close"}
+
+
+def timed_compute(round_work_s: dict[str, float]):
+    """A compute stand-in that takes ``round_work_s[part]`` virtual seconds for the outer
+    round's parts (prepare, check, close) after doing the work."""
+    async def compute(fn, *args, **kwargs):
+        result = fn(*args, **kwargs)
+        seconds = round_work_s.get(OUTER_WORK.get(getattr(fn, "__name__", ""), ""), 0.0)
+        if seconds > 0:
+            await asyncio.sleep(seconds)
+        return result
+    return compute
+
+
 @dataclass
 class RoundRecord:
     peer: str
@@ -72,12 +90,13 @@ class PeerCounters:
 class SimPeer:
     def __init__(self, *, spec: RunSpec, config: NodeConfig, network: Network, endpoint: Endpoint, stage: int,
                  step_s: float, step_jitter_sigma: float, payload_bytes: int, rng: random.Random,
-                 on_round: Callable[[RoundRecord], None]):
+                 on_round: Callable[[RoundRecord], None], round_work_s: dict[str, float] | None = None):
         self.peer_id = endpoint.peer_id
         self.spec, self.config, self.network, self.endpoint = spec, config, network, endpoint
         self.step_s, self.step_jitter_sigma = step_s, step_jitter_sigma
         self.rng = rng
         self.on_round = on_round
+        self.compute = timed_compute(round_work_s) if round_work_s else inline
         self.counters = PeerCounters()
         clock = asyncio.get_running_loop().time
         self.guard = PeerGuard(clock=clock, max_faults=config.max_peer_faults, caller_ban_s=config.caller_ban_s)
@@ -122,7 +141,7 @@ class SimPeer:
         """Join: state from a donor (a late joiner's download), serve, announce, run."""
         if donor is not None:
             self.worker.take_state_of(donor.worker)
-        services = NodeServices(inline, self.transport, self.guard, self.stats)
+        services = NodeServices(self.compute, self.transport, self.guard, self.stats)
         times = ExchangeTimes(self.config.round_timeout_s, self.config.exchange_timeout_for(self.payload_bytes))
         self.exchange = OuterExchange(
             spec_hash=self.membership.spec_hash, method=self.spec.method.name, times=times, state=self.worker,

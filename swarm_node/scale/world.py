@@ -103,7 +103,8 @@ class World:
                                                                 c.straggler_share else 1.0)
         peer = SimPeer(spec=self.spec, config=self.node_config, network=self.network, endpoint=endpoint, stage=stage,
                        step_s=c.step_s * speed, step_jitter_sigma=c.step_jitter_sigma, payload_bytes=c.payload_bytes,
-                       rng=random.Random(self.rng.random()), on_round=self.rounds.append)
+                       rng=random.Random(self.rng.random()), on_round=self.rounds.append,
+                       round_work_s={"prepare": c.round_prepare_s, "check": c.round_check_s, "close": c.round_close_s})
         self.peers[peer_id] = peer
         return peer
 

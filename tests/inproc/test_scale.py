@@ -103,3 +103,17 @@ def test_warm_registry_reads_are_one_find_at_a_random_replica_and_heartbeats_do_
         assert len(served) == len(holders) and max(served.values()) <= 25, served  # about 10 each
 
     run(scenario())
+
+
+def test_a_peer_busy_with_its_rounds_compute_refuses_proposals_busy():
+    """The outer round's compute (the model-free stage's is instant) as a real run
+    measured it: peers exchanging or preparing are busy when others propose, as 4 in 10
+    of the real refusals were (bench/scale/processes.py calibrates with it)."""
+    def busy_refusals(**work):
+        world = World(ScaleConfig(**(SMALL | dict(duration_s=90.0) | work)))
+        figures = run(world.run())
+        assert figures.partner_share >= 0.95
+        return sum(p.stats.proposals_refused_busy for p in world.peers.values())
+
+    instant = busy_refusals()  # only while payloads cross the links (2 MB, 5-500 Mbit/s)
+    assert busy_refusals(round_prepare_s=0.5, round_check_s=0.5, round_close_s=0.3) >= 2 * instant > 0

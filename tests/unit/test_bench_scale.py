@@ -53,13 +53,19 @@ def test_the_real_run_is_figured_from_the_nodes_logs_and_summaries(tmp_path):
         (tmp_path / f"summary-stage0-{i}.json").write_text(json.dumps(
             {"rounds_with_partner": 2, "local_only_rounds": 2, "proposals_sent": 6, "proposals_refused": 2,
              "training_wall_s": 120.0, "inner_steps": 40, "dht_gets": 60, "dht_entries_read": 240, "dht_stores": 20,
-             "microbatches_lost": 0, "bytes_sent": 1200, "proposal_s": 3.0, "dht_get_s": 30.0, "dht_store_s": 40.0}))
+             "microbatches_lost": 0, "bytes_sent": 1200, "proposal_s": 3.0, "dht_get_s": 30.0, "dht_store_s": 40.0,
+             "round_prepare_s": 4.0 + i, "round_close_s": 2.0, "round_exchange_s": 1.0, "round_exchanges": 2,
+             "proposals_refused_busy": 1}))
     figures = real_figures(tmp_path, {"final_val_loss": 2.5})
     assert figures["rounds_in_window"] == 4 and figures["partner_share"] == 0.5
     assert figures["proposals_per_round"] == 1.5 and figures["refusals_per_round"] == 0.5
     assert figures["registry_ops_per_peer_min"] == {"gets": 30.0, "entries_read": 120.0, "stores": 10.0}
     assert figures["step_s_median"] == 3.0
     assert (figures["proposal_s_mean"], figures["dht_get_s_mean"], figures["dht_store_s_mean"]) == (0.5, 0.5, 2.0)
+    assert figures["step_s_log_sigma"] == 0.0  # both nodes stepped alike
+    assert (figures["round_prepare_s_mean"], figures["round_close_s_mean"], figures["round_exchange_s_mean"]) == \
+        (9.0 / 8, 0.5, 0.5)
+    assert figures["refused_busy_share"] == 0.5
 
 
 def test_the_section_shows_the_real_processes_beside_both_simulators():
