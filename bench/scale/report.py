@@ -170,6 +170,36 @@ def _processes(result: dict | None) -> str:
     return "\n".join(lines)
 
 
+def _against_latency_model(rows: list[dict], model: dict | None) -> str:
+    """The simulated rounds beside the NoLoCo paper's latency model (bench.latency_model)."""
+    noloco = sorted((r for r in rows if r.get("label") == "noloco"), key=lambda r: r["peers_per_stage"])
+    barrier = sorted((r for r in rows if r.get("label") == "diloco"), key=lambda r: r["peers_per_stage"])
+    if not noloco:
+        return ""
+    rtts = [r["to_partner_median_rtts"] for r in noloco if r.get("to_partner_median_rtts")]
+    rounds = [r["round_median_s"] for r in noloco]
+    def span(values: list[float], digits: int) -> str:
+        low, high = f"{min(values):.{digits}f}", f"{max(values):.{digits}f}"
+        return low if low == high else f"{low}-{high}"
+
+    text = (f"Against the latency model of the NoLoCo paper (section 5.3, bench.latency_model): a NoLoCo round "
+            f"waits for one pair exchange, and here the median time from a round's end to a partner is "
+            f"{span(rtts, 1) if rtts else '-'} round trips and the median round {span(rounds, 2)} s "
+            f"from {noloco[0]['peers_per_stage']} to {noloco[-1]['peers_per_stage']} peers a stage: it does not "
+            "grow with N")
+    ratios = (model or {}).get("summary", {}).get("allreduce_ratio_at_1024", {})
+    if ratios:
+        text += (", where the model's tree all-reduce costs "
+                 + ", ".join(f"{v:.0f}x a pair ({k.split(', ')[1]})" for k, v in ratios.items()) + " at N = 1024")
+    if barrier:
+        sizes = {b["peers_per_stage"] for b in barrier}
+        text += (". The barrier baseline here (DiLoCo's group round, every peer of the stage) took "
+                 + ", ".join(f"{r['round_median_s']:.1f} s at N = {r['peers_per_stage']}" for r in barrier)
+                 + " a round (the round time-out caps it), against NoLoCo's "
+                 + ", ".join(f"{r['round_median_s']:.1f} s" for r in noloco if r["peers_per_stage"] in sizes))
+    return text + "."
+
+
 def markdown(result: dict) -> str:
     rows = result["rows"]
     s = result["summary"]
@@ -186,6 +216,7 @@ def markdown(result: dict) -> str:
         _table(rows),
         _by_kind(rows),
         _verdict(rows),
+        _against_latency_model(rows, load("latency_model")),
         _processes(load("scale_processes")),
     ]
     if result["notes"]:

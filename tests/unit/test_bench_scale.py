@@ -87,3 +87,17 @@ def test_the_section_shows_the_real_processes_beside_both_simulators():
                        "summary": {"loopback": verdict, "calibrated": verdict}})
     assert "| real processes |" in text and "calibrated: round trips 770 ms" in text and "loopback: round trips" in text
     assert "4.0 points apart" in text and "| node | 32 | 218 | 281 |" in text
+
+
+def test_the_section_holds_the_rounds_against_the_latency_model():
+    from bench.scale.report import _against_latency_model
+
+    rows = [{"label": "noloco", "peers_per_stage": 16, "to_partner_median_rtts": 1.0, "round_median_s": 1.5},
+            {"label": "noloco", "peers_per_stage": 1024, "to_partner_median_rtts": 1.0, "round_median_s": 1.7},
+            {"label": "diloco", "peers_per_stage": 16, "round_median_s": 16.9}]
+    model = {"summary": {"allreduce_ratio_at_1024": {"N = 1024, std/t = 0": 10.0, "N = 1024, std/t = 1": 17.0}}}
+    text = _against_latency_model(rows, model)
+    assert "1.0 round trips and the median round 1.50-1.70 s from 16 to 1024 peers" in text
+    assert "10x a pair (std/t = 0), 17x a pair (std/t = 1) at N = 1024" in text
+    assert "16.9 s at N = 16" in text and "against NoLoCo's 1.5 s." in text
+    assert _against_latency_model([], model) == ""
