@@ -10,7 +10,7 @@ from swarm_node import __version__
 from swarm_node.cli_export import add_export_parser, add_generate_parser
 from swarm_node.cli_probe import add_probe_parser
 from swarm_node.errors import ConfigError, SwarmError
-from swarm_node.node_config import DEFAULT_STARTUP_TIMEOUT_S
+from swarm_node.node_config import DEFAULT_STARTUP_TIMEOUT_S, check_compute_share
 from swarm_node.obs.sinks import SINKS
 
 # wire/outer_codec.py's table and wire/messages.py's (a test keeps them equal): the parser
@@ -285,8 +285,6 @@ def _positive_float(text: str) -> float:
 
 
 def _share(text: str) -> float:
-    from swarm_node.node_config import check_compute_share
-
     value = float(text)
     try:
         check_compute_share(value)

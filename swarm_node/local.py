@@ -37,7 +37,7 @@ from swarm_node.node_config import DEFAULT_STARTUP_TIMEOUT_S, check_compute_shar
 from swarm_node.obs.progress import EvaluationProgress, TrainingProgress
 from swarm_node.spec import RunSpec
 from swarm_node.state.checkpoint import PREFIX as CHECKPOINT_PREFIX
-from swarm_node.system import default_threads
+from swarm_node.system import default_threads, usable_cores
 from swarm_node.train.evaluate import average_into, path_val_loss, val_batch_count, weight_spread
 from swarm_node.wire.records import PeerRecord
 
@@ -210,7 +210,7 @@ class LocalSwarm:
         """How long a node may take to reach the bootstrap: the join's default, or more
         where many nodes share few cores."""
         nodes = self.spec.num_stages * self.config.replicas
-        return max(DEFAULT_STARTUP_TIMEOUT_S, STARTUP_S_PER_NODE_A_CORE * nodes / len(os.sched_getaffinity(0)))
+        return max(DEFAULT_STARTUP_TIMEOUT_S, STARTUP_S_PER_NODE_A_CORE * nodes / max(1.0, usable_cores()))
 
     def _spawn_all(self, spec_path: Path, maddrs: list[str]) -> None:
         self._spawn_args = (spec_path, maddrs)

@@ -81,10 +81,22 @@ def busy_cores(cpus: set[int], window_s: float = 0.5) -> float:
     return len(cpus) * (after[0] - before[0]) / (after[1] - before[1])
 
 
+def _allowed_cpus() -> set[int]:
+    """The CPUs in this process's affinity mask (every CPU where there is no mask to read)."""
+    return os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+
+
+def usable_cores() -> float:
+    """Cores this process may run on, busy or not: its affinity mask, capped by a cgroup
+    CPU quota."""
+    cpus, quota = len(_allowed_cpus()), _cgroup_cpu_quota()
+    return cpus if quota is None else min(cpus, quota)
+
+
 def free_cores(window_s: float = 0.5) -> float:
     """Cores this process could use without taking them from another: the idle share of
     the CPUs in its affinity mask, capped by a cgroup CPU quota."""
-    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+    cpus = _allowed_cpus()
     free = len(cpus) - busy_cores(cpus, window_s)
     quota = _cgroup_cpu_quota()
     return free if quota is None else min(free, quota)

@@ -337,8 +337,10 @@ class Network:
         near = self._near_read(caller, key, live, enough) if sufficient_expiry_s is not None else None
         if near == []:  # its own copy
             return found
-        finds, answered = (len(near) + self.costs.approach_finds(live, 1) * (key not in self.met[caller]), near) \
-            if near else self._walk(caller, key, way, loop_now, enough)
+        if near:  # one find at the replica; a cold read approaches the key first
+            finds, answered = 1 + self.costs.approach_finds(live, 1) * (key not in self.met[caller]), near
+        else:
+            finds, answered = self._walk(caller, key, way, loop_now, enough)
         dictionary = sum(entry_bytes(v) for v, _ in visible.values())
         me.traffic.add("dht-lookup", finds * self.costs.find_bytes(live))
         me.traffic.add("dht-get", len(answered) * dictionary)

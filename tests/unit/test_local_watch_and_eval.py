@@ -75,7 +75,7 @@ def test_the_final_evaluation_logs_each_path_and_uses_its_threads(tmp_path, monk
 
 def test_nodes_crowding_few_cores_get_longer_to_reach_the_bootstrap(tmp_path, monkeypatch):
     spec = RunSpec(model_size="debug", num_stages=2, data=DATA)
-    monkeypatch.setattr(local.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(local, "usable_cores", lambda: 2.0)
     few = local.LocalSwarm(spec, local.LocalConfig(replicas=2, run_dir=tmp_path))
     assert few.startup_timeout_s() == local.DEFAULT_STARTUP_TIMEOUT_S  # the demo: the join's own default
     crowd = local.LocalSwarm(spec, local.LocalConfig(replicas=16, run_dir=tmp_path))
