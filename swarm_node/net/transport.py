@@ -37,7 +37,9 @@ LINGER_S = 2.0  # after answering, how long we wait for the caller to close firs
 # An answer handed to the daemon may still be on its way: a slow uplink moves a big one
 # at no less than this (1 Mbit/s), and the caller closes only once it has read it all.
 MIN_ANSWER_BYTES_PER_S = 125_000.0
-BUSY_DRAIN_TIMEOUT_S = 5.0  # a caller told "busy" has sent its request already; more is a stall
+# A caller told "busy" must start its request as fast as one given a slot (a silent stream
+# is a stall either way); the rest of a big body may come slowly, and is cut off after this.
+BUSY_DRAIN_TIMEOUT_S = 5.0
 Handler = Callable[[str, bytes], Awaitable[bytes]]  # (caller's peer id, request) -> response
 # The same, also given the remote address of the caller's connection (a Multiaddr).
 AddressedHandler = Callable[[str, bytes, object], Awaitable[bytes]]
@@ -78,9 +80,8 @@ async def read_body(reader: asyncio.StreamReader, length: int) -> bytes:
         raise StreamClosed("stream closed mid-frame") from None
 
 
-async def discard_frame(reader: asyncio.StreamReader, max_bytes: int) -> None:
-    """Read one frame and throw it away, holding at most a chunk of it in memory."""
-    length = await read_length(reader, max_bytes)
+async def discard_body(reader: asyncio.StreamReader, length: int) -> None:
+    """Read a frame's body and throw it away, holding at most a chunk of it in memory."""
     try:
         while length:
             length -= len(await reader.readexactly(min(length, DISCARD_CHUNK_BYTES)))
@@ -198,13 +199,14 @@ class Transport:
                 if (gate.locked() or self._active_per_peer[key] >= limits.max_per_peer
                         or (where[1] is not None and self._active_per_address[where] >= limits.address_cap)):
                     if not refusing.locked():
-                        async with refusing, asyncio.timeout(BUSY_DRAIN_TIMEOUT_S):
-                            if limits.paced_request:  # the caller waits for acknowledgements as it sends
-                                length = await read_length(reader, limits.max_request_bytes)
-                                await read_paced(reader, writer, length, keep=False)
-                            else:
-                                await discard_frame(reader, limits.max_request_bytes)
-                            await write_frame(writer, b"")  # busy: see the module docstring
+                        async with refusing:
+                            length = await self._request_length(reader, protocol, remote, limits)
+                            async with asyncio.timeout(BUSY_DRAIN_TIMEOUT_S):
+                                if limits.paced_request:  # the caller waits for acknowledgements as it sends
+                                    await read_paced(reader, writer, length, keep=False)
+                                else:
+                                    await discard_body(reader, length)
+                                await write_frame(writer, b"")  # busy: see the module docstring
                     raise PeerRefused("too many concurrent streams")
                 self._active_per_peer[key] += 1
                 self._active_per_address[where] += 1
@@ -250,9 +252,8 @@ class Transport:
                             remote: str, limits: ServeLimits) -> bytes:
         """The request, started within ``first_bytes_timeout_s`` and sent at the minimum
         rate; a caller that stalls is a fault (it held a slot others could have used)."""
+        length = await self._request_length(reader, protocol, remote, limits)
         try:
-            async with asyncio.timeout(limits.first_bytes_timeout_s):
-                length = await read_length(reader, limits.max_request_bytes)
             async with asyncio.timeout(limits.request_deadline_s(length)):
                 request = await (read_paced(reader, writer, length) if limits.paced_request
                                  else read_body(reader, length))
@@ -262,6 +263,17 @@ class Transport:
         self.streams_served += 1
         self.bytes_received += len(request) + LENGTH_BYTES
         return request
+
+    async def _request_length(self, reader: asyncio.StreamReader, protocol: str, remote: str,
+                              limits: ServeLimits) -> int:
+        """The request's length prefix, due within ``first_bytes_timeout_s`` whether the
+        caller got a slot or is being told busy: a silent stream is a stall either way."""
+        try:
+            async with asyncio.timeout(limits.first_bytes_timeout_s):
+                return await read_length(reader, limits.max_request_bytes)
+        except TimeoutError:
+            self.on_fault(remote, f"stalled its {protocol} request")
+            raise
 
     async def stop_serving(self, protocol: str) -> None:
         try:

@@ -127,3 +127,47 @@ def test_silent_or_oversize_callers_free_their_slots_quickly_and_are_counted_as_
     reasons = [why for _, why in faults]
     assert sum("stalled" in why for why in reasons) == 4 and any("exceeds the cap" in why for why in reasons)
     assert len({peer for peer, _ in faults}) == 1  # all charged to the stalling caller
+
+
+def test_a_silent_stream_told_busy_is_a_stall_too():
+    """A silent stream that arrives while every slot is taken goes down the busy path; it
+    used to wait there for the drain deadline and leave uncounted, so a caller could stall
+    without cost whenever the server was full (and the test above missed a fault when the
+    daemon handed the server a silent stream after the polite caller's)."""
+    from hivemind.p2p import PeerID
+
+    async def scenario():
+        server, stalling, holder = [await SwarmDHT.start() for _ in range(3)]
+        faults = []
+        try:
+            serving = Transport(await server.replicate_p2p(), on_fault=lambda peer, why: faults.append((peer, why)))
+            release, holding = asyncio.Event(), asyncio.Event()
+
+            async def hold(remote: str, request: bytes) -> bytes:
+                holding.set()
+                await release.wait()
+                return request
+
+            await serving.serve(PROTOCOL, hold, ServeLimits(max_request_bytes=1024, max_concurrent=1,
+                                                            first_bytes_timeout_s=1.0))
+            for client in (stalling, holder):
+                await client.rebootstrap(server.visible_maddrs())
+            held = asyncio.create_task(Transport(await holder.replicate_p2p()).request(
+                server.peer_id, PROTOCOL, b"mine", timeout_s=30.0, max_response_bytes=64))
+            await asyncio.wait_for(holding.wait(), 30)  # the only slot is taken
+            stalling_p2p = await stalling.replicate_p2p()
+            _, _, silent = await stalling_p2p.call_binary_stream_handler(PeerID.from_base58(server.peer_id),
+                                                                         PROTOCOL)
+            async with asyncio.timeout(10):  # 1 s is due
+                while not faults:
+                    await asyncio.sleep(0.05)
+            release.set()
+            silent.close()
+            return await held, faults
+        finally:
+            for d in (server, stalling, holder):
+                await d.shutdown()
+
+    answer, faults = asyncio.run(asyncio.wait_for(scenario(), 120))
+    assert answer == b"mine"
+    assert [why for _, why in faults] == [f"stalled its {PROTOCOL} request"]
