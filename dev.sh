@@ -71,8 +71,10 @@ case "$cmd" in
     test)
         ensure_venv
         # One worker per core, a test file per worker: most tests wait on processes and
-        # networks, and a file's tests share its swarm.
-        exec "$VENV/bin/python" -m pytest -q -n "${SWARM_TEST_WORKERS:-auto}" --dist loadfile "$@"
+        # networks, and a file's tests share its swarm. Files go out in the order
+        # tests/conftest.py sets (the longest first).
+        exec "$VENV/bin/python" -m pytest -q -n "${SWARM_TEST_WORKERS:-auto}" --dist loadfile \
+            --no-loadscope-reorder "$@"
         ;;
     test-slow)
         ensure_venv test,hf,tensorboard,wandb,hf-datasets

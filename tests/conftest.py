@@ -1,12 +1,32 @@
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
 
 # Tests are small; one thread keeps them fast and deterministic on 2-core machines.
 torch.set_num_threads(int(os.environ.get("SWARM_TEST_THREADS", "1")))
+
+TESTS = Path(__file__).parent
+# Test workers take files in collection order (dev.sh passes --no-loadscope-reorder): the
+# swarms of processes first, longest first, unit tests last. xdist's own order (files with
+# the most tests first) left a worker alone for the last minute, running a swarm the
+# other had no share of.
+LONGEST_FIRST = ("multihost/test_public_run.py", "swarm/test_local_swarm.py", "swarm/test_join_leave.py",
+                 "swarm/test_resume.py", "multihost/test_nat.py")
+FOLDERS_FIRST = ("multihost", "swarm", "sim", "inproc")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> tuple[int, int]:
+        where = item.path.relative_to(TESTS).as_posix() if item.path.is_relative_to(TESTS) else ""
+        folder = where.split("/", 1)[0]
+        return (LONGEST_FIRST.index(where) if where in LONGEST_FIRST else len(LONGEST_FIRST),
+                FOLDERS_FIRST.index(folder) if folder in FOLDERS_FIRST else len(FOLDERS_FIRST))
+
+    items.sort(key=rank)  # stable: a file's tests keep their order
 
 
 @pytest.fixture
