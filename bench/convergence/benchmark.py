@@ -30,6 +30,7 @@ from bench.convergence.plan import (
     main_jobs,
     tuning_jobs,
     wire_jobs,
+    wire_label,
 )
 from bench.convergence.report import markdown, plot  # noqa: F401  (bench.report renders through markdown)
 from bench.convergence.runs import Runner
@@ -82,7 +83,8 @@ def summarise(result: Result, plan: Plan, runs: list[dict], chosen: dict, home_l
     walls = [r | {"link": "fast"} for r in wall_rows(to_target, FAST_LINK)]
     if home is not None:
         walls += [r | {"link": "home"} for r in wall_rows(to_target, home)]
-    wire = wire_rows(runs, WIRE_BASELINE, [v.label for v in plan.wire_variants])
+    wire = wire_rows(runs, WIRE_BASELINE, [v.label for v in plan.wire_variants]
+                     + [wire_label(v.label, chosen["noloco"]) for v in plan.wire_at_choice])
     result.rows = (grids + scaling + scaling_sweep_rows(runs, first, chosen["scaling_outer_lr"])
                    + sweep_rows(runs, plan.sweep_grid, first, NOLOCO_DEFAULT) + wire + to_target + walls + runs)
     checks = {"ddp_best": check_ddp_best(grids), "local_worst": check_local_worst(grids),
@@ -117,15 +119,19 @@ def _options(parser) -> None:
     parser.add_argument("--wire-only", action="store_true",
                         help="run only the wire section (the overlapped round and the codecs) with the last result's "
                              "inner lr, and put its runs into that result in place of any earlier ones")
+    parser.add_argument("--wire-at-choice", action="store_true",
+                        help="as --wire-only, but only the wire variants at the NoLoCo setting the last result's "
+                             "sweep chose (when it is not the defaults)")
     parser.add_argument("--resummarise", action="store_true",
                         help="train nothing: recompute the tables from the runs in the last result of this mode "
                              "(after a new home_link result, for the time-to-target table)")
 
 
-def _resummarise(plan: Plan, result: Result, workers: int | None = None) -> None:
+def _resummarise(plan: Plan, result: Result, workers: int | None = None, at_choice_only: bool = False) -> None:
     """The last result of this mode with its tables recomputed from its runs; when and
     how it ran stay as they were. With ``workers``, the wire section's runs are made
-    first (on that result's inner lr) and replace any it had."""
+    first (on that result's inner lr and NoLoCo choice; ``at_choice_only``: only those at
+    the choice) and replace the runs of the same variants."""
     last = load(NAME, result.out_dir)
     if last is None or last["mode"] != result.mode:
         raise SystemExit(f"bench.{NAME}: no {result.mode} result in {result.out_dir} to resummarise")
@@ -135,11 +141,16 @@ def _resummarise(plan: Plan, result: Result, workers: int | None = None) -> None
     runs = [r for r in last["rows"] if r["kind"] == "run"]
     if workers is not None:
         started = time.perf_counter()
+        jobs = [] if at_choice_only else wire_jobs(plan, s["inner_lr"])
+        if chosen["noloco"] != NOLOCO_DEFAULT:
+            jobs += wire_jobs(plan, s["inner_lr"], chosen["noloco"])
         with Runner(workers) as runner:
-            wire = runner.run(wire_jobs(plan, s["inner_lr"]), "wire")
-        runs = [r for r in runs if r["section"] != "wire"] + wire
-        last["notes"] = [n for n in last["notes"] if not n.startswith("The wire section")] + [
-            f"The wire section ({len(wire)} runs) was run on its own afterwards (`--wire-only`): "
+            wire = runner.run(jobs, "wire")
+        redone = {r["variant"] for r in wire}
+        runs = [r for r in runs if r["section"] != "wire" or r["variant"] not in redone] + wire
+        flag, part = ("--wire-at-choice", "at the NoLoCo choice") if at_choice_only else ("--wire-only", "")
+        last["notes"] = [n for n in last["notes"] if not n.startswith(f"The wire section{part and ' ' + part}")] + [
+            f"The wire section{part and ' ' + part} ({len(wire)} runs) was run on its own afterwards (`{flag}`): "
             f"{time.perf_counter() - started:.0f} s wall, {sum(r['cpu_s'] for r in wire):.0f} CPU-seconds."]
     home_link = load("home_link")
     summarise(result, plan, runs, chosen, home_link["summary"] if home_link else None)
@@ -154,8 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     plan = FULL if args.full else QUICK
     result = Result(NAME, args.mode, args.out_dir)
     started = time.perf_counter()
-    if args.resummarise or args.wire_only:
-        _resummarise(plan, result, max(1, args.workers) if args.wire_only else None)
+    if args.resummarise or args.wire_only or args.wire_at_choice:
+        _resummarise(plan, result, max(1, args.workers) if args.wire_only or args.wire_at_choice else None,
+                     at_choice_only=args.wire_at_choice)
         return 0
     runs, chosen = run_plan(plan, max(1, args.workers))
     home_link = load("home_link")

@@ -57,6 +57,10 @@ class Plan:
     # round of before, the overlapped round landing late, the payload and activation codecs.
     wire_grid: tuple[int, int] = (4, 2)
     wire_variants: tuple[WireVariant, ...] = ()
+    # The same again at the NoLoCo setting the sweep chose, where it is not the defaults:
+    # the defaults are unstable in this regime (seeds 0.12 nats apart), which a variant's
+    # small paired gap drowns in.
+    wire_at_choice: tuple[WireVariant, ...] = ()
     curve_every: int = 50  # steps between the points of the validation-loss curve
     curve_batches: int = 2  # validation batches per point (the final evaluation takes eval_batches)
     notes: tuple[str, ...] = field(default=())
@@ -86,7 +90,7 @@ FULL = Plan(model="debug", steps=1000, global_batch=64, seq_len=64, seeds=(0, 1,
             scaling_outer_lrs=(0.05, 0.1, 0.2, 0.4),
             noloco_sweep=(("gamma", 0.0), ("gamma", 0.35), ("gamma", 1.0), ("alpha", 0.3), ("alpha", 0.7),
                           ("beta", 0.5), ("beta", 1.0)),
-            wire_variants=WIRE_VARIANTS)
+            wire_variants=WIRE_VARIANTS, wire_at_choice=WIRE_VARIANTS[:3] + WIRE_VARIANTS[5:6])
 
 
 @dataclass(frozen=True)
@@ -130,25 +134,40 @@ def _scaling_lrs(plan: Plan, m: int) -> tuple[float, ...]:
     return plan.scaling_outer_lrs or (SCALING_OUTER_LR[m],)
 
 
-def _sweep_job(plan: Plan, seed: int, inner_lr: float | None, setting: str, value: float) -> Job:
-    dp, pp = plan.sweep_grid
+def _noloco_override(setting: str, value: float) -> dict[str, float]:
+    """The Job field a sweep label ("alpha = 0.3") sets."""
     overrides = {"alpha": "outer_momentum", "beta": "outer_lr", "gamma": "outer_gamma"}
     if setting not in overrides:
         raise ValueError(f"the NoLoCo sweep varies alpha, beta or gamma, not {setting!r}")
+    return {overrides[setting]: value}
+
+
+def _sweep_job(plan: Plan, seed: int, inner_lr: float | None, setting: str, value: float) -> Job:
+    dp, pp = plan.sweep_grid
     return Job("sweep", dp, pp, "noloco", seed, plan, inner_lr=inner_lr, variant=f"{setting} = {value}",
-               **{overrides[setting]: value})
+               **_noloco_override(setting, value))
 
 
-def wire_jobs(plan: Plan, inner_lr: float | None) -> list[Job]:
-    """Every wire variant on the wire grid and every seed (NoLoCo, the defaults)."""
+def wire_label(variant: str, choice: str = NOLOCO_DEFAULT) -> str:
+    """A wire variant's label; at a NoLoCo setting other than the defaults it names it."""
+    return variant if choice == NOLOCO_DEFAULT else f"{variant}; {choice}"
+
+
+def wire_jobs(plan: Plan, inner_lr: float | None, choice: str = NOLOCO_DEFAULT) -> list[Job]:
+    """Every wire variant on the wire grid and every seed: NoLoCo with the defaults, or
+    the plan's ``wire_at_choice`` variants at the sweep's ``choice`` ("alpha = 0.3")."""
     dp, pp = plan.wire_grid
     h = plan.h_of("noloco")
-    if plan.wire_variants and h is None:
+    variants, override = plan.wire_variants, {}
+    if choice != NOLOCO_DEFAULT:
+        setting, value = choice.split(" = ")
+        variants, override = plan.wire_at_choice, _noloco_override(setting, float(value))
+    if variants and h is None:
         raise ValueError("the wire section needs NoLoCo's H in the plan")
-    return [Job("wire", dp, pp, "noloco", seed, plan, inner_lr=inner_lr, variant=v.label, outer_codec=v.outer_codec,
-                activation_codec=v.activation_codec,
-                outer_latency_steps=None if v.latency_rounds is None else round(v.latency_rounds * h))
-            for v in plan.wire_variants for seed in plan.seeds]
+    return [Job("wire", dp, pp, "noloco", seed, plan, inner_lr=inner_lr, variant=wire_label(v.label, choice),
+                outer_codec=v.outer_codec, activation_codec=v.activation_codec,
+                outer_latency_steps=None if v.latency_rounds is None else round(v.latency_rounds * h), **override)
+            for v in variants for seed in plan.seeds]
 
 
 def main_jobs(plan: Plan, inner_lr: float | None) -> list[Job]:
@@ -179,4 +198,5 @@ def confirming_jobs(plan: Plan, inner_lr: float | None, best_scaling_lr: dict[in
     if best_sweep != NOLOCO_DEFAULT:
         setting, value = best_sweep.split(" = ")
         jobs += [_sweep_job(plan, seed, inner_lr, setting, float(value)) for seed in rest]
+        jobs += wire_jobs(plan, inner_lr, best_sweep)
     return _longest_first(jobs)

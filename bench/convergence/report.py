@@ -180,14 +180,18 @@ def _wire_table(result: dict) -> str:
     rows = _rows(result["rows"], "wire")
     if not rows:
         return ""
-    lines = [f"**How a round moves** (issue 16) on grid {rows[0]['grid']}, NoLoCo with the defaults, every seed: "
+    choice = next((r["variant"].split("; ", 1)[1] for r in rows if "; " in r["variant"]), None)
+    at_choice = (f"; then the main variants again at the setting the NoLoCo sweep chose ({choice}), each against "
+                 "the blocking round at that setting" if choice else "")
+    lines = [f"**How a round moves** (issue 16) on grid {rows[0]['grid']}, NoLoCo with the defaults{at_choice}, "
+             "every seed: "
              "the overlapped round (ALGORITHM.md 3.1) landing half a round to two rounds late, the outer payload in "
              "near4-3 (3.2), activations and their gradients in int8, each against the blocking round with "
              "phi, Delta and activations in 16 bits, paired by seed; the bar is 1 %. A round is never more than one "
              "behind: one still under way at the next boundary holds the steps there until it lands, so two rounds "
              "late trains as one round late (the wait is idle time, not tokens).", "",
              "| variant | payload | activations | lands (steps late) | eval loss (mean ± std) | "
-             "gap to blocking fp16 (min..max) | within 1 % |", "|---|---|---|---|---|---|---|"]
+             "gap to blocking fp16, same setting (min..max) | within 1 % |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         gap = "-" if r["gap_pct"] is None else (
             f"{r['gap_pct']:+.2f} % ({r['gap_min_pct']:+.2f}..{r['gap_max_pct']:+.2f})")

@@ -292,20 +292,27 @@ def steps_to_target_rows(runs: Sequence[dict]) -> list[dict]:
 WIRE_BAR_PCT = 1.0  # issue 16: each way of moving a round within 1 % of the blocking 16-bit round
 
 
+def _noloco_setting(run: dict) -> tuple:
+    return run["outer_lr"], run["outer_momentum"], run["outer_gamma"]
+
+
 def wire_rows(runs: Sequence[dict], baseline: str, order: Sequence[str] = ()) -> list[dict]:
     """The wire section: each variant's final validation loss (random paths) against the
-    blocking 16-bit round's on the same seeds (paired), with the spread over seeds; in
-    ``order`` (the plan's), then any other variant the runs hold."""
+    blocking 16-bit round's at the same NoLoCo setting on the same seeds (paired), with
+    the spread over seeds; in ``order`` (the plan's), then any other variant the runs hold.
+    ``baseline`` is the label of the blocking round at the defaults; at another setting
+    it is the label that starts with it."""
     wire = _select(runs, section="wire")
-    reference = _by_seed(_select(wire, variant=baseline), "val_loss")
+    references = {_noloco_setting(r): _by_seed([b for b in wire if b["variant"] == r["variant"]], "val_loss")
+                  for r in wire if r["variant"] == baseline or r["variant"].startswith(baseline + "; ")}
     rows = []
     ran = dict.fromkeys(r["variant"] for r in wire)
     for variant in [v for v in order if v in ran] + [v for v in ran if v not in order]:
         mine = _select(wire, variant=variant)
         losses = _by_seed(mine, "val_loss")
-        gaps = paired_gaps_pct(losses, reference)
+        gaps = paired_gaps_pct(losses, references.get(_noloco_setting(mine[0]), {}))
         rows.append({"kind": "wire", "grid": f"{mine[0]['dp']} x {mine[0]['pp']}", "variant": variant,
-                     "seeds": len(mine), "outer_codec": mine[0]["outer_codec"],
+                     "outer_momentum": mine[0]["outer_momentum"], "seeds": len(mine), "outer_codec": mine[0]["outer_codec"],
                      "activation_codec": mine[0]["activation_codec"],
                      "outer_latency_steps": mine[0]["outer_latency_steps"],
                      "val_loss_mean": statistics.fmean(losses.values()),

@@ -6,7 +6,15 @@ import pytest
 
 from bench.common.results import Result
 from bench.convergence.benchmark import summarise
-from bench.convergence.plan import NOLOCO_DEFAULT, QUICK, confirming_jobs, main_jobs, tuning_jobs
+from bench.convergence.plan import (
+    FULL,
+    NOLOCO_DEFAULT,
+    QUICK,
+    WIRE_BASELINE,
+    confirming_jobs,
+    main_jobs,
+    tuning_jobs,
+)
 from bench.convergence.report import markdown
 from bench.convergence.stats import (
     check_ddp_best,
@@ -23,6 +31,7 @@ from bench.convergence.stats import (
     steps_to_target_rows,
     sweep_choice,
     sweep_rows,
+    wire_rows,
 )
 from bench.convergence.wallclock import Link, allreduce_messages, step_cost, wall_rows
 
@@ -126,6 +135,25 @@ def test_plan_phases_and_markdown_render_from_json_alone():
     assert text.count("**yes**") == 6 and "All checks hold" in text
     assert "Nesterov momentum 0.9" in text and "0.1 -> 1.1" in text and "(best)" in text
     assert "| gamma = 0.0 | 1.40 | 1.0250 | 1 |" in text and "| home | 8 x 1 | noloco | as run here |" in text
+
+
+def test_the_wire_section_at_the_sweeps_choice_pairs_with_the_blocking_round_at_that_choice():
+    wire = [j for j in confirming_jobs(FULL, 3e-3, {}, "alpha = 0.3") if j.section == "wire"]
+    assert len(wire) == len(FULL.wire_at_choice) * len(FULL.seeds)  # every seed: the first ran only the defaults
+    assert {j.outer_momentum for j in wire} == {0.3} and all(j.variant.endswith("; alpha = 0.3") for j in wire)
+    late = "overlapped, half a round late"
+
+    def run(variant, seed, loss, alpha):
+        return _run("wire", 4, 2, "noloco", seed, loss, variant=variant) | {
+            "outer_momentum": alpha, "outer_codec": "fp16", "activation_codec": "fp16",
+            "outer_latency_steps": 5 if variant.startswith(late) else None}
+
+    runs = [run(WIRE_BASELINE, s, 1.0 + s, 0.5) for s in (0, 1)] + [run(late, s, 1.02 * (1.0 + s), 0.5) for s in (0, 1)]
+    runs += [run(f"{WIRE_BASELINE}; alpha = 0.3", s, 0.9 + s, 0.3) for s in (0, 1)]
+    runs += [run(f"{late}; alpha = 0.3", s, 1.005 * (0.9 + s), 0.3) for s in (0, 1)]
+    gaps = {r["variant"]: r["gap_pct"] for r in wire_rows(runs, WIRE_BASELINE)}
+    assert gaps[late] == pytest.approx(2.0) and gaps[f"{late}; alpha = 0.3"] == pytest.approx(0.5)
+    assert gaps[WIRE_BASELINE] == 0.0 == gaps[f"{WIRE_BASELINE}; alpha = 0.3"]
 
 
 def test_sweeps_choose_the_lowest_loss_on_the_first_seed():
