@@ -184,7 +184,7 @@ class Node:
         self.transport = Transport(await self.dht.replicate_p2p(), on_fault=self.guard.fault,
                                    on_reached=self.guard.reached)
         await self._join_run()
-        self.data = await self.compute(load_windows, self.spec.data, self.spec.seq_len)
+        self.data = await self.compute.unthrottled(load_windows, self.spec.data, self.spec.seq_len)
         membership = self.membership = Membership(spec=self.spec, dht=self.dht, guard=self.guard, config=cfg,
                                                   record=self.record)
         await membership.refresh(all_stages=True)
@@ -198,7 +198,8 @@ class Node:
                                        command_line=cfg.command_line, identity_path=cfg.identity_path)
         resume = await self.checkpoints.find(cfg.stage)
         await self._take_stage(resume)
-        self.worker = await self.compute(StageWorker, self.spec, self.stage, self.data.vocab_size, cfg.device)
+        self.worker = await self.compute.unthrottled(StageWorker, self.spec, self.stage, self.data.vocab_size,
+                                                     cfg.device)
         self.compute.explain = partial(explain_run_oom, spec=self.spec, stage=self.stage,
                                        vocab_size=self.data.vocab_size, device=cfg.device)
         log.info("node %s: stage %d of %d, %d parameters, run %s (spec %s)", short_id(self.peer_id), self.stage,

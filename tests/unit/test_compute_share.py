@@ -66,6 +66,21 @@ def test_a_failed_job_rests_too_and_its_error_still_reaches_the_caller():
     assert len(asyncio.run(scenario())) == 1
 
 
+def test_start_up_work_does_not_rest_and_training_after_it_does():
+    async def scenario():
+        compute = RecordedRests(0.25)
+        try:
+            built = await compute.unthrottled(busy_for, 0.01)
+            after_setup = list(compute.rests)
+            await compute(busy_for, 0.01)
+            return built, after_setup, compute.rests
+        finally:
+            compute.close()
+
+    built, after_setup, rests = asyncio.run(scenario())
+    assert built >= 0.01 and after_setup == [] and len(rests) == 1 and rests[0] >= 3 * 0.01
+
+
 def test_at_full_share_nothing_rests():
     async def scenario():
         compute = RecordedRests(1.0)
