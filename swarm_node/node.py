@@ -304,9 +304,8 @@ class Node:
         self.stop()
 
     async def _finish_with_the_run(self) -> None:
-        """A later stage given --max-steps finishes at that step, or once the stage
-        before it has ended after we trained: its last micro-batches may never come (the
-        steps of stages are not in lockstep), and nothing else would end the node."""
+        """A later stage given --max-steps finishes at that step, or once the stage before it has
+        ended after we trained: its last micro-batches may never come (stages are not in lockstep)."""
         while True:
             await asyncio.sleep(UPSTREAM_CHECK_S)
             if self.worker.inner_step >= self.config.max_steps:
