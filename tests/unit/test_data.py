@@ -159,3 +159,25 @@ def test_missing_tokenizer_file_is_a_clear_error(tmp_path):
 
     with pytest.raises(FileNotFoundError, match="tokenizer file not found"):
         HFTokenizer(tmp_path / "nope.json")
+
+
+@pytest.mark.parametrize("alphabet, order", [(16, 1), (16, 2), (8, 3), (64, 1)])
+def test_sampled_windows_are_the_row_comparison_draws_exactly(alphabet, order):
+    """The sampler counts cdf values below u a column at a time, for speed; it must draw
+    exactly what comparing whole rows does, so a seed names the same data everywhere."""
+    chain = MarkovChain(MarkovSpec(alphabet, order, 0.5, 3))
+    n, length, seed = 500, 30, 7
+    rng = np.random.default_rng([3, seed, 0x77696E64])
+    expected = np.empty((n, length), dtype=np.uint8)
+    contexts = rng.choice(chain.num_contexts, size=n, p=chain.stationary)
+    digits = contexts.copy()
+    for pos in range(order - 1, -1, -1):
+        expected[:, pos] = digits % alphabet
+        digits //= alphabet
+    cdf = np.cumsum(chain.transitions, axis=1)
+    cdf[:, -1] = 1.0
+    for pos in range(order, length):
+        symbols = (rng.random(n)[:, None] > cdf[contexts]).sum(axis=1)
+        expected[:, pos] = symbols
+        contexts = (contexts * alphabet + symbols) % chain.num_contexts
+    assert np.array_equal(chain.sample_windows(n, length, seed=seed), expected)
