@@ -148,9 +148,10 @@ def _resummarise(plan: Plan, result: Result, workers: int | None = None, at_choi
             wire = runner.run(jobs, "wire")
         redone = {r["variant"] for r in wire}
         runs = [r for r in runs if r["section"] != "wire" or r["variant"] not in redone] + wire
-        flag, part = ("--wire-at-choice", "at the NoLoCo choice") if at_choice_only else ("--wire-only", "")
-        last["notes"] = [n for n in last["notes"] if not n.startswith(f"The wire section{part and ' ' + part}")] + [
-            f"The wire section{part and ' ' + part} ({len(wire)} runs) was run on its own afterwards (`{flag}`): "
+        section, flag = (("The wire section at the NoLoCo choice", "--wire-at-choice") if at_choice_only
+                         else ("The wire section", "--wire-only"))
+        last["notes"] = [n for n in last["notes"] if not n.startswith(section)] + [
+            f"{section} ({len(wire)} runs) was run on its own afterwards (`{flag}`): "
             f"{time.perf_counter() - started:.0f} s wall, {sum(r['cpu_s'] for r in wire):.0f} CPU-seconds."]
     home_link = load("home_link")
     summarise(result, plan, runs, chosen, home_link["summary"] if home_link else None)

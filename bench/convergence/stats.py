@@ -303,8 +303,10 @@ def wire_rows(runs: Sequence[dict], baseline: str, order: Sequence[str] = ()) ->
     ``baseline`` is the label of the blocking round at the defaults; at another setting
     it is the label that starts with it."""
     wire = _select(runs, section="wire")
-    references = {_noloco_setting(r): _by_seed([b for b in wire if b["variant"] == r["variant"]], "val_loss")
-                  for r in wire if r["variant"] == baseline or r["variant"].startswith(baseline + "; ")}
+    references: dict[tuple, dict[int, float]] = {}  # NoLoCo setting -> seed -> the blocking round's loss
+    for r in wire:
+        if r["variant"] == baseline or r["variant"].startswith(baseline + "; "):
+            references.setdefault(_noloco_setting(r), {})[r["seed"]] = r["val_loss"]
     rows = []
     ran = dict.fromkeys(r["variant"] for r in wire)
     for variant in [v for v in order if v in ran] + [v for v in ran if v not in order]:
@@ -312,7 +314,8 @@ def wire_rows(runs: Sequence[dict], baseline: str, order: Sequence[str] = ()) ->
         losses = _by_seed(mine, "val_loss")
         gaps = paired_gaps_pct(losses, references.get(_noloco_setting(mine[0]), {}))
         rows.append({"kind": "wire", "grid": f"{mine[0]['dp']} x {mine[0]['pp']}", "variant": variant,
-                     "outer_momentum": mine[0]["outer_momentum"], "seeds": len(mine), "outer_codec": mine[0]["outer_codec"],
+                     "outer_momentum": mine[0]["outer_momentum"], "seeds": len(mine),
+                     "outer_codec": mine[0]["outer_codec"],
                      "activation_codec": mine[0]["activation_codec"],
                      "outer_latency_steps": mine[0]["outer_latency_steps"],
                      "val_loss_mean": statistics.fmean(losses.values()),

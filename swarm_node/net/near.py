@@ -19,8 +19,9 @@ Where the nodes it remembers do not answer, or hold nothing fresh enough, the ca
 falls back to hivemind's walk (``None`` from here). Like that walk, a read believes the
 nodes an answer names (hivemind's node ids are not bound to anything a reader can
 check): a node that names ones that do not exist, or holds nothing, costs a read at most
-MAX_FINDS finds before the walk, and the entries it returns are signature-checked. These functions run inside the DHT
-process (``DHT.run_coroutine``); what they remember lives there, per process."""
+MAX_FINDS finds before the walk, and the entries it returns are signature-checked. These
+functions run inside the DHT process (``DHT.run_coroutine``); what they remember lives
+there, per process."""
 
 from __future__ import annotations
 

@@ -41,10 +41,6 @@ Explain = Callable[[BaseException], SwarmError | None]
 COMPUTE_NICE = 10
 
 
-def _call(job: Callable[[], Any]) -> Any:
-    return job()
-
-
 def _start_compute_thread(threads: int | None) -> None:
     """In the compute thread, before its first task: its priority, then torch's thread
     count (OpenMP keeps one per OS thread, so the main thread's setting would not reach
@@ -74,20 +70,20 @@ class ComputeThread:
         self.closed = False
 
     async def __call__(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        return await self._submit(self._run, partial(fn, *args, **kwargs))
+        return await self._submit(partial(self._run, partial(fn, *args, **kwargs)))
 
     async def unthrottled(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """One-off start-up work (loading the data, building the model) without the rest a
         compute share asks for: the share caps the load training puts on a volunteer's
         machine, and at a quarter share a rest would only make joining take four times
         as long (the model built in 11 s instead of 3, the rest of the swarm waiting)."""
-        return await self._submit(_call, partial(fn, *args, **kwargs))
+        return await self._submit(partial(fn, *args, **kwargs))
 
-    async def _submit(self, runner: Callable[[Callable[[], Any]], Any], job: Callable[[], Any]) -> Any:
+    async def _submit(self, job: Callable[[], Any]) -> Any:
         if self.closed:  # a stream handler the daemon still runs while we shut down
             raise PeerRefused("this node is shutting down")
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._executor, runner, job)
+            return await asyncio.get_running_loop().run_in_executor(self._executor, job)
         except Exception as exc:
             error = self.explain(exc)
             if error is None:
