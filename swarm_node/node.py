@@ -68,7 +68,6 @@ from swarm_node.wire.records import PeerRecord
 
 log = logging.getLogger("swarm_node.node")
 
-UPSTREAM_CHECK_S = 5.0
 HANDLERS = (protocols.FORWARD, protocols.PAIR, protocols.OUTER, protocols.OUTER_FETCH, protocols.STATE, protocols.STATUS,
             DIALBACK)
 
@@ -150,7 +149,8 @@ class Node:
                     if self.worker.is_first:
                         loops.append(self.pipeline.produce(finished=self._finish))
                     elif self.config.max_steps is not None:
-                        loops.append(self._finish_with_the_run())
+                        loops.append(self.pipeline.serve_to_the_limit(
+                            partial(self.membership.stage_has_ended, self.stage - 1), finished=self._finish))
                     tasks = [tg.create_task(c) for c in loops]
                     await self.stopping.wait()
                     membership.state = "leaving"
@@ -302,19 +302,6 @@ class Node:
         await self.membership.heartbeat()
         await self.gate.settled.wait()  # a round under way finishes before we leave: a partner may wait on our reply
         self.stop()
-
-    async def _finish_with_the_run(self) -> None:
-        """A later stage given --max-steps finishes at that step, or once the stage before it has
-        ended after we trained: its last micro-batches may never come (stages are not in lockstep)."""
-        while True:
-            await asyncio.sleep(UPSTREAM_CHECK_S)
-            if self.worker.inner_step >= self.config.max_steps:
-                break
-            if self.stats.microbatches_done and await self.membership.stage_has_ended(self.stage - 1):
-                log.info("stage %d has ended its run; finishing at inner step %d", self.stage - 1,
-                         self.worker.inner_step)
-                break
-        await self._finish()
 
     async def _rounds(self) -> None:
         """Outer round, then metrics, then a checkpoint, whenever a round is due."""

@@ -40,6 +40,10 @@ from swarm_node.wire.records import PeerRecord
 log = logging.getLogger(__name__)
 
 NEXT_STAGE_POLL_S = 0.5
+FINISH_POLL_S = 1.0
+UPSTREAM_CHECK_S = 5.0  # a DHT read: how often a later stage given max_steps asks whether the run is over
+QUIET_AT_LIMIT_S = 3.0  # at max_steps, no micro-batch for this long: the stage before needs no more answers
+LIMIT_GRACE_S = 30.0  # at most this long answering past max_steps (a stage 0 with no limit never stops sending)
 SHARDS_BY_PEER_ID = 1024  # a node without --data-shard reads the shard its peer id hashes to
 
 
@@ -50,6 +54,7 @@ class Pipeline:
         self.spec_hash = spec.spec_hash()
         self.config = config
         self.worker = worker
+        worker.step_limit = config.max_steps
         self.compute, self.transport, self.guard, self.stats = (services.compute, services.transport,
                                                                 services.guard, services.stats)
         self.gate = gate
@@ -182,6 +187,40 @@ class Pipeline:
         """Step with what accumulated (e.g. gradients that arrived during a round)."""
         _, due = await self.compute(step_if_ready, self.worker)
         self.gate.note_due(due)
+
+    # -- every stage but the first, given max_steps -----------------------------------------
+    async def serve_to_the_limit(self, upstream_ended: Callable[[], Awaitable[bool]],
+                                 finished: Callable[[], Awaitable[None]]) -> None:
+        """Finish at max_steps, or once the stage before has ended after we trained: stages
+        are not in lockstep, so its last micro-batches may never come.
+
+        At the limit this stage steps no more but keeps answering until micro-batches stop
+        coming: the stage before counts only micro-batches it got an answer for, so after
+        a lost hop (we trained, the answer never reached it) it still needs answers we owe
+        no step for. Leaving at once would strand it without a next-stage peer."""
+        clock = asyncio.get_running_loop().time
+        limit = self.config.max_steps
+        upstream_checked = clock()
+        reached_at: float | None = None
+        answered, answered_at = self.stats.microbatches_done, clock()
+        while True:
+            await asyncio.sleep(FINISH_POLL_S)
+            now = clock()
+            if self.stats.microbatches_done != answered:
+                answered, answered_at = self.stats.microbatches_done, now
+            if self.worker.inner_step >= limit:
+                if reached_at is None:
+                    reached_at = now
+                    log.info("reached inner step %d; answering the stage before until it needs no more", limit)
+                if now - answered_at >= QUIET_AT_LIMIT_S or now - reached_at >= LIMIT_GRACE_S:
+                    break
+            elif answered and now - upstream_checked >= UPSTREAM_CHECK_S:
+                upstream_checked = now
+                if await upstream_ended():
+                    log.info("stage %d has ended its run; finishing at inner step %d",
+                             self.worker.stage.stage_index - 1, self.worker.inner_step)
+                    break
+        await finished()
 
     # -- every stage but the last: the hop to the next stage --------------------------------
     async def send_downstream(self, hidden: torch.Tensor, targets: torch.Tensor,

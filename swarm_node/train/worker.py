@@ -75,6 +75,9 @@ class StageWorker:
         self.round_forced = False  # a partner asked us to take this round early
         self.pending_samples = 0
         self.pending_microbatches = 0
+        # --max-steps: no inner step past it, even for micro-batches a node still answers
+        # while the stage before it finishes (train/pipeline.py)
+        self.step_limit: int | None = None
         self.loss_ema: float | None = None
         self.training_s = 0.0  # wall time in forward, backward and inner steps
         self.last_step_at: float | None = None  # time.monotonic() of the last inner step
@@ -134,6 +137,8 @@ class StageWorker:
 
     # -- optimizer steps ---------------------------------------------------------
     def ready_to_step(self) -> bool:
+        if self.step_limit is not None and self.inner_step >= self.step_limit:
+            return False
         return self.pending_samples >= self.spec.samples_per_step
 
     @_training_work
