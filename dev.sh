@@ -12,6 +12,9 @@ cd "$(dirname "$0")"
 
 TORCH_VERSION="${SWARM_TORCH_VERSION:-2.13.0}"
 VENV="${SWARM_VENV:-.venv}"
+# --no-compile: byte-compiling every module of torch, scipy and sympy at install was
+# about half the install's CPU; tools/compile_imports.py then compiles what we import.
+PIP_INSTALL=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-compile)
 
 find_python() {
     for candidate in python3.11 python3 python; do
@@ -35,10 +38,10 @@ ensure_venv() {
     local want
     want="$(cat pyproject.toml setup.py | sha256sum | cut -d' ' -f1)-torch$TORCH_VERSION"
     if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
-        echo "dev.sh: installing swarm-node and its dependencies into $VENV (about 2 minutes)" >&2
+        echo "dev.sh: installing swarm-node and its dependencies into $VENV (about a minute)" >&2
         ensure_torch
-        "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
-            -e ".[$extras]" 2> >(grep -v "is ignored: it is neither" >&2)
+        "${PIP_INSTALL[@]}" -e ".[$extras]" 2> >(grep -v "is ignored: it is neither" >&2)
+        "$VENV/bin/python" tools/compile_imports.py
         echo "$want" > "$stamp"
         echo "dev.sh: installed; to run swarm-node and swarm-bootstrap directly: . $VENV/bin/activate" >&2
     fi
@@ -50,12 +53,11 @@ ensure_torch() {
     # GB, so ask for the +cpu build, from a local wheel or index when pip has one, else
     # from PyTorch's CPU index (about 200 MB). Other platforms' PyPI wheels are CPU builds.
     "$VENV/bin/python" -c "import torch" 2>/dev/null && return 0
-    local pip=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
     if [[ "$(uname -s)-$(uname -m)" == Linux-x86_64 ]]; then
-        "${pip[@]}" "torch==$TORCH_VERSION+cpu" 2>/dev/null ||
-            "${pip[@]}" "torch==$TORCH_VERSION+cpu" --extra-index-url https://download.pytorch.org/whl/cpu
+        "${PIP_INSTALL[@]}" "torch==$TORCH_VERSION+cpu" 2>/dev/null ||
+            "${PIP_INSTALL[@]}" "torch==$TORCH_VERSION+cpu" --extra-index-url https://download.pytorch.org/whl/cpu
     else
-        "${pip[@]}" "torch==$TORCH_VERSION"
+        "${PIP_INSTALL[@]}" "torch==$TORCH_VERSION"
     fi
 }
 

@@ -279,7 +279,7 @@ class StageWorker:
             for kind, feedback in self.encoder.feedback.items():
                 for i, residual in enumerate(feedback.residual if feedback and feedback.residual else []):
                     tensors[f"feedback.{kind}.{i}"] = residual.clone()
-        optimizer = self.inner.optimizer.state_dict()
+        optimizer = self.inner.moments_state_dict()
         for index, state in optimizer["state"].items():
             for name, value in state.items():
                 tensors[f"adam.{index}.{name}"] = value.clone() if torch.is_tensor(value) else torch.tensor(value)
@@ -318,7 +318,7 @@ class StageWorker:
                 if key.startswith("adam."):
                     _, index, name = key.split(".", 2)
                     state.setdefault(int(index), {})[name] = value
-            self.inner.optimizer.load_state_dict({"state": state, "param_groups": meta["adam_param_groups"]})
+            self.inner.load_moments_state_dict({"state": state})
             self.inner.step_count = int(meta["inner_step"])
             self.outer_round = int(meta["outer_round"])
             self.last_round_step = int(meta["last_round_step"])

@@ -1,3 +1,5 @@
+import copy
+
 import pytest
 import torch
 
@@ -29,6 +31,56 @@ def test_step_clips_and_follows_its_own_counter():
     clone = InnerOptimizer([torch.nn.Parameter(p.detach().clone())], opt.hyper)
     clone.load_state_dict(state)
     assert clone.step_count == 1 and clone.lr == opt.lr
+
+
+def _reference_step(reference: torch.optim.AdamW, params: list, hyper: InnerHyper, step: int) -> None:
+    torch.nn.utils.clip_grad_norm_(params, hyper.clip_norm, foreach=None)
+    for group in reference.param_groups:
+        group["lr"] = lr_at(step, hyper)
+    reference.step()
+    reference.zero_grad(set_to_none=True)
+
+
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
+def test_steps_are_bit_identical_to_torch_adamw_and_the_state_dicts_load_into_each_other(weight_decay):
+    gen = torch.Generator().manual_seed(0)
+    shapes = [(8, 4), (4,), (3, 3)]
+    ours = [torch.nn.Parameter(torch.randn(s, generator=gen)) for s in shapes]
+    theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    hyper = InnerHyper(lr=0.05, warmup_steps=3, total_steps=20, weight_decay=weight_decay, clip_norm=2.0)
+    optimizer = InnerOptimizer(ours, hyper)
+    reference = torch.optim.AdamW(theirs, lr=hyper.lr, betas=hyper.betas, eps=hyper.eps,
+                                  weight_decay=weight_decay, foreach=True)
+
+    def both_step(step: int) -> None:
+        grads = [torch.randn(s, generator=gen) * 3 for s in shapes]
+        if step % 4 == 0:  # the last parameter gets no gradient now and then (from the first step on)
+            grads[-1] = None
+        for mine, reference_param, grad in zip(ours, theirs, grads):
+            mine.grad = None if grad is None else grad.clone()
+            reference_param.grad = None if grad is None else grad.clone()
+        optimizer.step()
+        _reference_step(reference, theirs, hyper, step)
+        assert all(torch.equal(a, b) for a, b in zip(ours, theirs)), step
+
+    for step in range(10):
+        both_step(step)
+    assert set(optimizer.state) == set(reference.state_dict()["state"])
+    # torch's state dict loads into ours and ours into torch's: the steps stay identical
+    optimizer.load_moments_state_dict(copy.deepcopy(reference.state_dict()))
+    reference.load_state_dict(copy.deepcopy(optimizer.moments_state_dict()))  # both hand out live tensors
+    for step in range(10, 14):
+        both_step(step)
+
+
+def test_moments_that_do_not_fit_the_parameters_are_refused():
+    p = torch.nn.Parameter(torch.zeros(4))
+    optimizer = InnerOptimizer([p], InnerHyper())
+    moments = {"step": torch.tensor(3.0), "exp_avg": torch.zeros(5), "exp_avg_sq": torch.zeros(5)}
+    with pytest.raises(ValueError, match="shape"):
+        optimizer.load_moments_state_dict({"state": {0: moments}})
+    with pytest.raises(ValueError, match="parameter 1"):
+        optimizer.load_moments_state_dict({"state": {1: {**moments, "exp_avg": torch.zeros(4)}}})
 
 
 def test_average_gradients_makes_workers_agree():

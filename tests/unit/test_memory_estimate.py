@@ -98,7 +98,7 @@ def _one_micro_batch(worker: StageWorker, gen: torch.Generator):
 
 def _state_bytes(worker: StageWorker) -> int:
     tensors = [*worker.params, *(p.grad for p in worker.params)]
-    for state in worker.inner.optimizer.state.values():
+    for state in worker.inner.state.values():
         tensors += [state["exp_avg"], state["exp_avg_sq"]]
     if worker.slow is not None:
         tensors += [*worker.slow.phi, *worker.slow.momentum]

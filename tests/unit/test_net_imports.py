@@ -1,5 +1,7 @@
-"""Importing the network layer leaves scipy.optimize (hivemind's averager needs it; we do
-not) to be imported on first use, and that first use still works."""
+"""What a node process imports, which is CPU and memory every volunteer's node and every
+test's node pays at start-up: scipy.optimize (hivemind's averager needs it; we do not)
+waits for its first use, and training steps never load torch._dynamo and sympy (any
+call into torch.optim does: swarm_node/optim/inner.py)."""
 
 import subprocess
 import sys
@@ -20,3 +22,27 @@ def test_scipy_optimize_waits_for_its_first_use():
     assert deferred.split()[0] == "_ImportedOnFirstUse" and int(deferred.split()[1]) < 20
     assert sum(int(share) for share in balance.strip("()").split(",")) == 100
     assert after == "module"
+
+
+TRAINING_PROBE = """
+import sys
+import torch
+from swarm_node.data.spec import DataSpec
+from swarm_node.optim import default_method
+from swarm_node.spec import RunSpec
+from swarm_node.train.rounds import step_if_ready
+from swarm_node.train.worker import StageWorker
+spec = RunSpec(run_id="imports", model_size="debug", num_stages=2, seq_len=16, batch_size=4, samples_per_step=4,
+               data=DataSpec(kind="synthetic"), method=default_method("noloco", inner_steps=2))
+worker = StageWorker(spec, 1, 16)
+for _ in range(2):
+    worker.forward_backward_last(torch.randn(4, 16, worker.model_config.hidden_size), torch.randint(0, 16, (4, 16)))
+    step_if_ready(worker)
+print(worker.inner_step, "torch._dynamo" in sys.modules, "sympy" in sys.modules)
+"""
+
+
+def test_inner_steps_load_neither_torch_dynamo_nor_sympy():
+    out = subprocess.run([sys.executable, "-c", TRAINING_PROBE], capture_output=True, text=True, timeout=120,
+                         check=True)
+    assert out.stdout.split() == ["2", "False", "False"]
