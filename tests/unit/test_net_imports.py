@@ -1,7 +1,8 @@
 """What a node process imports, which is CPU and memory every volunteer's node and every
 test's node pays at start-up: scipy.optimize (hivemind's averager needs it; we do not)
 waits for its first use, and training steps never load torch._dynamo and sympy (any
-call into torch.optim does: swarm_node/optim/inner.py)."""
+call into torch.optim does, and so does backward(gradient): swarm_node/optim/inner.py,
+StageWorker.backward)."""
 
 import subprocess
 import sys
@@ -34,15 +35,18 @@ from swarm_node.train.rounds import step_if_ready
 from swarm_node.train.worker import StageWorker
 spec = RunSpec(run_id="imports", model_size="debug", num_stages=2, seq_len=16, batch_size=4, samples_per_step=4,
                data=DataSpec(kind="synthetic"), method=default_method("noloco", inner_steps=2))
-worker = StageWorker(spec, 1, 16)
+first, last = StageWorker(spec, 0, 16), StageWorker(spec, 1, 16)
 for _ in range(2):
-    worker.forward_backward_last(torch.randn(4, 16, worker.model_config.hidden_size), torch.randint(0, 16, (4, 16)))
-    step_if_ready(worker)
-print(worker.inner_step, "torch._dynamo" in sys.modules, "sympy" in sys.modules)
+    tokens, targets = torch.randint(0, 16, (4, 16)), torch.randint(0, 16, (4, 16))
+    hidden = first.forward(tokens)
+    _, grad = last.forward_backward_last(hidden, targets)
+    first.backward(tokens, grad)
+    step_if_ready(first), step_if_ready(last)
+print(first.inner_step, last.inner_step, "torch._dynamo" in sys.modules, "sympy" in sys.modules)
 """
 
 
 def test_inner_steps_load_neither_torch_dynamo_nor_sympy():
     out = subprocess.run([sys.executable, "-c", TRAINING_PROBE], capture_output=True, text=True, timeout=120,
                          check=True)
-    assert out.stdout.split() == ["2", "False", "False"]
+    assert out.stdout.split() == ["2", "2", "False", "False"]
