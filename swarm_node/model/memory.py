@@ -54,6 +54,9 @@ LOSS_SAVED_BYTES_PER_LOGIT = 4
 LOSS_BACKWARD_BYTES_PER_LOGIT = 8
 # A backward through a block holds gradient buffers of its widest activation.
 BLOCK_BACKWARD_BYTES_PER_FFN_UNIT = 8
+# A stage's backward starts from a scalar (the loss, or train/worker.py's _Pullback) and
+# its seed gradient, one fp32 each, rounded up to the allocator's 8 bytes.
+BACKWARD_SEED_BYTES = 8 + 8
 
 
 @dataclass(frozen=True)
@@ -156,6 +159,7 @@ def estimate_stage_memory(config: ModelConfig, *, num_stages: int, stage_index: 
         # dense fp32 (V, H) gradient that is then added into the accumulated one.
         embedding_backward = 4 * config.vocab_size * config.hidden_size + 8 * tokens * config.hidden_size
         activations = max(activations, embedding_backward)
+    activations += BACKWARD_SEED_BYTES
     outer_step = 0
     if outer_state:
         largest = largest_tensor_elements(config, has_layers=bool(layers), is_first=stage_index == 0,

@@ -1,5 +1,6 @@
-"""StageWorker.backward takes the gradient of <out, grad_output> instead of calling
-out.backward(grad_output) (which imports sympy): the gradients must be the same bits."""
+"""StageWorker.backward hands grad_output to autograd through a scalar's backward instead
+of calling out.backward(grad_output) (which imports sympy): the gradients must be the
+same bits."""
 
 import pytest
 import torch
