@@ -45,7 +45,7 @@ class InnerOptimizer:
     """AdamW with decoupled weight decay, written out in torch's foreach kernels: the
     same operations in the same order as ``torch.optim.AdamW(foreach=True)``, so its
     steps are bit-identical to it (tests/unit/test_inner.py checks), and its state
-    dict has torch's layout (checkpoints and state downloads read either).
+    dict has torch's layout (checkpoints written with torch.optim load as they were).
 
     Not torch.optim itself: every call into a ``torch.optim.Optimizer`` imports
     torch._dynamo and sympy, about 800 modules, 1.4 s of CPU and 70 MB in every node
@@ -130,7 +130,10 @@ class InnerOptimizer:
                 if tuple(entry[name].shape) != tuple(p.shape):
                     raise ValueError(f"optimizer {name} of parameter {index} has shape {tuple(entry[name].shape)},"
                                      f" the parameter {tuple(p.shape)}")
-            state[index] = {"step": torch.tensor(float(entry["step"])),
+            step = torch.as_tensor(entry["step"])
+            if step.numel() != 1 or not torch.isfinite(step).all() or step.item() < 0:
+                raise ValueError(f"optimizer step count of parameter {index} is {entry['step']!r}")
+            state[index] = {"step": torch.tensor(float(step.item())),
                             "exp_avg": entry["exp_avg"].to(p.device, p.dtype).clone(),
                             "exp_avg_sq": entry["exp_avg_sq"].to(p.device, p.dtype).clone()}
         self.state = state

@@ -81,6 +81,12 @@ def test_moments_that_do_not_fit_the_parameters_are_refused():
         optimizer.load_moments_state_dict({"state": {0: moments}})
     with pytest.raises(ValueError, match="parameter 1"):
         optimizer.load_moments_state_dict({"state": {1: {**moments, "exp_avg": torch.zeros(4)}}})
+    fitting = {"exp_avg": torch.zeros(4), "exp_avg_sq": torch.zeros(4)}
+    for step in (torch.tensor([1.0, 2.0]), torch.tensor(float("nan")), torch.tensor(-1.0)):
+        with pytest.raises(ValueError, match="step count"):
+            optimizer.load_moments_state_dict({"state": {0: {**fitting, "step": step}}})
+    optimizer.load_moments_state_dict({"state": {0: {**fitting, "step": torch.tensor(3.0)}}})
+    assert optimizer.state[0]["step"].item() == 3.0
 
 
 def test_average_gradients_makes_workers_agree():
