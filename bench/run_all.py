@@ -18,7 +18,7 @@ from bench import report
 
 ORDER = ("sync_cost", "swarm_efficiency", "latency_model", "home_link", "convergence", "vs_hivemind", "wire_bytes",
          "scale")
-QUICK_BUDGET_S = 20 * 60  # 15 of them the home-link benchmark's shaped links
+QUICK_BUDGET_S = 20 * 60  # 12-15 of them the home-link benchmark's shaped links
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,6 +18,9 @@ class Point:
     step: int
     time_s: float  # since the swarm was launched
     val_loss: float
+    # the synchronisations the peer had done when it was taken, where it says (a
+    # swarm-node checkpoint's outer round); None: read it off ``step``
+    sync: int | None = None
 
 
 @dataclass(frozen=True)
@@ -35,9 +38,15 @@ def swarm_curve(points: Sequence[Point], num_peers: int, steps_per_sync: int) ->
     Points some peer lacks are dropped (a snapshot missed, a peer stopped early). A
     snapshot far off every synchronisation (a peer stopped at a time limit between
     two) belongs to a last point of its own: it used to take the place of the one
-    before it, and a run stopped 15 steps after its first synchronisation showed none."""
+    before it, and a run stopped 15 steps after its first synchronisation showed none.
+    A point that names its synchronisation belongs to it wherever its step lies: an
+    overlapped round's checkpoint comes when the exchange lands, up to a round of steps
+    after the boundary."""
     by_sync: dict[float, dict[int, Point]] = defaultdict(dict)
     for p in sorted(points, key=lambda p: (p.step, p.time_s)):
+        if p.sync is not None:
+            by_sync[p.sync][p.replica] = p
+            continue
         sync = round(p.step / steps_per_sync)
         on_grid = abs(p.step - sync * steps_per_sync) <= steps_per_sync / 4
         by_sync[sync if on_grid else math.inf][p.replica] = p  # the latest wins

@@ -2,7 +2,8 @@
 curves cost the run no time): a hivemind peer writes its own snapshots; a swarm-node
 node writes checkpoints, from which ``CheckpointCopier`` copies theta as they appear (a
 node keeps only its last two). A snapshot is ``snap-r<replica>-<step>.pt`` holding the
-step, the wall time it was taken and the model's state dict."""
+step, the outer rounds a node had done (its ``sync``; none for a hivemind peer), the
+wall time it was taken and the model's state dict."""
 
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ class CheckpointCopier:
         except (OSError, ValueError, json.JSONDecodeError):
             return False  # replaced while we read it; the next one will do
         path = self.snapshot_dir / f"snap-r{replica}-{meta['inner_step']:07d}.pt"
-        torch.save({"step": meta["inner_step"], "time": written, "state": state}, path)
+        torch.save({"step": meta["inner_step"], "sync": meta.get("outer_round"), "time": written, "state": state},
+                   path)
         return True
 
 
@@ -47,6 +49,6 @@ def load_snapshots(snapshot_dir: Path, launched: float) -> list[dict]:
     for path in sorted(snapshot_dir.glob("snap-r*-*.pt")):
         data = torch.load(path, map_location="cpu")
         replica = int(path.stem.split("-")[1][1:])
-        snaps.append({"replica": replica, "step": data["step"], "time_s": data["time"] - launched,
-                      "state": data["state"]})
+        snaps.append({"replica": replica, "step": data["step"], "sync": data.get("sync"),
+                      "time_s": data["time"] - launched, "state": data["state"]})
     return snaps

@@ -30,11 +30,13 @@ loss against time (weights kept every round, evaluated afterwards).
 
     .venv/bin/python -m bench.home_link [--full]
 
-Quick: 2 volunteers, the tiny model, H = 50, 6 rounds. Full: 4 volunteers, 8 rounds.
+Quick: 2 volunteers, the tiny model, H = 50, 4 rounds (2 x 2: 50 steps). Full: 4 volunteers,
+8 rounds (2 x 2: 100 steps).
 ``--work-dir DIR`` keeps every host's logs and files there."""
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import tempfile
@@ -67,8 +69,8 @@ RATIO = 5.0  # the blocking 16-bit round this many times the H inner steps (at l
 # machine: under load the inner steps take longer than when measured alone)
 SLOW_RATE_MBIT = 2.0
 DATA = "synthetic:alphabet=16,order=2"
-EVAL_BATCHES = 8
-HIVEMIND_TIME_FACTOR = 4.0
+EVAL_BATCHES = 4  # batches of 64 validation windows, the same for every scenario; 8 cost a minute of the quick budget
+HIVEMIND_TIME_FACTOR = 2.5
 LATE_PROPOSAL = "failed to answer a proposal"  # what the node logs when it backs a partner off for it
 
 
@@ -78,6 +80,7 @@ class Plan:
     rounds: int
     model: str = "tiny"
     inner_steps: int = 50
+    staged_steps: int = 100  # stage 0's steps in the 2 x 2 scenarios
     seq_len: int = 64
     batch_size: int = 8
     lr: float = 3e-3
@@ -156,6 +159,8 @@ class Evaluator:
         self.initial = self.loss(self.stage.state_dict())
 
     def loss(self, state: dict) -> float:
+        """Between scenarios, when no volunteer runs: on every core."""
+        torch.set_num_threads(os.cpu_count() or 1)
         self.stage.load_state_dict(state)
         return path_val_loss([self.stage], self.data, batch_size=64, max_batches=EVAL_BATCHES,
                              device=torch.device("cpu"))
@@ -163,7 +168,7 @@ class Evaluator:
     def curve(self, ran: Ran, volunteers: int, inner_steps: int) -> list[CurvePoint]:
         """The swarm's mean validation loss at each round, against the seconds since the
         last volunteer began to train (start-up is not counted: it differs by program)."""
-        points = [Point(s["replica"], s["step"], s["time_s"], self.loss(s["state"]))
+        points = [Point(s["replica"], s["step"], s["time_s"], self.loss(s["state"]), s["sync"])
                   for s in load_snapshots(ran.snapshot_dir, ran.launched) if s["step"] > 0]
         start = ran.training_started_s or 0.0
         curve = [CurvePoint(0, 0.0, self.initial, volunteers)]
@@ -185,7 +190,7 @@ def one_stage_row(plan: Plan, scenario: Scenario, rate: float, workdir: Path, al
         ran = run_hivemind(spec, plan.volunteers, rate, workdir, DATA, time_limit_s)
         return hivemind_row(plan, scenario, rate, ran, alone_tokens_per_s, evaluator)
     ran = run_one_stage(spec, plan.volunteers, rate, workdir, blocking=scenario.blocking,
-                        param_names=evaluator.param_names)
+                        param_names=evaluator.param_names, params=sum(p.numel() for p in evaluator.stage.parameters()))
     nodes = ran.nodes
     rounds = [max(1, n["outer_rounds"]) for n in nodes]
     partnered = [max(1, n["rounds_with_partner"]) for n in nodes]
@@ -245,7 +250,7 @@ def staged_row(plan: Plan, staged: StagedScenario, rate: float, workdir: Path) -
     rate = round(rate * staged.rate_factor, 2)
     print(f"bench.{NAME}: {name} ({rate} Mbit/s)", file=sys.stderr, flush=True)
     spec = run_spec(plan, RunSpec().outer_codec, stages=2, activation_codec=staged.activation_codec)
-    ran = run_two_stages(spec, rate, workdir, steps=2 * plan.inner_steps)
+    ran = run_two_stages(spec, rate, workdir, steps=plan.staged_steps)
     first = ran.nodes[0::2]
     return dict(scenario=name, activation_codec=staged.activation_codec, rate_mbit=rate,
                 swarm_tokens_per_s=round(sum(n["tokens"] / n["training_wall_s"] for n in first), 1),
@@ -277,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench.{NAME}: {why}", file=sys.stderr)
         return 2
     unwind_on_sigterm()  # the test beds remove their hosts, and the nodes in them
-    plan = Plan(volunteers=4, rounds=8) if args.full else Plan(volunteers=2, rounds=6)
+    plan = Plan(volunteers=4, rounds=8, staged_steps=100) if args.full else Plan(volunteers=2, rounds=4, staged_steps=50)
     result = Result(NAME, args.mode, args.out_dir)
     base = run_spec(plan, "fp16")
     step_s = alone(base, 20)

@@ -31,6 +31,7 @@ from netbed import Host, TestBed, host_env  # noqa: E402
 from swarm_hosts import VENV_BIN, BootstrapOnHost, Volunteer, wait_for  # noqa: E402
 
 from swarm_node.spec import RunSpec  # noqa: E402
+from swarm_node.wire.outer_codec import outer_codec  # noqa: E402
 
 RTT_MS = 50.0  # between two volunteers: 25 ms on each one's access link
 TIME_LIMIT_S = 1800
@@ -69,8 +70,18 @@ def _node_outputs(volunteer: Volunteer) -> tuple[dict, Path]:
     return json.loads(next(run.glob("summary-*.json")).read_text()), next(run.glob("weights-*.pt"))
 
 
+def blocking_seek_s(params: int, rate_mbit: float) -> float:
+    """How long a blocking round seeks its partner. One payload at a time, the side that
+    asked gets its answer one payload's time after the other side is done, and starts
+    its next inner steps that much later: a partner seeking for less (the default 20 s;
+    31 s of payload at 3.5 Mbit/s) gives up before the other arrives, and half the
+    rounds went local-only, skipping the very wait this scenario measures."""
+    payload_s = params * outer_codec("fp16").bytes_per_parameter() * 8 / (rate_mbit * 1e6)
+    return max(20.0, 1.5 * payload_s)
+
+
 def run_one_stage(spec: RunSpec, volunteers: int, rate_mbit: float, workdir: Path, *, blocking: bool,
-                  param_names: list[str]) -> Ran:
+                  param_names: list[str], params: int) -> Ran:
     steps = spec.total_steps
     snapshots = workdir / "snapshots"
     snapshots.mkdir(parents=True, exist_ok=True)
@@ -81,8 +92,9 @@ def run_one_stage(spec: RunSpec, volunteers: int, rate_mbit: float, workdir: Pat
         ran = Ran(spec, time.time(), snapshot_dir=snapshots)
         extra = ["--max-steps", str(steps), "--threads", "1", "--run-dir", "run", "--no-progress",
                  "--no-state-download", "--slowest-link-mbit", str(rate_mbit), "--checkpoint-dir", "ckpt",
-                 *(["--blocking-rounds", "--one-payload-at-a-time"] if blocking else [])]
-        nodes = [Volunteer(bed, h, workdir, line, *extra, "--data-shard", f"{i}/{volunteers}")
+                 *(["--blocking-rounds", "--one-payload-at-a-time", "--round-timeout",
+                    f"{blocking_seek_s(params, rate_mbit):.0f}"] if blocking else [])]
+        nodes = [Volunteer(bed, h, workdir, line, *extra, "--data-shard", f"{i}/{volunteers}", full_speed=True)
                  for i, h in enumerate(hosts)]
         copier = CheckpointCopier({i: v.workdir / "ckpt" for i, v in enumerate(nodes)}, snapshots, param_names)
         _wait_ticking(lambda: all(v.process.poll() is not None for v in nodes), copier.tick,
@@ -110,7 +122,7 @@ def run_two_stages(spec: RunSpec, rate_mbit: float, workdir: Path, steps: int) -
                      "--no-state-download", "--slowest-link-mbit", str(rate_mbit)]
             if stage == 0:
                 extra += ["--max-steps", str(steps), "--data-shard", f"{i // 2}/2"]
-            nodes.append(Volunteer(bed, host, workdir, line, *extra))
+            nodes.append(Volunteer(bed, host, workdir, line, *extra, full_speed=True))
         firsts = nodes[0::2]
         wait_for(lambda: all(v.process.poll() is not None for v in firsts), TIME_LIMIT_S,
                  f"stage 0 to finish {steps} steps", workdir)

@@ -56,7 +56,7 @@ def evaluate(run: SwarmRun, model, data) -> list[Point]:
     points = []
     for snap in load_snapshots(run):
         model.load_state_dict(snap["state"])
-        points.append(Point(snap["replica"], snap["step"], snap["time_s"], val_loss(model, data)))
+        points.append(Point(snap["replica"], snap["step"], snap["time_s"], val_loss(model, data), snap.get("sync")))
     return points
 
 

@@ -99,14 +99,16 @@ class BootstrapOnHost:
 
 class Volunteer:
     """`swarm-node join` typed on a host of its own: the bootstrap's line, plus a compute
-    share (tests/shared_machine.py) and ``extra``."""
+    share (tests/shared_machine.py) and ``extra``; ``full_speed`` leaves the share out,
+    for a benchmark, whose nodes must compute as a volunteer's would."""
 
-    def __init__(self, bed: TestBed, host: Host, workdir: Path, line: str, *extra: str):
+    def __init__(self, bed: TestBed, host: Host, workdir: Path, line: str, *extra: str,
+                 full_speed: bool = False):
         self.bed, self.host = bed, host
         self.workdir = workdir / host.name
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.log = self.workdir / "join.log"
-        self.command = " ".join([line, *map(shlex.quote, (*COMPUTE_SHARE, *extra))])
+        self.command = " ".join([line, *map(shlex.quote, (*(() if full_speed else COMPUTE_SHARE), *extra))])
         self.process = bed.popen(host, ["bash", "-c", self.command], cwd=self.workdir, env=volunteer_env(),
                                  log=self.log)
 

@@ -24,6 +24,17 @@ def test_snapshots_of_peers_stopped_between_synchronisations_make_a_last_point()
     assert [c.val_loss for c in curve] == pytest.approx([3.1, 2.85])
 
 
+def test_a_snapshot_that_names_its_round_joins_that_round_wherever_its_step_lies():
+    """An overlapped round's checkpoint comes when the exchange lands, 30 steps past the
+    boundary here; read off the step it would fall between two rounds, and every
+    point but the last was lost."""
+    points = [Point(0, 80, 10.0, 3.0, sync=1), Point(1, 79, 10.5, 3.2, sync=1),
+              Point(0, 130, 17.0, 2.8, sync=2), Point(1, 131, 17.5, 2.6, sync=2)]
+    curve = swarm_curve(points, num_peers=2, steps_per_sync=50)
+    assert [(c.step, c.time_s, c.peers) for c in curve] == [(79.5, 10.5, 2), (130.5, 17.5, 2)]
+    assert [c.val_loss for c in curve] == pytest.approx([3.1, 2.7])
+
+
 def test_common_target_is_a_little_above_the_worst_final():
     assert common_target([2.1, 2.3449], initial=5.3449) == pytest.approx(2.65)  # 2.3449 + 0.1 * 3.0 = 2.6449
     assert common_target([2.3, 2.2], initial=2.3) == pytest.approx(2.30)
