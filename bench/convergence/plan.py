@@ -110,6 +110,7 @@ class Job:
     outer_codec: str = "fp32"
     activation_codec: str = "fp32"
     outer_latency_steps: int | None = None  # None: the blocking round
+    overlap_start: str = "local"  # where an overlapped round's steps start (SimConfig.overlap_start)
 
     @property
     def cost(self) -> int:
@@ -134,7 +135,7 @@ def _scaling_lrs(plan: Plan, m: int) -> tuple[float, ...]:
     return plan.scaling_outer_lrs or (SCALING_OUTER_LR[m],)
 
 
-def _noloco_override(setting: str, value: float) -> dict[str, float]:
+def noloco_override(setting: str, value: float) -> dict[str, float]:
     """The Job field a sweep label ("alpha = 0.3") sets."""
     overrides = {"alpha": "outer_momentum", "beta": "outer_lr", "gamma": "outer_gamma"}
     if setting not in overrides:
@@ -145,7 +146,7 @@ def _noloco_override(setting: str, value: float) -> dict[str, float]:
 def _sweep_job(plan: Plan, seed: int, inner_lr: float | None, setting: str, value: float) -> Job:
     dp, pp = plan.sweep_grid
     return Job("sweep", dp, pp, "noloco", seed, plan, inner_lr=inner_lr, variant=f"{setting} = {value}",
-               **_noloco_override(setting, value))
+               **noloco_override(setting, value))
 
 
 def wire_label(variant: str, choice: str = NOLOCO_DEFAULT) -> str:
@@ -161,7 +162,7 @@ def wire_jobs(plan: Plan, inner_lr: float | None, choice: str = NOLOCO_DEFAULT) 
     variants, override = plan.wire_variants, {}
     if choice != NOLOCO_DEFAULT:
         setting, value = choice.split(" = ")
-        variants, override = plan.wire_at_choice, _noloco_override(setting, float(value))
+        variants, override = plan.wire_at_choice, noloco_override(setting, float(value))
     if variants and h is None:
         raise ValueError("the wire section needs NoLoCo's H in the plan")
     return [Job("wire", dp, pp, "noloco", seed, plan, inner_lr=inner_lr, variant=wire_label(v.label, choice),

@@ -127,14 +127,18 @@ class SlowWeights:
             p.copy_(f.to(device=p.device, dtype=p.dtype))
 
     @torch.no_grad()
-    def start_overlapped(self) -> list[torch.Tensor]:
+    def start_overlapped(self, group_phi: Sequence[Tensors] | None = None,
+                         group_delta: Sequence[Tensors] | None = None) -> list[torch.Tensor]:
         """At an overlapped round's boundary, once its payload (phi, ``deltas()``) is
         taken: theta moves to where the local-only outer step would put it (phi and the
         momentum stay), so the inner steps beside the exchange start from there
         (ALGORITHM.md 3.1). Returns that point, as theta holds it, for
-        :meth:`apply_overlapped`."""
+        :meth:`apply_overlapped`. The simulator's analysis may pass a group's payloads
+        (ours first) to start from that group's outer step instead."""
         h = self.hyper
-        local_phi, _ = outer_update(self.phi, self.momentum, [self.phi], [self.deltas()],
+        if group_phi is None or group_delta is None:
+            group_phi, group_delta = [self.phi], [self.deltas()]
+        local_phi, _ = outer_update(self.phi, self.momentum, group_phi, group_delta,
                                     alpha=h.alpha, beta=h.beta, gamma=h.gamma, nesterov=h.nesterov)
         for p, f in zip(self.params, local_phi):
             p.copy_(f.to(device=p.device, dtype=p.dtype))

@@ -12,6 +12,12 @@ from swarm_node.wire.messages import ACTIVATION_CODECS
 from swarm_node.wire.outer_codec import OUTER_CODECS
 
 ROUTINGS = ("random", "fixed")
+# Where an overlapped round's inner steps beside the exchange start (ALGORITHM.md 3.1):
+# "local", the rule the node runs; "theta", theta as it was (no move at the boundary).
+# The others are for analysis only, since no node knows its partners' payloads at the
+# boundary: the group's outer step with their Delta known ("known-deltas"), with their
+# phi known ("known-phis"), or with both ("known": the blocking step's weights).
+OVERLAP_STARTS = ("local", "theta", "known-deltas", "known-phis", "known")
 FIELD_NAMES = SettingNames(model="model_size", stages="stages", layers="layers_per_stage")
 
 
@@ -35,6 +41,7 @@ class SimConfig:
     # after the boundary (at most H: a node whose exchange outlasts the next boundary
     # waits there, which costs time but no steps).
     outer_latency_steps: int | None = None
+    overlap_start: str = "local"
     eval_every_steps: int = 50
     eval_batches: int = 8
     eval_batch_size: int = 64
@@ -54,6 +61,8 @@ class SimConfig:
         check_model_split(self.model_size, self.stages, self.layers_per_stage, FIELD_NAMES)
         if self.outer_latency_steps is not None and self.outer_latency_steps < 0:
             raise ValueError("outer_latency_steps must be >= 0")
+        if self.overlap_start not in OVERLAP_STARTS:
+            raise ValueError(f"overlap_start must be one of {OVERLAP_STARTS}")
 
     @property
     def tokens_per_step(self) -> int:

@@ -197,9 +197,28 @@ class Simulator:
             for w in stage_workers:
                 payloads.append(w.encoder.encode(w.slow.phi, w.slow.deltas()))
                 w.encoder.commit()  # a simulated exchange always completes
-            starts = [w.slow.start_overlapped() for w in stage_workers] if cfg.outer_latency_steps else None
+            starts = self._overlapped_starts(stage_workers, groups, payloads) if cfg.outer_latency_steps else None
             sent.append((groups, payloads, starts))
         return sent
+
+    def _overlapped_starts(self, stage_workers: list[Worker], groups: list[list[int]], payloads: list) -> list:
+        """Where each worker's steps beside the exchange start (SimConfig.overlap_start),
+        as :meth:`SlowWeights.start_overlapped` returns it."""
+        how = self.config.overlap_start
+        if how == "local":
+            return [w.slow.start_overlapped() for w in stage_workers]
+        if how == "theta":
+            return [[p.detach().float().clone() for p in w.slow.params] for w in stage_workers]
+        starts: list = [None] * len(stage_workers)
+        for group in groups:
+            for i in group:
+                w = stage_workers[i]
+                members = [self._decode(payloads[j], w) for j in [i] + [j for j in group if j != i]]
+                own = ([w.slow.phi] * len(members), [w.slow.deltas()] * len(members))
+                group_phi = [phi for phi, _ in members] if how in ("known-phis", "known") else own[0]
+                group_delta = [delta for _, delta in members] if how in ("known-deltas", "known") else own[1]
+                starts[i] = w.slow.start_overlapped(group_phi, group_delta)
+        return starts
 
     def _decode(self, wire: list, receiver: Worker) -> tuple[list, list]:
         """A payload as ``receiver`` reads it (near codecs read phi against its own)."""

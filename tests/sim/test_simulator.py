@@ -132,3 +132,26 @@ def test_random_paths_evaluate_the_paths_a_swarm_routes():
         sim.train_step()
     fixed, random_paths = sim.evaluate(), sim.evaluate_random_paths(seed=3)
     assert random_paths == sim.evaluate_random_paths(seed=3) and random_paths != fixed
+
+
+def _final_weights(config: SimConfig) -> list[torch.Tensor]:
+    sim = Simulator(config)
+    for step in range(1, config.steps + 1):
+        sim.advance(step)
+    return [p.detach().clone() for workers in sim.workers for w in workers for p in w.stage.parameters()]
+
+
+def test_overlapped_steps_started_from_the_blocking_step_train_as_the_blocking_round():
+    """The analysis start "known" (the group's outer step, which no node knows at the
+    boundary) is the blocking round with the steps reordered; the node's rule is not."""
+    blocking = _final_weights(small_config("noloco", steps=40, inner_steps=10))
+    known = _final_weights(small_config("noloco", steps=40, inner_steps=10, outer_latency_steps=5,
+                                        overlap_start="known"))
+    local = _final_weights(small_config("noloco", steps=40, inner_steps=10, outer_latency_steps=5))
+    assert max(float((a - b).abs().max()) for a, b in zip(blocking, known)) < 1e-4
+    assert max(float((a - b).abs().max()) for a, b in zip(blocking, local)) > 1e-3
+
+
+def test_an_unknown_overlap_start_is_refused():
+    with pytest.raises(ValueError, match="overlap_start"):
+        small_config("noloco", overlap_start="guess")

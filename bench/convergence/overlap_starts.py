@@ -1,0 +1,85 @@
+"""Where the inner steps beside an overlapped exchange should start (ALGORITHM.md 3.1):
+the convergence benchmark's wire grid (4 x 2, H = 10, 1,000 steps, phi, Delta and
+activations in 16 bits) at the NoLoCo setting and inner lr of its last full result, the
+exchange landing half a round late, against the blocking round on the same seeds.
+
+Starts (SimConfig.overlap_start): "local", the node's rule; "theta", theta as it was;
+and, to split the rule's gap into its parts, starts no node can have at the boundary:
+the group's outer step with the partners' Delta known ("known-deltas"), with their phi
+known ("known-phis"), or both ("known", which is the blocking round reordered).
+
+    .venv/bin/python -m bench.convergence.overlap_starts [--seeds 0,1,2] [--starts local,known-deltas]
+
+Writes bench/results/overlap_starts.json; about 70 CPU-seconds a run."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from bench.common.results import Result, load, parse_mode
+from bench.convergence.plan import FULL, NOLOCO_DEFAULT, Job, noloco_override, wire_label
+from bench.convergence.runs import Runner
+from bench.convergence.stats import wire_rows
+from swarm_node.sim.config import OVERLAP_STARTS
+
+NAME = "overlap_starts"
+BASELINE = "blocking fp16"
+
+
+def jobs(seeds: list[int], starts: list[str], inner_lr: float, choice: str) -> list[Job]:
+    dp, pp = FULL.wire_grid
+    override = {} if choice == NOLOCO_DEFAULT else noloco_override(*_split(choice))
+    half_round = FULL.h_of("noloco") // 2
+
+    def job(label: str, seed: int, **kw) -> Job:
+        return Job("wire", dp, pp, "noloco", seed, FULL, inner_lr=inner_lr, variant=wire_label(label, choice),
+                   outer_codec="fp16", activation_codec="fp16", **override, **kw)
+
+    return ([job(BASELINE, seed) for seed in seeds]
+            + [job(f"overlapped, half a round late, start: {start}", seed, outer_latency_steps=half_round,
+                   overlap_start=start) for start in starts for seed in seeds])
+
+
+def _split(choice: str) -> tuple[str, float]:
+    setting, value = choice.split(" = ")
+    return setting, float(value)
+
+
+def main(argv: list[str] | None = None) -> int:
+    def options(parser) -> None:
+        parser.add_argument("--seeds", default="0,1,2", help="comma-separated (default: %(default)s)")
+        parser.add_argument("--starts", default=",".join(OVERLAP_STARTS), help="comma-separated (default: all)")
+        parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+
+    args = parse_mode(__doc__.split("\n\n")[0], argv, extra=options)
+    convergence = load("convergence")
+    if convergence is None or convergence["mode"] != "full":
+        print(f"bench.{NAME}: needs a full bench/results/convergence.json (its inner lr and NoLoCo choice)",
+              file=sys.stderr)
+        return 2
+    starts = args.starts.split(",")
+    unknown = [s for s in starts if s not in OVERLAP_STARTS]
+    if unknown:
+        print(f"bench.{NAME}: unknown start(s) {unknown}; choose from {OVERLAP_STARTS}", file=sys.stderr)
+        return 2
+    seeds = [int(s) for s in args.seeds.split(",")]
+    inner_lr, choice = convergence["summary"]["inner_lr"], convergence["summary"]["noloco_choice"]
+    result = Result(NAME, args.mode, args.out_dir)
+    started = time.perf_counter()
+    with Runner(max(1, args.workers)) as runner:
+        runs = runner.run(jobs(seeds, starts, inner_lr, choice), NAME)
+    result.rows = wire_rows(runs, BASELINE) + runs
+    result.summary = {"seeds": seeds, "inner_lr": inner_lr, "noloco_choice": choice,
+                      "gaps_pct": {r["variant"]: round(r["gap_pct"], 3) for r in result.rows
+                                   if r.get("kind") == "wire" and r["gap_pct"] is not None}}
+    result.note(f"{len(runs)} runs on {args.workers} processes: {time.perf_counter() - started:.0f} s wall.")
+    result.write()
+    for variant, gap in result.summary["gaps_pct"].items():
+        print(f"{variant}: {gap:+.2f} % against the blocking round", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
