@@ -17,6 +17,7 @@ from swarm_node.obs.sinks import SINKS
 # runs before torch is imported
 OUTER_CODEC_NAMES = ("fp32", "fp16", "bf16", "int8", "int4", "near4-4", "near4-3")
 ACTIVATION_CODEC_NAMES = ("fp32", "fp16", "bf16", "int8")
+OUTER_LANDING_NAMES = ("whole", "delta-first")
 
 
 def _positive_int(text: str) -> int:
@@ -86,6 +87,9 @@ def _add_sim_parser(sub) -> None:
     p.add_argument("--outer-latency-steps", type=_positive_int, default=None, metavar="K",
                    help="overlapped outer rounds: the exchange lands K inner steps after the boundary while "
                         "training goes on (docs/ALGORITHM.md 3.1); default: blocking rounds")
+    p.add_argument("--outer-landing", choices=OUTER_LANDING_NAMES, default="whole",
+                   help="overlapped rounds: phi and Delta land together, or Delta is sent ahead of phi and moves "
+                        "the inner steps as soon as it is in (docs/ALGORITHM.md 3.1); default: %(default)s")
     p.add_argument("--eval-every", type=_positive_int, default=None, metavar="STEPS",
                    help="steps between evaluations (default: --steps / 20)")
     p.add_argument("--eval-batches", type=_positive_int, default=8, metavar="N",
@@ -133,7 +137,7 @@ def _run_sim(args: argparse.Namespace) -> int:
                        model_size=args.model, layers_per_stage=args.layers_per_stage, seq_len=args.seq_len,
                        batch_size=args.batch_size, steps=args.steps, seed=args.seed, routing=args.routing,
                        activation_codec=args.activation_codec, outer_codec=args.outer_codec,
-                       outer_latency_steps=args.outer_latency_steps,
+                       outer_latency_steps=args.outer_latency_steps, outer_landing=args.outer_landing,
                        eval_every_steps=args.eval_every or max(1, args.steps // 20),
                        eval_batches=args.eval_batches, device=resolve_device(args.device))
     run_simulation(config, json_out=args.json_out, plot=args.plot, progress=not args.no_progress)

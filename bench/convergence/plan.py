@@ -111,6 +111,7 @@ class Job:
     activation_codec: str = "fp32"
     outer_latency_steps: int | None = None  # None: the blocking round
     overlap_start: str = "local"  # where an overlapped round's steps start (SimConfig.overlap_start)
+    outer_landing: str = "whole"  # how its payloads land (SimConfig.outer_landing)
 
     @property
     def cost(self) -> int:

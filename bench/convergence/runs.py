@@ -33,7 +33,7 @@ def sim_config(job: Job):
                      batch_size=plan.global_batch // job.dp, steps=plan.steps, seed=job.seed,
                      eval_batches=plan.eval_batches, eval_batch_size=64, outer_codec=job.outer_codec,
                      activation_codec=job.activation_codec, outer_latency_steps=job.outer_latency_steps,
-                     overlap_start=job.overlap_start)
+                     overlap_start=job.overlap_start, outer_landing=job.outer_landing)
 
 
 def _train(sim, every: int, curve_batches: int) -> list[list[float]]:
@@ -71,6 +71,7 @@ def run_job(job: Job) -> dict:
             "seed": job.seed, "variant": job.variant, "batch_size": config.batch_size,
             "outer_codec": job.outer_codec, "activation_codec": job.activation_codec,
             "outer_latency_steps": job.outer_latency_steps, "overlap_start": job.overlap_start,
+            "outer_landing": job.outer_landing,
             "inner_lr": config.inner.lr, "inner_steps": method.inner_steps,
             "outer_lr": method.outer.beta if method.outer else None,
             "outer_momentum": method.outer.alpha if method.outer else None,

@@ -13,7 +13,8 @@ Overlapped (ALGORITHM.md section 3.1): at the boundary a worker snapshots theta_
 sends (phi_i, Delta_i = theta_s - phi_i), keeps taking inner steps, and when the group's
 payloads are in applies the same update to phi and carries the progress made meanwhile
 onto it: theta_i <- phi_i(new) + (theta_i - theta_s). With no steps in between it is
-the blocking step exactly. With ``nesterov=True`` the step
+the blocking step exactly. A group's Delta that lands ahead of its phi moves theta_s
+(and theta with it) to the group's Delta step at once; phi follows when it lands. With ``nesterov=True`` the step
 looks ahead: phi_i <- phi_i + g + alpha * delta_i, where g is the bracketed update
 (torch SGD's Nesterov form with lr folded into beta).
 
@@ -143,6 +144,22 @@ class SlowWeights:
         for p, f in zip(self.params, local_phi):
             p.copy_(f.to(device=p.device, dtype=p.dtype))
         return [p.detach().float().to(f.device, copy=True) for p, f in zip(self.params, self.phi)]
+
+    @torch.no_grad()
+    def land_deltas(self, group_delta: Sequence[Tensors], theta_start: Tensors) -> list[torch.Tensor]:
+        """The group's Delta in ahead of its phi (ours first): theta moves by the
+        difference between the group's Delta step and ``theta_start`` (phi, the momentum
+        and the gamma pull wait for the phi), keeping the progress made since. Returns
+        the new start for :meth:`apply_overlapped`. If the partners' phi never comes,
+        :meth:`apply_overlapped` of our own payload from that start is the local-only
+        step with the progress kept, as it would have been without this."""
+        h = self.hyper
+        start, _ = outer_update(self.phi, self.momentum, [self.phi] * len(group_delta), group_delta,
+                                alpha=h.alpha, beta=h.beta, gamma=h.gamma, nesterov=h.nesterov)
+        for p, old, new in zip(self.params, theta_start, start):
+            progress = p.detach().float().to(new.device) - old
+            p.copy_((new + progress).to(device=p.device, dtype=p.dtype))
+        return start
 
     @torch.no_grad()
     def apply_overlapped(self, group_phi: Sequence[Tensors], group_delta: Sequence[Tensors],

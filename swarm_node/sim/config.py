@@ -18,6 +18,11 @@ ROUTINGS = ("random", "fixed")
 # boundary: the group's outer step with their Delta known ("known-deltas"), with their
 # phi known ("known-phis"), or with both ("known": the blocking step's weights).
 OVERLAP_STARTS = ("local", "theta", "known-deltas", "known-phis", "known")
+# How an overlapped round's payloads land: "whole", phi and Delta together when the
+# exchange is done (the node today); "delta-first", Delta sent ahead of phi, so the
+# group's Delta lands as far into the exchange as Delta's share of its bytes and moves
+# theta then (SlowWeights.land_deltas), phi and the gamma pull when the rest is in.
+OUTER_LANDINGS = ("whole", "delta-first")
 FIELD_NAMES = SettingNames(model="model_size", stages="stages", layers="layers_per_stage")
 
 
@@ -42,6 +47,7 @@ class SimConfig:
     # waits there, which costs time but no steps).
     outer_latency_steps: int | None = None
     overlap_start: str = "local"
+    outer_landing: str = "whole"
     eval_every_steps: int = 50
     eval_batches: int = 8
     eval_batch_size: int = 64
@@ -63,6 +69,8 @@ class SimConfig:
             raise ValueError("outer_latency_steps must be >= 0")
         if self.overlap_start not in OVERLAP_STARTS:
             raise ValueError(f"overlap_start must be one of {OVERLAP_STARTS}")
+        if self.outer_landing not in OUTER_LANDINGS:
+            raise ValueError(f"outer_landing must be one of {OUTER_LANDINGS}")
 
     @property
     def tokens_per_step(self) -> int:

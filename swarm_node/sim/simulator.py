@@ -12,6 +12,7 @@ along the same path.
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,6 +42,16 @@ class Worker:
     inner: InnerOptimizer
     slow: SlowWeights | None
     encoder: OuterEncoder | None = None  # how its (phi, Delta) go on the wire, with error feedback
+
+
+@dataclass
+class InFlight:
+    """An overlapped round under way: every stage's groups and payloads, and the steps
+    its parts land at (``deltas_at``: a Delta sent ahead of phi; None once in, or when
+    the payload lands whole)."""
+    sent: list
+    deltas_at: int | None
+    lands_at: int
 
 
 @dataclass
@@ -82,7 +93,7 @@ class Simulator:
         self.loaders = [ShardedBatches(self.data, batch_size=config.batch_size, seed=config.seed,
                                        shard_id=r, num_shards=config.replicas) for r in range(config.replicas)]
         self.outer_rounds = 0
-        self._in_flight = None  # an overlapped round's payloads, and the step they land at
+        self._in_flight: InFlight | None = None
 
     def _build_worker(self, stage_index: int) -> Worker:
         cfg = self.config
@@ -164,23 +175,36 @@ class Simulator:
     def advance(self, step: int) -> float:
         """Inner step ``step`` (counted from 1), then the outer round it makes due, as
         configured: blocking, or overlapped (ALGORITHM.md 3.1: the payloads as encoded at
-        the boundary land ``outer_latency_steps`` later; one that outlasts a round lands
-        at the next boundary, where the node waits for it; the last one lands at the end).
+        the boundary land ``outer_latency_steps`` later, a Delta sent ahead of phi as far
+        into that as its share of the bytes; one that outlasts a round lands at the next
+        boundary, where the node waits for it; the last one lands at the end).
         Returns the step's training loss."""
         cfg = self.config
         train_loss = self.train_step()
         if cfg.method.has_outer_step and step % cfg.method.inner_steps == 0:
             if self._in_flight is not None:
-                self._land(self._in_flight[0])
+                self._land(self._in_flight.sent)
                 self._in_flight = None
             if cfg.outer_latency_steps:
-                self._in_flight = (self._exchange(), step + cfg.outer_latency_steps)
+                self._in_flight = InFlight(self._exchange(), self._deltas_at(step), step + cfg.outer_latency_steps)
             else:
                 self.outer_round()
-        if self._in_flight is not None and (step >= self._in_flight[1] or step == cfg.steps):
-            self._land(self._in_flight[0])
-            self._in_flight = None
+        flight = self._in_flight
+        if flight is not None:
+            if step >= flight.lands_at or step == cfg.steps:
+                self._land(flight.sent)
+                self._in_flight = None
+            elif flight.deltas_at is not None and step >= flight.deltas_at:
+                self._land_deltas(flight.sent)
+                flight.deltas_at = None
         return train_loss
+
+    def _deltas_at(self, boundary: int) -> int | None:
+        cfg = self.config
+        if cfg.outer_landing != "delta-first":
+            return None
+        steps = max(1, math.ceil(cfg.outer_latency_steps * outer_codec(cfg.outer_codec).delta_share() - 1e-9))
+        return boundary + steps if steps < cfg.outer_latency_steps else None
 
     def _exchange(self) -> list[tuple[list[list[int]], list[list], list | None]]:
         """Per stage: the groups, and every worker's (phi, Delta) as encoded at the
@@ -224,6 +248,16 @@ class Simulator:
         """A payload as ``receiver`` reads it (near codecs read phi against its own)."""
         shapes = [p.shape for p in receiver.stage.parameters()]
         return decode_outer(wire, shapes, receiver.encoder.codec, self.device, near=receiver.slow.phi)
+
+    def _land_deltas(self, sent) -> None:
+        """The groups' Delta in ahead of their phi: each worker's steps move onto the
+        group's Delta step (SlowWeights.land_deltas), its start with them."""
+        for stage_workers, (groups, payloads, starts) in zip(self.workers, sent):
+            for group in groups:
+                for i in group:
+                    w = stage_workers[i]
+                    deltas = [self._decode(payloads[j], w)[1] for j in [i] + [j for j in group if j != i]]
+                    starts[i] = w.slow.land_deltas(deltas, starts[i])
 
     def _land(self, sent) -> None:
         for stage_workers, (groups, payloads, snapshots) in zip(self.workers, sent):

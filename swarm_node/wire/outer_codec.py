@@ -45,11 +45,17 @@ class OuterCodec:
 
     def bytes_per_parameter(self) -> float:
         """Both tensors, steps included (fp16 tensors out of range go as fp32: not counted)."""
-        def one(bits):
-            if bits is None:
-                return WIRE_PRECISIONS[self.precision].itemsize
-            return bits / 8 + 4 / BLOCK
-        return one(self.phi_bits) + one(self.delta_bits)
+        return self._part_bytes(self.phi_bits) + self._part_bytes(self.delta_bits)
+
+    def delta_share(self) -> float:
+        """Delta's part of the bytes a round sends: how far into the exchange a Delta
+        sent ahead of phi is in."""
+        return self._part_bytes(self.delta_bits) / self.bytes_per_parameter()
+
+    def _part_bytes(self, bits: int | None) -> float:
+        if bits is None:
+            return WIRE_PRECISIONS[self.precision].itemsize
+        return bits / 8 + 4 / BLOCK
 
 
 OUTER_CODECS = {c.name: c for c in (

@@ -1,5 +1,6 @@
 """The simulator end to end on small problems (seconds each)."""
 
+import dataclasses
 import json
 
 import pytest
@@ -152,6 +153,30 @@ def test_overlapped_steps_started_from_the_blocking_step_train_as_the_blocking_r
     assert max(float((a - b).abs().max()) for a, b in zip(blocking, local)) > 1e-3
 
 
+def test_a_delta_first_landing_is_the_whole_landing_when_delta_comes_with_phi_and_not_when_ahead():
+    """With the exchange one step long both parts land at that step: nothing moves
+    earlier. With five steps, Delta (half of an fp32 payload) lands at step 3 and moves
+    the steps from there."""
+    def run(latency: int, landing: str) -> list[torch.Tensor]:
+        return _final_weights(small_config("noloco", steps=40, inner_steps=10, outer_latency_steps=latency,
+                                           outer_landing=landing))
+
+    assert all(torch.equal(a, b) for a, b in zip(run(1, "whole"), run(1, "delta-first")))
+    whole, first = run(5, "whole"), run(5, "delta-first")
+    assert max(float((a - b).abs().max()) for a, b in zip(whole, first)) > 1e-4
+
+
+def test_a_delta_sent_ahead_of_phi_lands_as_far_into_the_exchange_as_its_share_of_the_bytes():
+    sim = Simulator(small_config("noloco", steps=20, inner_steps=10, outer_latency_steps=9,
+                                 outer_landing="delta-first", outer_codec="near4-3"))
+    # near4-3: Delta 3 bits and phi 4, each with a float32 step per 256 values: 43 % of the bytes
+    assert sim._deltas_at(10) == 10 + 4  # 3.88 steps in
+    assert Simulator(dataclasses.replace(sim.config, outer_codec="fp16"))._deltas_at(10) == 10 + 5  # 4.5
+    assert Simulator(dataclasses.replace(sim.config, outer_latency_steps=1))._deltas_at(10) is None
+
+
 def test_an_unknown_overlap_start_is_refused():
     with pytest.raises(ValueError, match="overlap_start"):
         small_config("noloco", overlap_start="guess")
+    with pytest.raises(ValueError, match="outer_landing"):
+        small_config("noloco", outer_landing="sideways")

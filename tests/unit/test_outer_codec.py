@@ -115,3 +115,16 @@ def test_anything_that_does_not_fit_our_stage_is_a_protocol_error(name, data):
     assert [t.shape for t in phi] == shapes and [t.shape for t in delta] == shapes
     if codec.phi_bits:  # blockwise values are finite by construction; float ones are screened by the partner check
         assert all(torch.isfinite(t).all() for t in phi)
+
+
+def test_deltas_share_of_a_round_is_what_its_codec_sends_of_it():
+    assert OUTER_CODECS["fp16"].delta_share() == 0.5
+    near = OUTER_CODECS["near4-3"]
+    assert near.delta_share() == pytest.approx((3 / 8 + 4 / 256) / near.bytes_per_parameter())
+
+
+def test_the_simulators_landings_are_the_clis():
+    from swarm_node.cli import OUTER_LANDING_NAMES
+    from swarm_node.sim.config import OUTER_LANDINGS
+
+    assert OUTER_LANDING_NAMES == OUTER_LANDINGS

@@ -201,3 +201,54 @@ def test_an_overlapped_step_keeps_the_progress_made_while_the_exchange_ran(gen):
     assert torch.allclose(slow.phi[0], expected_phi[0])
     assert torch.allclose(params[0].detach(), expected_phi[0] + meanwhile, atol=1e-6)
     assert torch.allclose(slow.deltas()[0], meanwhile, atol=1e-6)  # the next round's Delta starts with it
+
+
+def _a_round_taken(gen):
+    """A worker of one 5-value tensor after a round's inner steps, and what it sends."""
+    params = [torch.nn.Parameter(torch.randn(5, generator=gen))]
+    slow = SlowWeights(params, OuterHyper(alpha=0.5, beta=0.7, gamma=0.7))
+    with torch.no_grad():
+        params[0].add_(torch.randn(5, generator=gen))
+    return params, slow, [slow.phi[0].clone()], slow.deltas()
+
+
+def test_a_delta_landed_ahead_of_phi_moves_the_steps_to_the_groups_delta_step_and_keeps_their_progress(gen):
+    """Delta first (ALGORITHM.md 3.1): theta moves to the group's Delta step plus the
+    progress made so far; phi, momentum and the gamma pull wait for the phi; once it is
+    in, the round ends where the whole payload landing at once would have put it."""
+    params, slow, sent_phi, sent_delta = _a_round_taken(gen)
+    phi_before, momentum_before = slow.phi[0].clone(), slow.momentum[0].clone()
+    start = slow.start_overlapped()
+    before_delta, after_delta = torch.randn(5, generator=gen), torch.randn(5, generator=gen)
+    with torch.no_grad():
+        params[0].add_(before_delta)
+    partner = ([torch.randn(5, generator=gen)], [torch.randn(5, generator=gen)])
+    start = slow.land_deltas([sent_delta, partner[1]], start)
+    delta_step, _ = outer_update(sent_phi, [torch.zeros(5)], [sent_phi, sent_phi], [sent_delta, partner[1]],
+                                 alpha=0.5, beta=0.7, gamma=0.7)
+    assert torch.allclose(start[0], delta_step[0])
+    assert torch.allclose(params[0].detach(), delta_step[0] + before_delta, atol=1e-6)
+    assert torch.equal(slow.phi[0], phi_before) and torch.equal(slow.momentum[0], momentum_before)
+    with torch.no_grad():
+        params[0].add_(after_delta)
+    slow.apply_overlapped([sent_phi, partner[0]], [sent_delta, partner[1]], start)
+    expected_phi, _ = outer_update(sent_phi, [torch.zeros(5)], [sent_phi, partner[0]], [sent_delta, partner[1]],
+                                   alpha=0.5, beta=0.7, gamma=0.7)
+    assert torch.allclose(slow.phi[0], expected_phi[0])
+    assert torch.allclose(params[0].detach(), expected_phi[0] + before_delta + after_delta, atol=1e-5)
+
+
+def test_a_partner_lost_after_its_delta_leaves_the_local_only_step(gen):
+    """Its phi never comes: our own payload from the moved start is the local-only step,
+    the progress kept, as if its Delta had never landed."""
+    params, slow, sent_phi, sent_delta = _a_round_taken(gen)
+    start = slow.start_overlapped()
+    local_start = start[0].clone()
+    meanwhile = torch.randn(5, generator=gen)
+    with torch.no_grad():
+        params[0].add_(meanwhile)
+    start = slow.land_deltas([sent_delta, [torch.randn(5, generator=gen)]], start)
+    assert not torch.allclose(params[0].detach(), local_start + meanwhile, atol=1e-3)
+    slow.apply_overlapped([sent_phi], [sent_delta], start)
+    assert torch.allclose(params[0].detach(), local_start + meanwhile, atol=1e-5)
+    assert torch.allclose(slow.phi[0], local_start, atol=1e-6)
