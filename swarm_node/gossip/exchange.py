@@ -35,18 +35,20 @@ from swarm_node.net.transport import ServeLimits, short_id
 from swarm_node.node_services import NodeServices
 from swarm_node.train.rounds import RoundGate, force_round_if_ready
 from swarm_node.train.worker import OpenRound
-from swarm_node.wire.codec import FrameLimits, decode_frame, encode_frame
+from swarm_node.wire.codec import FrameLimits, decode_frame, encode_frame, peek_header
 from swarm_node.wire.messages import (
     CONTROL_MAX_BYTES,
+    OUTER_PARTS,
     answer_is_yes,
     check_fetch,
     check_outer_header,
     check_proposal,
+    outer_part,
     refusal,
     refusal_hints,
     refusal_ready_in_s,
 )
-from swarm_node.wire.outer_codec import OuterCodec
+from swarm_node.wire.outer_codec import OuterCodec, part_tensors
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +74,10 @@ class OuterState(Protocol):
 
     def decode_payload(self, wire: Tensors, device: torch.device) -> tuple[Tensors, Tensors]: ...
 
+    def decode_part(self, tensors: Tensors, part: str, device: torch.device) -> Tensors: ...
+
+    def land_partner_delta(self, round_no: int, delta: Tensors) -> bool: ...
+
     def close_round(self, others: list[tuple[Tensors, Tensors]]) -> None: ...
 
     def own_phi(self) -> Sequence[torch.Tensor]: ...
@@ -95,6 +101,22 @@ class ExchangeTimes:
     both_at_once: bool = True  # our payload goes out while the partner's comes in (False: one after the other)
 
 
+@dataclass(frozen=True)
+class PayloadParts:
+    """A pair's payload as it moves: Delta ahead of phi, each its own frame, so the
+    partner's Delta moves our inner steps as soon as it is in (ALGORITHM.md 3.1)."""
+    delta: bytes
+    phi: bytes
+
+    def part(self, name: str | None) -> bytes:
+        if name not in OUTER_PARTS:
+            raise ProtocolError("a pair's payload is fetched a part at a time")
+        return self.delta if name == "delta" else self.phi
+
+
+Payload = bytes | PayloadParts
+
+
 @dataclass
 class RoundOutcome:
     """One round and its critical path: preparing the payload, finding a partner, the
@@ -109,6 +131,7 @@ class RoundOutcome:
     prepare_s: float = 0.0  # snapshot, our own Delta's scale, encoding
     partner_at: float | None = None  # when the partner was agreed (its proposal or ours accepted)
     exchange_s: float | None = None  # from the partner agreed to its payload in and checked
+    delta_in_s: float | None = None  # from the partner agreed to its Delta in, checked and landed
     close_s: float = 0.0  # decoding, checks, the outer step
     ended_at: float = 0.0
 
@@ -147,11 +170,13 @@ class OuterExchange:
         self._outcome = RoundOutcome(-1)
         self._declined: dict[str, int] = {}  # peer -> rounds-apart declines in a row
         self._alone = False  # the last round found nobody else in the stage
-        self._offer: bytes | None = None  # our payload while a round is open
+        self._offer: Payload | None = None  # our payload while a round is open
         self._round_opened_at: float | None = None
         # after a round, our payload stays for its partners (on the loop's clock) until the
         # exchange time is up: a partner's fetch may come after its payload has paired us
-        self._kept: dict[str, tuple[bytes, float]] = {}
+        self._kept: dict[str, tuple[Payload, float]] = {}
+        # a partner's Delta sent ahead of its phi, checked, until the phi comes: (peer, our round, Delta)
+        self._partner_delta: tuple[str, int, Tensors] | None = None
 
     @property
     def seeking(self) -> bool:
@@ -183,8 +208,7 @@ class OuterExchange:
         self._round_opened_at = now()  # the next round's steps count from here: its pace (_ready_in_s)
         self._outcome = outcome = RoundOutcome(round_no, started_at=started)
         await self.compute(self._note_own_delta, opened.fraction)
-        reply = await self.compute(encode_frame, {"kind": "outer", "spec": self.spec_hash, "round": round_no,
-                                                  "ok": True}, opened.wire)
+        reply = await self.compute(self._encode_payload, round_no, opened.wire)
         outcome.prepare_s = now() - started
         callers = self.callers_expected()
         had_company = callers or bool(self.candidates())
@@ -197,6 +221,7 @@ class OuterExchange:
             announcing.cancel()  # the round may end before the record is out: the caller publishes after
             await asyncio.gather(announcing, return_exceptions=True)
             self._offer = None
+            self._partner_delta = None  # a Delta whose phi never came: the round is over
         self._kept = {peer: (reply, now() + self.times.exchange_s) for peer, _ in others}
         closing = now()
         if others and outcome.partner_at is not None:
@@ -210,11 +235,22 @@ class OuterExchange:
         self.last = outcome
         return outcome
 
+    def _encode_payload(self, round_no: int, wire: Tensors) -> Payload:
+        """On the compute thread: our payload's frames. A pair's goes as two parts, Delta
+        first; a DiLoCo group's whole (a member needs every other's Delta before any
+        moves its steps)."""
+        header = {"kind": "outer", "spec": self.spec_hash, "round": round_no, "ok": True}
+        if not isinstance(self.pairing, PairingCoordinator):
+            return encode_frame(header, wire)
+        n_phi = part_tensors(self.state.codec, "phi", len(self.state.params))
+        return PayloadParts(delta=encode_frame({**header, "part": "delta"}, wire[n_phi:]),
+                            phi=encode_frame({**header, "part": "phi"}, wire[:n_phi]))
+
     def _note_own_delta(self, fraction: float) -> None:
         """On the compute thread: our Delta as sent is the scale partners are held to."""
         self.check.note_own_delta(self.state.own_payload()[1], fraction)
 
-    async def _gather(self, round_no: int, reply: bytes, expect_request: bool) -> list[tuple[str, Any]]:
+    async def _gather(self, round_no: int, reply: Payload, expect_request: bool) -> list[tuple[str, Any]]:
         if isinstance(self.pairing, GroupRound):
             gathered = await self.pairing.run_round(
                 round_no, reply, members=lambda: [peer for peer, _ in self.candidates()], send=self._send_outer,
@@ -335,44 +371,60 @@ class OuterExchange:
             raise Refused(why, ready_in_s)
         self._outcome.partner_at = now()
 
-    async def _send_outer(self, peer: str, payload: bytes, timeout_s: float) -> tuple[Tensors, Tensors]:
+    async def _send_outer(self, peer: str, payload: Payload, timeout_s: float) -> tuple[Tensors, Tensors]:
         """Our payload to ``peer`` and its payload to us, both at once; returns its payload,
-        checked, once it has taken ours."""
+        checked, once it has taken ours. A pair's payloads move Delta first, and the
+        partner's Delta lands as soon as it is in."""
         deadline = now() + timeout_s
-        sending = asyncio.create_task(self.transport.request(
-            peer, protocols.OUTER, payload, timeout_s=timeout_s, max_response_bytes=CONTROL_MAX_BYTES,
-            paced_request=True))
+        sending = asyncio.create_task(self._send_payload(peer, payload, deadline))
         if not self.times.both_at_once:  # for comparison: the partner's payload only after ours is in
             await asyncio.wait([sending])
-        fetching = asyncio.create_task(self._fetch(peer, deadline - now()))
+        fetching = asyncio.create_task(self._fetch_payload(peer, isinstance(payload, PayloadParts), deadline))
         try:
-            verdict, checked = await asyncio.gather(sending, fetching)
+            _, checked = await asyncio.gather(sending, fetching)
         except BaseException:
             for task in (sending, fetching):
                 task.cancel()
             await asyncio.gather(sending, fetching, return_exceptions=True)
             raise
-        yes, why = answer_is_yes(verdict)  # a few bytes: no need to wait for the compute thread
-        if not yes:
-            raise Refused(why)
         return checked
 
-    async def _fetch(self, peer: str, timeout_s: float) -> tuple[Tensors, Tensors]:
-        request = encode_frame({"kind": "outer-fetch", "spec": self.spec_hash, "round": self.state.outer_round})
+    async def _send_payload(self, peer: str, payload: Payload, deadline: float) -> None:
+        for frame in (payload.delta, payload.phi) if isinstance(payload, PayloadParts) else (payload,):
+            verdict = await self.transport.request(peer, protocols.OUTER, frame, timeout_s=deadline - now(),
+                                                   max_response_bytes=CONTROL_MAX_BYTES, paced_request=True)
+            yes, why = answer_is_yes(verdict)  # a few bytes: no need to wait for the compute thread
+            if not yes:
+                raise Refused(why)
+
+    async def _fetch_payload(self, peer: str, in_parts: bool, deadline: float) -> tuple[Tensors, Tensors]:
+        if not in_parts:
+            return await self._fetch(peer, deadline - now())
+        delta = await self._fetch(peer, deadline - now(), "delta")
+        if self._outcome is not None and self._outcome.partner_at is not None:
+            self._outcome.delta_in_s = now() - self._outcome.partner_at
+        return await self._fetch(peer, deadline - now(), "phi"), delta
+
+    async def _fetch(self, peer: str, timeout_s: float, part: str | None = None):
+        """The partner's payload, or one ``part`` of it, checked (a Delta also landed)."""
+        request = encode_frame({"kind": "outer-fetch", "spec": self.spec_hash, "round": self.state.outer_round,
+                                **({} if part is None else {"part": part})})
         raw = await self.transport.request(peer, protocols.OUTER_FETCH, request, timeout_s=timeout_s,
                                            max_response_bytes=self.limits.max_payload_bytes + (1 << 16),
                                            paced_response=True)
         header, tensors = await self.compute(decode_frame, raw, self.limits)
         if not header.get("ok"):
             raise Refused(str(header.get("error", "refused"))[:200])
-        return await self._check_partner(peer, header, tensors)
+        return await self._check_partner(peer, header, tensors, part)
 
-    async def _check_partner(self, peer: str, header: dict, tensors: Tensors) -> tuple[Tensors, Tensors]:
-        check_outer_header(header, self.spec_hash)
+    async def _check_partner(self, peer: str, header: dict, tensors: Tensors, part: str | None = None):
+        """The partner's payload (``part`` None) or one part of it, decoded and held to our
+        scale; a Delta that passes moves our steps at once."""
+        check_outer_header(header, self.spec_hash, part)
         theirs, ours = header.get("round"), self.state.outer_round
         rounds_ahead = theirs - ours if type(theirs) is int else 0  # a claim: it only picks how we refuse
         try:
-            checked = await self.compute(self._decode_and_check, tensors, rounds_ahead)
+            checked = await self.compute(self._decode_and_check, tensors, rounds_ahead, part)
             self._declined.pop(peer, None)
             return checked
         except Poisoned as exc:
@@ -398,10 +450,20 @@ class OuterExchange:
             log.info("declining an outer exchange before our first round: %s", exc)
             raise
 
-    def _decode_and_check(self, tensors: Tensors, rounds_ahead: int) -> tuple[Tensors, Tensors]:
-        """On the compute thread: the partner's payload in the run's codec, then held to our scale."""
-        phi, delta = self.state.decode_payload(tensors, torch.device("cpu"))
-        return self.check.check(phi + delta, self.state.own_phi(), self.state.own_delta, rounds_ahead)
+    def _decode_and_check(self, tensors: Tensors, rounds_ahead: int, part: str | None = None):
+        """On the compute thread: the partner's payload (or ``part`` of it) in the run's
+        codec, then held to our scale. A Delta ahead of its phi lands here, on the round
+        it was sent for."""
+        cpu = torch.device("cpu")
+        if part is None:
+            phi, delta = self.state.decode_payload(tensors, cpu)
+            return self.check.check(phi + delta, self.state.own_phi(), self.state.own_delta, rounds_ahead)
+        values = self.state.decode_part(tensors, part, cpu)
+        if part == "phi":
+            return self.check.check_phi(values, self.state.own_phi(), self.state.own_delta, rounds_ahead)
+        delta = self.check.check_delta(values, self.state.own_phi(), self.state.own_delta, rounds_ahead)
+        self.state.land_partner_delta(self.state.outer_round, delta)
+        return delta
 
     # -- the answering side ------------------------------------------------------------
     async def handle_propose(self, remote: str, request: bytes) -> bytes:
@@ -443,15 +505,36 @@ class OuterExchange:
         return ready_in_s if ready_in_s <= READY_IN_WORTH_SAYING_S else None
 
     async def handle_outer(self, remote: str, request: bytes) -> bytes:
-        """A partner's payload; the answer is our verdict (our payload goes on ``handle_fetch``)."""
+        """A partner's payload, or a pair's part of one (its Delta, then its phi); the
+        answer is our verdict (our payload goes on ``handle_fetch``)."""
         async def partner_payload():
             header, tensors = await self.compute(decode_frame, request, self.limits)
             return await self._check_partner(remote, header, tensors)
 
+        async def partner_phi():
+            header, tensors = await self.compute(decode_frame, request, self.limits)
+            phi = await self._check_partner(remote, header, tensors, "phi")
+            kept, self._partner_delta = self._partner_delta, None
+            if kept is None or kept[:2] != (remote, self.state.outer_round):
+                raise ProtocolError("sent its phi without its Delta")
+            return phi, kept[2]
+
         pairing = self.pairing
         try:
             if isinstance(pairing, PairingCoordinator):  # only the peer whose proposal we accepted gets in
-                await pairing.answer(remote, partner_payload)
+                try:
+                    part = outer_part(peek_header(request, self.limits))
+                except ProtocolError:
+                    part = None  # the whole payload's path refuses it: unread if unreserved, else a fault
+                if part == "delta":
+                    if not pairing.may_fetch(remote):
+                        raise Refused("no-reservation")
+                    header, tensors = await self.compute(decode_frame, request, self.limits)
+                    delta = await self._check_partner(remote, header, tensors, "delta")
+                    self._partner_delta = (remote, self.state.outer_round, delta)
+                    return VERDICT_YES
+                # a pair's phi completes its Delta; a whole payload (a peer that sends it so) also pairs
+                await pairing.answer(remote, partner_phi if part == "phi" else partner_payload)
                 return VERDICT_YES
             payload = await partner_payload()
             if pairing.state.value == "idle":
@@ -466,15 +549,25 @@ class OuterExchange:
             return encode_frame({"ok": False, "error": "protocol"})
 
     async def handle_fetch(self, remote: str, request: bytes) -> bytes:
-        """Our payload, for the peer we pair with (or, in DiLoCo, any member) this round."""
+        """Our payload (a pair's, a part at a time), for the peer we pair with (or, in
+        DiLoCo, any member) this round."""
         try:
-            check_fetch(request, self.spec_hash)
+            part = check_fetch(request, self.spec_hash)
             if self._offer is not None and self.pairing.may_fetch(remote):
-                return self._offer
+                return _payload_part(self._offer, part)
             kept, until = self._kept.get(remote, (None, 0.0))
             if kept is not None and now() < until:
-                return kept
+                return _payload_part(kept, part)
             return encode_frame({"ok": False, "error": "not-ready" if self._offer is None else "no-reservation"})
         except ProtocolError as exc:
             self.guard.fault(remote, f"bad outer fetch ({exc})")
             return encode_frame({"ok": False, "error": "protocol"})
+
+
+def _payload_part(payload: Payload, part: str | None) -> bytes:
+    if isinstance(payload, PayloadParts):
+        return payload.part(part)
+    if part is not None:
+        raise ProtocolError("a group's payload is fetched whole")
+    return payload
+

@@ -64,9 +64,10 @@ def distance(theirs: Sequence[torch.Tensor], ours: Sequence[torch.Tensor]) -> fl
     return math.sqrt(sum(float((t.to(o.device, torch.float32) - o).pow(2).sum()) for t, o in zip(theirs, ours)))
 
 
-def fit_problem(tensors: Sequence[torch.Tensor], shapes: Sequence[torch.Size]) -> str | None:
-    """Why a partner's (phi, Delta) list does not fit a stage of ``shapes``, or None."""
-    expected = list(shapes) * 2
+def fit_problem(tensors: Sequence[torch.Tensor], shapes: Sequence[torch.Size], parts: int = 2) -> str | None:
+    """Why a partner's (phi, Delta) list (``parts`` 1: one of them) does not fit a stage
+    of ``shapes``, or None."""
+    expected = list(shapes) * parts
     if len(tensors) != len(expected):
         return f"expected {len(expected)} tensors, got {len(tensors)}"
     for t, shape in zip(tensors, expected):
@@ -116,29 +117,56 @@ class PartnerCheck:
         if problem:
             raise ProtocolError(problem)
         n = len(own_phi)
-        phi, delta = tensors[:n], tensors[n:]
-        delta_norm, phi_distance = norm(delta), distance(phi, own_phi)
-        if not (math.isfinite(delta_norm) and math.isfinite(phi_distance)):
+        delta = self.check_delta(tensors[n:], own_phi, own_delta, rounds_ahead)
+        return self.check_phi(tensors[:n], own_phi, own_delta, rounds_ahead), delta
+
+    def check_delta(self, delta: list[torch.Tensor], own_phi: Sequence[torch.Tensor],
+                    own_delta: Callable[[], Sequence[torch.Tensor]], rounds_ahead: int = 0) -> list[torch.Tensor]:
+        """The partner's Delta alone, as it counts: what a Delta sent ahead of its phi
+        must pass before it moves our steps (the same tests as in :meth:`check`)."""
+        problem = fit_problem(delta, [p.shape for p in own_phi], parts=1)
+        if problem:
+            raise ProtocolError(problem)
+        delta_norm = norm(delta)
+        if not math.isfinite(delta_norm):
             raise ProtocolError("the update's norm is not finite")
         reference = self.reference()
         if not reference:  # no round yet, or none with a step in it
-            first = MagnitudeScreen(self.max_update_ratio)
-            first.note(norm(own_delta()))
-            problem = (first.check_only(delta_norm, "partner's Delta norm")
-                       or first.check_only(phi_distance, "partner's distance from our phi"))
-            if problem:
-                raise Refused(f"not-ready ({problem})")
-            return phi, delta
+            self._first_check(delta_norm, "partner's Delta norm", own_delta)
+            return delta
         bound = self.max_update_ratio * reference
         if delta_norm > bound:
             why = f"partner's Delta norm {delta_norm:.3g} is {delta_norm / reference:.1f}x our own {reference:.3g}"
             if rounds_ahead == 0:
                 raise Poisoned(why)
             raise RoundsApart(why, rounds_ahead)
+        return _scaled_within(delta, delta_norm, self.clip_ratio * reference)
+
+    def check_phi(self, phi: list[torch.Tensor], own_phi: Sequence[torch.Tensor],
+                  own_delta: Callable[[], Sequence[torch.Tensor]], rounds_ahead: int = 0) -> list[torch.Tensor]:
+        """The partner's phi alone, as it counts (pulled within our scale)."""
+        problem = fit_problem(phi, [p.shape for p in own_phi], parts=1)
+        if problem:
+            raise ProtocolError(problem)
+        phi_distance = distance(phi, own_phi)
+        if not math.isfinite(phi_distance):
+            raise ProtocolError("the update's norm is not finite")
+        reference = self.reference()
+        if not reference:
+            self._first_check(phi_distance, "partner's distance from our phi", own_delta)
+            return phi
+        bound = self.max_update_ratio * reference
         if phi_distance > DISTANCE_SLACK * bound and abs(rounds_ahead) >= ROUNDS_APART:
             raise RoundsApart(f"partner's phi is {phi_distance / reference:.1f}x our Delta norm away", rounds_ahead)
-        return (_pulled_within(phi, own_phi, phi_distance, self.clip_ratio * reference),
-                _scaled_within(delta, delta_norm, self.clip_ratio * reference))
+        return _pulled_within(phi, own_phi, phi_distance, self.clip_ratio * reference)
+
+    def _first_check(self, value: float, what: str, own_delta: Callable[[], Sequence[torch.Tensor]]) -> None:
+        """Before our first round, our progress so far is the only scale."""
+        first = MagnitudeScreen(self.max_update_ratio)
+        first.note(norm(own_delta()))
+        problem = first.check_only(value, what)
+        if problem:
+            raise Refused(f"not-ready ({problem})")
 
 
 def _scaled_within(delta: list[torch.Tensor], delta_norm: float, bound: float) -> list[torch.Tensor]:

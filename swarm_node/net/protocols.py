@@ -5,8 +5,9 @@ FORWARD = "/swarm-node/forward/1.0.0"  # activations + targets in, input gradien
 PAIR = "/swarm-node/pair/1.0.0"  # a few bytes: "pair with me this round?", answered before any payload moves
 # phi + Delta, one exchange per round, only after PAIR accepts: the caller's payload goes
 # in on OUTER (paced; the answer is the partner's verdict) while it fetches the partner's
-# on OUTER_FETCH (paced), both at once (3.0: the two directions no longer wait for each other)
-OUTER = "/swarm-node/outer/3.0.0"
-OUTER_FETCH = "/swarm-node/outer-fetch/1.0.0"
+# on OUTER_FETCH (paced), both at once (outer 3.0: the two directions no longer wait for
+# each other); a pair's payload moves as two parts, Delta ahead of phi (outer 4.0, outer-fetch 2.0)
+OUTER = "/swarm-node/outer/4.0.0"
+OUTER_FETCH = "/swarm-node/outer-fetch/2.0.0"
 STATE = "/swarm-node/state/1.0.0"  # chunked snapshot of theta, phi, momentum and counters
 STATUS = "/swarm-node/status/1.0.0"  # run id, stage, version, peer counts: for probes and other implementations

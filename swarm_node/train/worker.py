@@ -11,6 +11,7 @@ weights, as the NoLoCo reference and SWARM do."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -26,7 +27,7 @@ from swarm_node.optim.inner import InnerOptimizer
 from swarm_node.optim.outer import SlowWeights
 from swarm_node.spec import RunSpec
 from swarm_node.train.device import autocast, training_precision
-from swarm_node.wire.outer_codec import OuterEncoder, decode_outer, outer_codec
+from swarm_node.wire.outer_codec import OuterEncoder, decode_outer, decode_outer_part, outer_codec
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class OpenRound:
     # overlapped: theta where the inner steps beside the exchange began (the local-only
     # outer step's result, ALGORITHM.md 3.1); None: blocking
     theta_start: list[torch.Tensor] | None
+    delta_landed: bool = False  # a partner's Delta sent ahead of its phi has moved the steps
 
 
 def _training_work(method):
@@ -221,6 +223,24 @@ class StageWorker:
                        device: torch.device) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """A payload of the run's codec, ours or a partner's, read against our phi."""
         return decode_outer(wire, [p.shape for p in self.params], self.codec, device, near=self.slow.phi)
+
+    def decode_part(self, tensors: list[torch.Tensor], part: str, device: torch.device) -> list[torch.Tensor]:
+        """A partner's phi or Delta sent on its own (a Delta ahead of its phi)."""
+        return decode_outer_part(tensors, [p.shape for p in self.params], self.codec, device, part,
+                                 near=self.slow.phi)
+
+    @torch.no_grad()
+    def land_partner_delta(self, round_no: int, delta: list[torch.Tensor]) -> bool:
+        """A partner's Delta, as checked, in ahead of its phi: the inner steps beside the
+        exchange move onto the pair's Delta step now (ALGORITHM.md 3.1, Delta ahead of
+        phi); ``close_round`` completes the step. Only for the open overlapped round it
+        was sent for, once: returns whether it moved anything."""
+        opened = self.open
+        if opened is None or opened.round_no != round_no or opened.theta_start is None or opened.delta_landed:
+            return False
+        start = self.slow.land_deltas([self.own_payload()[1], delta], opened.theta_start)
+        self.open = dataclasses.replace(opened, theta_start=start, delta_landed=True)
+        return True
 
     @torch.no_grad()
     def close_round(self, others: list[tuple[list, list]]) -> None:

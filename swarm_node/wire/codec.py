@@ -64,16 +64,24 @@ def encode_frame(header: dict, tensors: Sequence[torch.Tensor] = ()) -> bytes:
     return b"".join([HEADER_LEN.pack(len(head)), head, *chunks])
 
 
-def decode_frame(data: bytes | bytearray | memoryview,
-                 limits: FrameLimits = DEFAULT_LIMITS) -> tuple[dict, list[torch.Tensor]]:
-    """Parse a frame; raises ``ProtocolError`` for anything malformed."""
+def peek_header(data: bytes | bytearray | memoryview, limits: FrameLimits = DEFAULT_LIMITS) -> dict:
+    """A frame's header alone, checked as :func:`decode_frame` checks it (its tensor
+    list included, unchecked): what a frame is, before anything is decoded."""
     view = memoryview(data)
     if len(view) < HEADER_LEN.size:
         raise ProtocolError(f"frame of {len(view)} bytes is shorter than its length prefix")
     (head_len,) = HEADER_LEN.unpack_from(view)
     if head_len > limits.max_header_bytes or head_len > len(view) - HEADER_LEN.size:
         raise ProtocolError(f"header length {head_len} exceeds the frame or the cap")
-    header = _parse_header(view[HEADER_LEN.size:HEADER_LEN.size + head_len])
+    return _parse_header(view[HEADER_LEN.size:HEADER_LEN.size + head_len])
+
+
+def decode_frame(data: bytes | bytearray | memoryview,
+                 limits: FrameLimits = DEFAULT_LIMITS) -> tuple[dict, list[torch.Tensor]]:
+    """Parse a frame; raises ``ProtocolError`` for anything malformed."""
+    view = memoryview(data)
+    header = peek_header(view, limits)
+    (head_len,) = HEADER_LEN.unpack_from(view)
     specs = _check_specs(header.pop("tensors"), limits)
     payload = view[HEADER_LEN.size + head_len:]
     needed = sum(nbytes for _, _, nbytes in specs)

@@ -117,15 +117,29 @@ def check_proposal(raw: bytes, spec_hash: str) -> None:
     _check_control(raw, "propose", spec_hash, "not a pairing proposal of this run")
 
 
-def check_fetch(raw: bytes, spec_hash: str) -> None:
-    """``/swarm-node/outer-fetch``: a few bytes asking for the partner's (phi, Delta)."""
-    _check_control(raw, "outer-fetch", spec_hash, "not an outer fetch of this run")
+OUTER_PARTS = ("delta", "phi")  # a pair's payload moves as two parts, Delta ahead of phi (ALGORITHM.md 3.1)
 
 
-def _check_control(raw: bytes, kind: str, spec_hash: str, what: str) -> None:
+def check_fetch(raw: bytes, spec_hash: str) -> str | None:
+    """``/swarm-node/outer-fetch``: a few bytes asking for the partner's (phi, Delta), or
+    for one part of it; returns the part asked for (None: the whole payload)."""
+    header = _check_control(raw, "outer-fetch", spec_hash, "not an outer fetch of this run")
+    return outer_part(header)
+
+
+def outer_part(header: dict) -> str | None:
+    """The part an outer message names: "delta", "phi", or None for the whole payload."""
+    part = header.get("part")
+    if part is not None and part not in OUTER_PARTS:
+        raise ProtocolError(f"unknown outer payload part {str(part)[:20]!r}")
+    return part
+
+
+def _check_control(raw: bytes, kind: str, spec_hash: str, what: str) -> dict:
     header, tensors = decode_frame(raw, CONTROL_LIMITS)
     if header.get("kind") != kind or header.get("spec") != spec_hash or tensors:
         raise ProtocolError(what)
+    return header
 
 
 MAX_SEEKER_HINTS = 3  # peers a refusal may name as seeking (gossip/seekers.py)
@@ -184,10 +198,13 @@ def answer_is_yes(raw: bytes) -> tuple[bool, str]:
     return bool(header.get("ok")), str(header.get("error", "refused"))[:200]
 
 
-def check_outer_header(header: dict, spec_hash: str) -> None:
-    """``/swarm-node/outer``: the header of a (phi, Delta) payload, either way."""
+def check_outer_header(header: dict, spec_hash: str, part: str | None = None) -> None:
+    """``/swarm-node/outer``: the header of a (phi, Delta) payload, or of the ``part`` of
+    it expected, either way."""
     if header.get("kind") != "outer" or header.get("spec") != spec_hash:
         raise ProtocolError("not an outer exchange of this run")
+    if outer_part(header) != part:
+        raise ProtocolError(f"expected the outer payload's {part or 'whole'}, got {header.get('part') or 'whole'}")
 
 
 def check_state_chunk(meta: dict, chunk: int, snap_id: str | None) -> tuple[str, int]:

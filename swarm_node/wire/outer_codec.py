@@ -125,14 +125,33 @@ def decode_outer(tensors: Sequence[torch.Tensor], shapes: Sequence[torch.Size], 
     ``near``: our own phi, for near codecs. ProtocolError for anything that does not fit
     (nothing is allocated before the sizes are checked: the blockwise decoders check
     codes and steps first)."""
-    phi_count = len(shapes) * (1 if codec.phi_bits is None else 2)
-    delta_count = len(shapes) * (1 if codec.delta_bits is None else 2)
+    phi_count = part_tensors(codec, "phi", len(shapes))
+    delta_count = part_tensors(codec, "delta", len(shapes))
     if len(tensors) != phi_count + delta_count:
         raise ProtocolError(f"outer payload has {len(tensors)} tensors; the {codec.name} codec sends "
                             f"{phi_count + delta_count} for this stage")
-    phi = _decode_one(tensors[:phi_count], shapes, codec.phi_bits, device, near if codec.phi_near else None)
-    delta = _decode_one(tensors[phi_count:], shapes, codec.delta_bits, device)
-    return phi, delta
+    return (decode_outer_part(tensors[:phi_count], shapes, codec, device, "phi", near),
+            decode_outer_part(tensors[phi_count:], shapes, codec, device, "delta"))
+
+
+def part_tensors(codec: OuterCodec, part: str, parameters: int) -> int:
+    """How many wire tensors carry ``part`` ("phi" or "delta") of a stage of
+    ``parameters`` tensors: one each as floats, codes and steps each when blockwise."""
+    bits = codec.phi_bits if part == "phi" else codec.delta_bits
+    return parameters * (1 if bits is None else 2)
+
+
+def decode_outer_part(tensors: Sequence[torch.Tensor], shapes: Sequence[torch.Size], codec: OuterCodec,
+                      device: torch.device, part: str, near: Sequence[torch.Tensor] = ()) -> Tensors:
+    """One part of a partner's payload, phi or Delta, sent on its own (a Delta ahead of
+    its phi, ALGORITHM.md 3.1), checked as :func:`decode_outer` checks it."""
+    count = part_tensors(codec, part, len(shapes))
+    if len(tensors) != count:
+        raise ProtocolError(f"outer {part} has {len(tensors)} tensors; the {codec.name} codec sends {count} "
+                            f"for this stage")
+    if part == "phi":
+        return _decode_one(tensors, shapes, codec.phi_bits, device, near if codec.phi_near else None)
+    return _decode_one(tensors, shapes, codec.delta_bits, device)
 
 
 def _decode_one(tensors: Sequence[torch.Tensor], shapes: Sequence[torch.Size], bits: int | None,

@@ -25,7 +25,7 @@ from swarm_node.state.sync import StateSync
 from swarm_node.train.pipeline import Pipeline
 from swarm_node.train.rounds import RoundGate
 from swarm_node.train.worker import StageWorker
-from swarm_node.wire.codec import encode_frame
+from swarm_node.wire.codec import decode_frame, encode_frame
 from swarm_node.wire.records import PeerRecord
 
 
@@ -66,6 +66,20 @@ async def inline(fn, *args, **kwargs):
 def payload_of(worker: StageWorker, dtype: torch.dtype = torch.float32) -> tuple[list, list]:
     """A worker's (phi, Delta) now, as a float payload of its run's fp16 codec carries them."""
     return [t.to(dtype) for t in worker.slow.phi], [t.to(dtype) for t in worker.slow.deltas()]
+
+
+def partner_payload(spec: RunSpec, phi: list, delta: list, round_no: int = 0) -> dict[str | None, bytes]:
+    """A partner's payload as it answers our fetches: whole (None), or the part a
+    fetch names (a pair's node fetches Delta, then phi)."""
+    header = {"kind": "outer", "spec": spec.spec_hash(), "round": round_no, "ok": True}
+    return {None: encode_frame(header, [*phi, *delta]), "delta": encode_frame({**header, "part": "delta"}, delta),
+            "phi": encode_frame({**header, "part": "phi"}, phi)}
+
+
+def fetched_part(request: bytes) -> str | None:
+    """The part of our payload a fetch asks for (None: the whole)."""
+    header, _ = decode_frame(request)
+    return header.get("part")
 
 
 def record(stage: int, spec: RunSpec, **fields) -> PeerRecord:

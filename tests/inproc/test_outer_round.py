@@ -3,7 +3,7 @@ the round is open, and a round that finds no partner ends in the local-only step
 
 import torch
 import vclock
-from parts import StageParts, payload_of, record
+from parts import StageParts, fetched_part, partner_payload, payload_of, record
 
 from swarm_node.data.spec import DataSpec
 from swarm_node.net import protocols
@@ -62,17 +62,17 @@ def test_a_proposal_whose_answer_is_lost_to_a_stream_reset_is_asked_again_withou
     def partner(resets: int):
         calls = []
         worker = StageWorker(SPEC, 1, 16)
-        phi, delta = payload_of(worker, torch.float16)
-        answer = encode_frame({"kind": "outer", "spec": SPEC.spec_hash(), "round": 0, "ok": True}, [*phi, *delta])
+        answers = partner_payload(SPEC, *payload_of(worker, torch.float16))
 
         class Partner:  # accepts our proposal, but the first `resets` answers are lost
             async def request(self, peer, protocol, payload, *, timeout_s, max_response_bytes, **pacing):
                 calls.append(protocol)
                 if protocol == protocols.PAIR and calls.count(protocols.PAIR) <= resets:
                     raise StreamClosed("stream closed mid-frame")
+                if protocol == protocols.OUTER_FETCH:
+                    return answers[fetched_part(payload)]
                 return {protocols.PAIR: encode_frame({"kind": "propose", "ok": True}),
-                        protocols.OUTER: encode_frame({"kind": "outer", "ok": True}),
-                        protocols.OUTER_FETCH: answer}[protocol]
+                        protocols.OUTER: encode_frame({"kind": "outer", "ok": True})}[protocol]
 
         return Partner(), calls
 
@@ -83,8 +83,9 @@ def test_a_proposal_whose_answer_is_lost_to_a_stream_reset_is_asked_again_withou
         stage.membership.peers = {1: {"QmOther": record(1, SPEC, seeking=True)}}
         outcome = vclock.run(stage.exchange().run_round())
         if paired:
-            assert outcome.partners == ["QmOther"] and calls == [protocols.PAIR, protocols.PAIR, protocols.OUTER,
-                                                                 protocols.OUTER_FETCH]
+            # then our payload and its, each as two parts (Delta ahead of phi)
+            assert outcome.partners == ["QmOther"] and calls[:2] == [protocols.PAIR, protocols.PAIR]
+            assert sorted(calls[2:]) == sorted([protocols.OUTER, protocols.OUTER_FETCH] * 2)
             assert not stage.guard.is_banned("QmOther")
         else:
             assert outcome.partners == [] and stage.guard.is_banned("QmOther")

@@ -26,11 +26,13 @@ LINK_S = 3.0  # each payload spends this long on the wire (virtual time)
 
 
 class Link:
-    """Requests go straight to the other node's handlers; a payload takes LINK_S (ours
-    going in on OUTER, the partner's coming back on OUTER_FETCH)."""
+    """Requests go straight to the other node's handlers; bytes move at ``bytes_per_s``
+    (ours going in on OUTER, the partner's coming back on OUTER_FETCH), so that a whole
+    payload takes LINK_S and a part its share of it."""
 
-    def __init__(self):
+    def __init__(self, bytes_per_s: float):
         self.exchanges, self.bytes = {}, collections.Counter()
+        self.bytes_per_s = bytes_per_s
 
     def transport(self, own_id: str):
         link = self
@@ -40,13 +42,13 @@ class Link:
                 link.bytes[protocol] += len(payload)
                 async with asyncio.timeout(timeout_s):
                     if protocol == protocols.OUTER:
-                        await asyncio.sleep(LINK_S)
+                        await asyncio.sleep(len(payload) / link.bytes_per_s)
                     other = link.exchanges[peer]
                     handler = {protocols.PAIR: other.handle_propose, protocols.OUTER: other.handle_outer,
                                protocols.OUTER_FETCH: other.handle_fetch}[protocol]
                     answer = await handler(own_id, payload)
                     if protocol == protocols.OUTER_FETCH:
-                        await asyncio.sleep(LINK_S)
+                        await asyncio.sleep(len(answer) / link.bytes_per_s)
                 link.bytes[protocol] += len(answer)
                 return answer
 
@@ -68,16 +70,18 @@ class Round:
     stages: list[StageParts]
     sent: collections.Counter  # bytes by protocol, both ways
     steps_open: list[bool]  # whether the gate let steps through while the payload was on the wire
+    delta_landed: list[bool]  # whether the partner's Delta had moved the steps three quarters into the exchange
     outcomes: list  # each node's RoundOutcome
 
 
 def one_round(codec: str, blocking: bool = False, both_at_once: bool = True) -> Round:
     spec = dataclasses.replace(SPEC, outer_codec=codec)
-    link = Link()
     ids = ["QmAaa", "QmBbb"]
     stages = [StageParts(spec, trained(i, spec), config=NodeConfig(round_timeout_s=30.0))
               for i in range(2)]
-    steps_open, outcomes = [], []
+    worker = stages[0].worker
+    link = Link(sum(p.numel() for p in worker.params) * worker.codec.bytes_per_parameter() / LINK_S)
+    steps_open, delta_landed, outcomes = [], [], []
 
     async def both():
         exchanges = []
@@ -93,10 +97,12 @@ def one_round(codec: str, blocking: bool = False, both_at_once: bool = True) -> 
         rounds = [asyncio.create_task(e.run_round()) for e in exchanges]
         await asyncio.sleep(LINK_S / 2)
         steps_open.extend(stage.gate.idle.is_set() for stage in stages)
+        await asyncio.sleep(LINK_S / 4)
+        delta_landed.extend(stage.worker.open is not None and stage.worker.open.delta_landed for stage in stages)
         outcomes.extend(await asyncio.gather(*rounds))
 
     vclock.run(both())
-    return Round(stages, link.bytes, steps_open, outcomes)
+    return Round(stages, link.bytes, steps_open, delta_landed, outcomes)
 
 
 @pytest.mark.parametrize("codec", ["fp16", "int8", "near4-3"])
@@ -107,6 +113,18 @@ def test_a_round_pairs_and_moves_the_bytes_its_codec_says(codec):
     numel = sum(p.numel() for p in stages[0].worker.params)
     per_parameter = payload_bytes(sent) / (2 * numel)  # each of the two sent its payload once
     assert per_parameter == pytest.approx(stages[0].worker.codec.bytes_per_parameter(), rel=0.02)
+
+
+def test_each_partners_delta_moves_the_others_steps_halfway_through_a_16_bit_exchange():
+    """Delta goes ahead of phi both ways (ALGORITHM.md 3.1): three quarters into the
+    exchange both nodes' steps already stand on the pair's Delta step; the caller's
+    critical path shows its partner's Delta in at half the exchange. A blocking round
+    has no steps to move."""
+    done = one_round("fp16")
+    assert done.delta_landed == [True, True]
+    caller = next(o for o in done.outcomes if o.delta_in_s is not None)
+    assert caller.delta_in_s == pytest.approx(LINK_S / 2, rel=0.05) and caller.exchange_s > 0.9 * LINK_S
+    assert one_round("fp16", blocking=True).delta_landed == [False, False]
 
 
 def payload_bytes(sent: collections.Counter) -> int:
