@@ -177,6 +177,9 @@ class OuterExchange:
         self._kept: dict[str, tuple[Payload, float]] = {}
         # a partner's Delta sent ahead of its phi, checked, until the phi comes: (peer, our round, Delta)
         self._partner_delta: tuple[str, int, Tensors] | None = None
+        # (caller, the round it claimed) of the last payload that made a pair here: a repeat
+        # of it, sent again after a reset lost our answer, is answered yes and not taken twice
+        self._last_taken: tuple[str, Any] | None = None
 
     @property
     def seeking(self) -> bool:
@@ -391,27 +394,42 @@ class OuterExchange:
 
     async def _send_payload(self, peer: str, payload: Payload, deadline: float) -> None:
         for frame in (payload.delta, payload.phi) if isinstance(payload, PayloadParts) else (payload,):
-            verdict = await self.transport.request(peer, protocols.OUTER, frame, timeout_s=deadline - now(),
-                                                   max_response_bytes=CONTROL_MAX_BYTES, paced_request=True)
+            verdict = await self._asked_again_once(peer, lambda: self.transport.request(
+                peer, protocols.OUTER, frame, timeout_s=deadline - now(), max_response_bytes=CONTROL_MAX_BYTES,
+                paced_request=True), deadline)
             yes, why = answer_is_yes(verdict)  # a few bytes: no need to wait for the compute thread
             if not yes:
                 raise Refused(why)
 
+    async def _asked_again_once(self, peer: str, ask: Callable[[], Awaitable[bytes]], deadline: float) -> bytes:
+        """A payload part or fetch whose answer a stream reset lost (about one call in a
+        thousand between healthy peers, see _propose_until_answered) is asked again: a
+        partner that took our phi says yes again, and a fetch is served again. Without
+        this the partner pairs and we do not. The second reset in a row is a failure."""
+        while True:
+            try:
+                answer = await ask()
+                self.guard.succeeded(peer)
+                return answer
+            except StreamClosed:
+                if self.guard.stream_closed(peer) or deadline - now() <= 0:
+                    raise
+
     async def _fetch_payload(self, peer: str, in_parts: bool, deadline: float) -> tuple[Tensors, Tensors]:
         if not in_parts:
-            return await self._fetch(peer, deadline - now())
-        delta = await self._fetch(peer, deadline - now(), "delta")
+            return await self._fetch(peer, deadline)
+        delta = await self._fetch(peer, deadline, "delta")
         if self._outcome is not None and self._outcome.partner_at is not None:
             self._outcome.delta_in_s = now() - self._outcome.partner_at
-        return await self._fetch(peer, deadline - now(), "phi"), delta
+        return await self._fetch(peer, deadline, "phi"), delta
 
-    async def _fetch(self, peer: str, timeout_s: float, part: str | None = None):
+    async def _fetch(self, peer: str, deadline: float, part: str | None = None):
         """The partner's payload, or one ``part`` of it, checked (a Delta also landed)."""
         request = encode_frame({"kind": "outer-fetch", "spec": self.spec_hash, "round": self.state.outer_round,
                                 **({} if part is None else {"part": part})})
-        raw = await self.transport.request(peer, protocols.OUTER_FETCH, request, timeout_s=timeout_s,
-                                           max_response_bytes=self.limits.max_payload_bytes + (1 << 16),
-                                           paced_response=True)
+        raw = await self._asked_again_once(peer, lambda: self.transport.request(
+            peer, protocols.OUTER_FETCH, request, timeout_s=deadline - now(),
+            max_response_bytes=self.limits.max_payload_bytes + (1 << 16), paced_response=True), deadline)
         header, tensors = await self.compute(decode_frame, raw, self.limits)
         if not header.get("ok"):
             raise Refused(str(header.get("error", "refused"))[:200])
@@ -523,9 +541,12 @@ class OuterExchange:
         try:
             if isinstance(pairing, PairingCoordinator):  # only the peer whose proposal we accepted gets in
                 try:
-                    part = outer_part(peek_header(request, self.limits))
+                    header = peek_header(request, self.limits)
+                    part, taken = outer_part(header), (remote, header.get("round"))
                 except ProtocolError:
-                    part = None  # the whole payload's path refuses it: unread if unreserved, else a fault
+                    part = taken = None  # the whole payload's path refuses it: unread if unreserved, else a fault
+                if part == "phi" and taken == self._last_taken:
+                    return VERDICT_YES  # asked again after a reset lost our answer: it is taken
                 if part == "delta":
                     if not pairing.may_fetch(remote):
                         raise Refused("no-reservation")
@@ -535,6 +556,7 @@ class OuterExchange:
                     return VERDICT_YES
                 # a pair's phi completes its Delta; a whole payload (a peer that sends it so) also pairs
                 await pairing.answer(remote, partner_phi if part == "phi" else partner_payload)
+                self._last_taken = taken
                 return VERDICT_YES
             payload = await partner_payload()
             if pairing.state.value == "idle":

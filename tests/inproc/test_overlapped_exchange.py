@@ -13,11 +13,13 @@ import vclock
 from parts import StageParts, record
 
 from swarm_node.data.spec import DataSpec
+from swarm_node.errors import StreamClosed
 from swarm_node.net import protocols
 from swarm_node.node_config import NodeConfig
 from swarm_node.optim import InnerHyper, default_method
 from swarm_node.spec import RunSpec
 from swarm_node.train.worker import StageWorker
+from swarm_node.wire.codec import decode_frame
 
 SPEC = RunSpec(run_id="overlap", model_size="debug", num_stages=2, seq_len=16, batch_size=4, samples_per_step=4,
                data=DataSpec(kind="synthetic"), method=default_method("noloco", inner_steps=2),
@@ -30,9 +32,11 @@ class Link:
     (ours going in on OUTER, the partner's coming back on OUTER_FETCH), so that a whole
     payload takes LINK_S and a part its share of it."""
 
-    def __init__(self, bytes_per_s: float):
+    def __init__(self, bytes_per_s: float, lose_a_phi_answer: bool = False):
         self.exchanges, self.bytes = {}, collections.Counter()
         self.bytes_per_s = bytes_per_s
+        self.lose_a_phi_answer = lose_a_phi_answer  # the first phi's verdict is lost to a reset, once delivered
+        self.answers_lost = 0
 
     def transport(self, own_id: str):
         link = self
@@ -47,6 +51,11 @@ class Link:
                     handler = {protocols.PAIR: other.handle_propose, protocols.OUTER: other.handle_outer,
                                protocols.OUTER_FETCH: other.handle_fetch}[protocol]
                     answer = await handler(own_id, payload)
+                    if (protocol == protocols.OUTER and link.lose_a_phi_answer
+                            and decode_frame(payload)[0].get("part") == "phi"):
+                        link.lose_a_phi_answer = False
+                        link.answers_lost += 1
+                        raise StreamClosed("stream closed mid-frame")
                     if protocol == protocols.OUTER_FETCH:
                         await asyncio.sleep(len(answer) / link.bytes_per_s)
                 link.bytes[protocol] += len(answer)
@@ -72,15 +81,17 @@ class Round:
     steps_open: list[bool]  # whether the gate let steps through while the payload was on the wire
     delta_landed: list[bool]  # whether the partner's Delta had moved the steps three quarters into the exchange
     outcomes: list  # each node's RoundOutcome
+    answers_lost: int = 0  # verdicts the link lost after delivering the request
 
 
-def one_round(codec: str, blocking: bool = False, both_at_once: bool = True) -> Round:
+def one_round(codec: str, blocking: bool = False, both_at_once: bool = True, lose_a_phi_answer: bool = False) -> Round:
     spec = dataclasses.replace(SPEC, outer_codec=codec)
     ids = ["QmAaa", "QmBbb"]
     stages = [StageParts(spec, trained(i, spec), config=NodeConfig(round_timeout_s=30.0))
               for i in range(2)]
     worker = stages[0].worker
-    link = Link(sum(p.numel() for p in worker.params) * worker.codec.bytes_per_parameter() / LINK_S)
+    link = Link(sum(p.numel() for p in worker.params) * worker.codec.bytes_per_parameter() / LINK_S,
+                lose_a_phi_answer)
     steps_open, delta_landed, outcomes = [], [], []
 
     async def both():
@@ -102,7 +113,7 @@ def one_round(codec: str, blocking: bool = False, both_at_once: bool = True) -> 
         outcomes.extend(await asyncio.gather(*rounds))
 
     vclock.run(both())
-    return Round(stages, link.bytes, steps_open, delta_landed, outcomes)
+    return Round(stages, link.bytes, steps_open, delta_landed, outcomes, link.answers_lost)
 
 
 @pytest.mark.parametrize("codec", ["fp16", "int8", "near4-3"])
@@ -125,6 +136,18 @@ def test_each_partners_delta_moves_the_others_steps_halfway_through_a_16_bit_exc
     caller = next(o for o in done.outcomes if o.delta_in_s is not None)
     assert caller.delta_in_s == pytest.approx(LINK_S / 2, rel=0.05) and caller.exchange_s > 0.9 * LINK_S
     assert one_round("fp16", blocking=True).delta_landed == [False, False]
+
+
+def test_a_phi_whose_verdict_a_reset_lost_is_sent_again_and_both_sides_pair():
+    """The partner took our phi and paired; its answer was lost to a stream reset. Asked
+    again, it says yes again (without taking the phi twice), so both pair, and end
+    where a round without the reset ends."""
+    lost, clean = one_round("fp16", lose_a_phi_answer=True), one_round("fp16")
+    assert lost.answers_lost == 1 and clean.answers_lost == 0
+    for done in (lost, clean):
+        assert [s.stats.rounds_with_partner for s in done.stages] == [1, 1]
+    for a, b in zip(lost.stages, clean.stages):
+        assert all(torch.equal(x, y) for x, y in zip(a.worker.params, b.worker.params))
 
 
 def payload_bytes(sent: collections.Counter) -> int:
