@@ -64,10 +64,10 @@ def distance(theirs: Sequence[torch.Tensor], ours: Sequence[torch.Tensor]) -> fl
     return math.sqrt(sum(float((t.to(o.device, torch.float32) - o).pow(2).sum()) for t, o in zip(theirs, ours)))
 
 
-def fit_problem(tensors: Sequence[torch.Tensor], shapes: Sequence[torch.Size], parts: int = 2) -> str | None:
-    """Why a partner's (phi, Delta) list (``parts`` 1: one of them) does not fit a stage
-    of ``shapes``, or None."""
-    expected = list(shapes) * parts
+def fit_problem(tensors: Sequence[torch.Tensor], shapes: Sequence[torch.Size]) -> str | None:
+    """Why a partner's phi or Delta (one tensor a parameter) does not fit a stage of
+    ``shapes``, or None."""
+    expected = list(shapes)
     if len(tensors) != len(expected):
         return f"expected {len(expected)} tensors, got {len(tensors)}"
     for t, shape in zip(tensors, expected):
@@ -113,10 +113,9 @@ class PartnerCheck:
         Poisoned / RoundsApart / Refused (see the module doc). ``rounds_ahead``: the
         partner's round minus ours, as it claims. ``own_delta`` is read only before our
         first round."""
-        problem = fit_problem(tensors, [p.shape for p in own_phi])
-        if problem:
-            raise ProtocolError(problem)
         n = len(own_phi)
+        if len(tensors) != 2 * n:  # each part's shapes and values are checked with the part
+            raise ProtocolError(f"expected {2 * n} tensors, got {len(tensors)}")
         delta = self.check_delta(tensors[n:], own_phi, own_delta, rounds_ahead)
         return self.check_phi(tensors[:n], own_phi, own_delta, rounds_ahead), delta
 
@@ -124,7 +123,7 @@ class PartnerCheck:
                     own_delta: Callable[[], Sequence[torch.Tensor]], rounds_ahead: int = 0) -> list[torch.Tensor]:
         """The partner's Delta alone, as it counts: what a Delta sent ahead of its phi
         must pass before it moves our steps (the same tests as in :meth:`check`)."""
-        problem = fit_problem(delta, [p.shape for p in own_phi], parts=1)
+        problem = fit_problem(delta, [p.shape for p in own_phi])
         if problem:
             raise ProtocolError(problem)
         delta_norm = norm(delta)
@@ -145,7 +144,7 @@ class PartnerCheck:
     def check_phi(self, phi: list[torch.Tensor], own_phi: Sequence[torch.Tensor],
                   own_delta: Callable[[], Sequence[torch.Tensor]], rounds_ahead: int = 0) -> list[torch.Tensor]:
         """The partner's phi alone, as it counts (pulled within our scale)."""
-        problem = fit_problem(phi, [p.shape for p in own_phi], parts=1)
+        problem = fit_problem(phi, [p.shape for p in own_phi])
         if problem:
             raise ProtocolError(problem)
         phi_distance = distance(phi, own_phi)
