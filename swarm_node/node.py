@@ -53,7 +53,7 @@ from swarm_node.node_progress import ProgressFeed
 from swarm_node.node_services import NodeServices
 from swarm_node.obs.recent import RecentGrowth
 from swarm_node.obs.sinks import Sinks, open_sinks
-from swarm_node.obs.stats import NodeStats
+from swarm_node.obs.stats import NodeStats, training_until
 from swarm_node.obs.status import NodeStatus, handle_status_request
 from swarm_node.spec import RunSpec
 from swarm_node.state.keeper import Checkpoints
@@ -102,6 +102,8 @@ class Node:
         self.status = "running"
         self._training_since: float | None = None  # when the node began to train (compute utilisation's clock)
         self._training_started_unix: float | None = None  # the same, on the wall clock (for benchmarks' curves)
+        self._last_round_opened_at: float | None = None  # time.monotonic() when the latest round began
+        self._held_at_last_open = 0.0  # the gate's held time then, the hold that led to it included
         self.fatal: SwarmError | None = None  # ends run() once the node has shut down (out of memory)
         self._recent_steps = RecentGrowth()
         self._recent_microbatches = RecentGrowth()
@@ -260,7 +262,8 @@ class Node:
             spec_hash=self.spec_hash, method=spec.method.name, times=times, state=self.worker, gate=self.gate,
             candidates=membership.partner_candidates,
             callers_expected=membership.callers_expected, announce=membership.round_changed,
-            stopping=self.stopping, own_id=self.peer_id, max_update_ratio=cfg.max_update_ratio, services=services)
+            stopping=self.stopping, own_id=self.peer_id, max_update_ratio=cfg.max_update_ratio, services=services,
+            gate_holds_steps=self.worker.is_first)
         self.state_sync = StateSync(worker=self.worker, spec_hash=self.spec_hash,
                                     donors=partial(membership.callable_peers, self.stage),
                                     timeout_s=cfg.state_download_timeout_s, progress=cfg.progress, services=services)
@@ -309,6 +312,7 @@ class Node:
             return
         while True:
             await self.gate.next_round()
+            self._last_round_opened_at, self._held_at_last_open = time.monotonic(), self.gate.held_now_s()
             try:
                 await self.exchange.run_round()
                 await self.membership.round_changed()
@@ -412,10 +416,12 @@ class Node:
 
     def summary(self) -> dict:
         w = self.worker
-        since, until = self._training_since, w.last_step_at if w and w.last_step_at else time.monotonic()
-        return {**self.counters(), "pid": os.getpid(), "inner_steps": w.inner_step if w else 0,
-                # from the start of training to its last inner step: what compute utilisation is over
-                # (the last round's exchange after it is owed to a partner, not time we could compute)
+        since = self._training_since
+        until = training_until(w.last_step_at if w else None, self._last_round_opened_at, time.monotonic())
+        # the steps' stand-stills over the same clock: up to the last round's opening if it ends it
+        held_s = self._held_at_last_open if until == self._last_round_opened_at else self.gate.held_s
+        return {**self.counters(), "round_held_s": round(held_s, 3), "pid": os.getpid(),
+                "inner_steps": w.inner_step if w else 0,
                 "training_wall_s": round(until - since, 3) if since is not None else 0.0,
                 "training_started_unix": self._training_started_unix,
                 "outer_rounds": w.outer_round if w else 0, "spec_hash": self.spec_hash,

@@ -1,20 +1,21 @@
 """Where the inner steps beside an overlapped exchange should start (ALGORITHM.md 3.1):
 the convergence benchmark's wire grid (4 x 2, H = 10, 1,000 steps, phi, Delta and
 activations in 16 bits) at the NoLoCo setting and inner lr of its last full result, the
-exchange half a round long (or one), against the blocking round on the same seeds.
+exchange half a round long (or one, or two), against the blocking round on the same seeds.
 
 Starts (SimConfig.overlap_start): "local", the node's rule; "theta", theta as it was;
 and, to split the rule's gap into its parts, starts no node can have at the boundary:
 the group's outer step with the partners' Delta known ("known-deltas"), with their phi
 known ("known-phis"), or both ("known", which is the blocking round reordered).
 Landings (SimConfig.outer_landing): "whole", phi and Delta together; "delta-first",
-Delta sent ahead of phi. Lateness: the exchange half a round or one round long.
+Delta sent ahead of phi. Lateness: the exchange half a round, one or two rounds long (two:
+the node waits a round; with Delta ahead of phi it waits first, for the Delta).
 
     .venv/bin/python -m bench.convergence.overlap_starts [--seeds 0,1,2] [--starts local,known-deltas]
-        [--landings whole,delta-first] [--lates half,one] [--result overlap_landings]
+        [--landings whole,delta-first] [--lates half,one,two] [--result overlap_landings]
 
-Writes bench/results/overlap_starts.json (or --result's name); about 5.5 minutes a run on
-one core of this machine, half of it the loss curve's evaluations."""
+Writes bench/results/overlap_starts.json (or --result's name); 1.5 to 5.5 minutes a run
+on one core of these machines (they differ), half of it the loss curve's evaluations."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ NAME = "overlap_starts"
 BASELINE = "blocking fp16"
 
 
-LATES = {"half": ("half a round", 0.5), "one": ("one round", 1.0)}
+LATES = {"half": ("half a round", 0.5), "one": ("one round", 1.0), "two": ("two rounds", 2.0)}
 
 
 def jobs(seeds: list[int], starts: list[str], inner_lr: float, choice: str, landings: tuple[str, ...] = ("whole",),
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument("--seeds", default="0,1,2", help="comma-separated (default: %(default)s)")
         parser.add_argument("--starts", default=",".join(OVERLAP_STARTS), help="comma-separated (default: all)")
         parser.add_argument("--landings", default="whole", help="comma-separated (default: %(default)s)")
-        parser.add_argument("--lates", default="half", help="comma-separated, of half and one "
+        parser.add_argument("--lates", default="half", help="comma-separated, of half, one and two "
                                                             "(default: %(default)s)")
         parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
         parser.add_argument("--result", default=NAME, help="the result's name under bench/results "

@@ -223,7 +223,8 @@ def _critical_path(node: dict, rounds: int, partnered: int) -> dict:
     return {"round": round(node["round_s"] / rounds, 2), "prepare": round(node["round_prepare_s"] / rounds, 2),
             "to_partner": round(node["round_to_partner_s"] / partnered, 2),
             "exchange": round(node["round_exchange_s"] / max(1, node["round_exchanges"]), 2),
-            "close": round(node["round_close_s"] / rounds, 2)}
+            "close": round(node["round_close_s"] / rounds, 2),
+            "waited_first": round(node.get("round_waited_first_s", 0.0) / rounds, 2)}
 
 
 def hivemind_row(plan: Plan, scenario: Scenario, rate: float, ran: Ran, alone_tokens_per_s: float,
@@ -419,11 +420,13 @@ def markdown(result: dict) -> str:
               f"{', '.join(f'{b / 1e6:.1f} MB' for b in hive['wire_bytes_per_round'])} | "
               f"{hive['averaged_rounds']} averaged, {hive['failed_rounds']} failed | {hive['final_val_loss']:.4f} |"]
     lines += ["", "The critical path of a round, per node (mean seconds: the whole round from the boundary to the "
-              "outer step; preparing the payload; finding the partner; both payloads moving; the outer step):", "",
-              "| scenario | round | prepare | to partner | exchange | close |", "|---|---|---|---|---|---|"]
+              "outer step; preparing the payload; finding the partner; both payloads moving; the outer step; the steps "
+              "held after the boundary for the partner's Delta, when the last exchange outlasted its steps):", "",
+              "| scenario | round | prepare | to partner | exchange | close | waited first |",
+              "|---|---|---|---|---|---|---|"]
     for r in (r for r in one_stage if "critical_path_s" in r):
-        cells = [", ".join(f"{c[k]:.2f}" for c in r["critical_path_s"])
-                 for k in ("round", "prepare", "to_partner", "exchange", "close")]
+        cells = [", ".join(f"{c.get(k, 0.0):.2f}" for c in r["critical_path_s"])
+                 for k in ("round", "prepare", "to_partner", "exchange", "close", "waited_first")]
         lines.append(f"| {r['scenario']} | {' | '.join(cells)} |")
     to_loss = s["time_to_hivemind_final_loss"]
     lines += [

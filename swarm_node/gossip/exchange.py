@@ -132,6 +132,7 @@ class RoundOutcome:
     partner_at: float | None = None  # when the partner was agreed (its proposal or ours accepted)
     exchange_s: float | None = None  # from the partner agreed to its payload in and checked
     delta_in_s: float | None = None  # from the partner agreed to its Delta in, checked and landed
+    waited_first_s: float = 0.0  # steps held after the boundary for the partner's Delta (the wait comes first)
     close_s: float = 0.0  # decoding, checks, the outer step
     ended_at: float = 0.0
 
@@ -140,13 +141,16 @@ class OuterExchange:
     def __init__(self, *, spec_hash: str, method: str, times: ExchangeTimes, state: OuterState,
                  services: NodeServices, gate: RoundGate, candidates: Callable[[], list[tuple[str, int]]],
                  callers_expected: Callable[[], bool], announce: Callable[[], Awaitable[None]],
-                 stopping: asyncio.Event, own_id: str, max_update_ratio: float = 3.0):
+                 stopping: asyncio.Event, own_id: str, max_update_ratio: float = 3.0, gate_holds_steps: bool = True):
         self.spec_hash = spec_hash
         self.times = times
         self.state = state
         self.compute, self.transport, self.guard, self.stats = (services.compute, services.transport,
                                                                 services.guard, services.stats)
         self.gate = gate
+        # whether the gate holds this node's own steps: stage 0, which draws the micro-batches
+        # (or a one-stage node); a later stage computes what its upstream sends, gate or not
+        self.gate_holds_steps = gate_holds_steps
         self.candidates = candidates  # callable, unbanned peers of our stage: (peer, how likely it accepts now)
         self.callers_expected = callers_expected  # peers that cannot be called may call us this round
         self.announce = announce  # publish our record now (it says whether we seek)
@@ -180,6 +184,11 @@ class OuterExchange:
         # (caller, the round it claimed) of the last payload that made a pair here: a repeat
         # of it, sent again after a reset lost our answer, is answered yes and not taken twice
         self._last_taken: tuple[str, Any] | None = None
+        # the last paired exchange: how long it took from its round's open, and when that
+        # round's steps began (the next boundary ends them): what the next round may wait first
+        self._last_exchange_s: float | None = None
+        self._steps_began_at: float | None = None
+        self._delta_in = asyncio.Event()  # the open round's partner Delta has landed
 
     @property
     def seeking(self) -> bool:
@@ -204,12 +213,16 @@ class OuterExchange:
     async def run_round(self) -> RoundOutcome:
         """One outer round, from our payload to the outer step (partner or local-only)."""
         started = now()
+        self._delta_in = asyncio.Event()
         opened = await self.compute(self.state.open_round, self.times.overlapped)
-        if opened.theta_start is not None:
-            self.gate.resume_steps()  # what we send is taken: inner steps go on beside the exchange
         round_no = opened.round_no
-        self._round_opened_at = now()  # the next round's steps count from here: its pace (_ready_in_s)
+        self._round_opened_at = opened_at = now()  # the next round's steps count from here: its pace (_ready_in_s)
         self._outcome = outcome = RoundOutcome(round_no, started_at=started)
+        wait_first_s = self._wait_first_s() if opened.theta_start is not None else 0.0
+        self._steps_began_at = None
+        if opened.theta_start is not None and wait_first_s == 0:
+            self.gate.resume_steps()  # what we send is taken: inner steps go on beside the exchange
+            self._steps_began_at = self._round_opened_at
         await self.compute(self._note_own_delta, opened.fraction)
         reply = await self.compute(self._encode_payload, round_no, opened.wire)
         outcome.prepare_s = now() - started
@@ -217,14 +230,18 @@ class OuterExchange:
         had_company = callers or bool(self.candidates())
         outcome.alone = not had_company
         announcing = asyncio.create_task(self._announce_seeking())
+        resuming = asyncio.create_task(self._resume_steps(wait_first_s, outcome)) if wait_first_s > 0 else None
         self._offer = reply
         try:
             others = await self._gather(round_no, reply, expect_request=self.gate.requested or callers)
         finally:
-            announcing.cancel()  # the round may end before the record is out: the caller publishes after
-            await asyncio.gather(announcing, return_exceptions=True)
+            for task in (announcing, resuming):  # the round may end before the record is out (the
+                if task is not None:  # caller publishes after) or before the Delta came (steps go on now)
+                    task.cancel()
+            await asyncio.gather(*(t for t in (announcing, resuming) if t is not None), return_exceptions=True)
             self._offer = None
             self._partner_delta = None  # a Delta whose phi never came: the round is over
+        self._last_exchange_s = now() - opened_at if others else None  # the steps could have begun at the open
         self._kept = {peer: (reply, now() + self.times.exchange_s) for peer, _ in others}
         closing = now()
         if others and outcome.partner_at is not None:
@@ -237,6 +254,36 @@ class OuterExchange:
         self._count(outcome, had_company)
         self.last = outcome
         return outcome
+
+    def _wait_first_s(self) -> float:
+        """How long the steps may wait for the partner's Delta before they start. An
+        exchange that outlasted its round's steps last time will likely do so again, and
+        the steps then stand at the next boundary anyway: spent first, the wait lets every
+        step of the round start from the pair's Delta step (ALGORITHM.md 3.1) at no cost
+        in time. Capped by how far the last exchange outlasted the steps it would have
+        had without a wait (its time from the open against the steps' time to this
+        boundary), so a fast link waits not at all, a partner that never sends its Delta
+        costs no more than the boundary would, and the cap follows the link both ways:
+        a wait spent first is not counted again as one the next round needs."""
+        if not self.gate_holds_steps or not isinstance(self.pairing, PairingCoordinator):
+            return 0.0
+        took_s, began_at, boundary_at = self._last_exchange_s, self._steps_began_at, self.gate.shut_at
+        if took_s is None or began_at is None or boundary_at is None or boundary_at < began_at:
+            return 0.0
+        return max(0.0, took_s - (boundary_at - began_at))
+
+    async def _resume_steps(self, wait_first_s: float, outcome: RoundOutcome) -> None:
+        """Lets the inner steps go on beside the exchange once the partner's Delta is in,
+        or ``wait_first_s`` is up, or the round ends, whichever comes first."""
+        try:
+            async with asyncio.timeout(wait_first_s):
+                await self._delta_in.wait()
+        except TimeoutError:
+            pass
+        finally:
+            self.gate.resume_steps()
+            outcome.waited_first_s = now() - self._round_opened_at
+            self._round_opened_at = self._steps_began_at = now()  # the round's pace counts from its first step
 
     def _encode_payload(self, round_no: int, wire: Tensors) -> Payload:
         """On the compute thread: our payload's frames. A pair's goes as two parts, Delta
@@ -285,6 +332,7 @@ class OuterExchange:
                               to_partner_s=outcome.partner_at - outcome.started_at
                               if outcome.partners and outcome.partner_at is not None else None,
                               exchange_s=outcome.exchange_s)
+        self.stats.round_waited_first_s += outcome.waited_first_s
         if not outcome.partners:
             self.stats.local_only_rounds += 1
             if had_company:  # alone in the stage, a local-only round is the plan, not a failure
@@ -444,6 +492,8 @@ class OuterExchange:
         try:
             checked = await self.compute(self._decode_and_check, tensors, rounds_ahead, part)
             self._declined.pop(peer, None)
+            if part == "delta":
+                self._delta_in.set()  # landed: steps held for it may start
             return checked
         except Poisoned as exc:
             self.guard.poisoned(peer, str(exc))

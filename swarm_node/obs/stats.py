@@ -33,6 +33,9 @@ class NodeStats:
     round_exchange_s: float = 0.0  # partner agreed to its payload in and checked
     round_exchanges: int = 0
     round_close_s: float = 0.0  # decoding, checks, the outer step (compute)
+    # steps held after a boundary for the partner's Delta, the last exchange having
+    # outlasted its steps (a wait moved from the next boundary, not an added one)
+    round_waited_first_s: float = 0.0
 
     def __post_init__(self) -> None:
         # not a field: the summary lists counters; the record carries this separately
@@ -51,3 +54,14 @@ class NodeStats:
     def note_failure(self, what: str) -> None:
         """The latest thing that went wrong, as the record and the status line show it."""
         self.last_error = what[:160]
+
+
+def training_until(last_step_at: float | None, last_round_opened_at: float | None, now: float) -> float:
+    """Where a node's training time (compute utilisation's clock) ends: at its last inner
+    step, or at the opening of the round that step made due if the steps stood there for
+    a round still under way. The last round's exchange is owed to a partner, not time
+    the node could compute; a wait before it is a boundary's like any other, whether it
+    comes after the last steps or, moved ahead of them (ALGORITHM.md 3.1), before."""
+    if last_step_at is None:
+        return now
+    return max(last_step_at, last_round_opened_at or last_step_at)

@@ -21,7 +21,9 @@ OVERLAP_STARTS = ("local", "theta", "known-deltas", "known-phis", "known")
 # How an overlapped round's payloads land: "whole", phi and Delta together when the
 # exchange is done (the node today); "delta-first", Delta sent ahead of phi, so the
 # group's Delta lands as far into the exchange as Delta's share of its bytes and moves
-# theta then (SlowWeights.land_deltas), phi and the gamma pull when the rest is in.
+# theta then (SlowWeights.land_deltas), phi and the gamma pull when the rest is in; an
+# exchange outlasting the round has its wait spent first, so the Delta lands that much
+# sooner in the round's steps.
 OUTER_LANDINGS = ("whole", "delta-first")
 FIELD_NAMES = SettingNames(model="model_size", stages="stages", layers="layers_per_stage")
 
@@ -44,7 +46,8 @@ class SimConfig:
     outer_codec: str = "fp32"  # how phi and Delta go on the wire (wire/outer_codec.py); fp32: as they are
     # None: the blocking outer round. k: overlapped, the exchange lands k inner steps
     # after the boundary (at most H: a node whose exchange outlasts the next boundary
-    # waits there, which costs time but no steps).
+    # waits there, which costs time but no steps; with "delta-first" it waits first,
+    # while the partner's Delta comes, and steps from the pair's Delta step).
     outer_latency_steps: int | None = None
     overlap_start: str = "local"
     outer_landing: str = "whole"

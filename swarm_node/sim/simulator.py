@@ -177,7 +177,8 @@ class Simulator:
         configured: blocking, or overlapped (ALGORITHM.md 3.1: the payloads as encoded at
         the boundary land ``outer_latency_steps`` later, a Delta sent ahead of phi as far
         into that as its share of the bytes; one that outlasts a round lands at the next
-        boundary, where the node waits for it; the last one lands at the end).
+        boundary, where the node waits for it, and a node that must wait waits first, for
+        the Delta; the last one lands at the end).
         Returns the step's training loss."""
         cfg = self.config
         train_loss = self.train_step()
@@ -200,11 +201,18 @@ class Simulator:
         return train_loss
 
     def _deltas_at(self, boundary: int) -> int | None:
+        """The step after which the group's Delta, sent ahead of phi, lands (None: with the
+        phi). An exchange of L steps' time outlasting the round's H steps makes the node
+        wait L - H anyway; it spends that wait first, while the Delta comes (the node's
+        round gate does it when the last exchange outlasted its steps), so the Delta
+        lands that many steps sooner in the round, before the first if it is in by then."""
         cfg = self.config
         if cfg.outer_landing != "delta-first":
             return None
-        steps = max(1, math.ceil(cfg.outer_latency_steps * outer_codec(cfg.outer_codec).delta_share() - 1e-9))
-        return boundary + steps if steps < cfg.outer_latency_steps else None
+        latency, h = cfg.outer_latency_steps, cfg.method.inner_steps
+        arrives = max(1, math.ceil(latency * outer_codec(cfg.outer_codec).delta_share() - 1e-9))
+        after_steps = max(0, arrives - max(0, latency - h))
+        return boundary + after_steps if after_steps < min(latency, h) else None
 
     def _exchange(self) -> list[tuple[list[list[int]], list[list], list | None]]:
         """Per stage: the groups, and every worker's (phi, Delta) as encoded at the

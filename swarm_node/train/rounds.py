@@ -5,7 +5,8 @@ micro-batch enters (gradients still in flight accumulate and are stepped later) 
 the round has taken what it sends. A blocking round holds the gate until its outer step
 is done; an overlapped one (ALGORITHM.md section 3.1) reopens it as soon as its payload
 is taken, and the exchange runs beside the inner steps. If that exchange outlasts the
-next boundary, the gate stays shut there until it ends. A partner at its own boundary
+next boundary, the gate stays shut there until it ends; the exchange can then keep the
+next round's steps waiting first, for the partner's Delta (gossip/exchange.py). A partner at its own boundary
 can also open our round early (see gossip/exchange.py).
 
 The gate keeps the time the inner steps stood still for rounds: compute utilisation's
@@ -52,6 +53,18 @@ class RoundGate:
     def resume_steps(self) -> None:
         """An overlapped round has taken its payload: steps go on beside the exchange."""
         self._reopen()
+
+    def held_now_s(self) -> float:
+        """``held_s`` with the hold under way now, if any."""
+        if self.idle.is_set() or self._shut_at is None:
+            return self.held_s
+        return self.held_s + asyncio.get_running_loop().time() - self._shut_at
+
+    @property
+    def shut_at(self) -> float | None:
+        """When the steps last stood still (the loop's clock): at a round's start, its
+        boundary, where the last round's steps ended."""
+        return self._shut_at
 
     def round_over(self) -> None:
         self.requested = False

@@ -178,3 +178,115 @@ def test_an_overlapped_round_lets_the_steps_go_on_and_a_blocking_one_holds_them(
     overlapped = one_round("fp16").steps_open
     blocking = one_round("fp16", blocking=True).steps_open
     assert overlapped == [True, True] and blocking == [False, False]
+
+
+@dataclasses.dataclass
+class Rounds:
+    outcomes: list[list]  # per node, its RoundOutcome of every round
+    wall_s: float  # virtual time until both nodes had done every round
+
+
+def rounds_on_a_slow_link(steps_s: float | list[float], rounds: int = 4, wait_first: bool = True,
+                          gate_holds_steps: bool = True) -> Rounds:
+    """Two nodes that run their rounds as a node does, their H inner steps taking
+    ``steps_s`` (or, round by round, ``steps_s[k]``) while the gate is open, on a link
+    where their fp16 exchange takes LINK_S. ``wait_first=False``: the node as it was,
+    every wait at the next boundary."""
+    step_times = steps_s if isinstance(steps_s, list) else [steps_s] * (rounds + 1)
+    spec = dataclasses.replace(SPEC, outer_codec="fp16")
+    ids = ["QmAaa", "QmBbb"]
+    stages = [StageParts(spec, trained(i, spec), config=NodeConfig(round_timeout_s=30.0)) for i in range(2)]
+    worker = stages[0].worker
+    link = Link(sum(p.numel() for p in worker.params) * worker.codec.bytes_per_parameter() / LINK_S)
+
+    async def node(exchange, gate):
+        async def steps():
+            for step_s in step_times:
+                await gate.idle.wait()
+                await asyncio.sleep(step_s)
+                gate.note_due(True)
+
+        stepping = asyncio.create_task(steps())
+        done = []
+        try:
+            for _ in range(rounds):
+                await gate.next_round()
+                try:
+                    done.append(await exchange.run_round())
+                finally:
+                    gate.round_over()
+        finally:
+            stepping.cancel()
+        return done
+
+    async def both():
+        exchanges = []
+        for own, other, stage in zip(ids, reversed(ids), stages):
+            stage.transport = link.transport(own)
+            stage.membership.peers = {1: {other: record(1, spec)}}
+            stage.guard.reached(other)
+            exchange = link.exchanges[own] = stage.exchange(own_id=own)
+            if not wait_first:
+                exchange._wait_first_s = lambda: 0.0
+            exchange.gate_holds_steps = gate_holds_steps
+            exchanges.append(exchange)
+        for stage in stages:
+            stage.gate.note_due(True)
+        started = asyncio.get_running_loop().time()
+        outcomes = await asyncio.gather(*(node(e, s.gate) for e, s in zip(exchanges, stages)))
+        return outcomes, asyncio.get_running_loop().time() - started
+
+    outcomes, wall_s = vclock.run(both())
+    return Rounds(outcomes, wall_s)
+
+
+def test_an_exchange_outlasting_its_steps_has_every_next_rounds_steps_wait_first_for_the_delta():
+    """The exchange takes LINK_S, the round's steps a quarter of it: the steps stand
+    3/4 LINK_S a round either way. From the second round on they stand first, until the
+    partner's Delta is in (half of LINK_S), and take the round's steps from the pair's
+    Delta step (ALGORITHM.md 3.1), every round, not every other one; the rounds take
+    the time they took with every wait at the boundary."""
+    first, boundary = rounds_on_a_slow_link(LINK_S / 4), rounds_on_a_slow_link(LINK_S / 4, wait_first=False)
+    for outcomes in first.outcomes:
+        assert all(o.partners for o in outcomes)
+        assert outcomes[0].waited_first_s == 0
+        assert all(LINK_S / 2 - 0.1 < o.waited_first_s < LINK_S / 2 + 0.2 for o in outcomes[1:]), outcomes
+    assert all(o.waited_first_s == 0 for outcomes in boundary.outcomes for o in outcomes)
+    assert first.wall_s == pytest.approx(boundary.wall_s, rel=0.02)
+
+
+def test_the_wait_first_is_capped_by_what_the_last_exchange_overran():
+    """The steps take 7/8 of LINK_S: they stand 1/8 a round, and wait first no longer
+    than that for a Delta that needs half of LINK_S: the wait is moved, never made
+    longer."""
+    done = rounds_on_a_slow_link(7 * LINK_S / 8)
+    for outcomes in done.outcomes:
+        assert all(o.partners for o in outcomes)
+        assert all(o.waited_first_s == pytest.approx(LINK_S / 8, abs=0.1) for o in outcomes[1:]), outcomes
+
+
+def test_the_wait_first_follows_the_link_and_the_steps_not_the_slowest_round_so_far():
+    """The first round's steps are quick (its exchange outlasts them by 3/4 of LINK_S),
+    the later ones slow (by 1/4). The second round waits first up to the Delta; from the
+    third on the wait follows the later rounds' 1/4, instead of staying at the first
+    round's (it would cost a quarter of LINK_S a round), and the rounds take the time
+    they take with every wait at the boundary, but for that one quarter."""
+    steps = [LINK_S / 4] + [3 * LINK_S / 4] * 5
+    first, boundary = rounds_on_a_slow_link(steps, rounds=5), rounds_on_a_slow_link(steps, rounds=5, wait_first=False)
+    for outcomes in first.outcomes:
+        assert all(o.partners for o in outcomes)
+        assert LINK_S / 2 - 0.1 < outcomes[1].waited_first_s < LINK_S / 2 + 0.2, outcomes
+        assert all(o.waited_first_s == pytest.approx(LINK_S / 4, abs=0.1) for o in outcomes[2:]), outcomes
+    assert first.wall_s < boundary.wall_s + LINK_S / 4 + 0.2
+
+
+def test_a_later_stage_whose_steps_its_upstream_drives_does_not_wait_first():
+    """Past stage 0 the gate holds no compute (the upstream's micro-batches drive it):
+    holding it would only misreport a wait."""
+    done = rounds_on_a_slow_link(LINK_S / 4, gate_holds_steps=False)
+    assert all(o.partners and o.waited_first_s == 0 for outcomes in done.outcomes for o in outcomes)
+
+
+def test_an_exchange_done_before_the_next_boundary_lets_the_next_rounds_steps_go_on_at_once():
+    done = one_round("fp16")
+    assert all(o.waited_first_s == 0 for o in done.outcomes)

@@ -175,6 +175,35 @@ def test_a_delta_sent_ahead_of_phi_lands_as_far_into_the_exchange_as_its_share_o
     assert Simulator(dataclasses.replace(sim.config, outer_latency_steps=1))._deltas_at(10) is None
 
 
+def test_an_exchange_outlasting_the_round_spends_its_wait_first_so_the_delta_lands_sooner():
+    """L steps of exchange against H = 10: the node waits L - 10 anyway, first, so the
+    Delta (half of an fp16 payload, L / 2 in) lands L - 10 steps sooner in the round."""
+    config = small_config("noloco", steps=20, inner_steps=10, outer_landing="delta-first", outer_codec="fp16")
+
+    def deltas_at(latency: int) -> int | None:
+        return Simulator(dataclasses.replace(config, outer_latency_steps=latency))._deltas_at(10)
+
+    assert deltas_at(10) == 10 + 5  # no wait: 5 steps in, as before
+    assert deltas_at(14) == 10 + 3  # 7 in, 4 of them waited first
+    assert deltas_at(20) == 10  # a round waited first: in before the round's first step
+    assert deltas_at(30) == 10
+    whole = Simulator(dataclasses.replace(config, outer_latency_steps=20, outer_landing="whole"))
+    assert whole._deltas_at(10) is None
+
+
+def test_a_delta_in_before_the_rounds_steps_is_the_start_with_the_partners_delta_known():
+    """Two rounds of exchange, Delta first: the steps start from the pair's Delta step,
+    which is the analysis start "known-deltas" with the phi a round late."""
+    def run(**kw) -> list[torch.Tensor]:
+        return _final_weights(small_config("noloco", steps=40, inner_steps=10, outer_codec="fp16", **kw))
+
+    waited_first = run(outer_latency_steps=20, outer_landing="delta-first")
+    known_deltas = run(outer_latency_steps=10, overlap_start="known-deltas")
+    whole = run(outer_latency_steps=20)
+    assert max(float((a - b).abs().max()) for a, b in zip(waited_first, known_deltas)) < 1e-4
+    assert max(float((a - b).abs().max()) for a, b in zip(waited_first, whole)) > 1e-3
+
+
 def test_an_unknown_overlap_start_is_refused():
     with pytest.raises(ValueError, match="overlap_start"):
         small_config("noloco", overlap_start="guess")

@@ -207,12 +207,14 @@ def test_where_noloco_trails_is_said_per_grid_with_its_seeds():
 def test_the_overlap_benchmark_runs_every_landing_and_lateness_against_the_blocking_round_on_the_same_seeds():
     from bench.convergence.overlap_starts import BASELINE, jobs
 
-    planned = jobs([0, 1], ["local"], 3e-3, "alpha = 0.3", landings=("whole", "delta-first"), lates=("half", "one"))
+    planned = jobs([0, 1], ["local"], 3e-3, "alpha = 0.3", landings=("whole", "delta-first"),
+                   lates=("half", "one", "two"))
     h = FULL.h_of("noloco")
     blocking = [j for j in planned if j.outer_latency_steps is None]
     assert [j.seed for j in blocking] == [0, 1] and all(BASELINE in j.variant for j in blocking)
     overlapped = [j for j in planned if j.outer_latency_steps is not None]
     assert sorted({(j.outer_latency_steps, j.outer_landing) for j in overlapped}) == [
-        (h // 2, "delta-first"), (h // 2, "whole"), (h, "delta-first"), (h, "whole")]
-    assert len({j.variant for j in overlapped}) == 4 and all(j.outer_momentum == 0.3 for j in planned)
+        (h // 2, "delta-first"), (h // 2, "whole"), (h, "delta-first"), (h, "whole"), (2 * h, "delta-first"),
+        (2 * h, "whole")]
+    assert len({j.variant for j in overlapped}) == 6 and all(j.outer_momentum == 0.3 for j in planned)
     assert all(j.outer_codec == j.activation_codec == "fp16" for j in planned)

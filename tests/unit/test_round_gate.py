@@ -40,3 +40,34 @@ def test_the_gate_counts_the_time_it_held_the_steps():
         assert gate.held_s == 0.05
 
     vclock.run(scenario())
+
+
+def test_the_gate_tells_when_the_steps_last_stood_still():
+    """At a round's start: its boundary, where the last round's steps ended."""
+    async def scenario():
+        gate = RoundGate()
+        assert gate.shut_at is None
+        gate.note_due(True)
+        await gate.next_round()
+        gate.resume_steps()
+        await asyncio.sleep(1.0)
+        assert gate.shut_at == 0
+        gate.note_due(True)  # the next boundary, the exchange still running
+        gate.round_over()
+        await gate.next_round()
+        assert gate.shut_at == 1.0
+
+    vclock.run(scenario())
+
+
+def test_the_gate_tells_its_held_time_with_the_hold_under_way():
+    async def scenario():
+        gate = RoundGate()
+        gate.note_due(True)
+        await asyncio.sleep(0.5)
+        assert gate.held_s == 0 and gate.held_now_s() == 0.5
+        gate.resume_steps()
+        await asyncio.sleep(1.0)
+        assert gate.held_s == gate.held_now_s() == 0.5
+
+    vclock.run(scenario())
