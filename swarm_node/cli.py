@@ -89,8 +89,8 @@ def _add_sim_parser(sub) -> None:
                         "training goes on (docs/ALGORITHM.md 3.1); default: blocking rounds")
     p.add_argument("--outer-landing", choices=OUTER_LANDING_NAMES, default="whole",
                    help="overlapped rounds: phi and Delta land together, or Delta is sent ahead of phi and moves "
-                        "the inner steps as soon as it is in (an exchange longer than a round: the wait comes first, "
-                        "until the Delta is in; docs/ALGORITHM.md 3.1); default: %(default)s")
+                        "the inner steps as soon as it is in (an exchange longer than a round: the wait "
+                        "comes first, until the Delta is in; docs/ALGORITHM.md 3.1); default: %(default)s")
     p.add_argument("--eval-every", type=_positive_int, default=None, metavar="STEPS",
                    help="steps between evaluations (default: --steps / 20)")
     p.add_argument("--eval-batches", type=_positive_int, default=8, metavar="N",

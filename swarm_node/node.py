@@ -262,8 +262,8 @@ class Node:
             spec_hash=self.spec_hash, method=spec.method.name, times=times, state=self.worker, gate=self.gate,
             candidates=membership.partner_candidates,
             callers_expected=membership.callers_expected, announce=membership.round_changed,
-            stopping=self.stopping, own_id=self.peer_id, max_update_ratio=cfg.max_update_ratio, services=services,
-            gate_holds_steps=self.worker.is_first)
+            stopping=self.stopping, own_id=self.peer_id, max_update_ratio=cfg.max_update_ratio,
+            services=services, gate_holds_steps=self.worker.is_first)
         self.state_sync = StateSync(worker=self.worker, spec_hash=self.spec_hash,
                                     donors=partial(membership.callable_peers, self.stage),
                                     timeout_s=cfg.state_download_timeout_s, progress=cfg.progress, services=services)

@@ -420,8 +420,9 @@ def markdown(result: dict) -> str:
               f"{', '.join(f'{b / 1e6:.1f} MB' for b in hive['wire_bytes_per_round'])} | "
               f"{hive['averaged_rounds']} averaged, {hive['failed_rounds']} failed | {hive['final_val_loss']:.4f} |"]
     lines += ["", "The critical path of a round, per node (mean seconds: the whole round from the boundary to the "
-              "outer step; preparing the payload; finding the partner; both payloads moving; the outer step; the steps "
-              "held after the boundary for the partner's Delta, when the last exchange outlasted its steps):", "",
+              "outer step; preparing the payload; finding the partner; both payloads moving; the outer step; "
+              "the steps held after the boundary for the partner's Delta, when the last exchange outlasted "
+              "its steps):", "",
               "| scenario | round | prepare | to partner | exchange | close | waited first |",
               "|---|---|---|---|---|---|---|"]
     for r in (r for r in one_stage if "critical_path_s" in r):

@@ -132,7 +132,7 @@ class RoundOutcome:
     partner_at: float | None = None  # when the partner was agreed (its proposal or ours accepted)
     exchange_s: float | None = None  # from the partner agreed to its payload in and checked
     delta_in_s: float | None = None  # from the partner agreed to its Delta in, checked and landed
-    waited_first_s: float = 0.0  # steps held after the boundary for the partner's Delta (the wait comes first)
+    waited_first_s: float = 0.0  # steps held after the boundary for the partner's Delta (waiting first)
     close_s: float = 0.0  # decoding, checks, the outer step
     ended_at: float = 0.0
 
@@ -141,7 +141,8 @@ class OuterExchange:
     def __init__(self, *, spec_hash: str, method: str, times: ExchangeTimes, state: OuterState,
                  services: NodeServices, gate: RoundGate, candidates: Callable[[], list[tuple[str, int]]],
                  callers_expected: Callable[[], bool], announce: Callable[[], Awaitable[None]],
-                 stopping: asyncio.Event, own_id: str, max_update_ratio: float = 3.0, gate_holds_steps: bool = True):
+                 stopping: asyncio.Event, own_id: str, max_update_ratio: float = 3.0,
+                 gate_holds_steps: bool = True):
         self.spec_hash = spec_hash
         self.times = times
         self.state = state
@@ -216,7 +217,8 @@ class OuterExchange:
         self._delta_in = asyncio.Event()
         opened = await self.compute(self.state.open_round, self.times.overlapped)
         round_no = opened.round_no
-        self._round_opened_at = opened_at = now()  # the next round's steps count from here: its pace (_ready_in_s)
+        # the next round's steps count from here: its pace (_ready_in_s)
+        self._round_opened_at = opened_at = now()
         self._outcome = outcome = RoundOutcome(round_no, started_at=started)
         wait_first_s = self._wait_first_s() if opened.theta_start is not None else 0.0
         self._steps_began_at = None
@@ -230,7 +232,8 @@ class OuterExchange:
         had_company = callers or bool(self.candidates())
         outcome.alone = not had_company
         announcing = asyncio.create_task(self._announce_seeking())
-        resuming = asyncio.create_task(self._resume_steps(wait_first_s, outcome)) if wait_first_s > 0 else None
+        resuming = (asyncio.create_task(self._resume_steps(opened_at + wait_first_s, outcome))
+                    if wait_first_s > 0 else None)
         self._offer = reply
         try:
             others = await self._gather(round_no, reply, expect_request=self.gate.requested or callers)
@@ -238,10 +241,11 @@ class OuterExchange:
             for task in (announcing, resuming):  # the round may end before the record is out (the
                 if task is not None:  # caller publishes after) or before the Delta came (steps go on now)
                     task.cancel()
-            await asyncio.gather(*(t for t in (announcing, resuming) if t is not None), return_exceptions=True)
+            await asyncio.gather(*(t for t in (announcing, resuming) if t is not None),
+                                 return_exceptions=True)
             self._offer = None
             self._partner_delta = None  # a Delta whose phi never came: the round is over
-        self._last_exchange_s = now() - opened_at if others else None  # the steps could have begun at the open
+        self._last_exchange_s = now() - opened_at if others else None  # steps could have begun at the open
         self._kept = {peer: (reply, now() + self.times.exchange_s) for peer, _ in others}
         closing = now()
         if others and outcome.partner_at is not None:
@@ -272,18 +276,18 @@ class OuterExchange:
             return 0.0
         return max(0.0, took_s - (boundary_at - began_at))
 
-    async def _resume_steps(self, wait_first_s: float, outcome: RoundOutcome) -> None:
+    async def _resume_steps(self, until: float, outcome: RoundOutcome) -> None:
         """Lets the inner steps go on beside the exchange once the partner's Delta is in,
-        or ``wait_first_s`` is up, or the round ends, whichever comes first."""
+        or at ``until`` (the loop's clock), or when the round ends, whichever comes first."""
         try:
-            async with asyncio.timeout(wait_first_s):
+            async with asyncio.timeout_at(until):
                 await self._delta_in.wait()
         except TimeoutError:
             pass
         finally:
             self.gate.resume_steps()
             outcome.waited_first_s = now() - self._round_opened_at
-            self._round_opened_at = self._steps_began_at = now()  # the round's pace counts from its first step
+            self._round_opened_at = self._steps_began_at = now()  # the pace counts from the first step
 
     def _encode_payload(self, round_no: int, wire: Tensors) -> Payload:
         """On the compute thread: our payload's frames. A pair's goes as two parts, Delta

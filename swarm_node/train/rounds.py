@@ -6,8 +6,8 @@ the round has taken what it sends. A blocking round holds the gate until its out
 is done; an overlapped one (ALGORITHM.md section 3.1) reopens it as soon as its payload
 is taken, and the exchange runs beside the inner steps. If that exchange outlasts the
 next boundary, the gate stays shut there until it ends; the exchange can then keep the
-next round's steps waiting first, for the partner's Delta (gossip/exchange.py). A partner at its own boundary
-can also open our round early (see gossip/exchange.py).
+next round's steps waiting first, for the partner's Delta (gossip/exchange.py). A
+partner at its own boundary can also open our round early (see gossip/exchange.py).
 
 The gate keeps the time the inner steps stood still for rounds: compute utilisation's
 loss to the network."""

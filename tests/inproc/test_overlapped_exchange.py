@@ -272,7 +272,8 @@ def test_the_wait_first_follows_the_link_and_the_steps_not_the_slowest_round_so_
     round's (it would cost a quarter of LINK_S a round), and the rounds take the time
     they take with every wait at the boundary, but for that one quarter."""
     steps = [LINK_S / 4] + [3 * LINK_S / 4] * 5
-    first, boundary = rounds_on_a_slow_link(steps, rounds=5), rounds_on_a_slow_link(steps, rounds=5, wait_first=False)
+    first = rounds_on_a_slow_link(steps, rounds=5)
+    boundary = rounds_on_a_slow_link(steps, rounds=5, wait_first=False)
     for outcomes in first.outcomes:
         assert all(o.partners for o in outcomes)
         assert LINK_S / 2 - 0.1 < outcomes[1].waited_first_s < LINK_S / 2 + 0.2, outcomes

@@ -5,7 +5,7 @@ from swarm_node.obs.stats import training_until
 
 def test_the_clock_ends_at_the_last_step_when_the_last_round_opens_right_there():
     assert training_until(last_step_at=100.0, last_round_opened_at=100.01, now=130.0) == 100.01
-    assert training_until(last_step_at=100.0, last_round_opened_at=80.0, now=130.0) == 100.0  # a round mid-run
+    assert training_until(last_step_at=100.0, last_round_opened_at=80.0, now=130.0) == 100.0  # opened mid-run
 
 
 def test_a_wait_for_a_round_still_under_way_after_the_last_step_counts_as_any_boundarys_does():
