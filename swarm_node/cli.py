@@ -208,6 +208,9 @@ def _add_join_parser(sub) -> None:
     p.add_argument("--startup-timeout", type=float, default=DEFAULT_STARTUP_TIMEOUT_S,
                    help="seconds for the DHT to start and reach an initial peer; one that accepts "
                         "connections but does not answer (busy) is retried until then (default %(default)s)")
+    p.add_argument("--wait-for-peers", type=int, default=0, metavar="N",
+                   help="before the first step, wait (up to --startup-timeout) until every stage has N training "
+                        "peers, this one counted: for nodes started together (default: start at once)")
     p.add_argument("--slowest-link-mbit", type=_positive_float, default=20.0, metavar="MBIT_S",
                    help="the slowest upload expected among peers; outer exchanges of large stages get deadlines "
                         "that fit it (default %(default)s)")
@@ -325,6 +328,7 @@ def _run_join(args: argparse.Namespace) -> int:
                         stage=args.stage, device=resolve_device(args.device), max_steps=args.max_steps,
                         run_dir=args.run_dir, data_shard=args.data_shard, round_timeout_s=args.round_timeout,
                         startup_timeout_s=args.startup_timeout, slowest_link_mbit_s=args.slowest_link_mbit,
+                        wait_for_peers_per_stage=args.wait_for_peers,
                         download_state=not args.no_state_download,
                         checkpoint_dir=args.checkpoint_dir, checkpoint_every_rounds=args.checkpoint_every_rounds,
                         blocking_rounds=args.blocking_rounds, one_payload_at_a_time=args.one_payload_at_a_time,

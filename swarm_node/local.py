@@ -234,7 +234,7 @@ class LocalSwarm:
         if self.config.compute_share < 1:
             cmd += ["--compute-share", str(self.config.compute_share)]
         if not restarted:  # everyone starts together; a restarted node may need to catch up with its stage
-            cmd.append("--no-state-download")
+            cmd += ["--no-state-download", "--wait-for-peers", str(self.config.replicas)]
         if stage == 0:
             cmd += ["--max-steps", str(self.config.steps), "--data-shard", f"{replica}/{self.config.replicas}"]
         if self.config.chaos is not None:  # a node that may be restarted keeps its identity and state

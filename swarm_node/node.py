@@ -216,9 +216,38 @@ class Node:
         await self._serve()
         self._open_metrics()
         membership.state = "training"
-        self._training_since, self._training_started_unix = time.monotonic(), time.time()
         await membership.heartbeat()
+        await self._wait_for_peers()
+        self._training_since, self._training_started_unix = time.monotonic(), time.time()
         await _bounded(publish_spec(self.dht, self.spec), 10.0, "publishing the run spec")
+
+    async def _wait_for_peers(self) -> None:
+        """Nodes started together wait for each other (NodeConfig.wait_for_peers_per_stage):
+        a node up seconds before the others, on a loaded machine, could otherwise take all
+        of a short run's rounds alone. Our record is out and renewed meanwhile."""
+        want, membership = self.config.wait_for_peers_per_stage, self.membership
+        if want <= 1:
+            return
+        clock = asyncio.get_running_loop().time
+        deadline = clock() + self.config.startup_timeout_s
+        next_heartbeat = clock() + self.config.heartbeat_s
+
+        def short_stages() -> list[int]:
+            return [s for s in range(self.spec.num_stages)
+                    if len(set(membership.live_peers(s)) | ({self.peer_id} if s == self.stage else set())) < want]
+
+        await membership.refresh(all_stages=True)
+        while short := short_stages():
+            if clock() >= deadline:
+                log.warning("starting without all peers: stage(s) %s have fewer than %d after %.0f s",
+                            ", ".join(map(str, short)), want, self.config.startup_timeout_s)
+                return
+            await asyncio.sleep(self.config.registry_poll_s)
+            if clock() >= next_heartbeat:
+                await membership.heartbeat()
+                next_heartbeat = clock() + self.config.heartbeat_s
+            await membership.refresh(all_stages=True)
+        log.info("all stages have %d peers; training", want)
 
     async def _join_run(self) -> None:
         """Find the run's spec (from the initial peers, or ours when we start the run)."""

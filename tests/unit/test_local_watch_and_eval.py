@@ -85,3 +85,18 @@ def test_nodes_crowding_few_cores_get_longer_to_reach_the_bootstrap(tmp_path, mo
     crowd._spawn_args = (tmp_path / "spec.json", ["/ip4/127.0.0.1/tcp/1/p2p/Qm"])
     crowd._spawn(1, 0)
     assert spawned[0][spawned[0].index("--startup-timeout") + 1] == str(crowd.startup_timeout_s())
+
+
+def test_the_nodes_of_a_local_swarm_wait_for_each_other_and_a_restarted_one_does_not(tmp_path, monkeypatch):
+    """Started together, a node up seconds before the others on a loaded machine took all
+    of a short run's rounds alone (seen in CI: a stage-1 peer with 0 rounds paired)."""
+    spec = RunSpec(model_size="debug", num_stages=2, data=DATA)
+    swarm = local.LocalSwarm(spec, local.LocalConfig(replicas=3, run_dir=tmp_path))
+    spawned = []
+    monkeypatch.setattr(local.subprocess, "Popen", lambda cmd, **kw: spawned.append(cmd) or FakeProcess(0))
+    swarm._spawn_args = (tmp_path / "spec.json", ["/ip4/127.0.0.1/tcp/1/p2p/Qm"])
+    swarm._spawn(0, 0)
+    swarm._spawn(1, 2, restarted=True)
+    first, restarted = spawned
+    assert first[first.index("--wait-for-peers") + 1] == "3"
+    assert "--wait-for-peers" not in restarted  # its stage is training already: it joins a live run
