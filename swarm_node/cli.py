@@ -209,8 +209,9 @@ def _add_join_parser(sub) -> None:
                    help="seconds for the DHT to start and reach an initial peer; one that accepts "
                         "connections but does not answer (busy) is retried until then (default %(default)s)")
     p.add_argument("--wait-for-peers", type=int, default=0, metavar="N",
-                   help="before the first step, wait (up to --startup-timeout) until every stage has N training "
-                        "peers, this one counted: for nodes started together (default: start at once)")
+                   help="stage 0: before the first micro-batch, wait (up to --startup-timeout) until this "
+                        "stage (this node counted) and the next have N training peers: for nodes started "
+                        "together (default: start at once)")
     p.add_argument("--slowest-link-mbit", type=_positive_float, default=20.0, metavar="MBIT_S",
                    help="the slowest upload expected among peers; outer exchanges of large stages get deadlines "
                         "that fit it (default %(default)s)")

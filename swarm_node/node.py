@@ -149,7 +149,7 @@ class Node:
                              Reconnector(self.dht, self.config.initial_peers, check_s=self.config.connectivity_check_s,
                                          on_failure=self.stats.note_failure).run()]
                     if self.worker.is_first:
-                        loops.append(self.pipeline.produce(finished=self._finish))
+                        loops.append(self._produce())
                     elif self.config.max_steps is not None:
                         loops.append(self.pipeline.serve_to_the_limit(
                             partial(self.membership.stage_has_ended, self.stage - 1), finished=self._finish))
@@ -216,38 +216,41 @@ class Node:
         await self._serve()
         self._open_metrics()
         membership.state = "training"
-        await membership.heartbeat()
-        await self._wait_for_peers()
         self._training_since, self._training_started_unix = time.monotonic(), time.time()
+        await membership.heartbeat()
         await _bounded(publish_spec(self.dht, self.spec), 10.0, "publishing the run spec")
+
+    async def _produce(self) -> None:
+        """Stage 0 drives the pipeline: its micro-batches, once the peers it waits for are up."""
+        await self._wait_for_peers()
+        await self.pipeline.produce(finished=self._finish)
 
     async def _wait_for_peers(self) -> None:
         """Nodes started together wait for each other (NodeConfig.wait_for_peers_per_stage):
-        a node up seconds before the others, on a loaded machine, could otherwise take all
-        of a short run's rounds alone. Our record is out and renewed meanwhile."""
-        want, membership = self.config.wait_for_peers_per_stage, self.membership
+        a stage-0 node up seconds before the others, on a loaded machine, could otherwise
+        take all of a short run's rounds alone. It waits on its view, which the registry
+        loop keeps reading while the heartbeat loop keeps its own record out."""
+        want = self.config.wait_for_peers_per_stage
         if want <= 1:
             return
         clock = asyncio.get_running_loop().time
         deadline = clock() + self.config.startup_timeout_s
-        next_heartbeat = clock() + self.config.heartbeat_s
+        stages = range(self.stage, min(self.stage + 2, self.spec.num_stages))  # its partners, its next hop
 
-        def short_stages() -> list[int]:
-            return [s for s in range(self.spec.num_stages)
-                    if len(set(membership.live_peers(s)) | ({self.peer_id} if s == self.stage else set())) < want]
+        def up(stage: int) -> int:
+            peers = set(self.membership.live_peers(stage))
+            return len(peers | {self.peer_id} if stage == self.stage else peers)
 
-        await membership.refresh(all_stages=True)
-        while short := short_stages():
+        while short := [s for s in stages if up(s) < want]:
             if clock() >= deadline:
                 log.warning("starting without all peers: stage(s) %s have fewer than %d after %.0f s",
                             ", ".join(map(str, short)), want, self.config.startup_timeout_s)
-                return
+                break
             await asyncio.sleep(self.config.registry_poll_s)
-            if clock() >= next_heartbeat:
-                await membership.heartbeat()
-                next_heartbeat = clock() + self.config.heartbeat_s
-            await membership.refresh(all_stages=True)
-        log.info("all stages have %d peers; training", want)
+        else:
+            log.info("stages %s have %d peers each; training", ", ".join(map(str, stages)), want)
+        # compute utilisation's clock starts at the first step the node could take
+        self._training_since, self._training_started_unix = time.monotonic(), time.time()
 
     async def _join_run(self) -> None:
         """Find the run's spec (from the initial peers, or ours when we start the run)."""

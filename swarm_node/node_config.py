@@ -54,10 +54,11 @@ class NodeConfig:
     registry_poll_s: float = 1.0
     state_download_timeout_s: float = 120.0
     startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
-    # Nodes started together (a local swarm): before its first step, wait (at most
-    # startup_timeout_s) until every stage shows this many training peers, this node
-    # counted, so that no node trains through its rounds before its partners are up.
-    # 0: start at once, as a volunteer joining a live run does.
+    # Nodes started together (a local swarm): stage 0, which drives the pipeline, waits
+    # before its first micro-batch (at most startup_timeout_s) until its stage (itself
+    # counted) and the next show this many training peers, so that no node trains
+    # through its rounds before its partners are up. 0: start at once, as a volunteer
+    # joining a live run does.
     wait_for_peers_per_stage: int = 0
     connectivity_check_s: float = 5.0  # period of the "am I still connected to anyone" check
     download_state: bool = True
