@@ -56,6 +56,7 @@ READY_IN_WORTH_SAYING_S = 30.0  # further off than a round's deadline, a "ready 
 DECLINES_BEFORE_BACKOFF = 3  # rounds-apart declines of one peer in a row
 MAX_DECLINED_TRACKED = 4096
 PROPOSE_TIMEOUT_S = 5.0  # a pairing proposal is a few bytes: no answer in this time means the peer is unwell
+PARTS_A_PEER = 2  # concurrent outer and outer-fetch streams a peer may hold (serve: the two parts)
 VERDICT_YES = encode_frame({"kind": "outer", "ok": True})
 Tensors = list[torch.Tensor]
 
@@ -196,14 +197,20 @@ class OuterExchange:
         return self.pairing.state.value in ("seeking", "proposing")
 
     async def serve(self, transport, authorize: Callable[[str], bool]) -> None:
+        # A pair's payload moves as two parts, one call after the other on each protocol.
+        # A paced call holds its slot until the last acknowledgement is read, which the
+        # caller sends just before its next call: with one slot a peer, the second part
+        # was at times told "busy" on a loaded machine, and the pair was lost (the caller's
+        # partner failed; the callee had paired). Two slots a peer let the parts overlap.
         await transport.serve(protocols.OUTER, self.handle_outer,
                               ServeLimits(max_request_bytes=self.limits.max_payload_bytes, max_concurrent=4,
-                                          max_per_peer=1, handler_timeout_s=self.times.exchange_s,
+                                          max_per_peer=PARTS_A_PEER, handler_timeout_s=self.times.exchange_s,
                                           paced_request=True),
                               authorize=authorize)
         await transport.serve(protocols.OUTER_FETCH, self.handle_fetch,
-                              ServeLimits(max_request_bytes=CONTROL_MAX_BYTES, max_concurrent=4, max_per_peer=1,
-                                          handler_timeout_s=self.times.exchange_s, paced_response=True),
+                              ServeLimits(max_request_bytes=CONTROL_MAX_BYTES, max_concurrent=4,
+                                          max_per_peer=PARTS_A_PEER, handler_timeout_s=self.times.exchange_s,
+                                          paced_response=True),
                               authorize=authorize)
         await transport.serve(protocols.PAIR, self.handle_propose,
                               ServeLimits(max_request_bytes=CONTROL_MAX_BYTES, max_concurrent=8, max_per_peer=1,
@@ -238,11 +245,12 @@ class OuterExchange:
         try:
             others = await self._gather(round_no, reply, expect_request=self.gate.requested or callers)
         finally:
-            for task in (announcing, resuming):  # the round may end before the record is out (the
-                if task is not None:  # caller publishes after) or before the Delta came (steps go on now)
-                    task.cancel()
-            await asyncio.gather(*(t for t in (announcing, resuming) if t is not None),
-                                 return_exceptions=True)
+            # the round may end before the record is out (the caller publishes after) or
+            # before the Delta came (the steps go on now)
+            helpers = [task for task in (announcing, resuming) if task is not None]
+            for task in helpers:
+                task.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
             self._offer = None
             self._partner_delta = None  # a Delta whose phi never came: the round is over
         self._last_exchange_s = now() - opened_at if others else None  # steps could have begun at the open

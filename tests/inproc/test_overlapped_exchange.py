@@ -291,3 +291,22 @@ def test_a_later_stage_whose_steps_its_upstream_drives_does_not_wait_first():
 def test_an_exchange_done_before_the_next_boundary_lets_the_next_rounds_steps_go_on_at_once():
     done = one_round("fp16")
     assert all(o.waited_first_s == 0 for o in done.outcomes)
+
+
+def test_both_parts_of_a_pair_payload_may_hold_a_stream_at_once_on_either_protocol():
+    """A paced call holds its server slot until its last acknowledgement is read, which
+    the caller sends just before its next part: with one slot a peer, the second part was
+    at times answered "busy" on a loaded machine, and only one side of the pair paired."""
+    served = {}
+
+    class Capture:
+        async def serve(self, protocol, handler, limits, authorize=None):
+            served[protocol] = limits
+
+    stage = StageParts(SPEC, trained(0, SPEC))
+
+    async def serve():
+        await stage.exchange().serve(Capture(), lambda remote: True)
+
+    vclock.run(serve())
+    assert served[protocols.OUTER].max_per_peer >= 2 and served[protocols.OUTER_FETCH].max_per_peer >= 2
