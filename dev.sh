@@ -5,6 +5,7 @@
 #   ./dev.sh demo        a local swarm (2 stages x 2 node processes) on the bundled corpus
 #   ./dev.sh test        the default test suite (slow tests excluded)
 #   ./dev.sh test-slow   only the slow tests (long convergence runs)
+#   ./dev.sh test-gpu    only the GPU tier (tests/gpu; needs a CUDA device, skipped without one)
 #   ./dev.sh bench       the quick benchmarks (under 15 min), then BENCHMARKS.md (--full: long ones)
 #   ./dev.sh shell       a shell inside the virtual environment
 set -euo pipefail
@@ -82,6 +83,10 @@ case "$cmd" in
         ensure_venv test,hf,tensorboard,wandb,hf-datasets
         exec "$VENV/bin/python" -m pytest -q -m slow "$@"
         ;;
+    test-gpu)
+        ensure_venv test,hf
+        exec "$VENV/bin/python" -m pytest -q -m gpu tests/gpu "$@"
+        ;;
     bench)
         ensure_venv
         exec "$VENV/bin/python" -m bench.run_all "$@"
@@ -91,7 +96,7 @@ case "$cmd" in
         exec bash --rcfile <(echo "source $VENV/bin/activate")
         ;;
     *)
-        sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
         [[ "$cmd" == help || "$cmd" == -h || "$cmd" == --help ]] || exit 2
         ;;
 esac

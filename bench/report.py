@@ -12,7 +12,10 @@ from bench.common.results import RESULTS_DIR, load
 
 DOC = ROOT / "BENCHMARKS.md"
 SECTIONS = ("sync_cost", "latency_model", "swarm_efficiency", "convergence", "vs_hivemind", "wire_bytes", "home_link",
-            "scale")
+            "scale", "state_check", "gpu_step")
+# Benchmarks that need a CUDA card (bench/run_all.py leaves them out; their results come
+# from a GPU machine: bench/gpu_step/device_check.sh).
+NEEDS_GPU = ("gpu_step",)
 
 HEADER = """# Benchmarks
 
@@ -41,6 +44,8 @@ TITLES = {
     "wire_bytes": "bytes on the wire per round and per token",
     "home_link": "volunteers on shaped home links: blocking vs overlapped vs compressed rounds",
     "scale": "hundreds of peers a stage on the swarm-scale simulator, and 32 real processes",
+    "state_check": "a downloaded state checked against the other replicas: honest vs hostile donors",
+    "gpu_step": "a stage's step on one GPU: eager vs fused AdamW, chunked loss, torch.compile; MFU, memory",
 }
 
 
@@ -50,12 +55,14 @@ def render(results_dir: Path = RESULTS_DIR) -> str:
         result = load(name, results_dir)
         if result is None:
             index.append(f"| [{name}](#{name}) | {TITLES[name]} | not run | | |")
+            where = " on a CUDA machine (bench/gpu_step/device_check.sh)" if name in NEEDS_GPU else ""
             sections.append(f'<a id="{name}"></a>\n\n## {name}\n\nNo results yet: run '
-                            f'`.venv/bin/python -m bench.{name}`.\n')
+                            f'`.venv/bin/python -m bench.{name}`{where}.\n')
             continue
         m = result["machine"]
+        card = result["summary"].get("device_name") if name in NEEDS_GPU else None
         index.append(f"| [{name}](#{name}) | {TITLES[name]} | {result['mode']} | "
-                     f"{m['cpu_count']} CPUs, torch {m['torch']} | {result['wall_s']:.0f} s |")
+                     f"{card or str(m['cpu_count']) + ' CPUs'}, torch {m['torch']} | {result['wall_s']:.0f} s |")
         module = importlib.import_module(f"bench.{name}.benchmark")
         sections.append(f'<a id="{name}"></a>\n\n' + module.markdown(result).strip() + "\n")
     return HEADER.format(index="\n".join(index)) + "\n" + "\n".join(sections)

@@ -24,8 +24,8 @@ from swarm_node.errors import ConfigError, PeerError, SwarmError, known_failure
 from swarm_node.membership.discovery import SPEC_REPUBLISH_S, find_run_spec, publish_spec, spec_key
 from swarm_node.membership.registry import read_registry
 from swarm_node.net.dht import SwarmDHT
+from swarm_node.net.dialback import address_scope, dial_check, ordered_for_others, serve_dialback
 from swarm_node.net.exists import answers_status
-from swarm_node.net.reach import address_scope, dial_check, ordered_for_others, serve_dialback
 from swarm_node.net.transport import Transport, short_id
 from swarm_node.obs.http import Response, StatusServer
 from swarm_node.spec import RunSpec

@@ -1,5 +1,5 @@
 import sys
 
-from swarm_node.cli import main
+from swarm_node.cli.main import main
 
 sys.exit(main())

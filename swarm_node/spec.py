@@ -20,7 +20,7 @@ from swarm_node.errors import ConfigError
 from swarm_node.optim.inner import InnerHyper
 from swarm_node.optim.methods import MethodSpec, default_method
 from swarm_node.optim.outer import OuterHyper
-from swarm_node.wire.messages import ACTIVATION_CODECS
+from swarm_node.wire.activations import ACTIVATION_CODECS
 from swarm_node.wire.outer_codec import OUTER_CODECS
 
 # Methods the networked node implements; ddp (gradients averaged every step) is simulated only.
@@ -142,7 +142,7 @@ class RunSpec:
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()[:16]
 
     @classmethod
-    def from_dict(cls, raw: dict) -> "RunSpec":
+    def from_dict(cls, raw: dict) -> RunSpec:
         if not isinstance(raw, dict):  # a peer's published spec is JSON of any shape
             raise ConfigError(f"a run spec is a table of settings, not {type(raw).__name__}")
         raw = dict(raw)
@@ -174,7 +174,7 @@ class RunSpec:
             raise ConfigError(f"invalid run spec: {exc}") from None
 
     @classmethod
-    def from_toml(cls, path: str | Path) -> "RunSpec":
+    def from_toml(cls, path: str | Path) -> RunSpec:
         try:
             raw = tomllib.loads(Path(path).read_text())
         except FileNotFoundError:
@@ -184,7 +184,7 @@ class RunSpec:
         return cls.from_dict(raw)
 
     @classmethod
-    def from_file(cls, path: str | Path) -> "RunSpec":
+    def from_file(cls, path: str | Path) -> RunSpec:
         """A run spec from ``.toml`` or ``.json``."""
         if str(path).endswith(".json"):
             try:

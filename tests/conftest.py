@@ -20,6 +20,12 @@ FOLDERS_FIRST = ("multihost", "swarm", "sim", "inproc")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    if not torch.cuda.is_available():  # the GPU tier (tests/gpu) skips, it does not fail
+        no_gpu = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(no_gpu)
+
     def rank(item: pytest.Item) -> tuple[int, int]:
         where = item.path.relative_to(TESTS).as_posix() if item.path.is_relative_to(TESTS) else ""
         folder = where.split("/", 1)[0]

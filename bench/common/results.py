@@ -19,7 +19,7 @@ import shlex
 import sys
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from bench.common import ROOT
@@ -47,7 +47,7 @@ def parse_mode(description: str, argv: list[str] | None = None,
     return args
 
 
-def run_mode(description: str, run: Callable[[str, Path], "Result"], plot: Callable[[list[dict], Path], None],
+def run_mode(description: str, run: Callable[[str, Path], Result], plot: Callable[[list[dict], Path], None],
              argv: list[str] | None = None) -> None:
     """A benchmark whose run takes only its mode: parse ``--full``, run, plot, write."""
     args = parse_mode(description, argv)
@@ -76,7 +76,7 @@ class Result:
         self.summary: dict = {}
         self.notes: list[str] = []
         self._started = time.time()
-        self._started_iso = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        self._started_iso = datetime.now(UTC).isoformat(timespec="seconds")
 
     def add(self, **row) -> dict:
         self.rows.append(row)

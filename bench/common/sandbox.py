@@ -20,7 +20,7 @@ import subprocess
 import uuid
 from pathlib import Path
 
-from swarm_node.local import daemon_sockets, remove_stale_sockets
+from swarm_node.local.swarm import daemon_sockets, remove_stale_sockets
 
 PREFIX = "sbe-"
 
@@ -34,7 +34,7 @@ class Sandbox:
     def available() -> bool:
         return os.geteuid() == 0 and shutil.which("ip") is not None
 
-    def __enter__(self) -> "Sandbox":
+    def __enter__(self) -> Sandbox:
         self._sockets_before = daemon_sockets()
         try:
             _ip("netns", "add", self.name)

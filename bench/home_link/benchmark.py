@@ -46,11 +46,11 @@ from pathlib import Path
 
 import torch
 
+from bench.common.curves import CurvePoint, Point, swarm_curve, time_to_target
 from bench.common.procs import unwind_on_sigterm
 from bench.common.results import Result, parse_mode, pyplot, rerun_command
 from bench.common.snapshots import load_snapshots
 from bench.home_link.swarms import RTT_MS, Ran, run_hivemind, run_one_stage, run_two_stages
-from bench.common.curves import CurvePoint, Point, swarm_curve, time_to_target
 from swarm_node.data.dataset import load_windows
 from swarm_node.data.spec import DataSpec
 from swarm_node.model.config import model_config
@@ -62,7 +62,7 @@ from swarm_node.train.worker import StageWorker
 from swarm_node.wire.outer_codec import outer_codec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
-from netbed import unavailable  # noqa: E402
+from netbed import unavailable
 
 NAME = "home_link"
 RATIO = 5.0  # the blocking 16-bit round this many times the H inner steps (at least 4, with room for the

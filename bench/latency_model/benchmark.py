@@ -21,9 +21,6 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common.results import Result, load, run_mode
-from bench.latency_model.inputs import label, largest_per_setting, small_n_ratios, source_note, summary_times
-from bench.latency_model.report import markdown, plot
 from bench.common.latency import (
     Variant,
     allreduce_to_pair_ratio,
@@ -35,6 +32,9 @@ from bench.common.latency import (
     sample_paths,
     slowest_pair_paths,
 )
+from bench.common.results import Result, load, run_mode
+from bench.latency_model.inputs import label, largest_per_setting, small_n_ratios, source_note, summary_times
+from bench.latency_model.report import markdown, plot
 
 __all__ = ["main", "markdown", "run"]
 

@@ -183,7 +183,7 @@ class Swarm:
         self.keys: list[str] = []
 
     @classmethod
-    async def start(cls, peers: int) -> "Swarm":
+    async def start(cls, peers: int) -> Swarm:
         from swarm_node.net.dht import SwarmDHT
 
         first = await SwarmDHT.start()

@@ -70,7 +70,7 @@ def mean_std(values: Iterable[float]) -> dict:
 Func = tuple[str, str]
 
 WORKER = "swarm_node/train/worker.py"
-CODEC = "swarm_node/wire/codec.py"
+CODEC = "swarm_node/wire/frames.py"
 CHECK = "swarm_node/gossip/partner_check.py"
 MODULE_CALL: Func = ("torch/nn/modules/module.py", "_wrapped_call_impl")
 

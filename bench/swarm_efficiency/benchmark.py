@@ -68,7 +68,7 @@ NAME = "swarm_efficiency"
 
 def threads_per_node() -> int:
     """Torch threads ``swarm-node local`` gives each node (its OMP_NUM_THREADS and --threads)."""
-    from swarm_node.local import LocalConfig  # imports hivemind: only once a swarm is wanted
+    from swarm_node.local.swarm import LocalConfig  # imports hivemind: only once a swarm is wanted
 
     return LocalConfig.threads_per_node
 

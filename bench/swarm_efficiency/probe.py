@@ -141,26 +141,26 @@ class _SubprocessForDriver:
         return getattr(subprocess, name)
 
     @staticmethod
-    def Popen(cmd, *args, **kwargs):  # noqa: N802 (the name it replaces)
+    def Popen(cmd, *args, **kwargs):
         if list(cmd[1:4]) == ["-m", "swarm_node", "join"]:
             cmd = [cmd[0], "-m", MODULE, *cmd[3:]]
         return subprocess.Popen(cmd, *args, **kwargs)
 
 
 def _install_driver_shim() -> None:
-    import swarm_node.local
+    import swarm_node.local.swarm
 
     @dataclass(frozen=True)
-    class SmallEvaluation(swarm_node.local.LocalConfig):
+    class SmallEvaluation(swarm_node.local.swarm.LocalConfig):
         eval_batches: int = 1
         eval_batch_size: int = 8
 
-    swarm_node.local.subprocess = _SubprocessForDriver()
-    swarm_node.local.LocalConfig = SmallEvaluation  # what cli._run_local builds the driver's config from
+    swarm_node.local.swarm.subprocess = _SubprocessForDriver()
+    swarm_node.local.swarm.LocalConfig = SmallEvaluation  # what cli._run_local builds the driver's config from
 
 
 def main(argv: list[str]) -> int:
-    from swarm_node.cli import main as swarm_node_main
+    from swarm_node.cli.main import main as swarm_node_main
 
     if argv[:1] == ["local"]:
         _install_driver_shim()
@@ -229,7 +229,7 @@ class TreeSampler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tree-sampler", daemon=True)
 
-    def __enter__(self) -> "TreeSampler":
+    def __enter__(self) -> TreeSampler:
         self._thread.start()
         return self
 

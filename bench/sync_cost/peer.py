@@ -41,11 +41,11 @@ from swarm_node.net import protocols
 from swarm_node.net.dht import SwarmDHT
 from swarm_node.net.guard import PeerGuard
 from swarm_node.net.transport import ServeLimits, Transport
-from swarm_node.node_services import NodeServices
+from swarm_node.node.services import NodeServices
 from swarm_node.obs.stats import NodeStats
 from swarm_node.train.rounds import RoundGate
 from swarm_node.train.worker import OpenRound
-from swarm_node.wire.codec import FrameLimits, decode_frame, encode_frame
+from swarm_node.wire.frames import FrameLimits, decode_frame, encode_frame
 from swarm_node.wire.outer_codec import OUTER_CODECS, decode_outer
 
 MESSAGE_PROTOCOL = "swarm-node-bench/message/1"
@@ -129,7 +129,7 @@ class BenchPeer:
         self.check = PartnerCheck(max_update_ratio=10.0)  # for single messages, as the node checks a payload
         self.exchange: OuterExchange | None = None
         self.round_key = 0
-        self.candidates = lambda: []  # set for each round by _plan
+        self.candidates = list  # set for each round by _plan
         self.callers_expected = False
         self.averager = None
         self.control = None
@@ -202,7 +202,7 @@ class BenchPeer:
         if partner is None:
             self.candidates = lambda: [(self.peer_ids[r], self.board.get(r) == round_key) for r in others]
         elif not initiate:
-            self.candidates = lambda: []
+            self.candidates = list
         else:
             self.candidates = lambda: ([(self.peer_ids[partner], True)] if self.board.get(partner) == round_key
                                        else [])

@@ -23,14 +23,14 @@ import tempfile
 from contextlib import ExitStack
 from pathlib import Path
 
+from bench.common.curves import CurvePoint, Point, common_target, swarm_curve, time_to_target, value_at
 from bench.common.results import Result, parse_mode, pyplot, rerun_command
 from bench.common.sandbox import Sandbox
-from bench.common.curves import CurvePoint, Point, common_target, swarm_curve, time_to_target, value_at
 from bench.vs_hivemind.runs import Plan, SwarmRun, load_snapshots, run_hivemind, run_swarm_node
 from swarm_node.config import suggested_lr
 from swarm_node.data.dataset import load_windows
 from swarm_node.data.spec import DataSpec
-from swarm_node.local import LocalConfig
+from swarm_node.local.swarm import LocalConfig
 from swarm_node.model.config import model_config
 from swarm_node.model.stages import build_model
 from swarm_node.train.evaluate import path_val_loss

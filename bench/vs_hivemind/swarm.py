@@ -16,7 +16,7 @@ from pathlib import Path
 
 from swarm_node.config import default_warmup_steps, suggested_lr
 from swarm_node.data.spec import DataSpec
-from swarm_node.local import ChaosPlan, LocalConfig, run_local
+from swarm_node.local.swarm import ChaosPlan, LocalConfig, run_local
 from swarm_node.obs.logs import setup_logging
 from swarm_node.optim import InnerHyper, default_method
 from swarm_node.spec import RunSpec

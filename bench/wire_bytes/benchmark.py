@@ -1,7 +1,7 @@
 """Benchmark 6: bytes on the wire per outer round and per token, for each method.
 
 A cost model computed from the models' parameter counts and the wire precisions of
-``swarm_node/wire/codec.py``, for the project's sizes and the paper's Small/Medium/Large,
+``swarm_node/wire/frames.py``, for the project's sizes and the paper's Small/Medium/Large,
 then checked against what the transport of a real ``swarm-node local`` run counts.
 
     .venv/bin/python -m bench.wire_bytes [--full]
@@ -35,7 +35,7 @@ from bench.common.results import Result, parse_mode, pyplot, rerun_command
 from bench.common.sandbox import Sandbox
 from swarm_node.model.config import NAMED_SIZES, model_config
 from swarm_node.model.stages import build_stage
-from swarm_node.wire.codec import WIRE_PRECISIONS, encode_frame
+from swarm_node.wire.frames import WIRE_PRECISIONS, encode_frame
 
 NAME = "wire_bytes"
 BYTE_VOCAB = 256  # the bundled corpus, byte-level tokenizer
@@ -409,7 +409,7 @@ def markdown(result: dict) -> str:
         f"`{rerun_command(NAME, result['mode'])}` "
         f"({result['mode']} mode, {result['wall_s']:.0f} s)", "",
         "What one worker sends (it receives as much), computed from the parameter counts of "
-        "`swarm_node/model/config.py` and the wire precisions of `swarm_node/wire/codec.py`. Project sizes use "
+        "`swarm_node/model/config.py` and the wire precisions of `swarm_node/wire/frames.py`. Project sizes use "
         "the bundled corpus's byte vocabulary and 8 x 64 tokens per step; the paper's Small/Medium/Large use an "
         "assumed 32k vocabulary and 8 x 1024 tokens per step (per-token figures of the outer methods scale "
         f"inversely with that). N = {s['peers']} workers per stage; NoLoCo syncs every "

@@ -36,7 +36,7 @@ class DataSpec:
             raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
 
     @classmethod
-    def parse(cls, text: str) -> "DataSpec":
+    def parse(cls, text: str) -> DataSpec:
         """``synthetic[:alphabet=16,order=2,...]``, ``corpus``, ``text:PATH``, ``bin:PATH``,
         ``hf:PATH`` (a Hugging Face dataset saved to disk, or .json/.jsonl/.parquet files;
         column ``text``), or a bare path (``*.bin`` is read as tokens, anything else as text)."""

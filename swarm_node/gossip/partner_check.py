@@ -33,6 +33,7 @@ Everything here runs on the compute thread."""
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Sequence
 
 import torch
@@ -40,7 +41,7 @@ import torch
 from swarm_node.errors import ProtocolError
 from swarm_node.gossip.pairing import Refused
 from swarm_node.train.screen import MagnitudeScreen
-from swarm_node.wire.messages import finite
+from swarm_node.wire.frames import finite
 
 
 class Poisoned(ProtocolError):
@@ -59,9 +60,13 @@ def norm(tensors: Sequence[torch.Tensor]) -> float:
     return math.sqrt(sum(float(t.float().pow(2).sum()) for t in tensors))
 
 
+def tensor_distances(theirs: Sequence[torch.Tensor], ours: Sequence[torch.Tensor]) -> list[float]:
+    """Per tensor; the partner's tensors were decoded on the CPU, ours live on the training device."""
+    return [float((t.to(o.device, torch.float32) - o).norm()) for t, o in zip(theirs, ours)]
+
+
 def distance(theirs: Sequence[torch.Tensor], ours: Sequence[torch.Tensor]) -> float:
-    """The partner's tensors were decoded on the CPU; ours live on the training device."""
-    return math.sqrt(sum(float((t.to(o.device, torch.float32) - o).pow(2).sum()) for t, o in zip(theirs, ours)))
+    return math.sqrt(sum(d * d for d in tensor_distances(theirs, ours)))
 
 
 def fit_problem(tensors: Sequence[torch.Tensor], shapes: Sequence[torch.Size]) -> str | None:
@@ -79,6 +84,7 @@ def fit_problem(tensors: Sequence[torch.Tensor], shapes: Sequence[torch.Size]) -
 
 
 ROUNDS_APART = 2  # a partner this many rounds ahead and far off: we are behind, catch up
+SPREAD_ROUNDS = 4  # partners' phi distances kept, for joiners checking a state (state/check.py)
 DISTANCE_SLACK = 2.0  # a phi this many times the Delta bound away, rounds apart: declined
 
 
@@ -90,6 +96,7 @@ class PartnerCheck:
         self.clip_ratio = min(clip_ratio, max_update_ratio)
         self._own = MagnitudeScreen(max_update_ratio)  # only ever fed our own Delta norms
         self._latest: float | None = None
+        self._phi_distances: deque[list[float]] = deque(maxlen=SPREAD_ROUNDS)
 
     def note_own_delta(self, own_delta: Sequence[torch.Tensor], round_fraction: float = 1.0) -> float:
         """At the start of each of our rounds: our own Delta norm, over ``round_fraction``
@@ -147,17 +154,29 @@ class PartnerCheck:
         problem = fit_problem(phi, [p.shape for p in own_phi])
         if problem:
             raise ProtocolError(problem)
-        phi_distance = distance(phi, own_phi)
+        apart = tensor_distances(phi, own_phi)
+        phi_distance = math.sqrt(sum(d * d for d in apart))
         if not math.isfinite(phi_distance):
             raise ProtocolError("the update's norm is not finite")
         reference = self.reference()
         if not reference:
             self._first_check(phi_distance, "partner's distance from our phi", own_delta)
+            self._phi_distances.append(apart)
             return phi
         bound = self.max_update_ratio * reference
         if phi_distance > DISTANCE_SLACK * bound and abs(rounds_ahead) >= ROUNDS_APART:
             raise RoundsApart(f"partner's phi is {phi_distance / reference:.1f}x our Delta norm away", rounds_ahead)
+        keep = min(1.0, self.clip_ratio * reference / phi_distance) if phi_distance > 0 else 1.0
+        self._phi_distances.append([d * keep for d in apart])  # as it counts: a far phi is pulled in
         return _pulled_within(phi, own_phi, phi_distance, self.clip_ratio * reference)
+
+    def partner_spread(self) -> list[float] | None:
+        """Per tensor, the largest distance between our phi and a partner's over the last
+        SPREAD_ROUNDS exchanges, as they counted (None before the first): how far apart
+        honest replicas of the stage are, for joiners checking a state (state/check.py)."""
+        if not self._phi_distances:
+            return None
+        return [max(column) for column in zip(*self._phi_distances)]
 
     def _first_check(self, value: float, what: str, own_delta: Callable[[], Sequence[torch.Tensor]]) -> None:
         """Before our first round, our progress so far is the only scale."""

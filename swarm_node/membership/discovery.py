@@ -46,7 +46,7 @@ class SpecRecord:
     min_version: str
 
     @classmethod
-    def of(cls, spec: RunSpec) -> "SpecRecord":
+    def of(cls, spec: RunSpec) -> SpecRecord:
         return cls(spec.run_id, spec.canonical_json(), spec.spec_hash(), spec.min_version)
 
     def to_wire(self) -> dict:
@@ -54,7 +54,7 @@ class SpecRecord:
                 "min_version": self.min_version}
 
     @classmethod
-    def from_wire(cls, raw: object) -> "SpecRecord":
+    def from_wire(cls, raw: object) -> SpecRecord:
         if not isinstance(raw, dict):
             raise ProtocolError("run-spec record is not a map")
         fields = {name: raw.get(key) for name, key in (("run_id", "run_id"), ("spec_json", "spec"),

@@ -1,5 +1,5 @@
 """Whether other peers can reach this node, asked of them when it joins: peers dial it
-back over a fresh connection (net/reach.py). A node nobody can dial runs its DHT as a
+back over a fresh connection (net/dialback.py). A node nobody can dial runs its DHT as a
 client, tells the others (its record says so), and takes only roles that need no
 inbound connection: stage 0, and pairs it proposes itself."""
 
@@ -11,7 +11,7 @@ import random
 from swarm_node.membership.discovery import peer_ids_of
 from swarm_node.membership.view import Membership
 from swarm_node.net.dht import SwarmDHT
-from swarm_node.net.reach import Reachability, address_scope, check_reachability, tcp_ports
+from swarm_node.net.dialback import Reachability, address_scope, check_reachability, tcp_ports
 from swarm_node.net.transport import Transport, short_id
 
 log = logging.getLogger(__name__)

@@ -56,7 +56,7 @@ class Cadence:
         return None if self.fresh_read_s is None else wall_now_s + self.ttl_s - self.fresh_read_s
 
     @classmethod
-    def for_shards(cls, shards: int, heartbeat_s: float, poll_s: float, ttl_s: float) -> "Cadence":
+    def for_shards(cls, shards: int, heartbeat_s: float, poll_s: float, ttl_s: float) -> Cadence:
         """The node's own settings for a one-key registry; at least the sharded cadence
         for a sharded one (a large run), reading one stage at a time."""
         if shards == 1:

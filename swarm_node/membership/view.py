@@ -18,9 +18,9 @@ from swarm_node.membership.discovery import SPEC_REPUBLISH_S, publish_spec
 from swarm_node.membership.registry import Cadence, Entries, publish_record, read_shard, read_stage
 from swarm_node.membership.stages import assign_stage, rebalanced_stage
 from swarm_node.net.dht import SwarmDHT
+from swarm_node.net.dialback import Reachability
 from swarm_node.net.guard import PeerGuard
-from swarm_node.net.reach import Reachability
-from swarm_node.node_config import NodeConfig
+from swarm_node.node.config import NodeConfig
 from swarm_node.spec import RunSpec
 from swarm_node.wire.records import PeerRecord
 

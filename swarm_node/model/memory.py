@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from swarm_node.model.config import NAMED_SIZES, ModelConfig, model_config
+from swarm_node.model.loss import LOSS_CHUNK_LOGITS, chunk_tokens
 from swarm_node.model.stages import split_layers
 
 # Resident bytes per parameter, all fp32.
@@ -52,11 +53,22 @@ AUTOCAST_WEIGHT_COPY_BYTES = 2
 # log-probabilities and of the logits).
 LOSS_SAVED_BYTES_PER_LOGIT = 4
 LOSS_BACKWARD_BYTES_PER_LOGIT = 8
+# The chunked loss (model/loss.py, when the logits exceed LOSS_CHUNK_LOGITS) keeps the
+# gradients of the hidden states (4 bytes per hidden unit and token) and of the head's
+# weight (4 bytes per weight) from its forward to its backward, and under autocast the
+# weight cast to bf16 (2). Within a chunk, the larger of: its logits and log-probabilities
+# (8 bytes per logit), or the softmax gradient in fp32 and the matmul dtype (4 + 2, or 4
+# in fp32) beside the weight gradient's product (2 or 4 bytes per weight).
+CHUNKED_LOSS_BYTES_PER_LOGIT = 8
 # A backward through a block holds gradient buffers of its widest activation.
 BLOCK_BACKWARD_BYTES_PER_FFN_UNIT = 8
-# A stage's backward starts from a scalar (the loss, or train/worker.py's _Pullback) and
+# A stage's backward starts from a scalar (the loss, or train/worker.py's Pullback) and
 # its seed gradient, one fp32 each, rounded up to the allocator's 8 bytes.
 BACKWARD_SEED_BYTES = 8 + 8
+# On a card, the math libraries' workspaces come from torch's allocator too (cuBLAS and
+# cuBLASLt keep tens of MiB a stream; flash attention a little): measured on an H200,
+# tiny's stages peaked 20-70 MiB above an estimate without them (BENCHMARKS.md, gpu_step).
+KERNEL_WORKSPACE_BYTES = 128 << 20
 
 
 @dataclass(frozen=True)
@@ -67,10 +79,11 @@ class StageMemory:
     state_bytes: int  # resident: weights, gradients, optimizer and outer state
     activation_bytes: int  # one micro-batch's forward + backward, at its peak
     outer_step_bytes: int  # the outer step's temporaries
+    workspace_bytes: int = 0  # the math libraries' workspaces on a card (KERNEL_WORKSPACE_BYTES)
 
     @property
     def peak_bytes(self) -> int:
-        return self.state_bytes + max(self.activation_bytes, self.outer_step_bytes)
+        return self.state_bytes + max(self.activation_bytes, self.outer_step_bytes) + self.workspace_bytes
 
 
 def layer_parameters(config: ModelConfig) -> int:
@@ -128,12 +141,29 @@ def head_activation_bytes_per_token(config: ModelConfig, *, autocast_bf16: bool)
     return 4 * (3 * h + 1) + logits + 8
 
 
+def head_activation_bytes(config: ModelConfig, *, tokens: int, autocast_bf16: bool,
+                          loss_chunk_logits: int | None = LOSS_CHUNK_LOGITS) -> int:
+    """The last stage's head and loss for a micro-batch of ``tokens``: the plain loss's
+    per-token figure, or the chunked loss's (model/loss.py) where it chunks."""
+    h, vocab = config.hidden_size, config.vocab_size
+    chunk = chunk_tokens(vocab, loss_chunk_logits)
+    if chunk is None or tokens <= chunk:
+        return tokens * head_activation_bytes_per_token(config, autocast_bf16=autocast_bf16)
+    norm = 4 * (2 * h + 1) if autocast_bf16 else 4 * (3 * h + 1)  # the final norm's saved tensors
+    per_token = norm + 4 * h + 8  # and the gradient of the hidden states, the int64 target
+    kept = (4 + 2) * vocab * h if autocast_bf16 else 4 * vocab * h
+    gradient_product = (6 if autocast_bf16 else 4) * vocab * chunk + (2 if autocast_bf16 else 4) * vocab * h
+    return tokens * per_token + kept + max(CHUNKED_LOSS_BYTES_PER_LOGIT * vocab * chunk, gradient_product)
+
+
 def estimate_stage_memory(config: ModelConfig, *, num_stages: int, stage_index: int, batch_size: int,
                           seq_len: int, autocast_bf16: bool, outer_state: bool = True,
-                          layers_per_stage: Sequence[int] | None = None) -> StageMemory:
+                          layers_per_stage: Sequence[int] | None = None,
+                          loss_chunk_logits: int | None = LOSS_CHUNK_LOGITS) -> StageMemory:
     """The memory stage ``stage_index`` of ``num_stages`` needs to train on micro-batches
     of ``batch_size`` x ``seq_len`` tokens. ``autocast_bf16``: the device trains under
-    bf16 autocast (CUDA, compute capability 8.0+); otherwise fp32."""
+    bf16 autocast (CUDA, compute capability 8.0+); otherwise fp32. ``loss_chunk_logits``:
+    the last stage's setting of the same name (None: the plain loss)."""
     layers = split_layers(config.num_layers, num_stages, layers_per_stage)[stage_index]
     is_last = stage_index == num_stages - 1
     parameters = stage_parameters(config, num_stages=num_stages, stage_index=stage_index,
@@ -143,12 +173,13 @@ def estimate_stage_memory(config: ModelConfig, *, num_stages: int, stage_index: 
         per_parameter += OUTER_STATE_BYTES_PER_PARAMETER + ROUND_IN_FLIGHT_BYTES_PER_PARAMETER
     tokens = batch_size * seq_len
     per_token = len(layers) * block_activation_bytes_per_token(config, autocast_bf16=autocast_bf16)
-    if is_last:
-        per_token += head_activation_bytes_per_token(config, autocast_bf16=autocast_bf16)
-    elif layers:
+    if not is_last and layers:
         per_token += BLOCK_BACKWARD_BYTES_PER_FFN_UNIT * config.intermediate_size
     per_token += 4 * config.hidden_size  # the stage's input (or embedding output) and its gradient's peer
     activations = tokens * per_token
+    if is_last:
+        activations += head_activation_bytes(config, tokens=tokens, autocast_bf16=autocast_bf16,
+                                             loss_chunk_logits=loss_chunk_logits)
     if autocast_bf16:
         matmul_weights = len(layers) * (layer_parameters(config) - 2 * config.hidden_size)
         if is_last:
@@ -167,7 +198,8 @@ def estimate_stage_memory(config: ModelConfig, *, num_stages: int, stage_index: 
         outer_step = (OUTER_STEP_BYTES_PER_PARAMETER * parameters
                       + OUTER_STEP_BYTES_PER_ELEMENT_OF_LARGEST_TENSOR * largest)
     return StageMemory(parameters=parameters, state_bytes=per_parameter * parameters,
-                       activation_bytes=activations, outer_step_bytes=outer_step)
+                       activation_bytes=activations, outer_step_bytes=outer_step,
+                       workspace_bytes=KERNEL_WORKSPACE_BYTES if autocast_bf16 else 0)  # a card (CPUs: fp32)
 
 
 def largest_stage_memory(config: ModelConfig, *, num_stages: int, batch_size: int, seq_len: int,
@@ -223,5 +255,74 @@ def memory_table(*, vocab_size: int = 32_000, batch_size: int = 8, seq_len: int 
     return "\n".join(lines)
 
 
+# What a card holds besides the stage: the CUDA context, the allocator's slack, torch's
+# kernels' workspaces.
+CARD_RESERVE_BYTES = 2 << 30
+
+
+def largest_micro_batch(config: ModelConfig, *, num_stages: int, seq_len: int, card_bytes: int,
+                        autocast_bf16: bool = True, max_batch: int = 512) -> int | None:
+    """The largest power-of-two micro-batch (sequences) whose largest stage fits a card of
+    ``card_bytes``, or None when not even one sequence does."""
+    best, batch = None, 1
+    while batch <= max_batch:
+        _, need = largest_stage_memory(config, num_stages=num_stages, batch_size=batch, seq_len=seq_len,
+                                       autocast_bf16=autocast_bf16)
+        if need.peak_bytes + CARD_RESERVE_BYTES > card_bytes:
+            break
+        best, batch = batch, 2 * batch
+    return best
+
+
+def micro_batch_table(*, card_gib: float, vocab_size: int = 32_000, seq_len: int = 1024,
+                      stage_counts: Sequence[int] = (1, 2, 4)) -> str:
+    """A Markdown table: per named size and stage count, the largest micro-batch a card of
+    ``card_gib`` GiB holds under bf16 autocast, and its tokens."""
+    header = "| model | " + " | ".join(f"{s} stage{'s' if s > 1 else ''}" for s in stage_counts) + " |"
+    lines = [header, "|" + "---|" * (1 + len(stage_counts))]
+    for size in NAMED_SIZES:
+        config = model_config(size, vocab_size=vocab_size, max_seq_len=seq_len)
+
+        def cell(stages: int) -> str:
+            batch = largest_micro_batch(config, num_stages=stages, seq_len=seq_len, card_bytes=int(card_gib * 2**30))
+            return "does not fit" if batch is None else f"{batch} ({batch * seq_len:,} tokens)"
+
+        lines.append(f"| {size} | " + " | ".join(per_stage_count(config, stage_counts, cell)) + " |")
+    return "\n".join(lines)
+
+
+MICRO_BATCH_ADVICE = """\
+batch_size (the micro-batch) and samples_per_step are run-spec settings every peer shares:
+- batch_size: the largest the smallest card of the run holds for its stage (above); a GPU
+  step needs many tokens per micro-batch to keep the card busy (eager, at 8 x 1024 tokens,
+  the small model's single stage used about 16 % of an H100; bench/gpu_step measures your
+  card), and more stages leave each card more room for them;
+- samples_per_step: the optimizer's batch, a multiple of batch_size; the node accumulates
+  samples_per_step / batch_size micro-batches per inner step, so raising batch_size at the
+  same samples_per_step changes the speed, not the training (the learning rate and H are
+  tuned to samples_per_step x seq_len tokens a step)."""
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m swarm_node.model.memory",
+                                     description="Peak memory of a stage, and the micro-batch a card holds.")
+    parser.add_argument("--vocab", type=int, default=32_000, help="vocabulary size (default %(default)s)")
+    parser.add_argument("--seq-len", type=int, default=1024, help="tokens a sequence (default %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=8, help="micro-batch of the peak table (default %(default)s)")
+    parser.add_argument("--card-gib", type=float, default=None, metavar="GIB",
+                        help="also: the largest micro-batch a card of this many GiB holds, and advice")
+    args = parser.parse_args(argv)
+    print(f"Peak memory of the largest stage, {args.batch_size} x {args.seq_len}-token micro-batches, "
+          f"vocabulary {args.vocab:,}:\n")
+    print(memory_table(vocab_size=args.vocab, batch_size=args.batch_size, seq_len=args.seq_len))
+    if args.card_gib is not None:
+        print(f"\nThe largest micro-batch a {args.card_gib:g} GiB card holds ({format_bytes(CARD_RESERVE_BYTES)} kept "
+              f"for the CUDA context), bf16 autocast, {args.seq_len}-token sequences:\n")
+        print(micro_batch_table(card_gib=args.card_gib, vocab_size=args.vocab, seq_len=args.seq_len))
+        print("\n" + MICRO_BATCH_ADVICE)
+
+
 if __name__ == "__main__":
-    print(memory_table())
+    main()

@@ -13,11 +13,13 @@ import math
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from swarm_node.model.config import ModelConfig
 from swarm_node.model.llama import DecoderLayer, RMSNorm, RotaryEmbedding
+from swarm_node.model.loss import LOSS_CHUNK_LOGITS, head_loss, lm_loss
+
+__all__ = ["PipelineStage", "build_model", "build_stage", "init_weights", "lm_loss", "split_layers"]
 
 
 def split_layers(num_layers: int, num_stages: int,
@@ -53,7 +55,10 @@ class _Body(nn.Module):
 class PipelineStage(nn.Module):
     """One stage. ``forward(token_ids_or_hidden, targets=None)`` returns hidden states
     (B, T, H) for non-last stages, logits (B, T, V) for the last stage without
-    targets, and the mean cross-entropy loss with them."""
+    targets, and the mean cross-entropy loss with them (over chunks of tokens when the
+    logits exceed ``loss_chunk_logits`` elements, model/loss.py; None: never)."""
+
+    loss_chunk_logits: int | None = LOSS_CHUNK_LOGITS
 
     def __init__(self, config: ModelConfig, stage_index: int, num_stages: int, layer_indices: range):
         super().__init__()
@@ -93,12 +98,10 @@ class PipelineStage(nn.Module):
             hidden = layer(hidden, self.rotary)
         if not self.is_last:
             return hidden
-        logits = self.lm_head(self.model.norm(hidden))  # (B, T, V)
-        return logits if targets is None else lm_loss(logits, targets)
-
-
-def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        hidden = self.model.norm(hidden)
+        if targets is None:
+            return self.lm_head(hidden)  # (B, T, V)
+        return head_loss(hidden, self.lm_head, targets, self.loss_chunk_logits)
 
 
 def _name_seed(seed: int, name: str) -> int:

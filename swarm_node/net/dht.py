@@ -9,7 +9,6 @@ so owner-tagged records (see net/identity.py) cannot be overwritten by others.""
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
 import os
 import shutil
@@ -34,6 +33,7 @@ from swarm_node.errors import ConfigError, PeerError, SwarmError
 from swarm_node.net.identity import ensure_identity, owner_subkey, peer_id_of_owner, record_validator
 from swarm_node.net.logs import quiet_streams_reset_before_their_header, route_hivemind_logs
 from swarm_node.net.near import BUCKET_SIZE, NUM_REPLICAS, NUM_WORKERS, read_near, store_near
+from swarm_node.net.ports import PortClaim, claim_ports
 
 log = logging.getLogger(__name__)
 
@@ -127,13 +127,14 @@ route_hivemind_logs()  # every program that talks to peers starts here
 
 class SwarmDHT:
     def __init__(self, dht: DHT, validator, throwaway_dir: Path | None = None, client_mode: bool = False,
-                 start_kwargs: dict | None = None):
+                 start_kwargs: dict | None = None, ports: PortClaim | None = None):
         self.dht = dht
         self.peer_id = str(dht.peer_id)
         self.client_mode = client_mode
         self._owner = owner_subkey(validator)
         self._throwaway_dir = throwaway_dir
         self._start_kwargs = start_kwargs or {}
+        self._ports = ports or PortClaim()  # our fixed listening ports, claimed until shutdown (net/ports.py)
         self._p2p: P2P | None = None
         self.ops = DhtOps()
         self.answered_by: Counter[str] = Counter()  # peer id -> the gets it answered directly (net/near.py)
@@ -141,16 +142,16 @@ class SwarmDHT:
     @classmethod
     async def start(cls, *, initial_peers: Sequence[str] = (), host_maddrs: Sequence[str] = ("/ip4/127.0.0.1/tcp/0",),
                     announce_maddrs: Sequence[str] = (), identity_path: str | None = None,
-                    client_mode: bool = False, startup_timeout_s: float = 60.0) -> "SwarmDHT":
+                    client_mode: bool = False, startup_timeout_s: float = 60.0) -> SwarmDHT:
         """Start the DHT. Without ``identity_path`` the peer gets a throwaway identity
         (deleted at shutdown). When the initial peers cannot call this peer back, it
         falls back to client mode with relays by itself and says so."""
-        refuse_taken_ports(host_maddrs)
+        ports = claim_ports(host_maddrs)  # before the daemon starts: one peer per port, whatever the timing
         throwaway_dir = None
-        if identity_path is None:
-            throwaway_dir = Path(tempfile.mkdtemp(prefix="swarm-identity-"))
-            identity_path = str(throwaway_dir / "identity.key")
         try:
+            if identity_path is None:
+                throwaway_dir = Path(tempfile.mkdtemp(prefix="swarm-identity-"))
+                identity_path = str(throwaway_dir / "identity.key")
             await asyncio.to_thread(ensure_identity, identity_path)
             validator = record_validator(identity_path)
             kwargs = dict(initial_peers=list(initial_peers), host_maddrs=list(host_maddrs), start=True,
@@ -169,10 +170,11 @@ class SwarmDHT:
                 client_mode = True
                 dht = await _start_dht(kwargs, True, initial_peers, startup_timeout_s)
         except BaseException:
+            ports.release()
             if throwaway_dir is not None:
                 shutil.rmtree(throwaway_dir, ignore_errors=True)
             raise
-        return cls(dht, validator, throwaway_dir, client_mode, kwargs)
+        return cls(dht, validator, throwaway_dir, client_mode, kwargs, ports)
 
     async def restart_in_client_mode(self) -> None:
         """Start again, same identity, as a DHT client behind relays: for a node others
@@ -307,6 +309,7 @@ class SwarmDHT:
             await self._close_replica()
             await self._stop_child()
         finally:
+            self._ports.release()
             if self._throwaway_dir is not None:
                 shutil.rmtree(self._throwaway_dir, ignore_errors=True)
 
@@ -331,27 +334,6 @@ class SwarmDHT:
 
         threading.Thread(target=stop, name="dht-shutdown", daemon=True).start()
         await done
-
-
-def refuse_taken_ports(host_maddrs: Sequence[str]) -> None:
-    """A fixed port another program listens on: say so now. (The daemon binds with
-    SO_REUSEPORT, so a second one on the same port may even start, and then the kernel
-    deals connections for either peer to both.)"""
-    for text in host_maddrs:
-        parts = text.strip("/").split("/")
-        if len(parts) < 4 or parts[0] not in ("ip4", "ip6") or parts[2] != "tcp" or parts[3] in ("", "0"):
-            continue
-        family = socket.AF_INET6 if parts[0] == "ip6" else socket.AF_INET
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a TIME_WAIT leftover is no owner
-            try:
-                probe.bind((parts[1], int(parts[3])))
-            except OSError as exc:
-                if exc.errno == errno.EADDRINUSE:
-                    raise ConfigError(f"TCP port {parts[3]} is in use (another node or program on this machine?): "
-                                      "pass --port with a free port (and forward that one if this machine is "
-                                      "behind a router)") from None
-                raise ConfigError(f"cannot listen on {text}: {exc.strerror}") from None
 
 
 class _Unreachable(Exception):

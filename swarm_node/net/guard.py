@@ -69,11 +69,12 @@ class PeerGuard:
         _bound(self._bans)
         return until - self.clock()
 
-    def poisoned(self, peer: str, why: str) -> None:
-        """``peer`` sent an update we rejected (out of our scale at the same round): no
-        routing, pairing or downloads with it for POISON_BAN_S, logged once. (A short
-        ban let a x1000 attacker back in 2 minutes later.)"""
-        self.ignore(peer, f"rejected its update ({why}); not pairing with it for {POISON_BAN_S / 60:.0f} min")
+    def poisoned(self, peer: str, why: str, what: str = "update") -> None:
+        """``peer`` sent an update we rejected (out of our scale at the same round), or a
+        state that its stage's other replicas disown (``what``): no routing, pairing or
+        downloads with it for POISON_BAN_S, logged once. (A short ban let a x1000
+        attacker back in 2 minutes later.)"""
+        self.ignore(peer, f"rejected its {what} ({why}); not pairing with it for {POISON_BAN_S / 60:.0f} min")
         self.failed(peer, at_least_s=POISON_BAN_S)
         self._poisoned[peer] = self.clock() + POISON_BAN_S
         _bound(self._poisoned)

@@ -25,6 +25,10 @@ class NodeStats:
     resumed_from_step: int | None = None
     downloaded_digest: str | None = None
     served_digests: list[str] = field(default_factory=list)
+    states_refused: int = 0  # downloaded states the stage's other replicas disowned (state/check.py)
+    state_check: str = ""  # the last verdict on a downloaded state, one line
+    state_check_s: float = 0.0  # asking witnesses and weighing their votes, summed
+    state_download_s: float = 0.0  # fetching states, checks included, summed
     # the critical path of the outer rounds, summed (divide by the rounds, or by the
     # rounds with a partner, for a mean): boundary to outer step, and its parts
     round_s: float = 0.0

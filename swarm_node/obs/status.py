@@ -14,7 +14,7 @@ from swarm_node import __version__
 from swarm_node.errors import ProtocolError
 from swarm_node.obs.http import Response, StatusServer
 from swarm_node.obs.node_metrics import node_metrics_text
-from swarm_node.wire.codec import FrameLimits, decode_frame, encode_frame
+from swarm_node.wire.frames import FrameLimits, decode_frame, encode_frame
 from swarm_node.wire.records import PeerRecord
 
 log = logging.getLogger(__name__)
@@ -24,7 +24,7 @@ STATUS_REQUEST_LIMITS = FrameLimits(max_header_bytes=1024, max_payload_bytes=0, 
 
 
 class StatusSource(Protocol):
-    """What the pages show; the node provides it."""
+    """What the pages show; the node's report (node/report.py) provides it."""
 
     def status_fields(self) -> dict:
         """What a node tells anyone who asks: cheap to compute, nothing secret."""

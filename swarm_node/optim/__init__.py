@@ -5,5 +5,16 @@ from swarm_node.optim.inner import InnerHyper, InnerOptimizer, lr_at
 from swarm_node.optim.methods import METHODS, MethodSpec, default_method
 from swarm_node.optim.outer import OuterHyper, SlowWeights, group_mean, outer_update
 
-__all__ = ["METHODS", "average_gradients", "InnerHyper", "InnerOptimizer", "MethodSpec", "OuterHyper", "SlowWeights",
-           "default_method", "group_mean", "lr_at", "outer_update"]
+__all__ = [
+           "METHODS",
+           "InnerHyper",
+           "InnerOptimizer",
+           "MethodSpec",
+           "OuterHyper",
+           "SlowWeights",
+           "average_gradients",
+           "default_method",
+           "group_mean",
+           "lr_at",
+           "outer_update",
+]

@@ -13,7 +13,7 @@ This file is a standalone program: it imports py-libp2p, trio, msgpack, multiadd
 the standard library, and nothing from swarm_node. py-libp2p cannot share a process (nor
 an environment) with hivemind; `swarm-node probe --setup` makes it a virtual environment
 of its own. The frame functions at the top need only msgpack, so tests can check them
-against swarm_node.wire.codec without py-libp2p.
+against swarm_node.wire.frames without py-libp2p.
 
 Exit status: 0 the node answered its status; 1 the check failed; 2 bad arguments or
 address; 3 py-libp2p is not installed in this Python.
@@ -61,7 +61,7 @@ class ProbeFailure(Exception):
     """The check failed; the message is the one-line verdict."""
 
 
-# -- frames (pure; the same layout as swarm_node.net.transport and swarm_node.wire.codec) --
+# -- frames (pure; the same layout as swarm_node.net.transport and swarm_node.wire.frames) --
 def length_prefixed(frame: bytes) -> bytes:
     """One stream message: u64 big-endian length, then the bytes."""
     return len(frame).to_bytes(LENGTH_BYTES, "big") + frame

@@ -4,20 +4,44 @@ Each candidate's projected finish time is (its queue + our in-flight to it + 1) 
 its throughput. A peer we have not measured yet gets the best throughput seen so far,
 so new peers are probed first instead of starved. The choice is random with weight
 1 / finish time, so load spreads over all peers while faster, emptier ones get more.
-Peers that failed us are skipped while banned (net/guard.py decides for how long)."""
+Peers that failed us are skipped while banned (net/guard.py decides for how long).
+
+The throughput is what our own hops to the peer measured (``RoundTrips``), and a peer
+is measured only when it is chosen. An EMA that moved a tenth of the way per answer
+made that a trap: one slow answer (a warm-up, a busy moment on a loaded machine) left
+a peer with a low figure, so it was chosen seldom, so the figure hardly moved; where
+stage 0 sets the pace (the next stage idle between micro-batches, its round trips the
+same at any share) nothing else pulled the peer back, and it could stay well under its
+share for a hundred micro-batches or more after it was fast again (a stage-1 peer of a
+2x2 local swarm that answered nothing for its first 3 s got 22 of a stage-0 node's 90,
+the other 68; one in CI had 45 micro-batches to its partner's 135). So an answer's say
+halves every ``FADE_TURNS`` turns the peer is not measured (a turn is one hop for each
+peer measured, so this scales with the pipeline's pace and the number of peers), and
+beside the answers the best known rate, the one an unmeasured peer gets, keeps a small
+say (``PRIOR_SAY``): a peer not chosen lately drifts towards the best rate and is
+probed again within a few turns, and the answer that ends the wait outweighs what is
+left of the old ones. A recovered peer so gets its share back at once; a really slow
+one is measured slow again, at the cost of a probe every few turns. A peer measured
+on each of its turns keeps about the smoothing of the old EMA."""
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+
+# An answer's say halves every FADE_TURNS turns: a peer measured on each of its turns is a
+# mean of about its last 17 answers (in the variance sense; an EMA of 0.1 averaged about 19).
+FADE_TURNS = 6.0
+PRIOR_SAY = 0.25  # the best known rate's say beside a peer's own answers (a quarter of one fresh answer)
 
 
 @dataclass
 class Candidate:
     peer_id: str
-    throughput: float  # samples/s from its registry record; 0 when unknown
+    throughput: float  # samples/s (what we measured, or what the caller vouches for); 0 when unknown
     queue: int
+    confidence: float = 1.0  # the throughput's say against the best known rate's (RoundTrips.candidate)
 
 
 @dataclass
@@ -34,7 +58,7 @@ class PeerChooser:
         probe_rate = max(known) if known else 1.0
         weights = []
         for c in usable:
-            rate = c.throughput if c.throughput > 0 else probe_rate
+            rate = probe_rate - (probe_rate - c.throughput) * c.confidence if c.throughput > 0 else probe_rate
             finish_s = (c.queue + self.in_flight.get(c.peer_id, 0) + 1) / rate
             weights.append(1.0 / finish_s)
         return self.rng.choices(usable, weights=weights, k=1)[0].peer_id
@@ -48,3 +72,50 @@ class PeerChooser:
             self.in_flight[peer_id] = left
         else:
             self.in_flight.pop(peer_id, None)
+
+
+@dataclass(frozen=True)
+class _Say:
+    """A peer's answers, each weighted by its say: 1 when it came, halving every
+    FADE_TURNS turns since (``weight``, and ``weighted_rate`` the rates times their say)."""
+    weight: float
+    weighted_rate: float
+    at_hop: int
+
+
+@dataclass
+class RoundTrips:
+    """Samples/s of our hops to each peer: the mean of its answers (samples / round-trip
+    seconds), each weighted by its say, which halves every FADE_TURNS turns (a turn is one
+    hop for each peer measured); beside them the best known rate has a say of PRIOR_SAY.
+    The chooser takes the mean and its confidence (say / (say + PRIOR_SAY)) and fills
+    the rest with the best known rate."""
+    says: dict[str, _Say] = field(default_factory=dict)
+    hops: int = 0  # answers measured, to any peer
+
+    def note(self, peer_id: str, samples: int, seconds: float) -> None:
+        if seconds <= 0:
+            return
+        weight, weighted_rate = self._faded(peer_id)
+        self.hops += 1
+        self.says[peer_id] = _Say(weight + 1.0, weighted_rate + samples / seconds, self.hops)
+
+    def candidate(self, peer_id: str, queue: int) -> Candidate:
+        weight, weighted_rate = self._faded(peer_id)
+        if weight <= 0:
+            return Candidate(peer_id, 0.0, queue)
+        return Candidate(peer_id, weighted_rate / weight, queue, confidence=weight / (weight + PRIOR_SAY))
+
+    def keep_only(self, peers: Iterable[str]) -> None:
+        """Forget peers that left: they would count in every turn."""
+        keep = set(peers)
+        for gone in [p for p in self.says if p not in keep]:
+            del self.says[gone]
+
+    def _faded(self, peer_id: str) -> tuple[float, float]:
+        say = self.says.get(peer_id)
+        if say is None:
+            return 0.0, 0.0
+        turns = (self.hops - say.at_hop) / len(self.says)
+        fade = 0.5 ** (turns / FADE_TURNS)
+        return say.weight * fade, say.weighted_rate * fade

@@ -43,7 +43,16 @@ import msgpack
 
 from swarm_node.errors import PeerTimeout
 from swarm_node.gossip.pairing import now as loop_now  # the running loop's clock: virtual here
-from swarm_node.net.dht import CACHE_NEAREST, FRESH_GET, LATEST_GET, NUM_REPLICAS, STORE, DhtOps, Signed, Traversal
+from swarm_node.net.dht import (
+    CACHE_NEAREST,
+    FRESH_GET,
+    LATEST_GET,
+    NUM_REPLICAS,
+    STORE,
+    DhtOps,
+    Signed,
+    Traversal,
+)
 from swarm_node.net.near import RELEARN_S
 
 OWNER_KEY_BYTES = 391  # "[owner:ssh-rsa ...]", msgpack'd: the subkey of every signed entry

@@ -55,7 +55,7 @@ class TinyStage(StageWorker):
         return self._steps
 
     @torch.no_grad()
-    def take_state_of(self, donor: "TinyStage") -> None:
+    def take_state_of(self, donor: TinyStage) -> None:
         """A late joiner's state download, done in memory: the donor's weights, outer
         state and counters (the real download is state/sync.py; its bytes are not
         control traffic)."""

@@ -8,7 +8,7 @@ from swarm_node.data.spec import DataSpec
 from swarm_node.optim.inner import InnerHyper
 from swarm_node.optim.methods import MethodSpec
 from swarm_node.spec import SettingNames, check_model_split
-from swarm_node.wire.messages import ACTIVATION_CODECS
+from swarm_node.wire.activations import ACTIVATION_CODECS
 from swarm_node.wire.outer_codec import OUTER_CODECS
 
 ROUTINGS = ("random", "fixed")

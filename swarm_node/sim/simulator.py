@@ -32,7 +32,7 @@ from swarm_node.sim.config import SimConfig
 from swarm_node.sim.grouping import random_groups
 from swarm_node.train.device import device_facts_or_name, is_out_of_memory, out_of_memory
 from swarm_node.train.evaluate import average_into, path_val_loss, random_paths_val_loss, weight_spread
-from swarm_node.wire.messages import decode_activations, encode_activations
+from swarm_node.wire.activations import decode_activations, encode_activations
 from swarm_node.wire.outer_codec import OuterEncoder, decode_outer, outer_codec
 
 

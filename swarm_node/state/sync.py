@@ -1,17 +1,24 @@
-"""State transfer for late joiners (protocol ``/swarm-node/state/1.0.0``).
+"""State transfer for late joiners and nodes that fell behind (protocol
+``/swarm-node/state/1.0.0``).
 
 A donor answers chunk requests from one consistent snapshot of theta, phi, the outer
 momentum and its counters, cached for a few minutes under the snapshot's digest. The
-joiner fetches the chunks with a progress bar and a deadline, checks the digest over
-everything it received, and tries the next donor on any failure. Adam moments are not
-transferred: in NoLoCo the inner optimizer state stays local."""
+joiner picks donors at random among the live peers of its stage, fetches the chunks
+with a progress bar and a deadline, checks the digest over everything it received,
+then asks the stage's other peers for sketches of their states (state/witnesses.py)
+and adopts the state only if they vouch for it (state/check.py); on any failure or
+refusal it tries the next donor. Adam moments are not transferred: in NoLoCo the
+inner optimizer state stays local."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import random
+import secrets
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from tqdm import tqdm
@@ -20,13 +27,13 @@ from swarm_node.errors import PeerError, PeerRefused, ProtocolError
 from swarm_node.net import protocols
 from swarm_node.net.exists import answers_status
 from swarm_node.net.transport import ServeLimits, short_id
-from swarm_node.node_services import NodeServices
+from swarm_node.node.services import NodeServices
+from swarm_node.state.check import Verdict, check_state
+from swarm_node.state.sketch import StateSketch, sketch_state
+from swarm_node.state.witnesses import MAX_WITNESSES, Witnesses
 from swarm_node.train.worker import StageWorker, tensor_digest
-from swarm_node.wire.codec import FrameLimits, decode_frame, encode_frame
-from swarm_node.wire.messages import (
-    check_state_chunk,
-    check_state_counters,
-)
+from swarm_node.wire.frames import FrameLimits, decode_frame, encode_frame
+from swarm_node.wire.messages import MAX_SKETCH_SEED, check_state_chunk, check_state_counters
 from swarm_node.wire.records import PeerRecord
 
 log = logging.getLogger(__name__)
@@ -34,21 +41,25 @@ log = logging.getLogger(__name__)
 CHUNK_BYTES = 4 << 20
 SNAPSHOT_TTL_S = 120.0
 MAX_SNAPSHOTS = 4
-MAX_DONORS = 3
+MAX_DONORS = 4
 CHUNK_TIMEOUT_S = 30.0
 PROBE_TIMEOUT_S = 5.0  # a status request: a few hundred bytes
 MAX_PROBES = 64  # peers asked at once whether they exist before a download
 
 
-
 class StateSync:
     """Both sides of a state transfer for one stage: ``handle`` serves donors' chunks,
-    ``download`` fetches a snapshot from the most advanced live peers of the stage."""
+    ``download`` fetches a snapshot from a random live peer of the stage ahead of us and
+    adopts it once the others vouch for it."""
 
     def __init__(self, *, worker: StageWorker, services: NodeServices, spec_hash: str,
-                 donors: Callable[[], dict[str, PeerRecord]], timeout_s: float = 120.0, progress: bool = True,
-                 clock: Callable[[], float] = time.monotonic):
+                 donors: Callable[[], dict[str, PeerRecord]], witnesses: Witnesses,
+                 timeout_s: float = 120.0, progress: bool = True, prefer: str | None = None,
+                 clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None):
         self.worker = worker
+        self.witnesses = witnesses  # the other replicas' sketches of their states
+        self.prefer = prefer  # a donor to ask first (--state-from); its state is checked like any other
+        self.rng = rng or random.Random()
         self.compute, self.transport, self.guard, self.stats = (services.compute, services.transport,
                                                                 services.guard, services.stats)
         self.spec_hash = spec_hash
@@ -103,30 +114,63 @@ class StateSync:
 
     # -- joiner side --------------------------------------------------------------
     async def download(self) -> bool:
-        """From the most advanced peers of our stage that exist, trying up to three;
-        whether it succeeded (when not, the worker's state is untouched)."""
-        for donor in (await self._donors())[:MAX_DONORS]:
-            try:
-                async with asyncio.timeout(self.timeout_s):
-                    await self._download_from(donor)
+        """A state from a live peer of our stage that claims to be ahead of us, picked at
+        random (``prefer`` first), adopted only once the stage's other replicas vouch for
+        it (state/check.py); a refused state's donor is kept off as a poisoner and the
+        next is tried, up to MAX_DONORS. Whether a state was adopted (when not, the
+        worker's state is untouched)."""
+        started = self.clock()
+        try:
+            for donor in (await self._donors())[:MAX_DONORS]:
+                try:
+                    async with asyncio.timeout(self.timeout_s):
+                        state = await self._fetch(donor)
+                        verdict = await self._check(donor, state)
+                except (PeerError, TimeoutError, ValueError) as exc:
+                    log.warning("state download from %s failed (%s); trying another donor", short_id(donor), exc)
+                    continue
+                self.stats.state_check = verdict.why
+                if verdict.unanswered:
+                    log.warning("not adopting the state from %s: %s; trying another donor", short_id(donor),
+                                verdict.why)
+                    continue
+                if not verdict.accepted:
+                    self.stats.states_refused += 1
+                    self.guard.poisoned(donor, f"the stage's other replicas disown it: {verdict.why}", what="state")
+                    continue
+                await self.compute(self.worker.load_snapshot, state.inner_step, state.outer_round, state.tensors,
+                                   state.last_round_step)
+                self.stats.downloaded_from, self.stats.downloaded_digest = donor, state.digest
+                log.info("downloaded state from %s: step %d, round %d, digest %s; %s", short_id(donor),
+                         state.inner_step, state.outer_round, state.digest, verdict.why)
                 return True
-            except (PeerError, TimeoutError, ValueError) as exc:
-                log.warning("state download from %s failed (%s); trying another donor", short_id(donor), exc)
-        return False
+            return False
+        finally:
+            self.stats.state_download_s += self.clock() - started
 
     async def _donors(self) -> list[str]:
-        """Live peers of our stage that claim to be ahead of us, most advanced first,
-        among those that exist: peers we have reached before, and peers that answer a
-        status request now. A forged record has nobody behind it: ordered by claimed
-        steps, 30 of them claiming the most took every donor slot and a joiner started
-        from scratch."""
+        """Live peers of our stage that claim to be ahead of us, among those that exist
+        (peers we have reached before, and peers that answer a status request now), in
+        random order: what a peer claims never puts it first (a liar claiming 100,000
+        more steps was every joiner's first donor). A forged record has nobody behind
+        it: 30 of them claiming the most once took every donor slot."""
         own_step = self.worker.inner_step
-        claims = {p: r.inner_step for p, r in self.donors().items()
-                  if r.inner_step > own_step and not self.guard.is_poisoned(p)}
-        by_claim = sorted(claims, key=lambda p: claims[p], reverse=True)
-        unknown = [p for p in by_claim if not self.guard.is_verified(p)][:MAX_PROBES]
+        ahead = [p for p, r in self.donors().items() if r.inner_step > own_step and not self.guard.is_poisoned(p)]
+        donors = await self._existing(ahead)
+        self.rng.shuffle(donors)
+        if self.prefer is not None:
+            if self.prefer in donors:
+                donors.remove(self.prefer)
+                donors.insert(0, self.prefer)
+            else:
+                self.guard.note(self.prefer, f"--state-from {short_id(self.prefer)}: not a live peer of our stage "
+                                             "ahead of us; choosing donors at random")
+        return donors
+
+    async def _existing(self, peers: list[str]) -> list[str]:
+        unknown = [p for p in peers if not self.guard.is_verified(p) and not self.guard.is_banned(p)][:MAX_PROBES]
         await asyncio.gather(*(self._probe(p) for p in unknown))
-        return [p for p in by_claim if self.guard.is_verified(p)]
+        return [p for p in peers if self.guard.is_verified(p)]
 
     async def _probe(self, peer: str) -> None:
         if await answers_status(self.transport, peer, PROBE_TIMEOUT_S):
@@ -134,7 +178,27 @@ class StateSync:
         else:
             self.guard.failed(peer)
 
-    async def _download_from(self, donor: str) -> None:
+    async def _check(self, donor: str, state: Downloaded) -> Verdict:
+        """What the other live peers of our stage say of ``state`` (docs/ALGORITHM.md 8)."""
+        if self.worker.slow is None:
+            return Verdict(True, "not checked: local-only replicas share no state to compare with")
+        started = self.clock()
+        others = [p for p in self.donors() if p != donor and not self.guard.is_poisoned(p)]
+        others = await self._existing(self.rng.sample(others, len(others)))
+        asked = others[:MAX_WITNESSES]
+        seed = secrets.randbelow(MAX_SKETCH_SEED)  # drawn now: the donor could not aim at it
+        candidate, said = await asyncio.gather(self.compute(state.sketch, seed), self.witnesses.gather(asked, seed))
+        self.stats.state_check_s += self.clock() - started
+        if asked and not said:  # they exist but did not answer (busy, or kept busy): no verdict either way
+            return Verdict(False, f"none of the {len(asked)} other peers of the stage answered for it",
+                           unanswered=True)
+        verdict = check_state(candidate, said, inner_steps=self.worker.spec.method.inner_steps)
+        if not said:
+            log.warning("the state from %s is not checked: it is the only live peer of stage %d", short_id(donor),
+                        self.worker.stage.stage_index)
+        return verdict
+
+    async def _fetch(self, donor: str) -> Downloaded:
         limits = FrameLimits(max_payload_bytes=CHUNK_BYTES * 4)
         snap_id, chunk, num_chunks, meta = None, 0, 1, {}
         tensors: list[torch.Tensor] = []
@@ -169,11 +233,26 @@ class StateSync:
         inner_step, outer_round, last_round_step = check_state_counters(meta)
         if inner_step <= self.worker.inner_step:
             raise ProtocolError(f"its state (step {inner_step}) is not ahead of ours (step {self.worker.inner_step})")
-        await self.compute(self.worker.load_snapshot, inner_step, outer_round, tensors, last_round_step)
-        self.stats.downloaded_from = donor
-        self.stats.downloaded_digest = digest
-        log.info("downloaded state from %s: step %d, round %d, digest %s", short_id(donor), inner_step, outer_round,
-                 digest)
+        problem = self.worker.snapshot_problem(tensors)
+        if problem:
+            raise ProtocolError(problem)
+        return Downloaded(tensors, inner_step, outer_round, min(last_round_step, inner_step), digest)
+
+
+@dataclass(frozen=True)
+class Downloaded:
+    """A donor's state as it came: theta, phi, momentum (one tensor a parameter each), counters."""
+    tensors: list[torch.Tensor]
+    inner_step: int
+    outer_round: int
+    last_round_step: int
+    digest: str
+
+    def sketch(self, seed: int) -> StateSketch:
+        third = len(self.tensors) // 3
+        theta, phi, momentum = self.tensors[:third], self.tensors[third:2 * third], self.tensors[2 * third:]
+        return sketch_state(theta, phi, momentum, inner_step=self.inner_step, outer_round=self.outer_round,
+                            round_steps=self.inner_step - self.last_round_step, seed=seed)
 
 
 def chunk_indices(tensors: list[torch.Tensor]) -> list[list[int]]:

@@ -1,8 +1,13 @@
 """Evaluation shared by the simulator and the swarm: validation loss along fixed or
-random paths, a consensus model, and the spread of weights across the workers of a stage."""
+random paths, a consensus model, and the spread of weights across the workers of a stage.
+
+On an accelerator a validation batch goes through in parts of at most ``rows`` windows,
+under the device's training autocast; a part that runs out of memory is split in two
+and tried again, so a batch size chosen for the CPU still fits a card."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
@@ -34,15 +39,49 @@ def _path_loss(path: Sequence[PipelineStage], inputs: torch.Tensor, targets: tor
     return float(hidden)
 
 
+class BatchParts:
+    """Splits validation batches into parts of at most ``rows`` windows, halving ``rows``
+    (for this and every later batch) when a part runs out of device memory."""
+
+    def __init__(self, rows: int | None = None, autocast_dtype: torch.dtype | None = None):
+        self.rows = rows
+        self.autocast_dtype = autocast_dtype
+
+    def loss_sum(self, path: Sequence[PipelineStage], inputs: torch.Tensor, targets: torch.Tensor,
+                 device: torch.device | str) -> float:
+        """The summed loss of the batch's windows (mean loss x windows)."""
+        rows = self.rows or len(inputs)
+        while True:
+            try:
+                return sum(self._part(path, inputs[i:i + rows], targets[i:i + rows], device)
+                           for i in range(0, len(inputs), rows))
+            except torch.OutOfMemoryError:
+                if rows == 1:
+                    raise
+                rows = self.rows = max(1, min(rows, len(inputs)) // 2)
+                torch.cuda.empty_cache()
+
+    def _part(self, path, inputs, targets, device) -> float:
+        device = torch.device(device)
+        cast = contextlib.nullcontext() if self.autocast_dtype is None else \
+            torch.autocast(device.type, dtype=self.autocast_dtype)
+        with cast:
+            return _path_loss(path, inputs, targets, device) * len(inputs)
+
+
 @torch.no_grad()
 def path_val_loss(stages: Sequence[PipelineStage], data: TokenWindows, *, batch_size: int, max_batches: int,
-                  device: torch.device | str = "cpu", on_batch: Callable[[], None] | None = None) -> float:
+                  device: torch.device | str = "cpu", on_batch: Callable[[], None] | None = None,
+                  parts: BatchParts | None = None) -> float:
     """Mean validation loss of the model the ``stages`` form, over the first ``max_batches``
-    validation batches; ``on_batch`` is called after each (for progress displays)."""
+    validation batches; ``on_batch`` is called after each (for progress displays, and to
+    stop an evaluation by raising). ``parts``: how a batch is split on the device (default:
+    whole, in fp32)."""
+    parts = parts or BatchParts()
     total, count = 0.0, 0
     with _evaluating(stages):
         for inputs, targets in data.val_batches(batch_size, max_batches):
-            total += _path_loss(stages, inputs, targets, device) * len(inputs)
+            total += parts.loss_sum(stages, inputs, targets, device)
             count += len(inputs)
             if on_batch is not None:
                 on_batch()
@@ -84,13 +123,26 @@ def average_into(target: PipelineStage, sources: Sequence[PipelineStage]) -> Pip
 
 
 @torch.no_grad()
+def average_states(states: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The element-wise mean of state dicts of one stage (fp32 sums, each tensor's own dtype)."""
+    return {name: torch.stack([s[name].float() for s in states]).mean(0).to(value.dtype)
+            for name, value in states[0].items()}
+
+
+@torch.no_grad()
 def weight_spread(stages: Sequence[PipelineStage]) -> float:
     """RMS over all parameter elements of the standard deviation across ``stages``."""
-    if len(stages) < 2:
+    return state_spread([dict(s.named_parameters()) for s in stages])
+
+
+@torch.no_grad()
+def state_spread(states: Sequence[dict[str, torch.Tensor]]) -> float:
+    """weight_spread of the stages these state dicts (or named parameters) describe."""
+    if len(states) < 2:
         return 0.0
     sq_sum, numel = 0.0, 0
-    for group in zip(*(s.parameters() for s in stages)):
-        stacked = torch.stack([p.detach().float() for p in group])
+    for name in states[0]:
+        stacked = torch.stack([s[name].detach().float() for s in states])
         sq_sum += float(stacked.var(dim=0, unbiased=False).sum())
         numel += stacked[0].numel()
     return (sq_sum / numel) ** 0.5

@@ -26,15 +26,16 @@ from swarm_node.data.shards import ShardedBatches
 from swarm_node.errors import NotEnoughPeers, OutOfScale, PeerError, PeerRefused, ProtocolError, StreamClosed
 from swarm_node.net import protocols
 from swarm_node.net.transport import ServeLimits, short_id
-from swarm_node.node_config import NodeConfig
-from swarm_node.node_services import NodeServices
-from swarm_node.routing.chooser import Candidate, PeerChooser
+from swarm_node.node.config import NodeConfig
+from swarm_node.node.services import NodeServices
+from swarm_node.routing.chooser import Candidate, PeerChooser, RoundTrips
 from swarm_node.spec import RunSpec
 from swarm_node.train.rounds import RoundGate, step_if_ready
 from swarm_node.train.screen import MagnitudeScreen
 from swarm_node.train.worker import StageWorker, throughput_ema
-from swarm_node.wire.codec import FrameLimits, decode_frame, encode_frame
-from swarm_node.wire.messages import check_forward_request, decode_gradient_answer, encode_activations, rms
+from swarm_node.wire.activations import encode_activations
+from swarm_node.wire.frames import FrameLimits, decode_frame, encode_frame
+from swarm_node.wire.messages import check_forward_request, decode_gradient_answer, rms
 from swarm_node.wire.records import PeerRecord
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ class Pipeline:
         self.next_peers = next_peers  # live, callable peers of the next stage
         self.stopping = stopping
         self.chooser = PeerChooser(is_banned=self.guard.is_banned)
-        self._measured: dict[str, float] = {}  # next-stage peer -> samples/s of its round trips (EMA)
+        self.round_trips = RoundTrips()  # what our hops to each next-stage peer measured
         self.loader: ShardedBatches | None = None
         self.queue = 0  # forward requests being served
         self.in_flight = 0  # our own micro-batches in the pipeline (stage 0)
@@ -255,7 +256,7 @@ class Pipeline:
                                                    max_response_bytes=len(payload) + (1 << 16))
                 grad, loss = await self.compute(self._check_gradient, raw, hidden.shape)
                 self.guard.succeeded(peer)
-                self._measured[peer] = throughput_ema(self._measured.get(peer, 0.0), len(hidden), clock() - sent)
+                self.round_trips.note(peer, len(hidden), clock() - sent)
                 return grad, loss
             except PeerRefused as exc:
                 tried.add(peer)
@@ -276,13 +277,13 @@ class Pipeline:
                 self.chooser.finished(peer)
 
     def _candidates(self, probe: bool = True) -> list[Candidate]:
-        """Next-stage peers to route to, weighted by what we measured, not by what their
-        records claim (anyone can sign a record claiming any throughput): verified peers,
-        and at most one unverified one to probe (net/guard.py)."""
+        """Next-stage peers to route to, weighted by what we measured (and how lately:
+        routing/chooser.py), not by what their records claim (anyone can sign a record
+        claiming any throughput): verified peers, and at most one unverified one to probe
+        (net/guard.py)."""
         records = self.next_peers()
-        for gone in [p for p in self._measured if p not in records]:
-            del self._measured[gone]
-        return [Candidate(p, self._measured.get(p, 0.0), min(records[p].queue, self.config.max_queue))
+        self.round_trips.keep_only(records)
+        return [self.round_trips.candidate(p, min(records[p].queue, self.config.max_queue))
                 for p in self.guard.probe_set(list(records), self.chooser.rng, probe=probe)]
 
     def _peer_failed(self, stage: int, peer: str, why: str) -> None:

@@ -55,7 +55,7 @@ def _training_work(method):
     return timed
 
 
-class _Pullback(torch.autograd.Function):
+class Pullback(torch.autograd.Function):
     """A scalar whose gradient wrt ``out`` is ``grad_output``, the same tensor: backward()
     of it is out.backward(grad_output) without the shape check that imports torch.fx's
     symbolic shapes and sympy (half a second and 300 modules in every node process but
@@ -84,7 +84,8 @@ class StageWorker:
                                                 stage_index=stage_index, seed=spec.seed,
                                                 layers_per_stage=spec.layers_per_stage, device=self.device)
         self.params = list(self.stage.parameters())
-        self.inner = InnerOptimizer(self.params, spec.inner)
+        self.inner = InnerOptimizer(self.params, spec.inner)  # fused AdamW on CUDA (optim/inner.py)
+        self.compile_s: float | None = None  # --compile: seconds its blocks took to compile (train/compiled.py)
         self.slow = SlowWeights(self.params, spec.method.outer) if spec.method.has_outer_step else None
         self.codec = outer_codec(spec.outer_codec)
         self.encoder = OuterEncoder(self.codec) if self.slow else None
@@ -112,14 +113,14 @@ class StageWorker:
     def is_last(self) -> bool:
         return self.stage.is_last
 
-    def _autocast(self):
+    def autocast(self):
         return autocast(self.device, self.autocast_dtype)
 
     # -- the data path ------------------------------------------------------------
     @_training_work
     @torch.no_grad()
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        with self._autocast():
+        with self.autocast():
             return self.stage(inputs.to(self.device)).float()
 
     @_training_work
@@ -128,7 +129,7 @@ class StageWorker:
         """Last stage: loss and its gradient in one pass. Returns (loss, grad wrt the
         stage input), the gradient being None for a single-stage model."""
         x = self._stage_input(token_inputs if self.is_first else hidden)
-        with self._autocast():
+        with self.autocast():
             loss = self.stage(x, targets.to(self.device))
         loss.backward()
         self._accumulated(len(targets))
@@ -140,9 +141,9 @@ class StageWorker:
     def backward(self, inputs: torch.Tensor, grad_output: torch.Tensor) -> torch.Tensor | None:
         """Recompute this stage's forward for ``inputs`` and backpropagate ``grad_output``."""
         x = self._stage_input(inputs)
-        with self._autocast():
+        with self.autocast():
             out = self.stage(x)
-        _Pullback.apply(out.float(), grad_output.to(self.device, torch.float32)).backward()
+        Pullback.apply(out.float(), grad_output.to(self.device, torch.float32)).backward()
         self._accumulated(len(inputs))
         return None if self.is_first else x.grad.detach()
 
@@ -166,9 +167,9 @@ class StageWorker:
     def step(self) -> int:
         """Average the accumulated gradients over micro-batches and take an inner step."""
         if self.pending_microbatches > 1:
-            for p in self.params:
-                if p.grad is not None:
-                    p.grad.div_(self.pending_microbatches)
+            grads = [p.grad for p in self.params if p.grad is not None]
+            if grads:
+                torch._foreach_div_(grads, self.pending_microbatches)  # one launch on CUDA, not one per tensor
         self.inner.step()
         self.last_step_at = time.monotonic()
         self.pending_samples = 0
@@ -281,16 +282,29 @@ class StageWorker:
                 "last_round_step": self.last_round_step, "tensors": tensors,
                 "digest": tensor_digest(tensors)}
 
-    @torch.no_grad()
-    def load_snapshot(self, inner_step: int, outer_round: int, tensors: list[torch.Tensor],
-                      last_round_step: int | None = None) -> None:
+    def snapshot_problem(self, tensors: list[torch.Tensor]) -> str | None:
+        """Why a snapshot's tensors (theta, then phi and momentum with an outer step)
+        cannot be this stage's state, or None."""
         n = len(self.params)
         groups = 3 if self.slow else 1
         if len(tensors) != groups * n:
-            raise ValueError(f"state has {len(tensors)} tensors, this stage needs {groups * n}")
+            return f"state has {len(tensors)} tensors, this stage needs {groups * n}"
+        for i, t in enumerate(tensors):
+            shape = self.params[i % n].shape
+            if t.shape != shape or not t.is_floating_point():
+                return f"state tensor of shape {tuple(t.shape)} / {t.dtype} does not fit {tuple(shape)}"
+            if not math.isfinite(float(t.float().sum())):
+                return "state tensor with non-finite values"
+        return None
+
+    @torch.no_grad()
+    def load_snapshot(self, inner_step: int, outer_round: int, tensors: list[torch.Tensor],
+                      last_round_step: int | None = None) -> None:
+        problem = self.snapshot_problem(tensors)
+        if problem:
+            raise ValueError(problem)
+        n = len(self.params)
         for p, t in zip(self.params, tensors[:n]):
-            if p.shape != t.shape:
-                raise ValueError(f"state tensor shape {tuple(t.shape)} does not fit {tuple(p.shape)}")
             p.copy_(t.to(p.device, p.dtype))
         if self.slow:
             self.slow.load_state_dict({"phi": [t.to(self.device) for t in tensors[n:2 * n]],

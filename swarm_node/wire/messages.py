@@ -1,6 +1,6 @@
 """The messages peers send each other, checked: every request and answer a node takes
 from another peer passes one of these before anything else looks at it. Pure
-functions on decoded frames (wire/codec.py checks the frame itself); what a failed
+functions on decoded frames (wire/frames.py checks the frame itself); what a failed
 check costs the sender is decided where the message is handled (net/guard.py).
 
 Statistical screens (is this update or activation out of scale?) need history and
@@ -13,8 +13,8 @@ import math
 import torch
 
 from swarm_node.errors import PeerRefused, ProtocolError
-from swarm_node.wire.blockwise import Quantized, dequantize, quantize
-from swarm_node.wire.codec import WIRE_PRECISIONS, FrameLimits, decode_frame, encode_frame
+from swarm_node.wire.activations import decode_activations
+from swarm_node.wire.frames import FrameLimits, checked_floats, decode_frame, encode_frame, finite
 
 # Control frames: a header and no tensors (proposals, outer fetches and verdicts, refusals)
 CONTROL_MAX_BYTES = 4096
@@ -22,49 +22,10 @@ CONTROL_LIMITS = FrameLimits(max_header_bytes=CONTROL_MAX_BYTES, max_payload_byt
 STATUS_REQUEST = encode_frame({"kind": "status"})
 STATUS_REPLY_MAX_BYTES = 64 << 10
 MAX_DEADLINE_S = 3600
-# How activations and their gradients cross a stage boundary (the run spec's
-# activation_codec): a float precision, or int8 blockwise codes with a float32 step per
-# 256 values (wire/blockwise.py; 1.02 bytes a value against 2 for fp16).
-ACTIVATION_CODECS = ("fp32", "fp16", "bf16", "int8")
-
-
-def finite(t: torch.Tensor) -> bool:
-    """No NaN or infinity in ``t``. A sum is NaN or infinite exactly when an element is,
-    unless finite values overflow it, which takes magnitudes (~1e30) no weight or
-    activation has. One fp32 sum is about 3x faster than isfinite().all() on the fp16
-    tensors peers send (0.09 s against 0.26 s for 10M elements on these CPUs)."""
-    return math.isfinite(float(t.float().sum()))
 
 
 def rms(t: torch.Tensor) -> float:
     return float(t.float().pow(2).mean().sqrt()) if t.numel() else 0.0
-
-
-def checked_floats(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-    """``t`` itself if it is a floating tensor of ``shape``, else ProtocolError."""
-    if tuple(t.shape) != tuple(shape) or not t.is_floating_point():
-        raise ProtocolError(f"tensor of shape {tuple(t.shape)} and dtype {t.dtype} where {tuple(shape)} floats belong")
-    return t
-
-
-def encode_activations(t: torch.Tensor, codec: str) -> list[torch.Tensor]:
-    """Activations, or their gradient, as the run's activation codec sends them."""
-    if codec == "int8":
-        q = quantize(t, 8)
-        return [q.codes, q.scales]
-    return [t.to(WIRE_PRECISIONS[codec])]
-
-
-def decode_activations(tensors: list[torch.Tensor], shape: tuple[int, ...], codec: str) -> torch.Tensor:
-    """The fp32 tensor of ``shape`` that ``encode_activations`` sent, or ProtocolError;
-    blockwise codes are checked against the shape before anything is allocated."""
-    if codec == "int8":
-        if len(tensors) != 2:
-            raise ProtocolError("int8 activations come as codes and steps")
-        return dequantize(Quantized(tensors[0], tensors[1], tuple(shape), 8), max_numel=math.prod(shape))
-    if len(tensors) != 1:
-        raise ProtocolError(f"expected one tensor of {tuple(shape)} floats")
-    return checked_floats(tensors[0], shape).float()
 
 
 def check_forward_request(header: dict, tensors: list[torch.Tensor], *, spec_hash: str, hidden_size: int,
@@ -223,3 +184,32 @@ def check_state_counters(meta: dict) -> tuple[int, int, int]:
     if not all(type(c) is int and 0 <= c < 10**12 for c in counters):
         raise ProtocolError(f"bad counters in the donor's state: {counters}")
     return counters[0], counters[1], counters[2]
+
+
+MAX_SKETCH_SEED = 1 << 62
+
+
+def check_sketch_request(header: dict, spec_hash: str, buckets: int) -> int:
+    """``/swarm-node/state-sketch``: the seed a joiner asks our sketch under."""
+    if header.get("kind") != "sketch" or header.get("spec") != spec_hash:
+        raise ProtocolError("not a sketch request of this run")
+    seed = header.get("seed")
+    if type(seed) is not int or not 0 <= seed < MAX_SKETCH_SEED or header.get("buckets") != buckets:
+        raise ProtocolError(f"bad sketch request (seed {seed!r}, buckets {header.get('buckets')!r})")
+    return seed
+
+
+def check_sketch_answer(meta: dict, tensors: list[torch.Tensor], num_tensors: int,
+                        buckets: int) -> tuple[tuple[int, int, int], torch.Tensor, torch.Tensor | None]:
+    """A witness's sketch: its (inner step, outer round, steps in its round), its rows
+    (3, tensors, buckets) and its partners' spread per tensor (None: no partner yet)."""
+    counters = [meta.get(k) for k in ("inner_step", "outer_round", "round_steps")]
+    if not all(type(c) is int and 0 <= c < 10**12 for c in counters):
+        raise ProtocolError(f"bad counters in a sketch: {counters}")
+    if len(tensors) not in (1, 2):
+        raise ProtocolError(f"a sketch holds 1 or 2 tensors, got {len(tensors)}")
+    rows = checked_floats(tensors[0], (3, num_tensors, buckets))
+    spread = checked_floats(tensors[1], (num_tensors,)) if len(tensors) == 2 else None
+    if not finite(rows) or (spread is not None and (not finite(spread) or bool((spread < 0).any()))):
+        raise ProtocolError("non-finite values or a negative distance in a sketch")
+    return (counters[0], counters[1], counters[2]), rows, spread

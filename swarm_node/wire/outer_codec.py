@@ -28,8 +28,7 @@ import torch
 
 from swarm_node.errors import ProtocolError
 from swarm_node.wire.blockwise import BLOCK, ErrorFeedback, Quantized, block_gap, dequantize, dequantize_near
-from swarm_node.wire.codec import WIRE_PRECISIONS
-from swarm_node.wire.messages import checked_floats, finite
+from swarm_node.wire.frames import WIRE_PRECISIONS, checked_floats, finite
 
 Tensors = list[torch.Tensor]
 GAP_DECAY = 0.7  # the distance a node expects to its next partner: the last one's, or 0.7 of what it expected

@@ -54,7 +54,7 @@ class PeerRecord:
                 if f.name in REQUIRED_FIELDS or getattr(self, f.name) != f.default}
 
     @classmethod
-    def from_wire(cls, raw: object) -> "PeerRecord":
+    def from_wire(cls, raw: object) -> PeerRecord:
         if not isinstance(raw, dict):
             raise ProtocolError("registry record is not a map")
         try:

@@ -17,15 +17,16 @@ from swarm_node.gossip.pairing import PairingCoordinator
 from swarm_node.membership.view import Membership
 from swarm_node.net.dht import Signed
 from swarm_node.net.guard import PeerGuard
-from swarm_node.node_config import NodeConfig
-from swarm_node.node_services import NodeServices
+from swarm_node.node.config import NodeConfig
+from swarm_node.node.services import NodeServices
 from swarm_node.obs.stats import NodeStats
 from swarm_node.spec import RunSpec
 from swarm_node.state.sync import StateSync
+from swarm_node.state.witnesses import Witnesses
 from swarm_node.train.pipeline import Pipeline
 from swarm_node.train.rounds import RoundGate
 from swarm_node.train.worker import StageWorker
-from swarm_node.wire.codec import decode_frame, encode_frame
+from swarm_node.wire.frames import decode_frame, encode_frame
 from swarm_node.wire.records import PeerRecord
 
 
@@ -133,10 +134,14 @@ class StageParts:
             **self.common())
         return exchange
 
-    def state_sync(self) -> StateSync:
-        return StateSync(worker=self.worker, spec_hash=self.spec.spec_hash(),
-                         donors=partial(self.membership.callable_peers, self.membership.stage), progress=False,
+    def witnesses(self, partner_spread=lambda: None) -> Witnesses:
+        return Witnesses(worker=self.worker, spec_hash=self.spec.spec_hash(), partner_spread=partner_spread,
                          **self.common())
+
+    def state_sync(self, **options) -> StateSync:
+        return StateSync(worker=self.worker, spec_hash=self.spec.spec_hash(),
+                         donors=partial(self.membership.callable_peers, self.membership.stage),
+                         witnesses=self.witnesses(), progress=False, **options, **self.common())
 
 
 OUR_ANSWER = encode_frame({"kind": "outer", "ok": True})  # stands in for our (phi, Delta)
@@ -148,12 +153,12 @@ async def exchange_as_partner(exchange: OuterExchange, remote: str, frame: bytes
     the decoding and the checks."""
     pairing = exchange.pairing
     assert isinstance(pairing, PairingCoordinator)
-    round_task = asyncio.create_task(pairing.run_round(0, OUR_ANSWER, candidates=lambda: [], propose=None,
+    round_task = asyncio.create_task(pairing.run_round(0, OUR_ANSWER, candidates=list, propose=None,
                                                        send=None, expect_request=True))
     try:
         await pairing.seeking.wait()
         pairing.on_propose(remote)
-        return await exchange.handle_outer(remote, frame)
+        return await exchange.payloads.handle_outer(remote, frame)
     finally:
         round_task.cancel()  # a refused payload leaves the round seeking: end it here
         await asyncio.gather(round_task, return_exceptions=True)

@@ -65,7 +65,7 @@ def test_activations_far_out_of_the_recent_scale_are_refused_without_blaming_the
     sender routes it elsewhere, but not counted as a fault (eight ban a caller, which
     cut stage 0 off for good), and a scale that lasts is accepted soon."""
     from swarm_node.train.pipeline import _encode_forward
-    from swarm_node.wire.codec import decode_frame
+    from swarm_node.wire.frames import decode_frame
 
     second = StageParts(SPEC, StageWorker(SPEC, 1, VOCAB))
     downstream = second.pipeline()

@@ -14,7 +14,7 @@ from swarm_node.data.spec import DataSpec
 from swarm_node.optim import InnerHyper, default_method
 from swarm_node.spec import RunSpec
 from swarm_node.train.worker import StageWorker
-from swarm_node.wire.codec import decode_frame
+from swarm_node.wire.frames import decode_frame
 
 SPEC = RunSpec(run_id="delta-ahead", outer_codec="fp16", model_size="debug", num_stages=2, seq_len=16, batch_size=4,
                samples_per_step=4, data=DataSpec(kind="synthetic"), method=default_method("noloco", inner_steps=50),
@@ -48,7 +48,7 @@ async def send_parts(exchange, remote: str, frames: list[bytes], reserve: bool =
     """The partner's frames into our handler, one after the other, with our pairing
     reserved for it (or not); returns our answers, theta after each, and the pair made."""
     pairing = exchange.pairing
-    round_task = asyncio.create_task(pairing.run_round(0, OUR_ANSWER, candidates=lambda: [], propose=None,
+    round_task = asyncio.create_task(pairing.run_round(0, OUR_ANSWER, candidates=list, propose=None,
                                                        send=None, expect_request=True))
     answers, thetas = [], []
     try:
@@ -56,7 +56,7 @@ async def send_parts(exchange, remote: str, frames: list[bytes], reserve: bool =
         if reserve:
             pairing.on_propose(remote)
         for frame in frames:
-            answers.append(decode_frame(await exchange.handle_outer(remote, frame))[0])
+            answers.append(decode_frame(await exchange.payloads.handle_outer(remote, frame))[0])
             thetas.append([p.detach().clone() for p in exchange.state.params])
         await asyncio.sleep(0)
         return answers, thetas, round_task.result() if round_task.done() else None

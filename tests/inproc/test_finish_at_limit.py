@@ -11,13 +11,13 @@ import vclock
 from parts import StageParts
 
 from swarm_node.data.spec import DataSpec
-from swarm_node.node_config import NodeConfig
+from swarm_node.node.config import NodeConfig
 from swarm_node.optim import InnerHyper, default_method
 from swarm_node.spec import RunSpec
 from swarm_node.train import pipeline as pipeline_module
 from swarm_node.train.pipeline import _encode_forward
 from swarm_node.train.worker import StageWorker
-from swarm_node.wire.codec import decode_frame
+from swarm_node.wire.frames import decode_frame
 
 SPEC = RunSpec(run_id="limit", model_size="debug", num_stages=2, seq_len=16, batch_size=4, samples_per_step=4,
                data=DataSpec(kind="synthetic"), method=default_method("noloco", inner_steps=50),

@@ -13,7 +13,7 @@ from swarm_node.errors import NotEnoughPeers, PeerError
 from swarm_node.net import protocols
 from swarm_node.spec import RunSpec
 from swarm_node.train.worker import StageWorker
-from swarm_node.wire.codec import encode_frame
+from swarm_node.wire.frames import encode_frame
 
 SPEC = RunSpec(run_id="forged", model_size="debug", num_stages=2, seq_len=16, batch_size=4, samples_per_step=4)
 HIDDEN = torch.zeros(4, 16, 64)

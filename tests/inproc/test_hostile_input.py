@@ -19,8 +19,9 @@ from swarm_node.errors import IncompatibleRun, ProtocolError
 from swarm_node.membership.discovery import SpecRecord
 from swarm_node.optim import InnerHyper, default_method
 from swarm_node.spec import RunSpec
+from swarm_node.state.sketch import SKETCH_BUCKETS
 from swarm_node.train.worker import StageWorker
-from swarm_node.wire.codec import FrameLimits, decode_frame, encode_frame
+from swarm_node.wire.frames import FrameLimits, decode_frame, encode_frame
 from swarm_node.wire.records import PeerRecord
 
 FRAMES = 10_000
@@ -164,7 +165,7 @@ def test_an_unreserved_payload_is_refused_before_it_is_decoded(stage):
     phi, delta = payload_of(stage.worker, torch.float16)
     valid = encode_frame({"kind": "outer", "spec": SPEC.spec_hash(), "round": 0, "ok": True}, [*phi, *delta])
     for frame in (valid, b"\xff" * 64):  # garbage too: it is never parsed, so it is no fault
-        answer, _ = decode_frame(asyncio.run(stage.exchange().handle_outer("QmStranger", frame)))
+        answer, _ = decode_frame(asyncio.run(stage.exchange().payloads.handle_outer("QmStranger", frame)))
         assert answer == {"v": 1, "ok": False, "error": "no-reservation"}
     assert stage.guard.faults("QmStranger") == 0 and not stage.guard.is_banned("QmStranger")
 
@@ -179,20 +180,21 @@ def test_pair_handler_survives_10k_hostile_frames(stage):
 def test_fetch_handler_survives_10k_hostile_frames_and_gives_our_payload_only_to_our_partner(stage):
     base = ({"kind": "outer-fetch", "spec": SPEC.spec_hash(), "round": 0}, [])
     exchange = stage.exchange()
-    assert fuzz(exchange.handle_fetch, base, seed=5) == FRAMES
-    answer, _ = decode_frame(asyncio.run(exchange.handle_fetch("QmGood", encode_frame(*base))))
+    assert fuzz(exchange.payloads.handle_fetch, base, seed=5) == FRAMES
+    answer, _ = decode_frame(asyncio.run(exchange.payloads.handle_fetch("QmGood", encode_frame(*base))))
     assert answer == {"v": 1, "ok": False, "error": "not-ready"}  # well-formed; this node has no round open
 
     async def during_a_round():
         pairing = exchange.pairing
         mine = encode_frame({"kind": "outer", "ok": True, "mine": 1})
-        exchange._offer = mine  # what run_round offers while its round is open
-        round_task = asyncio.create_task(pairing.run_round(0, mine, candidates=lambda: [], propose=None, send=None,
+        exchange.payloads.offer = mine  # what run_round offers while its round is open
+        round_task = asyncio.create_task(pairing.run_round(0, mine, candidates=list, propose=None, send=None,
                                                            expect_request=True))
         try:
             await pairing.seeking.wait()
             pairing.on_propose("QmPartner")
-            return [await exchange.handle_fetch(peer, encode_frame(*base)) for peer in ("QmStranger", "QmPartner")]
+            return [await exchange.payloads.handle_fetch(peer, encode_frame(*base))
+                    for peer in ("QmStranger", "QmPartner")]
         finally:
             round_task.cancel()
             await asyncio.gather(round_task, return_exceptions=True)
@@ -210,6 +212,17 @@ def test_state_handler_survives_10k_hostile_frames(stage):
     answer, tensors = decode_frame(asyncio.run(state_sync.handle("QmGood", encode_frame(*base))),
                                    FrameLimits(max_payload_bytes=64 << 20))
     assert answer["ok"] and tensors
+
+
+def test_sketch_handler_survives_10k_hostile_frames(stage):
+    base = ({"kind": "sketch", "spec": SPEC.spec_hash(), "seed": 12345, "buckets": SKETCH_BUCKETS}, [])
+    witnesses = stage.witnesses()
+    before = rss_bytes()
+    assert fuzz(witnesses.handle, base, seed=4) == FRAMES
+    assert rss_bytes() - before < 200 << 20
+    answer, tensors = decode_frame(asyncio.run(witnesses.handle("QmGood", encode_frame(*base))),
+                                   FrameLimits(max_payload_bytes=64 << 20))
+    assert answer["ok"] and tensors[0].shape == (3, len(stage.worker.params), SKETCH_BUCKETS)
 
 
 def test_dht_records_parse_or_raise_typed_errors():

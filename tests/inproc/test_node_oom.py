@@ -8,8 +8,8 @@ from functools import partial
 import pytest
 import torch
 
-from swarm_node.node import Node
-from swarm_node.node_config import NodeConfig
+from swarm_node.node.conductor import Node
+from swarm_node.node.config import NodeConfig
 from swarm_node.spec import RunSpec
 from swarm_node.train.device import OutOfMemory, explain_run_oom
 

@@ -7,11 +7,11 @@ from parts import StageParts, fetched_part, partner_payload, payload_of, record
 
 from swarm_node.data.spec import DataSpec
 from swarm_node.net import protocols
-from swarm_node.node_config import NodeConfig
+from swarm_node.node.config import NodeConfig
 from swarm_node.optim import InnerHyper, default_method
 from swarm_node.spec import RunSpec
 from swarm_node.train.worker import StageWorker
-from swarm_node.wire.codec import encode_frame
+from swarm_node.wire.frames import encode_frame
 
 # fp16 payloads: the partner's floats are what these tests shape (codecs: tests/unit/test_outer_codec.py)
 SPEC = RunSpec(run_id="rounds", outer_codec="fp16", model_size="debug", num_stages=2, seq_len=16, batch_size=4, samples_per_step=4,

@@ -15,11 +15,11 @@ from parts import StageParts, record
 from swarm_node.data.spec import DataSpec
 from swarm_node.errors import StreamClosed
 from swarm_node.net import protocols
-from swarm_node.node_config import NodeConfig
+from swarm_node.node.config import NodeConfig
 from swarm_node.optim import InnerHyper, default_method
 from swarm_node.spec import RunSpec
 from swarm_node.train.worker import StageWorker
-from swarm_node.wire.codec import decode_frame
+from swarm_node.wire.frames import decode_frame
 
 SPEC = RunSpec(run_id="overlap", model_size="debug", num_stages=2, seq_len=16, batch_size=4, samples_per_step=4,
                data=DataSpec(kind="synthetic"), method=default_method("noloco", inner_steps=2),
@@ -48,8 +48,8 @@ class Link:
                     if protocol == protocols.OUTER:
                         await asyncio.sleep(len(payload) / link.bytes_per_s)
                     other = link.exchanges[peer]
-                    handler = {protocols.PAIR: other.handle_propose, protocols.OUTER: other.handle_outer,
-                               protocols.OUTER_FETCH: other.handle_fetch}[protocol]
+                    handler = {protocols.PAIR: other.handle_propose, protocols.OUTER: other.payloads.handle_outer,
+                               protocols.OUTER_FETCH: other.payloads.handle_fetch}[protocol]
                     answer = await handler(own_id, payload)
                     if (protocol == protocols.OUTER and link.lose_a_phi_answer
                             and decode_frame(payload)[0].get("part") == "phi"):

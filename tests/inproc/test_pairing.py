@@ -152,7 +152,7 @@ def test_refuses_when_not_seeking():
 
 async def _seeking_alone(node: PairingCoordinator):
     """``node`` seeking with no candidates of its own: it only answers proposals."""
-    task = asyncio.create_task(node.run_round(0, "mine", candidates=lambda: [], propose=None, send=None,
+    task = asyncio.create_task(node.run_round(0, "mine", candidates=list, propose=None, send=None,
                                               expect_request=True))
     await node.seeking.wait()
     return task
@@ -286,7 +286,7 @@ def test_the_reserved_peer_asking_again_is_told_yes_again_and_others_busy():
     reserved ourselves for must get yes again, not busy."""
     async def scenario():
         node = PairingCoordinator(round_timeout_s=1.0, request_timeout_s=1.0, own_id="QmB")
-        rounding = asyncio.create_task(node.run_round(0, "ours", candidates=lambda: [], propose=None, send=None,
+        rounding = asyncio.create_task(node.run_round(0, "ours", candidates=list, propose=None, send=None,
                                                       expect_request=True))
         await node.seeking.wait()
         node.on_propose("QmA")

@@ -14,7 +14,7 @@ from swarm_node.gossip.partner_check import distance
 from swarm_node.optim import InnerHyper, default_method
 from swarm_node.spec import RunSpec
 from swarm_node.train.worker import StageWorker
-from swarm_node.wire.codec import decode_frame, encode_frame
+from swarm_node.wire.frames import decode_frame, encode_frame
 
 # fp16 payloads: the partner's floats are what these tests shape (codecs: tests/unit/test_outer_codec.py)
 SPEC = RunSpec(run_id="poison", outer_codec="fp16", model_size="debug", num_stages=2, seq_len=16, batch_size=4, samples_per_step=4,
@@ -86,7 +86,7 @@ def test_before_its_first_round_a_node_declines_a_partner_far_ahead_without_bann
                                         request(phi, [torch.full_like(d, float("nan")) for d in delta], warm))
         return decode_frame(ahead)[0], decode_frame(nan)[0]
 
-    with caplog.at_level(logging.INFO, logger="swarm_node.gossip.exchange"):
+    with caplog.at_level(logging.INFO, logger="swarm_node.gossip.payloads"):
         ahead, nan = vclock.run(scenario())
     assert not ahead["ok"] and ahead["error"].startswith("not-ready (partner's"), ahead
     assert "declining an outer exchange before our first round" in caplog.text

@@ -12,7 +12,7 @@ from swarm_node.optim import InnerHyper, default_method
 from swarm_node.scale.vclock import run
 from swarm_node.spec import RunSpec
 from swarm_node.train.worker import StageWorker
-from swarm_node.wire.codec import encode_frame
+from swarm_node.wire.frames import encode_frame
 from swarm_node.wire.messages import answer_is_yes, refusal_ready_in_s
 
 SPEC = RunSpec(run_id="early", model_size="debug", num_stages=2, seq_len=16, batch_size=4, samples_per_step=4,

@@ -10,7 +10,7 @@ from swarm_node.errors import StreamClosed
 from swarm_node.spec import RunSpec
 from swarm_node.train.pipeline import Pipeline
 from swarm_node.train.worker import StageWorker
-from swarm_node.wire.codec import encode_frame
+from swarm_node.wire.frames import encode_frame
 
 SPEC = RunSpec(run_id="resets", model_size="debug", num_stages=2, seq_len=16, batch_size=4, samples_per_step=4)
 HIDDEN = torch.zeros(4, 16, 64)

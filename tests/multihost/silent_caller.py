@@ -28,7 +28,7 @@ async def hold(p2p: P2P, target: PeerID, protocol: str, until: float, counts: di
             try:
                 await asyncio.wait_for(reader.read(), max(0.1, until - time.monotonic()))  # silent until cut
                 counts["cut_after_s"].append(round(time.monotonic() - opened, 2))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 counts["held_to_end"] += 1
             finally:
                 writer.close()

@@ -109,12 +109,11 @@ def test_a_host_behind_nat_dials_out_but_cannot_be_dialled(bed, iptables):
 
 
 def test_nothing_of_a_bed_outlives_it_not_even_after_ctrl_c(can_build_beds):
-    with pytest.raises(KeyboardInterrupt):
-        with TestBed("c") as bed:
-            host = bed.add_host("a", rtt_ms=10)
-            sleeper = bed.popen(host, ["sleep", "600"])
-            relays = list(bed._relays)
-            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt), TestBed("c") as bed:
+        host = bed.add_host("a", rtt_ms=10)
+        sleeper = bed.popen(host, ["sleep", "600"])
+        relays = list(bed._relays)
+        raise KeyboardInterrupt
     assert not [n for n in _namespaces() if n.startswith(bed.prefix)]
     assert sleeper.poll() is not None and all(r.poll() is not None for r in relays)
 

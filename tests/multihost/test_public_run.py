@@ -166,7 +166,7 @@ def test_metrics_parse_with_the_prometheus_parser(public_run):
 def test_a_stock_hivemind_dht_on_another_host_reads_the_run_spec(public_run):
     reader, log = public_run["reader"]
     assert reader.wait(timeout=120) == 0, log.read_text()[-3000:]
-    entries = json.loads(re.search(r"^ENTRIES (.*)$", log.read_text(), re.M).group(1))
+    entries = json.loads(re.search(r"^ENTRIES (.*)$", log.read_text(), re.MULTILINE).group(1))
     assert len(entries) == 1 and entries[0]["run_id"] == "multihost"
     assert RunSpec.from_dict(json.loads(entries[0]["spec"])).spec_hash() == entries[0]["spec_hash"]
 
@@ -182,7 +182,7 @@ def test_dashboard_shows_the_peer_table_and_a_loss_plot_from_real_data(public_ru
     dom = subprocess.run([*browser, "--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
     rows = re.findall(r'<tr class="peer-row" data-peer="(\w+)"', dom)
     assert sorted(rows) == sorted(p["peer_id"] for p in boot.peers()), dom[-3000:]
-    loss_plot = re.search(r'<svg id="loss-plot".*?</svg>', dom, re.S).group(0)
+    loss_plot = re.search(r'<svg id="loss-plot".*?</svg>', dom, re.DOTALL).group(0)
     count = int(re.search(r'<polyline class="series"[^>]*data-count="(\d+)"', loss_plot).group(1))
     assert count >= 3
     assert "updated " in re.search(r'id="updated">([^<]*)<', dom).group(1)

@@ -129,7 +129,7 @@ class TestBed(ClosedOnFailure):
         self.wan = f"{self.prefix}-wan"
 
     # -- building ------------------------------------------------------------------
-    def __enter__(self) -> "TestBed":
+    def __enter__(self) -> TestBed:
         reason = unavailable()
         if reason:
             raise RuntimeError(reason)

@@ -24,7 +24,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from netns import entered  # noqa: E402  (run as a script, beside its sibling)
+from netns import entered
 
 TUNSETIFF = 0x400454CA
 IFF_TAP = 0x0002

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from swarm_node.cli import main
+from swarm_node.cli.main import main
 
 # The module fixture runs all four methods inside the first test's setup (~6 minutes).
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]

@@ -11,6 +11,7 @@ from swarm_node.data import DataSpec
 from swarm_node.optim import InnerHyper, default_method
 from swarm_node.sim import SimConfig
 
+
 def config(steps: int) -> SimConfig:
     return SimConfig(method=default_method("noloco", inner_steps=10),
                      inner=InnerHyper(lr=3e-3, warmup_steps=10, total_steps=steps),

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from swarm_node.cli import main
+from swarm_node.cli.main import main
 from swarm_node.data import DataSpec
 from swarm_node.optim import InnerHyper, default_method
 from swarm_node.sim import SimConfig, Simulator

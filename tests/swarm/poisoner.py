@@ -8,7 +8,7 @@ import math
 import os
 import sys
 
-from swarm_node import cli
+from swarm_node.cli import main as cli
 from swarm_node.wire.outer_codec import OuterEncoder
 
 SCALE = float(os.environ.get("POISON_SCALE", "5"))

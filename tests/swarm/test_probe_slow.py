@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from swarm_node import __version__
-from swarm_node.cli_probe import probe_venv, venv_python
+from swarm_node.cli.probe import probe_venv, venv_python
 from swarm_node.net.dht import SwarmDHT
 from swarm_node.net.identity import ensure_identity, peer_id_of_identity
 from swarm_node.probe import SCRIPT

@@ -8,17 +8,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from swarm_node.cli import ACTIVATION_CODEC_NAMES
+from swarm_node.cli.main import ACTIVATION_CODEC_NAMES
 from swarm_node.errors import ConfigError, ProtocolError
 from swarm_node.spec import RunSpec
-from swarm_node.wire.codec import FrameLimits, decode_frame, encode_frame
-from swarm_node.wire.messages import (
-    ACTIVATION_CODECS,
-    check_forward_request,
-    decode_activations,
-    decode_gradient_answer,
-    encode_activations,
-)
+from swarm_node.wire.activations import ACTIVATION_CODECS, decode_activations, encode_activations
+from swarm_node.wire.frames import FrameLimits, decode_frame, encode_frame
+from swarm_node.wire.messages import check_forward_request, decode_gradient_answer
 
 HIDDEN = 16
 CHECK = dict(spec_hash="s", hidden_size=HIDDEN, max_batch=8, max_seq=32, vocab_size=50, default_deadline_s=30.0)

@@ -6,8 +6,6 @@ import math
 import numpy as np
 import pytest
 
-from bench.latency_model import benchmark as latency_model
-from bench.latency_model.inputs import largest_per_setting, small_n_ratios, summary_times
 from bench.common.latency import (
     Variant,
     allreduce_to_pair_ratio,
@@ -19,6 +17,8 @@ from bench.common.latency import (
     slowest_pair_paths,
     tree_paths,
 )
+from bench.latency_model import benchmark as latency_model
+from bench.latency_model.inputs import largest_per_setting, small_n_ratios, summary_times
 
 
 @pytest.fixture

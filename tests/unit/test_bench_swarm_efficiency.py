@@ -48,7 +48,7 @@ def test_compute_buckets_split_recompute_and_avoid_double_counting():
         backward: _entry(0.1, 5.0),
         (MODULE, 1, "_wrapped_call_impl"): _entry(2.0, 4.0, {forward: (1, 1, 1.0, 1.9), backward: (1, 1, 1.0, 2.0)}),
         step: _entry(1.0, 1.0),
-        ("/x/swarm_node/wire/codec.py", 1, "encode_frame"): _entry(0.5, 0.5),
+        ("/x/swarm_node/wire/frames.py", 1, "encode_frame"): _entry(0.5, 0.5),
         check: _entry(0.1, 0.4),
         ("/x/swarm_node/gossip/partner_check.py", 2, "norm"): _entry(0.3, 0.3, {check: (1, 1, 0.2, 0.2)}),
         ("~", 0, "<method 'get' of '_queue.SimpleQueue' objects>"): _entry(50.0, 50.0),

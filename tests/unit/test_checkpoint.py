@@ -38,7 +38,7 @@ def train(worker: StageWorker, steps: range) -> None:
 
 def test_resume_is_bit_identical(tmp_path):
     original = StageWorker(SPEC, 1, VOCAB)
-    train(original, range(0, 15))  # ends with half a step of gradients accumulated
+    train(original, range(15))  # ends with half a step of gradients accumulated
     assert any(p.grad is not None for p in original.params)
     tensors, meta = original.checkpoint_state()
     save_checkpoint(tmp_path, original.inner_step, tensors, {**meta, "spec_hash": SPEC.spec_hash()})

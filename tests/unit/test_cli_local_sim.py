@@ -7,7 +7,9 @@ import re
 import pytest
 import torch
 
-from swarm_node import cli, local, system
+from swarm_node import system
+from swarm_node.cli import main as cli
+from swarm_node.local import swarm as local
 from swarm_node.model.config import NAMED_SIZES
 from swarm_node.state.checkpoint import save_checkpoint
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from swarm_node.errors import ProtocolError
 from swarm_node.wire import FrameLimits, decode_frame, encode_frame
-from swarm_node.wire.codec import DTYPES
+from swarm_node.wire.frames import DTYPES
 
 shapes = st.lists(st.integers(0, 5), min_size=0, max_size=4)
 

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from swarm_node import cli
-from swarm_node.local import LocalConfig
+from swarm_node.cli import main as cli
+from swarm_node.local.swarm import LocalConfig
 from swarm_node.train.compute import ComputeThread
 
 

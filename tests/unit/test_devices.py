@@ -166,7 +166,7 @@ def test_worker_autocasts_in_the_dtype_chosen_for_its_device(monkeypatch):
                         lambda device: seen.append(torch.device(device)) or torch.bfloat16)
     worker = StageWorker(spec, 0, 32)
     assert seen == [torch.device("cpu")]
-    with worker._autocast():
+    with worker.autocast():
         assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
     tokens = torch.randint(0, 32, (2, 16), generator=torch.Generator().manual_seed(0))
     loss, _ = worker.forward_backward_last(None, tokens, tokens)
@@ -216,7 +216,7 @@ def test_clipping_works_where_torch_has_no_foreach_kernels(monkeypatch, gen):
         return inner.step(), params
 
     norm_foreach, _ = optimizer_after_one_step()
-    import torch.nn.utils.clip_grad as clip_grad
+    from torch.nn.utils import clip_grad
 
     monkeypatch.setattr(clip_grad, "_device_has_foreach_support", lambda device: False)
     monkeypatch.setattr(clip_grad, "_has_foreach_support", lambda tensors, device: False)
@@ -285,9 +285,8 @@ def test_context_manager_converts_oom_and_passes_everything_else(monkeypatch):
     need = estimate_stage_memory(model_config("small", vocab_size=32_000, max_seq_len=512), num_stages=4,
                                  stage_index=3, batch_size=4, seq_len=512, autocast_bf16=True, outer_state=False)
     assert f"needs about {format_bytes(need.peak_bytes)}" in str(caught.value)
-    with pytest.raises(KeyError):
-        with oom_explained(spec, stage=3, vocab_size=32_000, device="cuda:0"):
-            raise KeyError("not memory")
+    with pytest.raises(KeyError), oom_explained(spec, stage=3, vocab_size=32_000, device="cuda:0"):
+        raise KeyError("not memory")
 
 
 def test_simulator_explains_oom_while_building_and_training(monkeypatch):

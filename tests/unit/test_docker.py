@@ -20,8 +20,8 @@ import yaml
 from hivemind.utils.multiaddr import Multiaddr
 from swarm_bootstrap.cli import build_parser as bootstrap_parser
 
-from swarm_node.cli import build_parser as node_parser
-from swarm_node.net.reach import ordered_for_others
+from swarm_node.cli.main import build_parser as node_parser
+from swarm_node.net.dialback import ordered_for_others
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_TEXT = (REPO / "docker-compose.yml").read_text()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from swarm_bootstrap.cli import build_parser as bootstrap_parser
 
-from swarm_node.cli import build_parser as node_parser
+from swarm_node.cli.main import build_parser as node_parser
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from swarm_node.cli import build_parser, main
+from swarm_node.cli.main import build_parser, main
 from swarm_node.data.spec import DataSpec
 from swarm_node.errors import ConfigError
 from swarm_node.export.assemble import assemble

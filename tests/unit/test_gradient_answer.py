@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from swarm_node.errors import ProtocolError
-from swarm_node.wire.codec import FrameLimits, encode_frame
+from swarm_node.wire.frames import FrameLimits, encode_frame
 from swarm_node.wire.messages import decode_gradient_answer, rms
 
 LIMITS = FrameLimits(max_payload_bytes=1 << 20)

@@ -5,6 +5,7 @@ import torch
 
 from swarm_node.optim import InnerHyper, InnerOptimizer, lr_at
 from swarm_node.optim.ddp import average_gradients
+from swarm_node.optim.inner import fused_by_default
 
 
 def test_schedule_warms_up_then_decays_to_a_tenth():
@@ -71,6 +72,38 @@ def test_steps_are_bit_identical_to_torch_adamw_and_the_state_dicts_load_into_ea
     reference.load_state_dict(copy.deepcopy(optimizer.moments_state_dict()))  # both hand out live tensors
     for step in range(10, 14):
         both_step(step)
+
+
+def test_the_fused_kernel_is_taken_on_cuda_only():
+    assert fused_by_default(torch.device("cuda")) and fused_by_default(torch.device("cuda:1"))
+    assert not fused_by_default(torch.device("cpu")) and not fused_by_default(torch.device("mps"))
+    assert not InnerOptimizer([torch.nn.Parameter(torch.zeros(2))], InnerHyper()).fused  # the CPU: bit-exact path
+
+
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
+def test_the_fused_kernel_steps_as_the_foreach_path_does_to_fp32_rounding(weight_decay):
+    """torch has the fused AdamW kernel on the CPU too: the CUDA path's update, checked here."""
+    gen = torch.Generator().manual_seed(1)
+    shapes = [(16, 8), (8,), (5, 3)]
+    foreach = [torch.nn.Parameter(torch.randn(s, generator=gen)) for s in shapes]
+    fused = [torch.nn.Parameter(p.detach().clone()) for p in foreach]
+    hyper = InnerHyper(lr=0.05, warmup_steps=3, total_steps=20, weight_decay=weight_decay, clip_norm=2.0)
+    reference, candidate = InnerOptimizer(foreach, hyper), InnerOptimizer(fused, hyper, fused=True)
+    for step in range(12):
+        grads = [torch.randn(s, generator=gen) * 3 for s in shapes]
+        if step % 4 == 1:  # a parameter without a gradient keeps its moments and takes no decay
+            grads[-1] = None
+        for a, b, grad in zip(foreach, fused, grads):
+            a.grad = None if grad is None else grad.clone()
+            b.grad = None if grad is None else grad.clone()
+        assert reference.step() == pytest.approx(candidate.step(), rel=1e-6)
+        for a, b in zip(foreach, fused):
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+    ours, theirs = reference.moments_state_dict(), candidate.moments_state_dict()
+    assert ours["param_groups"] == theirs["param_groups"]  # one layout, whichever kernel stepped
+    for index, state in ours["state"].items():
+        assert torch.equal(state["step"], theirs["state"][index]["step"])
+        torch.testing.assert_close(theirs["state"][index]["exp_avg_sq"], state["exp_avg_sq"], rtol=1e-5, atol=1e-7)
 
 
 def test_moments_that_do_not_fit_the_parameters_are_refused():

@@ -4,7 +4,7 @@ namespaces) are kept."""
 
 import socket
 
-from swarm_node import local
+from swarm_node.local import swarm as local
 from swarm_node.net import reaper
 
 

@@ -11,8 +11,12 @@ from torch.utils._pytree import tree_flatten
 
 from swarm_node.model.config import NAMED_SIZES, model_config
 from swarm_node.model.memory import (
+    CARD_RESERVE_BYTES,
     ROUND_IN_FLIGHT_BYTES_PER_PARAMETER,
     estimate_stage_memory,
+    largest_micro_batch,
+    largest_stage_memory,
+    main,
     memory_table,
     stage_parameters,
 )
@@ -175,6 +179,30 @@ def test_activation_part_bounds_a_measured_micro_batch(gen, vocab, autocast_bf16
         f"measured {tracker.peak} bytes against an estimate of {estimate.activation_bytes}"
 
 
+@pytest.mark.parametrize("autocast_bf16", [False, True], ids=["fp32", "bf16-autocast"])
+@pytest.mark.parametrize("size, stages", [("debug", 2), ("tiny", 1)])
+def test_the_chunked_loss_fits_its_estimate(gen, autocast_bf16, size, stages):
+    """The last stage with its loss in chunks of 32 tokens (model/loss.py): the logits of
+    one chunk, not of the micro-batch, are in the estimate."""
+    vocab, chunk_logits = 8192, 32 * 8192
+    spec = RunSpec(model_size=size, num_stages=stages, batch_size=BATCH, seq_len=SEQ)
+    worker = StageWorker(spec, stages - 1, vocab)
+    worker.autocast_dtype = torch.bfloat16 if autocast_bf16 else None
+    worker.stage.loss_chunk_logits = chunk_logits
+    inputs, run = _one_micro_batch(worker, gen)
+    run()
+    tracker = PeakAllocation([*worker.params, *(p.grad for p in worker.params), *worker.stage.buffers(), *inputs])
+    with tracker:
+        run()
+    estimate = estimate_stage_memory(worker.model_config, num_stages=stages, stage_index=stages - 1,
+                                     batch_size=BATCH, seq_len=SEQ, autocast_bf16=autocast_bf16,
+                                     loss_chunk_logits=chunk_logits)
+    plain = estimate_stage_memory(worker.model_config, num_stages=stages, stage_index=stages - 1, batch_size=BATCH,
+                                  seq_len=SEQ, autocast_bf16=autocast_bf16, loss_chunk_logits=None)
+    assert 0.8 * estimate.activation_bytes <= tracker.peak <= estimate.activation_bytes < plain.activation_bytes, \
+        f"measured {tracker.peak} bytes against an estimate of {estimate.activation_bytes}"
+
+
 @pytest.mark.parametrize("partner", [False, True], ids=["local-only", "pair"])
 @pytest.mark.parametrize("size, stages, stage", [("debug", 2, 0), ("tiny", 3, 1), ("tiny", 2, 1)])
 def test_outer_step_part_bounds_a_measured_round(gen, partner, size, stages, stage):
@@ -232,3 +260,21 @@ def test_the_readme_link_tables_are_what_the_code_computes():
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     for table in (round_table(), activation_table()):
         assert table in readme, table
+
+
+def test_the_largest_micro_batch_a_card_holds_fits_and_twice_it_does_not(capsys):
+    card = 80 << 30
+    for size, stages in (("small", 1), ("medium", 1), ("medium", 2)):
+        config = model_config(size, vocab_size=256, max_seq_len=1024)
+        batch = largest_micro_batch(config, num_stages=stages, seq_len=1024, card_bytes=card)
+
+        def need(b, config=config, stages=stages):
+            return largest_stage_memory(config, num_stages=stages, batch_size=b, seq_len=1024,
+                                        autocast_bf16=True)[1].peak_bytes + CARD_RESERVE_BYTES
+
+        assert need(batch) <= card < need(2 * batch), (size, stages, batch)
+    large = model_config("large", vocab_size=256, max_seq_len=1024)
+    assert largest_micro_batch(large, num_stages=1, seq_len=1024, card_bytes=card) is None
+    main(["--card-gib", "24", "--vocab", "256"])
+    out = capsys.readouterr().out
+    assert "largest micro-batch a 24 GiB card holds" in out and "samples_per_step" in out

@@ -1,7 +1,8 @@
 """The peer guard: bans of peers that failed a call double up to a cap and end, one
 stream reset is forgiven, callers that send garbage are cut off for a while, and every
 table stays bounded whatever number of ids an attacker uses. The chooser skips banned
-peers and prefers fast, empty ones."""
+peers and prefers fast, empty ones, and what it measured of a peer fades as the peer
+misses its turns."""
 
 import logging
 import random
@@ -9,7 +10,7 @@ from collections import Counter
 
 from swarm_node.net import guard as guard_module
 from swarm_node.net.guard import PeerGuard
-from swarm_node.routing.chooser import Candidate, PeerChooser
+from swarm_node.routing.chooser import Candidate, PeerChooser, RoundTrips
 
 
 def clocked(**kwargs) -> tuple[PeerGuard, list[float]]:
@@ -81,6 +82,26 @@ def test_the_chooser_skips_banned_peers_and_prefers_fast_empty_ones():
     chooser.started("QmFast")
     chooser.finished("QmFast")
     assert chooser.in_flight == {"QmFast": 1}
+
+
+def test_a_measured_rate_fades_towards_the_best_as_the_peer_misses_its_turns():
+    trips = RoundTrips()
+    trips.note("QmWarming", 4, 2.0)  # 2 samples/s: one slow answer, a warm-up
+    for _ in range(6):
+        trips.note("QmFast", 4, 0.02)  # 200 samples/s
+    fresh = trips.candidate("QmWarming", 0)
+    assert fresh.throughput == 2.0 and fresh.confidence > 0.5
+    for _ in range(60):  # 30 turns more it was not chosen in: five halvings of its say
+        trips.note("QmFast", 4, 0.02)
+    stale = trips.candidate("QmWarming", 0)
+    assert stale.throughput == 2.0 and stale.confidence < 0.15
+    chooser = PeerChooser(rng=random.Random(0))
+    picks = Counter(chooser.choose([stale, trips.candidate("QmFast", 0)]) for _ in range(2000))
+    assert picks["QmWarming"] > 0.3 * 2000  # probed again: close to the best rate's weight
+    trips.note("QmWarming", 4, 0.02)  # as fast as the other now: the one answer outweighs the old
+    assert trips.candidate("QmWarming", 0).throughput > 150
+    trips.keep_only(["QmFast"])
+    assert trips.candidate("QmWarming", 0) == Candidate("QmWarming", 0.0, 0)  # gone: unmeasured again
 
 
 def test_notes_about_a_peer_are_logged_at_most_once_a_minute(caplog):

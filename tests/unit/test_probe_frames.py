@@ -9,11 +9,11 @@ import msgpack
 import pytest
 import torch
 
-from swarm_node.cli import main
+from swarm_node.cli.main import main
 from swarm_node.net import protocols
 from swarm_node.obs.status import STATUS_REQUEST_LIMITS
 from swarm_node.probe import libp2p_probe as probe
-from swarm_node.wire.codec import DTYPES, WIRE_VERSION, decode_frame, encode_frame
+from swarm_node.wire.frames import DTYPES, WIRE_VERSION, decode_frame, encode_frame
 
 REPO = Path(__file__).resolve().parents[2]
 STATUS = {"kind": "status", "ok": True, "run_id": "debug-synthetic", "spec_hash": "c498fdf4549656bf",
@@ -45,7 +45,7 @@ def test_the_status_request_is_what_the_node_accepts_and_what_the_docs_show():
     assert header == {"v": 1, "kind": "status"} and tensors == []
     assert request[probe.LENGTH_BYTES:] == encode_frame({"kind": "status"})
     doc = (REPO / "docs" / "PROTOCOL.md").read_text()
-    example = re.search(r"<!-- status-request-bytes -->\n```\n(.*?)```", doc, re.S)
+    example = re.search(r"<!-- status-request-bytes -->\n```\n(.*?)```", doc, re.DOTALL)
     assert example, "docs/PROTOCOL.md lost its worked example"
     documented = bytes.fromhex(" ".join(line.split("|")[0] for line in example.group(1).splitlines()))
     assert documented == request

@@ -11,8 +11,14 @@ from hypothesis import strategies as st
 
 from swarm_node.errors import ProtocolError
 from swarm_node.gossip.seekers import MAX_TRACKED, SEEKER_FRESH_S, Seekers
-from swarm_node.wire.codec import encode_frame
-from swarm_node.wire.messages import MAX_SEEKER_HINTS, answer_is_yes, refusal, refusal_hints, refusal_ready_in_s
+from swarm_node.wire.frames import encode_frame
+from swarm_node.wire.messages import (
+    MAX_SEEKER_HINTS,
+    answer_is_yes,
+    refusal,
+    refusal_hints,
+    refusal_ready_in_s,
+)
 from swarm_node.wire.records import PeerRecord
 
 peer_ids = st.text(string.ascii_letters + string.digits, min_size=1, max_size=64)

@@ -24,7 +24,7 @@ from hivemind.utils.multiaddr import Multiaddr
 
 from swarm_node.errors import PeerError, PeerRefused, ProtocolError
 from swarm_node.net.transport import ServeLimits, Transport, short_id
-from swarm_node.wire.codec import FrameLimits, decode_frame, encode_frame
+from swarm_node.wire.frames import FrameLimits, decode_frame, encode_frame
 
 log = logging.getLogger(__name__)
 

@@ -3,9 +3,12 @@
 Starts a bootstrap DHT in this process, S x R node processes on loopback (each a real
 ``swarm-node join``), shows one progress bar with the swarm's loss and tokens/s, and
 when the stage-0 nodes have done their steps stops the rest, collects every peer's
-final weights, evaluates, and writes a JSON summary. A node that dies is reported and
-the others carry on. Everything that can be checked before a process starts (the run
-spec, the data, the checkpoint directory) is checked first."""
+final weights, evaluates them on the run's device (local/evaluation.py), and writes a JSON
+summary. A node that dies is named (local/procs.py) and the others carry on; the run
+then fails, and what needs the dead node's weights is not evaluated. Everything that
+can be checked before a process starts (the run spec, the data, the checkpoint
+directory) is checked first. Ctrl-C or SIGTERM, in any phase, stops every process the
+run started within seconds (``LocalConfig.interrupt_grace_s``)."""
 
 from __future__ import annotations
 
@@ -13,61 +16,64 @@ import asyncio
 import json
 import logging
 import os
-import random
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from swarm_node.config import resolve_device
 from swarm_node.data.dataset import TokenWindows, load_windows
 from swarm_node.errors import ConfigError, SwarmError
+from swarm_node.local.chaos import ChaosPlan, ChaosSchedule
+from swarm_node.local.evaluation import EvaluationStopped, FinalEvaluation, in_daemon_thread, plan_paths
+from swarm_node.local.procs import (
+    Child,
+    daemon_sockets,
+    our_processes,
+    poll,
+    reap_group,
+    remove_stale_sockets,
+    stop_children,
+    sweep_descendants,
+)
 from swarm_node.membership.registry import read_registry
-from swarm_node.model.config import model_config
-from swarm_node.model.stages import build_stage
 from swarm_node.net.dht import SwarmDHT
-from swarm_node.net.reaper import daemon_sockets, remove_if_unused
-from swarm_node.node_config import DEFAULT_STARTUP_TIMEOUT_S, check_compute_share
-from swarm_node.obs.progress import EvaluationProgress, TrainingProgress
+from swarm_node.node.config import DEFAULT_STARTUP_TIMEOUT_S, check_compute_share
+from swarm_node.obs.progress import TrainingProgress
 from swarm_node.spec import RunSpec
 from swarm_node.state.checkpoint import PREFIX as CHECKPOINT_PREFIX
 from swarm_node.system import default_threads, usable_cores
-from swarm_node.train.evaluate import average_into, path_val_loss, val_batch_count, weight_spread
 from swarm_node.wire.records import PeerRecord
+
+__all__ = ["ChaosPlan", "Child", "LocalConfig", "LocalSwarm", "daemon_sockets", "export_hint", "local_exit_status",
+           "remove_stale_sockets", "run_local"]
 
 # Every node of a local swarm imports torch and starts its DHT at the same moment, on
 # this machine's cores, while the bootstrap has to answer them all: 32 nodes on 2 cores
 # took minutes to reach it, and at the join's own default (60 s) 10 to 26 of them gave
 # up ("none of the initial peers answered"). So each node gets this long a core it shares.
 STARTUP_S_PER_NODE_A_CORE = 15.0
+# What each node process runs (after the interpreter): tests put a node with a fault of
+# their choosing here (tests/swarm/local_faults.py).
+NODE_PROGRAM: tuple[str, ...] = ("-m", "swarm_node")
 
 log = logging.getLogger("swarm_node.local")
-
-
-@dataclass(frozen=True)
-class ChaosPlan:
-    """Fault injection for `swarm-node local`: SIGKILL ``kills`` random nodes (their whole
-    process group, as a machine dying would) at random moments while stage 0 is
-    between ``window`` fractions of its steps, and start ``restarts`` of them again
-    from their checkpoints ``restart_delay_s`` later."""
-    kills: int = 0
-    restarts: int = 0
-    seed: int = 0
-    window: tuple[float, float] = (0.15, 0.5)
-    restart_delay_s: float = 2.0
 
 
 @dataclass(frozen=True)
 class LocalConfig:
     replicas: int = 2
     steps: int = 200
-    device: str = "cpu"
+    device: str = "cpu"  # as --device names it; the final evaluation runs there too
+    compile_stage: bool = False  # every node runs its stage through torch.compile (join --compile)
     threads_per_node: int = 1
     compute_share: float = 1.0  # each node computes at most this share of the time (--compute-share)
     round_timeout_s: float = 15.0
@@ -76,7 +82,8 @@ class LocalConfig:
     eval_batch_size: int = 64
     run_dir: Path | None = None  # keep node logs, weights and summaries here (default: a temp dir, removed)
     progress: bool = True
-    stop_grace_s: float = 30.0
+    stop_grace_s: float = 30.0  # for the nodes to write their summaries and weights at the end
+    interrupt_grace_s: float = 5.0  # Ctrl-C / SIGTERM: then every process left is killed
     dashboard_port: int | None = None  # run a real swarm-bootstrap with its dashboard here (0: any port)
     chaos: ChaosPlan | None = None
     checkpoint_dir: Path | None = None  # every node writes checkpoints to its own sub-directory of this
@@ -84,23 +91,6 @@ class LocalConfig:
 
     def __post_init__(self) -> None:
         check_compute_share(self.compute_share)
-
-
-@dataclass
-class Child:
-    stage: int
-    replica: int
-    process: subprocess.Popen
-    log_path: Path
-    returncode: int | None = None
-    status: str = "running"
-    restarted: bool = False  # started again from its checkpoint after being killed
-
-
-@dataclass
-class SwarmResult:
-    summary: dict
-    children: list[Child] = field(default_factory=list)
 
 
 class LocalSwarm:
@@ -113,11 +103,11 @@ class LocalSwarm:
         self._dashboard: subprocess.Popen | None = None  # the swarm-bootstrap of --dashboard-port
         self._dashboard_dir: Path | None = None
         self._spawn_args: tuple[Path, list[str]] | None = None
-        self._kills: list[tuple[float, tuple[int, int]]] = []  # (fraction of steps, (stage, replica))
-        self._restarts: list[tuple[float, tuple[int, int]]] = []  # (monotonic time, (stage, replica))
-        self._to_restart: set[tuple[int, int]] = set()
+        self.chaos = ChaosSchedule(config.chaos, spec.num_stages, config.replicas, config.steps)
         self.loss_curve: list[tuple[int, float]] = []
         self.data: TokenWindows | None = None  # loaded before any process starts, evaluated on at the end
+        self.interrupted = False  # Ctrl-C or SIGTERM: everything stops, nothing is evaluated
+        self._stop_evaluation = threading.Event()
 
     def node_checkpoint_dir(self, stage: int, replica: int) -> Path | None:
         """Where the node writes its checkpoints: under --checkpoint-dir, or in the run dir when
@@ -130,7 +120,9 @@ class LocalSwarm:
 
     def preflight(self) -> None:
         """Refuse what would make the nodes fail, before any process or daemon starts: the
-        spec itself was checked when it was built; here the data and the checkpoint dirs."""
+        spec itself was checked when it was built; here the device, the data and the checkpoint
+        dirs."""
+        resolve_device(self.config.device)  # ConfigError when it is not there
         try:
             self.data = load_windows(self.spec.data, self.spec.seq_len)
         except (OSError, ValueError, ImportError) as exc:
@@ -146,28 +138,84 @@ class LocalSwarm:
     async def run(self) -> dict:
         started = time.perf_counter()
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        sockets_before = daemon_sockets()
+        sockets_before, processes_before = daemon_sockets(), our_processes()
+        handled = self._handle_signals(asyncio.current_task())
         try:
             self.preflight()
             spec_path = self.run_dir / "run-spec.json"
             self.spec.write_json(spec_path)
             initial = [await self._start_dashboard(spec_path)] if self.config.dashboard_port is not None else []
-            dht = await SwarmDHT.start(initial_peers=initial)
+            dht = await self._start_dht(initial)
             try:
                 maddrs = [*initial, dht.visible_maddrs()[0]]
                 log.info("bootstrap DHT at %s; run dir %s", maddrs[0], self.run_dir)
-                self._plan_chaos()
                 self._spawn_all(spec_path, maddrs)
                 await self._watch(dht, started)
             finally:  # also on Ctrl-C: no node outlives the swarm
-                self._stop_all()
-                await dht.shutdown()
-            return await asyncio.to_thread(self._collect, time.perf_counter() - started)
+                await self._stop_swarm(dht)
+            return await self._collect(time.perf_counter() - started)
         finally:
             self._stop_dashboard()
+            swept = sweep_descendants(processes_before)
+            if swept:
+                log.warning("killed %d process%s the run left running (pids %s)", len(swept),
+                            "es" if len(swept) > 1 else "", " ".join(map(str, swept)))
             remove_stale_sockets(sockets_before)
             if not self.keep_dir:
                 shutil.rmtree(self.run_dir, ignore_errors=True)
+            for sig in handled:  # last: a second signal during the clean-up finds it handled
+                asyncio.get_running_loop().remove_signal_handler(sig)
+
+    def _handle_signals(self, main: asyncio.Task) -> list[int]:
+        """Ctrl-C and SIGTERM cancel the run wherever it is (start-up, training, evaluation);
+        its clean-up then stops the nodes with the short grace. Returns the signals handled
+        (none where the loop cannot: not the main thread, not Unix)."""
+        handled = []
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                asyncio.get_running_loop().add_signal_handler(sig, self._interrupt, main)
+            except (ValueError, RuntimeError, NotImplementedError):
+                continue
+            handled.append(sig)
+        return handled
+
+    def _interrupt(self, main: asyncio.Task) -> None:
+        if not self.interrupted:
+            log.warning("interrupted: stopping every node")
+        self.interrupted = True
+        self._stop_evaluation.set()
+        main.cancel()
+
+    async def _start_dht(self, initial: list[str]) -> SwarmDHT:
+        """The bootstrap DHT. Interrupted while it starts (a thread and a child process that
+        a cancelled await would leave running), it is given the grace to come up and is
+        shut down again."""
+        starting = asyncio.ensure_future(SwarmDHT.start(initial_peers=initial))
+        try:
+            return await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            try:
+                async with asyncio.timeout(self.config.interrupt_grace_s):
+                    await (await starting).shutdown()
+            except Exception:  # noqa: BLE001 - interrupted anyway; what is left gets swept
+                pass
+            raise
+
+    async def _stop_swarm(self, dht: SwarmDHT) -> None:
+        """The nodes, then the bootstrap DHT (they may still leave through it); interrupted,
+        both at once within the short grace, whatever is left is killed after."""
+        if not self.interrupted:
+            self._stop_all()
+            await self._shutdown_dht(dht, 30.0)
+            return
+        await asyncio.gather(asyncio.to_thread(self._stop_all), self._shutdown_dht(dht, self.config.interrupt_grace_s))
+
+    async def _shutdown_dht(self, dht: SwarmDHT, timeout_s: float) -> None:
+        try:
+            async with asyncio.timeout(timeout_s):
+                await dht.shutdown()
+        except TimeoutError:
+            log.warning("the bootstrap DHT did not shut down in time; its processes are killed")
 
     # -- processes ----------------------------------------------------------------
     async def _start_dashboard(self, spec_path: Path) -> str:
@@ -198,11 +246,11 @@ class LocalSwarm:
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
                 try:
-                    process.wait(timeout=self.config.stop_grace_s)
+                    process.wait(timeout=self._grace_s())
                 except subprocess.TimeoutExpired:
                     process.kill()
                     process.wait()
-            _reap_group(process.pid)
+            reap_group(process.pid)
         if self._dashboard_dir is not None:
             shutil.rmtree(self._dashboard_dir, ignore_errors=True)
 
@@ -223,7 +271,7 @@ class LocalSwarm:
         env = dict(os.environ, OMP_NUM_THREADS=str(self.config.threads_per_node), PYTHONUNBUFFERED="1")
         suffix = "-restarted" if restarted else ""
         log_path = self.run_dir / f"node-s{stage}-r{replica}{suffix}.log"
-        cmd = [sys.executable, "-m", "swarm_node", "join", "--initial-peers", *maddrs,
+        cmd = [sys.executable, *NODE_PROGRAM, "join", "--initial-peers", *maddrs,
                "--config", str(spec_path), "--stage", str(stage), "--device", self.config.device,
                "--threads", str(self.config.threads_per_node), "--run-dir", str(self.run_dir),
                "--round-timeout", str(self.config.round_timeout_s), "--no-progress",
@@ -231,6 +279,8 @@ class LocalSwarm:
                "--host-maddrs", "/ip4/127.0.0.1/tcp/0"]  # one machine: loopback, any free port
         if self.config.blocking_rounds:
             cmd.append("--blocking-rounds")
+        if self.config.compile_stage:
+            cmd.append("--compile")
         if self.config.compute_share < 1:
             cmd += ["--compute-share", str(self.config.compute_share)]
         if not restarted:  # everyone starts together; a restarted node may need to catch up with its stage
@@ -249,50 +299,24 @@ class LocalSwarm:
         return child
 
     # -- fault injection ------------------------------------------------------------
-    def _plan_chaos(self) -> None:
-        plan = self.config.chaos
-        if plan is None or plan.kills == 0:
-            return
-        rng = random.Random(plan.seed)
-        nodes = [(s, r) for s in range(self.spec.num_stages) for r in range(self.config.replicas)]
-        targets = rng.sample(nodes, min(plan.kills, len(nodes)))
-        moments = sorted(rng.uniform(*plan.window) for _ in targets)
-        self._kills = list(zip(moments, targets))
-        self._to_restart = set(targets[: plan.restarts])
-
     def _inject_faults(self, stage0_step: int | None) -> None:
         now = time.monotonic()
-        while self._kills and stage0_step is not None and stage0_step >= self._kills[0][0] * self.config.steps:
-            _, (stage, replica) = self._kills.pop(0)
+        for stage, replica in self.chaos.kills_due(stage0_step, now):
             victim = next((c for c in self.children if (c.stage, c.replica) == (stage, replica)
                            and c.process.poll() is None), None)
             if victim is None:
                 continue
             log.warning("chaos: killing node stage %d replica %d (pid %d) at stage-0 step %d", stage, replica,
                         victim.process.pid, stage0_step)
-            _reap_group(victim.process.pid)  # SIGKILL to its whole process group
-            if (stage, replica) in self._to_restart:
-                self._restarts.append((now + self.config.chaos.restart_delay_s, (stage, replica)))
-        while self._restarts and self._restarts[0][0] <= now:
-            _, (stage, replica) = self._restarts.pop(0)
+            victim.killed_on_purpose = True
+            reap_group(victim.process.pid)  # SIGKILL to its whole process group
+        for stage, replica in self.chaos.restarts_due(now):
             child = self._spawn(stage, replica, restarted=True)
             log.warning("chaos: restarted node stage %d replica %d from its checkpoint (pid %d)", stage, replica,
                         child.process.pid)
 
     def _poll_children(self) -> None:
-        for child in self.children:
-            if child.returncode is None:
-                code = child.process.poll()
-                if code is not None:
-                    child.returncode = code
-                    _reap_group(child.process.pid)
-                    if code != 0:
-                        child.status = "lost"
-                        tail = child.log_path.read_text(errors="replace").strip().splitlines()[-1:] or [""]
-                        log.warning("node stage %d replica %d (pid %d) died with exit code %d: %s", child.stage,
-                                    child.replica, child.process.pid, code, tail[0][:200])
-                    else:
-                        child.status = "finished"
+        poll(self.children)
 
     async def _watch(self, dht: SwarmDHT, started: float) -> None:
         bar = TrainingProgress(self.config.steps, "swarm", enabled=self.config.progress)
@@ -300,15 +324,15 @@ class LocalSwarm:
             while True:
                 self._poll_children()
                 drivers = [c for c in self.children if c.stage == 0]
-                if all(c.returncode is not None for c in drivers) and not self._restarts:
-                    if any(c.returncode == 0 for c in drivers):  # a driver exits cleanly after its last step
-                        bar.finish(self.config.steps)
+                if any(c.returncode == 0 for c in drivers) and all(c.returncode is not None for c in drivers) \
+                        and not self.chaos.restarts_pending:  # a driver exits cleanly after its last step
+                    bar.finish(self.config.steps)
                     bar.close()
                     log.info("stage 0 has done its %d steps; stopping the other nodes", self.config.steps)
                     return
-                if all(c.returncode is not None and c.returncode != 0 for c in self.children if c.stage > 0) \
-                        and self.spec.num_stages > 1:
-                    log.error("every node of the later stages has died; stopping")
+                gone = self._stages_without_nodes()
+                if gone and not self.chaos.restarts_pending:
+                    log.error("every node of stage %s has died; stopping", ", ".join(map(str, gone)))
                     return
                 records = await self._records(dht)
                 step = min((r.inner_step for r in records.get(0, []) if r.state == "training"), default=None)
@@ -324,6 +348,13 @@ class LocalSwarm:
         finally:
             bar.close()
 
+    def _stages_without_nodes(self) -> list[int]:
+        """Stages whose every node has ended without finishing (dead, or killed by chaos)."""
+        ended = {(c.stage, c.replica) for c in self.children if c.returncode not in (None, 0)}
+        live = {(c.stage, c.replica) for c in self.children if c.returncode is None or c.returncode == 0}
+        return [s for s in range(self.spec.num_stages)
+                if not any(k[0] == s for k in live) and any(k[0] == s for k in ended)]
+
     async def _records(self, dht: SwarmDHT) -> dict[int, list[PeerRecord]]:
         try:
             async with asyncio.timeout(2 * self.spec.num_stages):
@@ -337,26 +368,44 @@ class LocalSwarm:
         return out
 
     def _stop_all(self) -> None:
-        """SIGTERM whoever is still running, then SIGKILL after the grace period."""
-        running = [c for c in self.children if c.process.poll() is None]
-        for child in running:
-            child.process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + self.config.stop_grace_s
-        for child in running:
-            try:
-                child.process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                log.warning("node pid %d ignored SIGTERM; killing it", child.process.pid)
-                os.killpg(child.process.pid, signal.SIGKILL)
-                child.process.wait()
-        self._poll_children()
-        for child in self.children:
-            _reap_group(child.process.pid)
-            if child.returncode is not None and child.returncode != 0 and child.status != "lost":
-                child.status = "lost"
+        """SIGTERM whoever is still running, then SIGKILL after the grace period (a short
+        one when the run was interrupted)."""
+        stop_children(self.children, self._grace_s())
+
+    def _grace_s(self) -> float:
+        return self.config.interrupt_grace_s if self.interrupted else self.config.stop_grace_s
 
     # -- results ------------------------------------------------------------------
-    def _collect(self, wall_s: float) -> dict:
+    async def _collect(self, wall_s: float) -> dict:
+        """The summary: every node's figures, then the final evaluation, in a thread of its
+        own that an interruption stops between batches (and that never holds up the exit)."""
+        peers, stage_weights = await in_daemon_thread(self._gather)
+        dead = [c for c in self.children if c.status == "dead"]
+        plan = plan_paths(self.spec.num_stages, self.config.replicas, stage_weights,
+                          {(c.stage, c.replica): f"{c.name()} died with exit code {c.returncode}" for c in dead})
+        data = self.data if self.data is not None else load_windows(self.spec.data, self.spec.seq_len)
+        evaluation = FinalEvaluation(self.spec, data, device=resolve_device(self.config.device),
+                                     batch_size=self.config.eval_batch_size, max_batches=self.config.eval_batches,
+                                     threads=self.config.eval_threads or default_threads(),  # our nodes have stopped
+                                     progress=self.config.progress, stop=self._stop_evaluation)
+        began = time.perf_counter()
+        result = await in_daemon_thread(evaluation.run, stage_weights, plan)
+        result["eval_s"] = time.perf_counter() - began
+        tokens = sum(p["microbatches_done"] for p in peers if p["stage"] == 0) * self.spec.batch_size \
+            * self.spec.seq_len
+        final = result["final_val_loss"]
+        initial = result["initial_val_loss"]
+        return {**result, "peers": peers, "dead_nodes": [c.death() for c in dead], "wall_s": wall_s,
+                "tokens": tokens, "tokens_per_s": tokens / wall_s if wall_s > 0 else None,
+                # Validation needs every peer's weights, which are collected at the end; the
+                # curve during the run is the training loss of the last stage (below).
+                "val_loss_curve": ([[0, initial]] if initial is not None else [])
+                + ([[tokens, final]] if final is not None else []),
+                "train_loss_curve": [[int(t), v] for t, v in self.loss_curve],
+                "run_spec_hash": self.spec.spec_hash(), "method": self.spec.method.name}
+
+    def _gather(self) -> tuple[list[dict], dict[int, dict[int, dict]]]:
+        """Every node's summary entry, and the final weights of those that wrote them."""
         summaries = {}
         for path in self.run_dir.glob("summary-*.json"):
             data = json.loads(path.read_text())
@@ -364,8 +413,9 @@ class LocalSwarm:
         peers, stage_weights = [], {s: {} for s in range(self.spec.num_stages)}
         for child in self.children:
             info = summaries.get(child.process.pid)
-            status = child.status if info is None or child.status == "lost" else "finished"
-            entry = {"peer_id": None, "stage": child.stage, "pid": child.process.pid, "status": status,
+            status = child.status if info is None or child.status in ("lost", "dead") else "finished"
+            entry = {"peer_id": None, "stage": child.stage, "replica": child.replica, "pid": child.process.pid,
+                     "status": status, "exit_code": child.returncode, "error": child.error,
                      "restarted": child.restarted, "resumed_from_step": None,
                      "inner_steps": 0, "outer_rounds": 0, "rounds_with_partner": 0, "local_only_rounds": 0,
                      "bytes_sent": 0, "bytes_received": 0, "microbatches_done": 0, "microbatches_lost": 0,
@@ -374,103 +424,37 @@ class LocalSwarm:
             written = self.config.checkpoint_dir is not None and any(checkpoints.glob(f"{CHECKPOINT_PREFIX}*"))
             entry["checkpoint_dir"] = str(checkpoints) if written else None  # where `export` finds this node
             if info is not None:
-                entry.update({k: info[k] for k in entry if k in info and k not in ("status", "pid", "restarted")})
+                entry.update({k: info[k] for k in entry
+                              if k in info and k not in ("status", "pid", "restarted", "replica")})
                 weights = self.run_dir / info["weights_file"]
-                if weights.exists():
+                if weights.exists() and status != "dead":
                     stage_weights[child.stage][child.replica] = torch.load(weights, map_location="cpu")
             peers.append(entry)
-        began = time.perf_counter()
-        evaluation = self._evaluate(stage_weights)
-        evaluation["eval_s"] = time.perf_counter() - began
-        tokens = sum(p["microbatches_done"] for p in peers if p["stage"] == 0) * self.spec.batch_size \
-            * self.spec.seq_len
-        final = evaluation["final_val_loss"]
-        return {**evaluation, "peers": peers, "wall_s": wall_s, "tokens": tokens,
-                "tokens_per_s": tokens / wall_s if wall_s > 0 else None,
-                # Validation needs every peer's weights, which are collected at the end; the
-                # curve during the run is the training loss of the last stage (below).
-                "val_loss_curve": [[0, evaluation["initial_val_loss"]]] + ([[tokens, final]] if final else []),
-                "train_loss_curve": [[int(t), v] for t, v in self.loss_curve],
-                "run_spec_hash": self.spec.spec_hash(), "method": self.spec.method.name}
-
-    def _evaluate(self, stage_weights: dict[int, dict[int, dict]]) -> dict:
-        """Validation loss of the initial model, of every replica's path (replica r at every
-        stage) and of the consensus model (each stage the mean of its replicas)."""
-        data = self.data if self.data is not None else load_windows(self.spec.data, self.spec.seq_len)
-        config = model_config(self.spec.model_size, vocab_size=data.vocab_size, max_seq_len=self.spec.seq_len)
-
-        def stage_module(stage: int, state: dict | None):
-            module = build_stage(config, num_stages=self.spec.num_stages, stage_index=stage, seed=self.spec.seed,
-                                 layers_per_stage=self.spec.layers_per_stage)
-            if state is not None:
-                module.load_state_dict(state)
-            return module
-
-        stages = range(self.spec.num_stages)
-        replicas = [r for r in range(self.config.replicas) if all(r in stage_weights[s] for s in stages)]
-        complete = all(stage_weights[s] for s in stages)
-        batches = val_batch_count(data, self.config.eval_batch_size, self.config.eval_batches)
-        threads = self.config.eval_threads or default_threads()  # measured now: our nodes have stopped
-        log.info("evaluating %d model paths (the initial weights, %d replicas%s) on %d validation batch%s of %d "
-                 "windows with %d torch thread%s", 1 + len(replicas) + complete, len(replicas),
-                 ", the consensus model" if complete else "", batches, "es" if batches > 1 else "",
-                 self.config.eval_batch_size, threads, "s" if threads > 1 else "")
-        progress = EvaluationProgress(1 + len(replicas) + complete, batches, log, enabled=self.config.progress)
-
-        def evaluate(what: str, path: list) -> float:
-            progress.start(what)
-            began = time.perf_counter()
-            loss = path_val_loss(path, data, batch_size=self.config.eval_batch_size,
-                                 max_batches=self.config.eval_batches, on_batch=progress.advance)
-            progress.finished(what, loss, time.perf_counter() - began)
-            return loss
-
-        # Set in this (worker) thread, which does all the work: OpenMP keeps a thread count per
-        # OS thread; the previous count is restored afterwards.
-        threads_before = torch.get_num_threads()
-        torch.set_num_threads(threads)
-        try:
-            initial = evaluate("the initial weights", [stage_module(s, None) for s in stages])
-            modules = {s: {r: stage_module(s, w) for r, w in ws.items()} for s, ws in stage_weights.items()}
-            losses = [evaluate(f"replica {r}", [modules[s][r] for s in stages]) for r in replicas]
-            consensus = evaluate("the consensus model", [average_into(stage_module(s, None),
-                                                                      list(modules[s].values())) for s in stages]) \
-                if complete else None
-        finally:
-            progress.close()
-            torch.set_num_threads(threads_before)
-        final = float(np.mean(losses)) if losses else consensus
-        return {"initial_val_loss": initial, "final_val_loss": final, "final_consensus_val_loss": consensus,
-                "replica_weight_std": [weight_spread(list(modules[s].values())) for s in stages],
-                "entropy_floor": data.entropy_floor}
-
-
-def remove_stale_sockets(existing_before: set[Path]) -> None:
-    """A node killed hard leaves its daemon's unix sockets behind (its reaper removes
-    them too, but a whole process group killed at once takes the reaper along). Remove
-    those created during this run that nothing listens on any more; anything still
-    listening, such as another swarm on this machine, is left alone."""
-    for path in daemon_sockets() - existing_before:
-        remove_if_unused(path)
-
-
-def _reap_group(pgid: int) -> None:
-    """A node killed hard cannot stop its DHT child or p2pd; each node runs in its own
-    session, so kill whatever is left of its process group."""
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+        return peers, stage_weights
 
 
 def run_local(spec: RunSpec, config: LocalConfig, json_out: Path | None) -> dict:
+    """Run the swarm and log its summary. KeyboardInterrupt when Ctrl-C or SIGTERM stopped it."""
     swarm = LocalSwarm(spec, config)
-    # SIGTERM takes the Ctrl-C path: the nodes are stopped and the run dir removed.
+    # Until the event loop handles them (LocalSwarm.run), SIGTERM takes the Ctrl-C path too.
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         summary = asyncio.run(swarm.run())
+    except (asyncio.CancelledError, EvaluationStopped):
+        if swarm.interrupted:
+            raise KeyboardInterrupt from None
+        raise
     finally:
         signal.signal(signal.SIGTERM, previous)
+    log_summary(summary, config)
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(summary, indent=2) + "\n")
+        log.info("wrote %s", json_out)
+    return summary
+
+
+def log_summary(summary: dict, config: LocalConfig) -> None:
     lost = [p for p in summary["peers"] if p["status"] == "lost"]
     consensus = summary["final_consensus_val_loss"]
     log.info("swarm: final val loss %s%s, %s tokens in %.1f s (%.0f tok/s), evaluated in %.1f s; %d of %d peers lost",
@@ -482,12 +466,17 @@ def run_local(spec: RunSpec, config: LocalConfig, json_out: Path | None) -> dict
         log.info("  stage %d %s pid %d: %s, %d steps, %d rounds (%d with a partner), %d micro-batches, %d lost",
                  p["stage"], (p["peer_id"] or "?")[-6:], p["pid"], p["status"], p["inner_steps"], p["outer_rounds"],
                  p["rounds_with_partner"], p["microbatches_done"], p["microbatches_lost"])
+    for death in summary["dead_nodes"]:
+        log.error("dead: node %s", death[:400])
+    for reason in summary["evaluation_skipped"]:
+        log.warning("not evaluated: %s", reason)
     log.info(export_hint(summary, config))
-    if json_out is not None:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps(summary, indent=2) + "\n")
-        log.info("wrote %s", json_out)
-    return summary
+
+
+def local_exit_status(summary: dict) -> int:
+    """0 when every node finished (or was killed on purpose) and the model was evaluated; 1
+    when a node died or nothing could be evaluated."""
+    return 1 if summary.get("dead_nodes") or summary["final_val_loss"] is None else 0
 
 
 def export_hint(summary: dict, config: LocalConfig) -> str:

@@ -7,10 +7,10 @@ import sys
 from pathlib import Path
 
 from swarm_node import __version__
-from swarm_node.cli_export import add_export_parser, add_generate_parser
-from swarm_node.cli_probe import add_probe_parser
+from swarm_node.cli.export import add_export_parser, add_generate_parser
+from swarm_node.cli.probe import add_probe_parser
 from swarm_node.errors import ConfigError, SwarmError
-from swarm_node.node_config import DEFAULT_STARTUP_TIMEOUT_S, check_compute_share
+from swarm_node.node.config import DEFAULT_STARTUP_TIMEOUT_S, check_compute_share
 from swarm_node.obs.sinks import SINKS
 
 # wire/outer_codec.py's table and wire/messages.py's (a test keeps them equal): the parser
@@ -185,6 +185,9 @@ def _add_join_parser(sub) -> None:
                    help="auto (default: the stage with the fewest peers; stage 0 for a node others cannot reach) "
                         "or a stage index")
     p.add_argument("--device", default="auto", help="auto (CUDA, else Apple MPS, else CPU) | cpu | cuda[:N] | mps")
+    p.add_argument("--compile", action="store_true",
+                   help="run the stage through torch.compile, compiled at start-up (seconds to minutes, logged): "
+                        "faster steps on a GPU, the same math")
     p.add_argument("--port", type=_port, default=DEFAULT_NODE_PORT,
                    help="TCP port to listen on, on every interface (default %(default)s; 0: any free port). "
                         "Others must be able to reach it: forward it on your router, or the node runs as stage 0 "
@@ -224,6 +227,9 @@ def _add_join_parser(sub) -> None:
                         "speed and its peers send it less (default %(default)s)")
     p.add_argument("--no-state-download", action="store_true",
                    help="start from the run's initial weights instead of a live peer's state")
+    p.add_argument("--state-from", metavar="PEER_ID", default=None,
+                   help="ask this peer first for the stage's state (otherwise donors are picked at random); its "
+                        "state is still checked against the stage's other peers before it is used")
     p.add_argument("--checkpoint-dir", type=Path, default=None,
                    help="resume from the newest checkpoint here (same --identity to keep the peer id); write one "
                         "after every outer round and on shutdown")
@@ -313,8 +319,8 @@ def _run_join(args: argparse.Namespace) -> int:
     import asyncio
 
     from swarm_node.config import resolve_device
-    from swarm_node.node import Node
-    from swarm_node.node_config import NodeConfig
+    from swarm_node.node.conductor import Node
+    from swarm_node.node.config import NodeConfig
     from swarm_node.spec import RunSpec
     from swarm_node.system import node_threads, use_uvloop
 
@@ -330,12 +336,13 @@ def _run_join(args: argparse.Namespace) -> int:
                         run_dir=args.run_dir, data_shard=args.data_shard, round_timeout_s=args.round_timeout,
                         startup_timeout_s=args.startup_timeout, slowest_link_mbit_s=args.slowest_link_mbit,
                         wait_for_peers_per_stage=args.wait_for_peers,
-                        download_state=not args.no_state_download,
+                        download_state=not args.no_state_download, state_from=args.state_from,
                         checkpoint_dir=args.checkpoint_dir, checkpoint_every_rounds=args.checkpoint_every_rounds,
                         blocking_rounds=args.blocking_rounds, one_payload_at_a_time=args.one_payload_at_a_time,
                         max_update_ratio=args.max_update_ratio, http_host=args.http_host,
                         metrics_sinks=tuple(m for m in args.metrics if m != "none"), metrics_dir=args.metrics_dir,
                         threads=args.threads or node_threads(), compute_share=args.compute_share,
+                        compile_stage=args.compile,
                         command_line=("swarm-node", *args.argv),
                         http_port=args.http_port, progress=not args.no_progress)
     use_uvloop()
@@ -385,6 +392,8 @@ def _add_local_parser(sub) -> None:
                         "heartbeat every 6 s, which keeps 32 nodes' DHT traffic within what 2 cores can serve)")
     p.add_argument("--device", default="cpu",
                    help="device of every node: cpu | cuda[:N] | mps | auto; default: %(default)s")
+    p.add_argument("--compile", action="store_true",
+                   help="every node runs its stage through torch.compile (swarm-node join --compile)")
     p.add_argument("--round-timeout", type=float, default=15.0, metavar="SECONDS",
                    help="seconds a node seeks a partner per outer round; default: %(default)s")
     p.add_argument("--threads-per-node", type=_positive_int, default=1,
@@ -421,7 +430,7 @@ def _run_local(args: argparse.Namespace) -> int:
 
     from swarm_node.config import default_warmup_steps, suggested_lr
     from swarm_node.data.spec import DataSpec
-    from swarm_node.local import ChaosPlan, LocalConfig, run_local
+    from swarm_node.local.swarm import ChaosPlan, LocalConfig, local_exit_status, run_local
     from swarm_node.membership.registry import suggested_shards
     from swarm_node.optim import InnerHyper, default_method
     from swarm_node.spec import CLI_NAMES, RunSpec, check_model_split
@@ -442,7 +451,7 @@ def _run_local(args: argparse.Namespace) -> int:
                    registry_shards=args.registry_shards or suggested_shards(args.replicas),
                    inner=InnerHyper(lr=args.lr or suggested_lr(args.model),
                                     warmup_steps=default_warmup_steps(args.steps), total_steps=args.steps))
-    config = LocalConfig(replicas=args.replicas, steps=args.steps, device=args.device,
+    config = LocalConfig(replicas=args.replicas, steps=args.steps, device=args.device, compile_stage=args.compile,
                          round_timeout_s=args.round_timeout, run_dir=args.run_dir, progress=not args.no_progress,
                          threads_per_node=args.threads_per_node, compute_share=args.compute_share,
                          eval_batches=args.eval_batches,
@@ -450,8 +459,7 @@ def _run_local(args: argparse.Namespace) -> int:
                          dashboard_port=args.dashboard_port, checkpoint_dir=args.checkpoint_dir,
                          chaos=ChaosPlan(kills=args.chaos_kills, restarts=min(args.chaos_restarts, args.chaos_kills),
                                          seed=args.chaos_seed) if args.chaos_kills else None)
-    summary = run_local(spec, config, args.json_out)
-    return 0 if summary["final_val_loss"] is not None else 1
+    return local_exit_status(run_local(spec, config, args.json_out))
 
 
 def build_parser() -> argparse.ArgumentParser:

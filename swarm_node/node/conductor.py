@@ -20,21 +20,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import os
 import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict
 from functools import partial
-from pathlib import Path
 
-import torch
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from swarm_node import __version__
 from swarm_node.data.dataset import TokenWindows, load_windows
 from swarm_node.errors import ConfigError, IncompatibleRun, SwarmError, known_failure
 from swarm_node.gossip.exchange import ExchangeTimes, OuterExchange
@@ -44,32 +38,32 @@ from swarm_node.membership.reconnect import Reconnector
 from swarm_node.membership.view import Membership
 from swarm_node.net import protocols
 from swarm_node.net.dht import SwarmDHT
+from swarm_node.net.dialback import DIALBACK, ordered_for_others, serve_dialback
 from swarm_node.net.guard import PeerGuard
-from swarm_node.net.reach import DIALBACK, ordered_for_others, serve_dialback
 from swarm_node.net.reaper import start_reaper
 from swarm_node.net.transport import ServeLimits, Transport, short_id
-from swarm_node.node_config import NodeConfig
-from swarm_node.node_progress import ProgressFeed
-from swarm_node.node_services import NodeServices
-from swarm_node.obs.recent import RecentGrowth
-from swarm_node.obs.sinks import Sinks, open_sinks
-from swarm_node.obs.stats import NodeStats, training_until
+from swarm_node.node.config import NodeConfig
+from swarm_node.node.report import NodeReport
+from swarm_node.node.services import NodeServices
+from swarm_node.obs.progress import ProgressFeed
+from swarm_node.obs.stats import NodeStats
 from swarm_node.obs.status import NodeStatus, handle_status_request
 from swarm_node.spec import RunSpec
 from swarm_node.state.keeper import Checkpoints
 from swarm_node.state.sync import StateSync
+from swarm_node.state.witnesses import Witnesses
 from swarm_node.system import raise_open_file_limit
+from swarm_node.train.compiled import compile_stage
 from swarm_node.train.compute import ComputeThread
 from swarm_node.train.device import explain_run_oom
 from swarm_node.train.pipeline import Pipeline
 from swarm_node.train.rounds import RoundGate
 from swarm_node.train.worker import StageWorker
-from swarm_node.wire.records import PeerRecord
 
 log = logging.getLogger("swarm_node.node")
 
-HANDLERS = (protocols.FORWARD, protocols.PAIR, protocols.OUTER, protocols.OUTER_FETCH, protocols.STATE, protocols.STATUS,
-            DIALBACK)
+HANDLERS = (protocols.FORWARD, protocols.PAIR, protocols.OUTER, protocols.OUTER_FETCH, protocols.STATE,
+            protocols.STATE_SKETCH, protocols.STATUS, DIALBACK)
 
 
 class Node:
@@ -96,17 +90,16 @@ class Node:
         self.pipeline: Pipeline | None = None
         self.exchange: OuterExchange | None = None
         self.state_sync: StateSync | None = None
+        self.witnesses: Witnesses | None = None
         self.checkpoints: Checkpoints | None = None
         self.status_pages: NodeStatus | None = None
-        self.metrics: Sinks | None = None
+        self.report = NodeReport(self)  # its record, status, summary, metrics and files
         self.status = "running"
         self._training_since: float | None = None  # when the node began to train (compute utilisation's clock)
         self._training_started_unix: float | None = None  # the same, on the wall clock (for benchmarks' curves)
         self._last_round_opened_at: float | None = None  # time.monotonic() when the latest round began
         self._held_at_last_open = 0.0  # the gate's held time then, the hold that led to it included
         self.fatal: SwarmError | None = None  # ends run() once the node has shut down (out of memory)
-        self._recent_steps = RecentGrowth()
-        self._recent_microbatches = RecentGrowth()
         # awaited first thing at shutdown, while the node is still whole (profilers, instruments)
         self.before_shutdown: list[Callable[[], Awaitable[None]]] = []
 
@@ -170,14 +163,14 @@ class Node:
                 await asyncio.to_thread(reaper.wait)
         if self.fatal is not None:
             raise self.fatal
-        return self.summary()
+        return self.report.summary()
 
     async def _start(self, tree_changed: Callable[[], None]) -> None:
         """``tree_changed``: our child processes changed (the DHT and p2pd started)."""
         cfg = self.config
         raise_open_file_limit()
         if cfg.http_port is not None:  # first, so a slow start shows as "joining" rather than as nothing
-            self.status_pages = NodeStatus(self)
+            self.status_pages = NodeStatus(self.report)
             await self.status_pages.start(cfg.http_host, cfg.http_port)
         self.dht = await SwarmDHT.start(initial_peers=cfg.initial_peers, host_maddrs=cfg.host_maddrs,
                                         announce_maddrs=cfg.announce_maddrs, identity_path=cfg.identity_path,
@@ -188,7 +181,7 @@ class Node:
         await self._join_run()
         self.data = await self.compute.unthrottled(load_windows, self.spec.data, self.spec.seq_len)
         membership = self.membership = Membership(spec=self.spec, dht=self.dht, guard=self.guard, config=cfg,
-                                                  record=self.record)
+                                                  record=self.report.record)
         await membership.refresh(all_stages=True)
         if await check_own_reachability(self.dht, self.transport, membership, cfg.initial_peers, cfg.host_maddrs):
             await self.dht.restart_in_client_mode()
@@ -200,10 +193,12 @@ class Node:
                                        command_line=cfg.command_line, identity_path=cfg.identity_path)
         resume = await self.checkpoints.find(cfg.stage)
         await self._take_stage(resume)
+        self.compute.explain = partial(explain_run_oom, spec=self.spec, stage=self.stage,  # building it may not fit
+                                       vocab_size=self.data.vocab_size, device=cfg.device)
         self.worker = await self.compute.unthrottled(StageWorker, self.spec, self.stage, self.data.vocab_size,
                                                      cfg.device)
-        self.compute.explain = partial(explain_run_oom, spec=self.spec, stage=self.stage,
-                                       vocab_size=self.data.vocab_size, device=cfg.device)
+        if cfg.compile_stage:
+            await self.compute.unthrottled(compile_stage, self.worker)
         log.info("node %s: stage %d of %d, %d parameters, run %s (spec %s)", short_id(self.peer_id), self.stage,
                  self.spec.num_stages, sum(p.numel() for p in self.worker.params), self.spec.run_id, self.spec_hash)
         if membership.reachable:
@@ -214,7 +209,7 @@ class Node:
         if self.worker.is_first:
             self.pipeline.open_data(self.data, self.peer_id, resumed_data)
         await self._serve()
-        self._open_metrics()
+        self.report.open_metrics()
         membership.state = "training"
         self._training_since, self._training_started_unix = time.monotonic(), time.time()
         await membership.heartbeat()
@@ -296,15 +291,18 @@ class Node:
             callers_expected=membership.callers_expected, announce=membership.round_changed,
             stopping=self.stopping, own_id=self.peer_id, max_update_ratio=cfg.max_update_ratio,
             services=services, gate_holds_steps=self.worker.is_first)
+        self.witnesses = Witnesses(worker=self.worker, services=services, spec_hash=self.spec_hash,
+                                   partner_spread=self.exchange.check.partner_spread)
         self.state_sync = StateSync(worker=self.worker, spec_hash=self.spec_hash,
-                                    donors=partial(membership.callable_peers, self.stage),
-                                    timeout_s=cfg.state_download_timeout_s, progress=cfg.progress, services=services)
+                                    donors=partial(membership.callable_peers, self.stage), witnesses=self.witnesses,
+                                    timeout_s=cfg.state_download_timeout_s, progress=cfg.progress,
+                                    prefer=cfg.state_from, services=services)
 
     async def _catch_up(self, resume: tuple[dict, dict] | None) -> dict | None:
         """Resume from the checkpoint, then download a live peer's state when the stage is
         ahead of us (far ahead, after a checkpoint). Returns the data position resumed."""
         cfg, data = self.config, None
-        behind = lambda: self.membership.steps_behind(self.worker.inner_step)  # noqa: E731
+        behind = lambda: self.membership.steps_behind(self.worker.inner_step)
         if resume is not None:
             data = await self.checkpoints.resume(self.worker, *resume)
             self.stats.resumed_from_step = self.worker.inner_step
@@ -322,13 +320,14 @@ class Node:
         transport, admit = self.transport, self.guard.admit
         await self.pipeline.serve(transport, admit)
         await self.exchange.serve(transport, admit)
-        await transport.serve(protocols.STATUS, partial(handle_status_request, self, self.guard.fault),
+        await transport.serve(protocols.STATUS, partial(handle_status_request, self.report, self.guard.fault),
                               ServeLimits(max_request_bytes=1024, max_concurrent=8, max_per_peer=2,
                                           handler_timeout_s=5.0),
                               authorize=admit)
         if self.membership.reachable:  # a client behind a NAT gets no inbound streams to answer anyway
             await serve_dialback(transport, authorize=admit, on_fault=self.guard.fault)
         await self.state_sync.serve(transport, admit)
+        await self.witnesses.serve(transport, admit)
 
     async def _finish(self) -> None:
         """Stage 0 has done max_steps: the node finishes."""
@@ -352,7 +351,7 @@ class Node:
                     await self._catch_up_now()
             finally:
                 self.gate.round_over()
-            self._log_metrics()
+            self.report.log_metrics()
             if self.worker.outer_round % self.config.checkpoint_every_rounds == 0:
                 await self._save_checkpoint(f"after round {self.worker.outer_round - 1}")
             # gradients that arrived during the round may complete a step now
@@ -388,10 +387,10 @@ class Node:
         if self.worker is not None and self.status == "finished":  # a clean stop, not a failed start
             # bounded: a wedged compute thread must not keep SIGTERM from stopping the node
             await _bounded(self._save_checkpoint("on shutdown"), 60.0, "writing the shutdown checkpoint")
-        self._write_outputs()
-        if self.metrics is not None:
-            self._log_metrics()
-            self.metrics.close()
+        self.report.write_outputs()
+        if self.report.metrics is not None:
+            self.report.log_metrics()
+            self.report.metrics.close()
         if self.transport is not None:
             await _bounded(self.transport.p2p.shutdown(), 5.0, "closing the p2p client")
         if self.dht is not None:
@@ -406,99 +405,6 @@ class Node:
         return ProgressFeed(spec=self.spec, max_steps=self.config.max_steps, worker=self.worker,
                             pipeline=self.pipeline, membership=self.membership, exchange=self.exchange,
                             stats=self.stats)
-
-    # -- what others see ---------------------------------------------------------------
-    def record(self) -> PeerRecord | None:
-        """What our heartbeat publishes (None before we know our stage)."""
-        if self.membership is None or self.stage is None:
-            return None
-        w, stats, pipeline = self.worker, self.stats, self.pipeline
-        return PeerRecord(stage=self.stage, spec_hash=self.spec_hash, version=__version__, state=self.state,
-                          throughput=round(pipeline.throughput, 3) if pipeline else 0.0,
-                          queue=pipeline.queue if pipeline else 0,
-                          inner_step=w.inner_step if w else 0, outer_round=w.outer_round if w else 0,
-                          seeking=self.exchange is not None and self.exchange.seeking,
-                          round_step=w.inner_step - w.last_round_step if w else 0,
-                          loss=round(w.loss_ema, 5) if w and w.loss_ema is not None else None,
-                          tokens=stats.tokens, lost=stats.microbatches_lost,
-                          partner_rounds=stats.rounds_with_partner, local_rounds=stats.local_only_rounds,
-                          last_error=stats.last_error, reachable=self.membership.reachable,
-                          recent_steps=self._recent_steps.sample(w.inner_step if w else 0),
-                          recent_microbatches=self._recent_microbatches.sample(stats.microbatches_done))
-
-    def status_fields(self) -> dict:
-        spec, w = self.spec, self.worker
-        return {"run_id": spec.run_id if spec else None, "spec_hash": self.spec_hash, "version": __version__,
-                "peer_id": self.peer_id, "stage": self.stage, "num_stages": spec.num_stages if spec else None,
-                "state": self.state, "inner_step": w.inner_step if w else 0, "outer_round": w.outer_round if w else 0,
-                "peers_per_stage": [len(self.membership.live_peers(s)) if self.membership else 0
-                                    for s in range(spec.num_stages)] if spec else []}
-
-    def counters(self) -> dict:
-        transport = self.transport
-        return {"peer_id": self.peer_id, "stage": self.stage, "status": self.status,
-                "bytes_sent": transport.bytes_sent if transport else 0,
-                "bytes_received": transport.bytes_received if transport else 0,
-                "round_held_s": round(self.gate.held_s, 3),
-                "training_s": round(self.worker.training_s, 3) if self.worker else 0.0, **asdict(self.stats),
-                **{f"dht_{k}": v for k, v in (asdict(self.dht.ops) if self.dht else {}).items()}}
-
-    def health(self) -> tuple[str, bool]:
-        return self.state, self.dht is not None and self.dht.is_alive()
-
-    def summary(self) -> dict:
-        w = self.worker
-        since = self._training_since
-        until = training_until(w.last_step_at if w else None, self._last_round_opened_at, time.monotonic())
-        # the steps' stand-stills over the same clock: up to the last round's opening if it ends it
-        held_s = self._held_at_last_open if until == self._last_round_opened_at else self.gate.held_s
-        return {**self.counters(), "round_held_s": round(held_s, 3), "pid": os.getpid(),
-                "inner_steps": w.inner_step if w else 0,
-                "training_wall_s": round(until - since, 3) if since is not None else 0.0,
-                "training_started_unix": self._training_started_unix,
-                "outer_rounds": w.outer_round if w else 0, "spec_hash": self.spec_hash,
-                "final_theta_digest": w.theta_digest() if w else None}
-
-    def _open_metrics(self) -> None:
-        cfg = self.config
-        if not cfg.metrics_sinks:
-            return
-        directory = cfg.metrics_dir or cfg.run_dir or Path("runs") / self.spec.run_id
-        self.metrics = open_sinks(cfg.metrics_sinks, directory, run_name=self._tag(), project=self.spec.run_id,
-                                  config={"spec": self.spec.to_dict(), "stage": self.stage, "peer_id": self.peer_id})
-        log.info("metrics (%s) go to %s", ", ".join(cfg.metrics_sinks), directory)
-
-    def _tag(self) -> str:
-        return f"stage{self.stage}-{self.peer_id[-8:]}"
-
-    def _log_metrics(self) -> None:
-        if self.metrics is None or self.worker is None or self.transport is None:
-            return
-        w, stats = self.worker, self.stats
-        values = {"outer_round": w.outer_round, "throughput_samples_per_s": self.pipeline.throughput,
-                  "tokens": stats.tokens, "microbatches_done": stats.microbatches_done,
-                  "microbatches_lost": stats.microbatches_lost, "retries": stats.retries,
-                  "rounds_with_partner": stats.rounds_with_partner, "local_only_rounds": stats.local_only_rounds,
-                  "bytes_sent": self.transport.bytes_sent, "bytes_received": self.transport.bytes_received,
-                  "streams_served": self.transport.streams_served}
-        if w.loss_ema is not None:
-            values["train_loss"] = w.loss_ema
-        self.metrics.log(w.inner_step, values)
-
-    def _write_outputs(self) -> None:
-        run_dir = self.config.run_dir
-        if run_dir is None or self.worker is None:
-            return
-        run_dir.mkdir(parents=True, exist_ok=True)
-        tag = self._tag()
-        torch.save({k: v.detach().cpu() for k, v in self.worker.stage.state_dict().items()},
-                   run_dir / f"weights-{tag}.pt.tmp")
-        os.replace(run_dir / f"weights-{tag}.pt.tmp", run_dir / f"weights-{tag}.pt")
-        summary = self.summary()
-        summary["weights_file"] = f"weights-{tag}.pt"
-        (run_dir / f"summary-{tag}.json.tmp").write_text(json.dumps(summary, indent=2))
-        os.replace(run_dir / f"summary-{tag}.json.tmp", run_dir / f"summary-{tag}.json")
-
 
 async def _bounded(awaitable, timeout_s: float, what: str) -> None:
     try:

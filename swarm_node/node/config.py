@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +17,9 @@ def check_compute_share(share: float) -> None:
         raise ValueError(f"the compute share must be above 0 and at most 1, got {share}")
 
 
+_BASE58 = re.compile(r"[1-9A-HJ-NP-Za-km-z]{20,128}")
+
+
 @dataclass(frozen=True)
 class NodeConfig:
     initial_peers: tuple[str, ...] = ()
@@ -27,6 +31,9 @@ class NodeConfig:
     client_mode: bool = False
     stage: int | None = None  # None: choose automatically
     device: str = "cpu"
+    # --compile: the stage runs through torch.compile, compiled at start-up (train/compiled.py);
+    # the same math, so peers of a run may differ in it
+    compile_stage: bool = False
     threads: int | None = None  # torch threads of the compute thread (None: torch's default)
     compute_share: float = 1.0  # compute at most this share of the time (train/compute.py), for a shared machine
     data_shard: tuple[int, int] | None = None  # (shard id, shard count); default: from the peer id
@@ -62,6 +69,9 @@ class NodeConfig:
     wait_for_peers_per_stage: int = 0
     connectivity_check_s: float = 5.0  # period of the "am I still connected to anyone" check
     download_state: bool = True
+    # A peer to ask first for the stage's state (a host's own node next to us, say); its
+    # state is checked against the stage's other replicas like any donor's.
+    state_from: str | None = None
     checkpoint_dir: Path | None = None  # resume from here at start; save after rounds and on shutdown
     checkpoint_every_rounds: int = 1
     # A checkpoint more than this many rounds behind its stage is only a starting point:
@@ -100,3 +110,6 @@ class NodeConfig:
             raise ValueError(f"record_ttl_s must be at most {MAX_RECORD_TTL_S:.0f}: peers refuse longer-lived records")
         if self.heartbeat_s * 3 > self.record_ttl_s:
             raise ValueError("heartbeat_s must be well inside record_ttl_s (at most a third)")
+        if self.state_from is not None and not _BASE58.fullmatch(self.state_from):
+            raise ValueError(f"--state-from takes a peer id (base58, as logs and the dashboard show it), "
+                             f"got {self.state_from!r}")

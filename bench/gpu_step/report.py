@@ -1,0 +1,90 @@
+"""bench.gpu_step's plot and its BENCHMARKS.md section, from the result's rows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.common.results import pyplot, rerun_command
+
+NAME = "gpu_step"
+
+
+def plot(rows: list[dict], out_dir: Path) -> Path | None:
+    """Tokens/s of each stage by mode, one group of bars per (size, vocabulary, split, stage)."""
+    if not rows:
+        return None
+    try:
+        plt = pyplot()
+    except ImportError:  # a GPU image without matplotlib: re-plot from the JSON elsewhere
+        return None
+    groups = list(dict.fromkeys((r["size"], r["vocab"], r["stages"], r["stage"]) for r in rows))
+    modes = list(dict.fromkeys(r["mode"] for r in rows))
+    by_key = {(r["size"], r["vocab"], r["stages"], r["stage"], r["mode"]): r for r in rows}
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(groups)), 4.0))
+    width = 0.8 / len(modes)
+    for m, mode in enumerate(modes):
+        values = [by_key.get((*g, mode), {}).get("tokens_per_s", 0) / 1e3 for g in groups]
+        ax.bar([i + (m - (len(modes) - 1) / 2) * width for i in range(len(groups))], values, width, label=mode)
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels([f"{size}\n{stages}st s{stage}" + ("" if vocab == 256 else f"\nV={vocab // 1000}k")
+                        for size, vocab, stages, stage in groups], fontsize=8)
+    ax.set_ylabel("thousand tokens/s (one stage, one card)")
+    ax.set_yscale("log")
+    ax.legend()
+    ax.set_title("a stage's step: tokens/s by mode")
+    fig.tight_layout()
+    path = out_dir / f"{NAME}.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _gib(value: float | None) -> str:
+    return "" if value is None else f"{value / 2**30:.2f}"
+
+
+def _num(value: float | None, digits: int) -> str:
+    return "" if value is None else f"{value:.{digits}f}"
+
+
+def _pct(value: float | None) -> str:
+    return "" if value is None else f"{100 * value:.1f} %"
+
+
+def markdown(result: dict) -> str:
+    s = result["summary"]
+    lines = [
+        "## gpu_step: a stage's step on one card", "",
+        f"`{rerun_command(NAME, result['mode'])}` on a CUDA machine ({result['mode']} mode, {result['wall_s']:.0f} s, "
+        f"{s.get('device_name', '?')}, torch {s.get('torch', '?')}, CUDA {s.get('cuda') or '-'})", "",
+        "One micro-batch of "
+        f"{s.get('batch_size')} x {s.get('seq_len')} tokens and its inner step, as a node runs them (a non-last "
+        "stage: forward, then the recomputed forward with the backward; the last: forward with loss and "
+        "backward; then clipping and AdamW), each stage on its own. `baseline`: eager, foreach AdamW, the plain "
+        "cross-entropy; `fused`: torch's fused AdamW and the chunked loss; `compiled`: that with every decoder "
+        "block through torch.compile (`--compile`). MFU counts model FLOPs (6 x matmul parameters + "
+        "12 x layers x hidden x sequence per token; the recomputed forward not counted) against the bf16 matrix "
+        f"product measured in the same run ({s.get('measured_peak_tflops', 0):.0f} TFLOP/s) and the spec sheet's "
+        f"dense bf16 peak ({s.get('spec_peak_tflops') or 'unknown'} TFLOP/s). Flash attention taken by the "
+        f"model's attention: {s.get('flash_attention', 'not checked')}.", "",
+        "| model | vocab | stages | stage | mode | tokens/s | MFU (measured peak) | MFU (spec) | peak memory GiB "
+        "| estimate GiB | peak / estimate | compile s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        lines.append(f"| {r['size']} | {r['vocab']} | {r['stages']} | {r['stage']} | {r['mode']} | "
+                     f"{r['tokens_per_s']:,.0f} | {_pct(r['mfu_measured'])} | {_pct(r['mfu_spec'])} | "
+                     f"{_gib(r['peak_bytes'])} | {_gib(r['estimate_bytes'])} | {_num(r['peak_over_estimate'], 2)} | "
+                     f"{_num(r['compile_s'], 1)} |")
+    pipelines = s.get("pipeline_tokens_per_s", {})
+    if pipelines:
+        lines += ["", "The pipeline, one card a stage, runs at its slowest stage's rate (byte vocabulary):", "",
+                  "| model / stages | " + " | ".join(m for m in ("baseline", "fused", "compiled")) + " | speedup |",
+                  "|---|---|---|---|---|"]
+        for key, by_mode in pipelines.items():
+            cells = [f"{by_mode[m]:,.0f}" if m in by_mode else "" for m in ("baseline", "fused", "compiled")]
+            speedup = f"{by_mode['speedup']:.2f}x" if by_mode.get("speedup") else ""
+            lines.append(f"| {key} | " + " | ".join(cells) + f" | {speedup} |")
+    lines += ["", f"![tokens/s by mode](bench/results/{NAME}.png)"]
+    if result["notes"]:
+        lines += ["", "Notes:", "", *[f"- {n}" for n in result["notes"]]]
+    return "\n".join(lines) + "\n"

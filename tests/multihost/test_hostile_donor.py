@@ -1,0 +1,70 @@
+"""Issue 33's hostile donor, on hosts of their own: a 2 x 2 run, and a third stage-0
+peer (tests/multihost/hostile_donor.py) that trains and pairs like the others but
+serves joiners a poisoned state: theta and phi scaled by 1.5, noise at 10x the honest
+spread, one tensor replaced, a state 20 rounds old with today's counters, another run's
+state. For each case two volunteers join stage 0 asking the hostile peer first
+(--state-from): each refuses its state (one log line), takes an honest donor's, and
+trains. Slow: about 8 minutes."""
+
+from __future__ import annotations
+
+import re
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+from swarm_hosts import BootstrapOnHost, Volunteer, run_spec_file, volunteer_env, wait_for
+
+pytestmark = pytest.mark.slow
+
+HOSTILE = Path(__file__).with_name("hostile_donor.py")
+CASES = ("scaled", "noise", "tensor", "old", "other-run")
+JOINERS_PER_CASE = 2
+
+
+def test_every_joiner_refuses_each_hostile_state_then_trains_from_an_honest_donor(bed, tmp_path):
+    spec = run_spec_file(tmp_path, inner_steps=10, run_id="hostile-donor")
+    boot = BootstrapOnHost(bed, bed.add_host("boot"), tmp_path, "--run-spec", str(spec))
+    line = boot.join_line()
+    honest = [Volunteer(bed, bed.add_host(f"v{i}"), tmp_path, line) for i in range(4)]
+    wait_for(lambda: len(boot.peers()) == 4 and all(p["verified"] for p in boot.peers()), 300,
+             "the 2 x 2 run to start", tmp_path)
+
+    case_file = tmp_path / "hostile-case"
+    case_file.write_text("honest")
+    evil_log = tmp_path / "hostile.log"
+    evil = bed.popen(bed.add_host("evil"), [sys.executable, str(HOSTILE), *line.split()[2:], "--stage", "0",
+                                            "--compute-share", "0.25"],
+                     cwd=tmp_path, env=volunteer_env(HOSTILE_CASE_FILE=str(case_file)), log=evil_log)
+    evil_id = wait_for(lambda: (m := re.search(r"node (\w+): stage 0 of", evil_log.read_text())) and m.group(1),
+                       180, "the hostile peer to join stage 0", tmp_path)
+    # 21 rounds of its own, for the state 20 rounds old
+    wait_for(lambda: any(p["peer_id"] == evil_id and p["outer_round"] >= 22 for p in boot.peers()), 900,
+             "the hostile peer to train 22 rounds", tmp_path)
+
+    figures = {}
+    for case in CASES:
+        case_file.write_text(case)
+        joiners = [Volunteer(bed, bed.add_host(f"j{CASES.index(case)}{k}"), tmp_path, line, "--stage", "0",
+                             "--state-from", evil_id) for k in range(JOINERS_PER_CASE)]
+        for joiner in joiners:
+            adopted = wait_for(lambda j=joiner: re.search(r"downloaded state from (\w+): step (\d+)", j.text()),
+                               240, f"a {case} joiner to adopt a state", tmp_path)
+            text = joiner.text()
+            refusals = [ln for ln in text.splitlines() if "rejected its state" in ln]
+            assert len(refusals) == 1 and evil_id[-6:] in refusals[0], text[-3000:]
+            assert adopted.group(1) != evil_id[-6:]  # an honest donor's
+            figures.setdefault(case, []).append(re.search(r"disown it: (.*)\); not pairing", refusals[0]).group(1))
+            step = int(adopted.group(2))
+            me = joiner.peer_id()
+            wait_for(lambda: any(p["peer_id"] == me and p["inner_step"] >= step + 10 for p in boot.peers()), 180,
+                     f"the {case} joiner to train on", tmp_path)
+        for joiner in joiners:
+            joiner.process.send_signal(signal.SIGTERM)
+        for joiner in joiners:
+            assert joiner.process.wait(timeout=60) == 0, joiner.text()[-2000:]
+        assert f"serving a {case} state" in evil_log.read_text()
+    for case, lines in figures.items():
+        print(f"{case}: " + " | ".join(lines))
+    assert evil.poll() is None and all(v.process.poll() is None for v in honest)

@@ -1,0 +1,225 @@
+"""The check of a downloaded state (state/check.py) on real replicas: a 4 x 2 NoLoCo run
+of the simulator (debug model, H = 5, 22 rounds) gives the honest states; every honest
+state is accepted against any of the others as witnesses, at the same time or a round
+apart, and the hostile donor's states of issue 33 are refused."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from swarm_node.config import default_warmup_steps, suggested_lr
+from swarm_node.data.spec import DataSpec
+from swarm_node.model.stages import build_stage
+from swarm_node.optim.inner import InnerHyper
+from swarm_node.optim.methods import default_method
+from swarm_node.sim import simulator
+from swarm_node.sim.config import SimConfig
+from swarm_node.state.check import Witness, check_state
+from swarm_node.state.sketch import sketch_rows, sketch_state
+
+H = 5
+ROUNDS = 22
+REPLICAS = 4
+
+
+@dataclass
+class State:
+    theta: list[torch.Tensor]
+    phi: list[torch.Tensor]
+    momentum: list[torch.Tensor]
+    step: int
+
+    @property
+    def outer_round(self) -> int:
+        return self.step // H
+
+    def sketch(self, seed: int, *, outer_round: int | None = None, step: int | None = None):
+        step = self.step if step is None else step
+        outer_round = self.outer_round if outer_round is None else outer_round
+        return sketch_state(self.theta, self.phi, self.momentum, inner_step=step, outer_round=outer_round,
+                            round_steps=step - outer_round * H, seed=seed)
+
+
+@pytest.fixture(scope="module")
+def run():
+    """states[(stage, replica)][step]: the replica's state after inner step ``step`` (a
+    round end, or two steps into a round); spread[(stage, replica)][round]: per tensor,
+    its phi distance from its partner's at that round's exchange (what its PartnerCheck
+    records), the largest of the last four."""
+    torch.manual_seed(0)
+    groups_drawn = []
+    draw = simulator.random_groups
+
+    def spy(n, size, rng):
+        groups_drawn.append(draw(n, size, rng))
+        return groups_drawn[-1]
+
+    steps = ROUNDS * H + 2
+    config = SimConfig(method=default_method("noloco", inner_steps=H, alpha=0.5),
+                       inner=InnerHyper(lr=suggested_lr("debug"), warmup_steps=default_warmup_steps(steps),
+                                        total_steps=steps),
+                       data=DataSpec(kind="corpus"), replicas=REPLICAS, stages=2, model_size="debug", steps=steps,
+                       eval_every_steps=10**9)
+    simulator.random_groups = spy
+    try:
+        sim = simulator.Simulator(config)
+        states, spread, recent = {}, {}, {}
+        for step in range(steps + 1):
+            before = [[[t.clone() for t in w.slow.phi] for w in workers] for workers in sim.workers]
+            drawn = len(groups_drawn)
+            if step > 0:
+                sim.advance(step)
+            for stage, groups in enumerate(groups_drawn[drawn:]):
+                for a, b in (g for g in groups if len(g) == 2):
+                    apart = [float((x - y).norm()) for x, y in zip(before[stage][a], before[stage][b])]
+                    for r in (a, b):
+                        recent.setdefault((stage, r), []).append(apart)
+                        spread.setdefault((stage, r), {})[step // H] = torch.tensor(
+                            [max(c) for c in zip(*recent[(stage, r)][-4:])])
+            if step % H in (0, 2):
+                for stage, workers in enumerate(sim.workers):
+                    for r, w in enumerate(workers):
+                        states.setdefault((stage, r), {})[step] = State(
+                            [p.detach().clone() for p in w.stage.parameters()], [t.clone() for t in w.slow.phi],
+                            [t.clone() for t in w.slow.momentum], step)
+        return states, spread, sim
+    finally:
+        simulator.random_groups = draw
+
+
+def witness(run, stage, replica, step, seed):
+    states, spread, _ = run
+    state = states[(stage, replica)][step]
+    return Witness(state.sketch(seed), spread.get((stage, replica), {}).get(state.outer_round))
+
+
+def test_every_honest_state_is_accepted_by_the_other_replicas_at_once_or_a_round_apart(run):
+    """The joiner asks every other live peer of the stage (up to 8)."""
+    states, _, _ = run
+    rng = random.Random(0)
+    checked, worst = 0, 0.0
+    for stage, step in itertools.product((0, 1), range(H, ROUNDS * H + 1, H)):
+        for donor in range(REPLICAS):
+            for donor_step in (step, step - H, step + 2):  # with them, a round behind, into the next round
+                seed = rng.randrange(1 << 62)
+                said = {f"w{r}": witness(run, stage, r, step, seed) for r in range(REPLICAS) if r != donor}
+                verdict = check_state(states[(stage, donor)][donor_step].sketch(seed), said, inner_steps=H)
+                assert verdict.accepted, (stage, step, donor, donor_step, verdict)
+                checked += 1
+                worst = max(worst, verdict.distance_ratio)
+    assert checked >= 500
+    assert worst < 0.9  # the closest witness's margin, over every check
+
+
+def hostile_states(run, stage: int, step: int) -> dict[str, State]:
+    """Issue 33's hostile donor, from replica 0's honest state after ``step``."""
+    states, _, sim = run
+    honest = states[(stage, 0)][step]
+    thetas = [states[(stage, r)][step].theta for r in range(REPLICAS)]
+    # the honest spread: per element, the standard deviation of theta across the replicas
+    spread = [torch.stack(group).std(dim=0, unbiased=False) for group in zip(*thetas)]
+    rms = float(torch.cat([s.flatten() for s in spread]).pow(2).mean().sqrt())
+    noise = torch.Generator().manual_seed(step)
+
+    def noisy(ts):
+        return [t + 10 * rms * torch.randn(t.shape, generator=noise) for t in ts]
+
+    biggest = max(range(len(honest.phi)), key=lambda k: honest.phi[k].numel())
+    fresh = build_stage(sim.model_config, num_stages=2, stage_index=stage, seed=12345)
+
+    def replaced(ts):
+        return [f.detach().clone() if k == biggest else t for k, (t, f) in enumerate(zip(ts, fresh.parameters()))]
+
+    other_run = [p.detach().clone() for p in build_stage(sim.model_config, num_stages=2, stage_index=stage,
+                                                         seed=777).parameters()]
+    old = states[(stage, 0)][step - 20 * H]
+    return {
+        "scaled by 1.5": State([1.5 * t for t in honest.theta], [1.5 * t for t in honest.phi], honest.momentum, step),
+        "noise at 10x the spread": State(noisy(honest.theta), noisy(honest.phi), honest.momentum, step),
+        "one tensor replaced": State(replaced(honest.theta), replaced(honest.phi), honest.momentum, step),
+        "20 rounds old": State(old.theta, old.phi, old.momentum, step),
+        "another run's": State(other_run, other_run, [torch.zeros_like(t) for t in other_run], step),
+    }
+
+
+@pytest.mark.parametrize("witnesses", [1, 2, 3])
+def test_the_hostile_donors_states_are_refused(run, witnesses):
+    rng = random.Random(witnesses)
+    for stage, step in itertools.product((0, 1), (20 * H, 21 * H, 22 * H)):
+        for case, state in hostile_states(run, stage, step).items():
+            seed = rng.randrange(1 << 62)
+            said = {f"w{r}": witness(run, stage, r, step, seed) for r in range(1, 1 + witnesses)}
+            verdict = check_state(state.sketch(seed), said, inner_steps=H)
+            assert not verdict.accepted, (case, stage, step, verdict)
+
+
+def test_a_state_claiming_to_be_far_from_the_witnesses_rounds_or_steps_is_refused(run):
+    states, _, _ = run
+    step = 20 * H
+    said = {f"w{r}": witness(run, 0, r, step, 5) for r in (1, 2)}
+    honest = states[(0, 0)][step]
+    assert check_state(honest.sketch(5), said, inner_steps=H).accepted
+    far_ahead = check_state(honest.sketch(5, step=step + 100_000), said, inner_steps=H)
+    assert not far_ahead.accepted and "more than a round past" in far_ahead.why
+    old = states[(0, 0)][step - 3 * H]
+    behind = check_state(old.sketch(5), said, inner_steps=H)
+    assert not behind.accepted and "behind every other peer" in behind.why
+    ahead = check_state(honest.sketch(5, outer_round=honest.outer_round + 2, step=step + 1), said, inner_steps=H)
+    assert not ahead.accepted and "ahead of every other peer" in ahead.why
+
+
+def test_momentum_or_progress_out_of_scale_is_refused(run):
+    states, _, _ = run
+    step = 21 * H + 2  # two steps into a round: theta is ahead of phi
+    said = {f"w{r}": witness(run, 1, r, step, 9) for r in (1, 2)}
+    honest = states[(1, 0)][step]
+    assert check_state(honest.sketch(9), said, inner_steps=H).accepted
+    pushed = State(honest.theta, honest.phi, [5 * m for m in honest.momentum], step)
+    assert not check_state(pushed.sketch(9), said, inner_steps=H).accepted
+    ran_off = State([p + 10 * (t - p) for t, p in zip(honest.theta, honest.phi)], honest.phi, honest.momentum, step)
+    assert not check_state(ran_off.sketch(9), said, inner_steps=H).accepted
+
+
+def test_a_lying_witness_turns_its_own_vote_only(run):
+    """Fewer than half of the witnesses lying cannot widen the tolerance; a donor with as
+    many identities answering as the honest peers (the limit docs/ALGORITHM.md 8 states)
+    gets a tie, and ties stand."""
+    states, _, _ = run
+    step = 20 * H
+    seed = 3
+    honest = states[(0, 0)][step]
+    poisoned = hostile_states(run, 0, step)["scaled by 1.5"]
+    liar = Witness(poisoned.sketch(seed), None)
+    witnesses = {f"w{r}": witness(run, 0, r, step, seed) for r in (1, 2, 3)}
+    vouched = check_state(honest.sketch(seed), {"w1": witnesses["w1"], "w2": witnesses["w2"], "liar": liar},
+                          inner_steps=H)
+    assert vouched.accepted and (vouched.agree, vouched.disagree) == (2, 1)
+    assert not check_state(poisoned.sketch(seed), {**witnesses, "liar": liar}, inner_steps=H).accepted
+    two_against_two = check_state(poisoned.sketch(seed), {"w1": witnesses["w1"], "w2": witnesses["w2"],
+                                                          "liar": liar}, inner_steps=H)
+    assert two_against_two.accepted and (two_against_two.agree, two_against_two.disagree) == (1, 2)
+    assert not check_state(honest.sketch(seed), {"liar": liar}, inner_steps=H).accepted
+
+
+def test_nobody_to_compare_with_is_said_not_refused(run):
+    states, _, _ = run
+    verdict = check_state(states[(0, 0)][10].sketch(1), {}, inner_steps=H)
+    assert verdict.accepted and not verdict.checked and "no other peer" in verdict.why
+
+
+def test_at_round_0_the_replicas_share_the_initial_phi(run):
+    """Before any outer step the spread and the motion are both zero: only the initial
+    weights themselves pass, to the floating-point noise."""
+    states, _, _ = run
+    seed = 4
+    said = {f"w{r}": witness(run, 0, r, 2, seed) for r in (1, 2)}
+    honest = states[(0, 0)][2]
+    assert check_state(honest.sketch(seed), said, inner_steps=H).accepted
+    nudged = State(honest.theta, [p + 1e-3 for p in honest.phi], honest.momentum, 2)
+    assert not check_state(nudged.sketch(seed), said, inner_steps=H).accepted
+    assert sketch_rows(honest.phi, seed).shape[0] == len(honest.phi)
