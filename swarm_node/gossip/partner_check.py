@@ -166,13 +166,17 @@ class PartnerCheck:
         bound = self.max_update_ratio * reference
         if phi_distance > DISTANCE_SLACK * bound and abs(rounds_ahead) >= ROUNDS_APART:
             raise RoundsApart(f"partner's phi is {phi_distance / reference:.1f}x our Delta norm away", rounds_ahead)
-        keep = min(1.0, self.clip_ratio * reference / phi_distance) if phi_distance > 0 else 1.0
-        self._phi_distances.append([d * keep for d in apart])  # as it counts: a far phi is pulled in
+        # the spread as it was, up to where a partner rounds apart would be declined: pulled in
+        # to what counts (1.5x our scale) it read honest replicas of a real run 3-4x closer
+        # than they were, and joiners refused honest donors
+        keep = min(1.0, DISTANCE_SLACK * bound / phi_distance) if phi_distance > 0 else 1.0
+        self._phi_distances.append([d * keep for d in apart])
         return _pulled_within(phi, own_phi, phi_distance, self.clip_ratio * reference)
 
     def partner_spread(self) -> list[float] | None:
         """Per tensor, the largest distance between our phi and a partner's over the last
-        SPREAD_ROUNDS exchanges, as they counted (None before the first): how far apart
+        SPREAD_ROUNDS exchanges (None before the first; each capped where a partner rounds
+        apart would be declined, so a partner cannot widen it at will): how far apart
         honest replicas of the stage are, for joiners checking a state (state/check.py)."""
         if not self._phi_distances:
             return None

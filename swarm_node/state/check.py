@@ -8,17 +8,17 @@ that kept pairing among themselves drift apart as groups: a donor and its group-
 against the rest is a tie, and ties stand). The candidate is adopted when at least one
 witness agrees and, with the donor's vote, no more disagree than agree. A vote compares:
 
-- phi, aligned to the same outer round (phi one round earlier is phi minus the last
-  momentum, exact for heavy-ball momentum), within the tolerance
-  ``max(SPREAD_K * D, MOTION_K * m, EPS * |phi|)``, as a whole and per tensor (each
-  tensor with its own D, m and |phi|, times TENSOR_SLACK for the sketch's noise). D is
-  the honest spread as measured now, from the distances between witnesses (aligned)
-  and between each witness and its recent partners as it counted them, taken so that
-  witnesses lying about either cannot widen it while they are fewer than half
-  (_Tolerance.of). m is the witnesses' lower median momentum norm: one round's motion.
-  The spread alone would refuse honest states when the stage has just averaged itself
-  into one point (a DiLoCo round, two replicas that always pair); the motion alone
-  would let noise through when replicas sit far apart.
+- phi, now or before the witness's last outer step (minus its momentum: exact for
+  heavy-ball momentum), whichever is closer, since the states were taken up to a
+  download apart; within the tolerance ``max(SPREAD_K * D, MOTION_K * m, EPS * |phi|)``,
+  as a whole and per tensor (each tensor with its own D, m and |phi|, times
+  TENSOR_SLACK for the sketch's noise). D is the honest spread as measured now, from
+  the distances between witnesses and between each witness and its recent partners as
+  it counted them, taken so that witnesses lying about either cannot widen it while
+  they are fewer than half (_Tolerance.of). m is the witnesses' lower median momentum
+  norm: one round's motion. The spread alone would refuse honest states when the stage
+  has just averaged itself into one point (a DiLoCo round, two replicas that always
+  pair); the motion alone would let noise through when replicas sit far apart.
 - the outer momentum and theta - phi (the progress in the round), by norm: the momentum
   at most NORM_K times the witnesses' lower median (or a round of their progress, before
   their first outer step), the progress per inner step of the
@@ -29,9 +29,9 @@ witness agrees and, with the donor's vote, no more disagree than agree. A vote c
   (gossip/partner_check.py clips those at 1.5x). Per step, because early in warm-up the
   progress grows with the square of the steps and replicas are steps apart.
 
-A witness more than one round from the candidate cannot vote. A candidate more than one
-round behind every witness, or ahead of all of them by more than one, or claiming more
-inner steps than a round past the most advanced witness, is refused outright.
+The counters (inner step, outer round) are not evidence: an honest stage's drift apart
+with each peer's pace and join history (stage-0 peers 3 rounds apart in a 2 x 2 run
+with a joiner). The joiner adopts the donor's, within the witnesses' range.
 
 What this does not stop: a liar with as many identities answering (its donor among them)
 as the stage has honest peers answering. A state within the tolerance of the
@@ -71,6 +71,11 @@ class Verdict:
     disagree: int = 0
     distance_ratio: float = 0.0  # the candidate's phi distance over the tolerance, at the closest witness
     unanswered: bool = False  # witnesses were asked and none answered: no verdict on the donor
+    # the counters to adopt: the donor's, within the witnesses' (an honest stage's counters
+    # drift apart with pace and join history, so they are no ground for refusing; a liar's
+    # 100,000 extra steps would move the learning-rate schedule)
+    inner_step: int | None = None
+    outer_round: int | None = None
 
     @property
     def checked(self) -> bool:
@@ -81,29 +86,24 @@ def check_state(candidate: StateSketch, witnesses: Mapping[str, Witness], *, inn
     """The verdict on ``candidate`` from ``witnesses`` (peer id -> what it said);
     ``inner_steps``: H, the inner steps of a round."""
     if not witnesses:
-        return Verdict(True, "no other peer of the stage to compare with")
-    rounds = sorted(w.sketch.outer_round for w in witnesses.values())
-    steps = max(w.sketch.inner_step for w in witnesses.values())
-    if candidate.inner_step > steps + inner_steps:
-        return Verdict(False, f"it claims step {candidate.inner_step}, more than a round past the most advanced "
-                              f"other peer's {steps}")
-    if candidate.outer_round < rounds[0] - 1:
-        return Verdict(False, f"its round {candidate.outer_round} is behind every other peer's ({rounds[0]}+)")
-    if candidate.outer_round > rounds[-1] + 1:
-        return Verdict(False, f"its round {candidate.outer_round} is ahead of every other peer's ({rounds[-1]}-)")
-    voters = {p: w for p, w in witnesses.items() if abs(w.sketch.outer_round - candidate.outer_round) <= 1}
-    if not voters:
-        return Verdict(False, f"no other peer is within a round of its round {candidate.outer_round}")
-    tolerance = _Tolerance.of(list(voters.values()))
+        return Verdict(True, "no other peer of the stage to compare with", inner_step=candidate.inner_step,
+                       outer_round=candidate.outer_round)
+    voters = list(witnesses.values())
+    tolerance = _Tolerance.of(voters, inner_steps)
     agree, ratios = 0, []
-    for w in voters.values():
+    for w in voters:
         ok, ratio = tolerance.vote(candidate, w.sketch, inner_steps)
         agree += ok
         ratios.append(ratio)
     disagree = len(voters) - agree
     accepted = agree >= 1 and agree + 1 >= disagree  # the donor's own state is one more vote for it
-    why = f"{agree} of {len(voters)} peers agree (phi at {min(ratios):.2f} of the tolerance at the closest)"
-    return Verdict(accepted, why, agree, disagree, min(ratios))
+    why = (f"{agree} of {len(voters)} peers agree (phi at {min(ratios):.2f} of the tolerance at the closest; "
+           f"spread {_whole(tolerance.spread):.3g}, a round's motion {_whole(tolerance.motion):.3g})")
+    steps = [w.sketch.inner_step for w in voters]
+    rounds = [w.sketch.outer_round for w in voters]
+    return Verdict(accepted, why, agree, disagree, min(ratios),
+                   inner_step=min(max(candidate.inner_step, min(steps)), max(steps)),
+                   outer_round=min(max(candidate.outer_round, min(rounds)), max(rounds)))
 
 
 def _lower_median(values: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -115,6 +115,16 @@ def _lower_median(values: Sequence[torch.Tensor]) -> torch.Tensor:
 def _kth_smallest(values: Sequence[torch.Tensor], k: int) -> torch.Tensor:
     """Element-wise k-th smallest (1-based)."""
     return torch.stack(list(values)).sort(dim=0).values[k - 1]
+
+
+def _apart(candidate: StateSketch, witness: StateSketch) -> torch.Tensor:
+    """Per tensor, the distance between the candidate's phi and the witness's, now or a
+    round earlier (the witness's phi before its last outer step), whichever is closer as
+    a whole: the two states were taken up to a download apart, and a round may have closed
+    in between. Only the witness's own momentum moves it (a donor's would be its to choose)."""
+    now = _tensor_norms(candidate.phi - witness.phi)
+    before = _tensor_norms(candidate.phi - witness.phi_before)
+    return now if _whole(now) <= _whole(before) else before
 
 
 def _tensor_norms(rows: torch.Tensor) -> torch.Tensor:
@@ -134,7 +144,7 @@ class _Tolerance:
     progress_rate: torch.Tensor  # the largest witness's theta - phi per inner step of its round
 
     @classmethod
-    def of(cls, voters: list[Witness]) -> _Tolerance:
+    def of(cls, voters: list[Witness], inner_steps: int) -> _Tolerance:
         """The spread is robust to ``liars`` witnesses (fewer than half) lying about their
         states or their partners: of the distances between two witnesses, the largest
         that the honest ones alone would have (the C(W - liars, 2)-th smallest); of the
@@ -143,29 +153,27 @@ class _Tolerance:
         182 such attacks passed in the simulator.)"""
         liars = (len(voters) - 1) // 2
         honest = len(voters) - liars
-        between = []
-        for i, a in enumerate(voters):
-            for b in voters[i + 1:]:
-                at = min(a.sketch.outer_round, b.sketch.outer_round)
-                between.append(_tensor_norms(a.sketch.phi_at(at) - b.sketch.phi_at(at)))
+        between = [_apart(a.sketch, b.sketch) for i, a in enumerate(voters) for b in voters[i + 1:]]
         spread = torch.zeros(voters[0].sketch.phi.shape[0])
         # a witness with no partner yet counts as 0, so a liar's claim alone is trimmed too
         partners = [spread if w.partner_spread is None else w.partner_spread for w in voters]
         if between and honest >= 2:
             spread = torch.maximum(spread, _kth_smallest(between, math.comb(honest, 2)))
         spread = torch.maximum(spread, _kth_smallest(partners, honest))
-        return cls(spread=spread, motion=_lower_median([_tensor_norms(w.sketch.momentum) for w in voters]),
-                   phi=_lower_median([_tensor_norms(w.sketch.phi) for w in voters]),
-                   progress_rate=torch.stack([_tensor_norms(w.sketch.progress) / max(1, w.sketch.round_steps)
-                                              for w in voters]).amax(dim=0))
+        motion = _lower_median([_tensor_norms(w.sketch.momentum) for w in voters])
+        progress_rate = torch.stack([_tensor_norms(w.sketch.progress) / max(1, w.sketch.round_steps)
+                                     for w in voters]).amax(dim=0)
+        if _whole(motion) == 0:  # before the witnesses' first outer step: a round's progress stands for it
+            motion = inner_steps * progress_rate
+        return cls(spread=spread, motion=motion, phi=_lower_median([_tensor_norms(w.sketch.phi) for w in voters]),
+                   progress_rate=progress_rate)
 
     def _phi_bound(self) -> torch.Tensor:
         return torch.maximum(torch.maximum(SPREAD_K * self.spread, MOTION_K * self.motion), EPS * self.phi)
 
     def vote(self, candidate: StateSketch, witness: StateSketch, inner_steps: int) -> tuple[bool, float]:
         """Whether ``witness`` agrees with ``candidate``; the phi distance over its bound."""
-        at = min(candidate.outer_round, witness.outer_round)
-        apart = _tensor_norms(candidate.phi_at(at) - witness.phi_at(at))
+        apart = _apart(candidate, witness)
         bound = self._phi_bound()
         ratio = _whole(apart) / max(_whole(bound), 1e-30)
         per_tensor = bool((apart <= TENSOR_SLACK * bound).all())

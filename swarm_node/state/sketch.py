@@ -91,13 +91,10 @@ class StateSketch:
     momentum: torch.Tensor
     progress: torch.Tensor
 
-    def phi_at(self, outer_round: int) -> torch.Tensor:
-        """phi's sketch at ``outer_round`` (this round or the one before it)."""
-        if outer_round == self.outer_round:
-            return self.phi
-        if outer_round == self.outer_round - 1:
-            return self.phi - self.momentum
-        raise ValueError(f"no sketch of round {outer_round} from round {self.outer_round}")
+    @property
+    def phi_before(self) -> torch.Tensor:
+        """phi's sketch before its last outer step (exact for heavy-ball momentum)."""
+        return self.phi - self.momentum
 
     def rows(self) -> torch.Tensor:
         """(3, tensors, buckets): how a sketch travels."""

@@ -138,11 +138,13 @@ class StateSync:
                     self.stats.states_refused += 1
                     self.guard.poisoned(donor, f"the stage's other replicas disown it: {verdict.why}", what="state")
                     continue
-                await self.compute(self.worker.load_snapshot, state.inner_step, state.outer_round, state.tensors,
-                                   state.last_round_step)
+                inner_step, outer_round = verdict.inner_step, verdict.outer_round
+                round_steps = min(state.inner_step - state.last_round_step, self.worker.spec.method.inner_steps)
+                await self.compute(self.worker.load_snapshot, inner_step, outer_round, state.tensors,
+                                   max(0, inner_step - round_steps))
                 self.stats.downloaded_from, self.stats.downloaded_digest = donor, state.digest
                 log.info("downloaded state from %s: step %d, round %d, digest %s; %s", short_id(donor),
-                         state.inner_step, state.outer_round, state.digest, verdict.why)
+                         inner_step, outer_round, state.digest, verdict.why)
                 return True
             return False
         finally:
@@ -181,7 +183,8 @@ class StateSync:
     async def _check(self, donor: str, state: Downloaded) -> Verdict:
         """What the other live peers of our stage say of ``state`` (docs/ALGORITHM.md 8)."""
         if self.worker.slow is None:
-            return Verdict(True, "not checked: local-only replicas share no state to compare with")
+            return Verdict(True, "not checked: local-only replicas share no state to compare with",
+                           inner_step=state.inner_step, outer_round=state.outer_round)
         started = self.clock()
         others = [p for p in self.donors() if p != donor and not self.guard.is_poisoned(p)]
         others = await self._existing(self.rng.sample(others, len(others)))

@@ -25,6 +25,7 @@ import torch
 
 from swarm_node.cli import main as cli
 from swarm_node.model.stages import build_stage
+from swarm_node.state import sync
 from swarm_node.train.worker import StageWorker, tensor_digest
 
 CASE_FILE = Path(os.environ["HOSTILE_CASE_FILE"])
@@ -77,6 +78,7 @@ def poisoned_snapshot(self) -> dict:
 
 
 if __name__ == "__main__":
+    sync.MAX_SNAPSHOTS = 64  # an attacker serves every joiner that asks, case after case
     StageWorker.snapshot = poisoned_snapshot
     StageWorker.close_round = recording_close
     sys.exit(cli.main(sys.argv[1:]))

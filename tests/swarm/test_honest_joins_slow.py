@@ -16,7 +16,7 @@ from swarm_node.data.spec import DataSpec
 from swarm_node.optim import InnerHyper, default_method
 from swarm_node.spec import RunSpec
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
 SEEDS = (0, 1, 2)
 JOINS_PER_SEED = 10

@@ -63,11 +63,9 @@ def test_phi_a_round_earlier_is_phi_minus_the_momentum(gen):
     phi = [b + m for b, m in zip(before, momentum)]
     theta = [p + 0.001 for p in phi]
     sketch = sketch_state(theta, phi, momentum, inner_step=12, outer_round=3, round_steps=2, seed=99)
-    assert torch.allclose(sketch.phi_at(2), sketch_rows(before, 99), atol=1e-5)
-    assert torch.equal(sketch.phi_at(3), sketch.phi)
+    assert torch.allclose(sketch.phi_before, sketch_rows(before, 99), atol=1e-5)
+    assert torch.allclose(sketch.phi, sketch_rows(phi, 99), atol=1e-6)
     assert torch.allclose(sketch.progress, sketch_rows([t - p for t, p in zip(theta, phi)], 99), atol=1e-6)
-    with pytest.raises(ValueError):
-        sketch.phi_at(1)
     assert sketch.rows().shape == (3, 2, SKETCH_BUCKETS)
 
 
