@@ -11,7 +11,7 @@ from bench.common import ROOT
 from bench.common.results import RESULTS_DIR, load
 
 DOC = ROOT / "BENCHMARKS.md"
-SECTIONS = ("sync_cost", "latency_model", "swarm_efficiency", "convergence", "vs_hivemind", "wire_bytes", "home_link",
+SECTIONS = ("transport", "sync_cost", "latency_model", "swarm_efficiency", "convergence", "vs_hivemind", "wire_bytes", "home_link",
             "scale", "state_check", "gpu_step")
 # Benchmarks that need a CUDA card (bench/run_all.py leaves them out; their results come
 # from a GPU machine: bench/gpu_step/device_check.sh).
@@ -36,6 +36,7 @@ make bench-full     # the long versions
 """
 
 TITLES = {
+    "transport": "one bulk transfer between two nodes: libp2p vs direct lanes vs raw TCP",
     "sync_cost": "NoLoCo pair exchange vs hivemind all-reduce, critical path",
     "latency_model": "the paper's latency model at N up to 1024, fed with measured times",
     "swarm_efficiency": "local swarm tokens/s vs plain single-process training",

@@ -192,6 +192,10 @@ def _add_join_parser(sub) -> None:
                    help="TCP port to listen on, on every interface (default %(default)s; 0: any free port). "
                         "Others must be able to reach it: forward it on your router, or the node runs as stage 0 "
                         "only")
+    p.add_argument("--lane-port", type=_port, default=0,
+                   help="TCP port for direct lanes, which carry activations, outer payloads and state beside libp2p "
+                        "at the link's speed (default: any free port; a peer that cannot reach it uses libp2p)")
+    p.add_argument("--no-lanes", action="store_true", help="send everything over libp2p (no direct lanes)")
     p.add_argument("--public-ip", default=None, metavar="IP",
                    help="announce this address (with --port) instead of the interfaces' own: your router's public "
                         "IP when you forwarded the port")
@@ -332,6 +336,7 @@ def _run_join(args: argparse.Namespace) -> int:
     host_maddrs, announce_maddrs = _listen_addresses(args)
     config = NodeConfig(initial_peers=tuple(args.initial_peers), run_id=args.run_id,
                         host_maddrs=host_maddrs, announce_maddrs=announce_maddrs, identity_path=args.identity,
+                        lane_port=None if args.no_lanes else args.lane_port,
                         stage=args.stage, device=resolve_device(args.device), max_steps=args.max_steps,
                         run_dir=args.run_dir, data_shard=args.data_shard, round_timeout_s=args.round_timeout,
                         startup_timeout_s=args.startup_timeout, slowest_link_mbit_s=args.slowest_link_mbit,
@@ -386,6 +391,8 @@ def _add_local_parser(sub) -> None:
     p.add_argument("--blocking-rounds", action="store_true",
                    help="nodes stop their inner steps during outer rounds (for comparison with the overlapped "
                         "default)")
+    p.add_argument("--no-lanes", action="store_true",
+                   help="nodes send everything over libp2p, no direct lanes (for comparison)")
     p.add_argument("--registry-shards", type=_positive_int, default=None, metavar="S",
                    help="DHT keys each stage's registry is spread over, a power of two (default: the largest at or "
                         "below replicas / 4; from 8 replicas up the nodes then read one shard at a time and "
@@ -455,7 +462,7 @@ def _run_local(args: argparse.Namespace) -> int:
                          round_timeout_s=args.round_timeout, run_dir=args.run_dir, progress=not args.no_progress,
                          threads_per_node=args.threads_per_node, compute_share=args.compute_share,
                          eval_batches=args.eval_batches,
-                         blocking_rounds=args.blocking_rounds,
+                         blocking_rounds=args.blocking_rounds, lanes=not args.no_lanes,
                          dashboard_port=args.dashboard_port, checkpoint_dir=args.checkpoint_dir,
                          chaos=ChaosPlan(kills=args.chaos_kills, restarts=min(args.chaos_restarts, args.chaos_kills),
                                          seed=args.chaos_seed) if args.chaos_kills else None)

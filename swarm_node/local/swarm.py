@@ -78,6 +78,7 @@ class LocalConfig:
     compute_share: float = 1.0  # each node computes at most this share of the time (--compute-share)
     round_timeout_s: float = 15.0
     blocking_rounds: bool = False
+    lanes: bool = True  # False: the nodes' bulk transfers go over libp2p too (join --no-lanes)
     eval_batches: int = 8
     eval_batch_size: int = 64
     run_dir: Path | None = None  # keep node logs, weights and summaries here (default: a temp dir, removed)
@@ -279,6 +280,8 @@ class LocalSwarm:
                "--host-maddrs", "/ip4/127.0.0.1/tcp/0"]  # one machine: loopback, any free port
         if self.config.blocking_rounds:
             cmd.append("--blocking-rounds")
+        if not self.config.lanes:
+            cmd.append("--no-lanes")
         if self.config.compile_stage:
             cmd.append("--compile")
         if self.config.compute_share < 1:

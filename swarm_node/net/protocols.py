@@ -13,3 +13,7 @@ STATE = "/swarm-node/state/1.0.0"  # chunked snapshot of theta, phi, momentum an
 # a count sketch of our state under a joiner's seed: how a joiner checks the state it downloaded
 STATE_SKETCH = "/swarm-node/state-sketch/1.0.0"
 STATUS = "/swarm-node/status/1.0.0"  # run id, stage, version, peer counts: for probes and other implementations
+# a direct lane's offer (net/lanes.py): its port, certificate hash and a ticket for the caller
+LANE = "/swarm-node/lane/1.0.0"
+# what may travel on a direct lane: the protocols whose bodies are model-sized
+BULK = frozenset({FORWARD, OUTER, OUTER_FETCH, STATE})

@@ -19,14 +19,28 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import ssl
+import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Protocol
 
 from hivemind.p2p import P2P, P2PDaemonError, P2PHandlerError, PeerID
 
 from swarm_node.errors import PeerError, PeerRefused, PeerTimeout, ProtocolError, StreamClosed
+from swarm_node.net import protocols
+from swarm_node.net.lanes import (
+    OFFER_BYTES,
+    Lane,
+    LaneAnswer,
+    LaneIdentity,
+    LanePool,
+    LaneServer,
+    Offer,
+    Tickets,
+)
 from swarm_node.net.pacing import Pacer, read_paced, send_paced
 
 log = logging.getLogger(__name__)
@@ -126,6 +140,10 @@ class ServeLimits:
         return self.first_bytes_timeout_s + length / self.min_request_bytes_per_s
 
 
+# A lane offer is a few bytes: one a second per caller is plenty (it opens lanes for minutes).
+LANE_OFFER_LIMITS = ServeLimits(max_request_bytes=1024, max_concurrent=8, max_per_peer=1, handler_timeout_s=5.0)
+
+
 class Transport:
     def __init__(self, p2p: P2P, on_fault: Callable[[str, str], None] = lambda peer, why: None,
                  on_reached: Callable[[str], None] = lambda peer: None):
@@ -142,28 +160,72 @@ class Transport:
         self._answering = 0  # streams being answered or waiting for their caller to close
         self._answered = asyncio.Event()  # set while none is
         self._answered.set()
+        # direct lanes (net/lanes.py), once open_lanes has run: bulk protocols bypass p2pd
+        self._lane_answers: dict[str, LaneAnswer] = {}
+        self._lane_server: LaneServer | None = None
+        self._tickets = Tickets()
+        self.lanes: LanePool | None = None
+
+    async def open_lanes(self, hosts: Sequence[str], port: int, *, encrypt_loopback: bool = False) -> int:
+        """Accept direct lanes on ``hosts`` at ``port`` (0: any free port) and use other
+        peers' lanes for our bulk requests; returns the port."""
+        self._lane_server = LaneServer(LaneIdentity(), self._tickets, self._lane_answers.get, self.on_fault)
+        port = await self._lane_server.start(hosts, port)
+        await self.serve(protocols.LANE, self._offer_lane, LANE_OFFER_LIMITS)
+        self.lanes = LanePool(self._ask_lane_offer, encrypt_loopback=encrypt_loopback)
+        return port
+
+    async def close_lanes(self) -> None:
+        if self.lanes is not None:
+            self.lanes.close()
+        if self._lane_server is not None:
+            await self.stop_serving(protocols.LANE)
+            await self._lane_server.close()
+
+    async def _offer_lane(self, remote: str, request: bytes) -> bytes:
+        server = self._lane_server
+        if server is None or not server.port:
+            return b""
+        return Offer("", server.port, server.identity.cert_sha256, self._tickets.issue(remote), 0.0).to_wire()
+
+    async def _ask_lane_offer(self, peer_id: str, timeout_s: float) -> tuple[bytes, str | None]:
+        """The peer's lane offer, and the IP our libp2p connection to it goes to (None
+        when that connection is relayed: its IP is the relay's)."""
+        response, addr = await self._call(peer_id, protocols.LANE, b"", timeout_s=timeout_s,
+                                          max_response_bytes=OFFER_BYTES)
+        ip = None if "p2p-circuit" in str(addr) else _ip_of(addr)
+        return response, None if ip is None else str(ip)
 
     async def request(self, peer_id: str, protocol: str, payload: bytes, *, timeout_s: float,
                       max_response_bytes: int, paced_request: bool = False, paced_response: bool = False) -> bytes:
         """Send one frame to ``peer_id``'s ``protocol`` handler and return its answer.
         ``paced_request`` / ``paced_response``: that direction is a paced body
-        (net/pacing.py), as the protocol's server has it too."""
+        (net/pacing.py), as the protocol's server has it too. A bulk protocol goes over
+        a direct lane to the peer when there is one (net/lanes.py), else over libp2p."""
+        if self.lanes is not None and protocol in protocols.BULK and self.lanes.direct_to(peer_id):
+            started = time.monotonic()
+            lane = await self.lanes.take(peer_id, timeout_s)
+            if lane is not None:
+                return await self._request_on_lane(lane, peer_id, protocol, payload, timeout_s=timeout_s - (
+                    time.monotonic() - started), max_response_bytes=max_response_bytes, paced_request=paced_request,
+                                                    paced_response=paced_response)
+            timeout_s -= time.monotonic() - started
+        response, _ = await self._call(peer_id, protocol, payload, timeout_s=timeout_s,
+                                       max_response_bytes=max_response_bytes, paced_request=paced_request,
+                                       paced_response=paced_response)
+        return response
+
+    async def _call(self, peer_id: str, protocol: str, payload: bytes, *, timeout_s: float,
+                    max_response_bytes: int, paced_request: bool = False,
+                    paced_response: bool = False) -> tuple[bytes, object]:
+        """One exchange on a new libp2p stream: (answer, the connection's remote address)."""
         writer = None
         try:
             async with asyncio.timeout(timeout_s):
                 info, reader, writer = await self.p2p.call_binary_stream_handler(PeerID.from_base58(peer_id),
                                                                                  protocol)
-                if paced_request:
-                    await send_paced(writer, reader, payload, pacer_for(info.addr))
-                else:
-                    await write_frame(writer, payload)
-                self.bytes_sent += len(payload) + LENGTH_BYTES
-                length = await read_length(reader, max_response_bytes)
-                response = await (read_paced(reader, writer, length) if paced_response else read_body(reader, length))
-                self.bytes_received += len(response) + LENGTH_BYTES
-                if not response:
-                    raise PeerRefused(f"{short_id(peer_id)} is busy")
-                return response
+                return await self._exchange(reader, writer, info.addr, peer_id, payload, max_response_bytes,
+                                            paced_request, paced_response), info.addr
         except TimeoutError:
             raise PeerTimeout(f"{protocol} to {short_id(peer_id)} timed out after {timeout_s:.1f}s") from None
         except (P2PDaemonError, P2PHandlerError, ConnectionError, OSError) as exc:
@@ -172,52 +234,91 @@ class Transport:
             if writer is not None:
                 writer.close()
 
+    async def _request_on_lane(self, lane: Lane, peer_id: str, protocol: str, payload: bytes, *, timeout_s: float,
+                               max_response_bytes: int, paced_request: bool, paced_response: bool) -> bytes:
+        name = protocol.encode("ascii")
+        done = False
+        try:
+            async with asyncio.timeout(timeout_s):
+                lane.writer.write(bytes([len(name)]) + name)
+                response = await self._exchange(lane.reader, lane.writer, lane.address, peer_id, payload,
+                                                max_response_bytes, paced_request, paced_response)
+                done = True
+                return response
+        except TimeoutError:
+            raise PeerTimeout(f"{protocol} to {short_id(peer_id)} timed out after {timeout_s:.1f}s") from None
+        except PeerRefused:
+            done = True  # busy is a whole exchange: the lane is fine
+            raise
+        except (ConnectionError, OSError, ssl.SSLError) as exc:
+            raise PeerError(f"{protocol} to {short_id(peer_id)} failed on its lane: {exc}") from None
+        finally:
+            (self.lanes.give_back if done else self.lanes.discard)(peer_id, lane)
+
+    async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, addr: object,
+                        peer_id: str, payload: bytes, max_response_bytes: int, paced_request: bool,
+                        paced_response: bool) -> bytes:
+        if paced_request:
+            await send_paced(writer, reader, payload, pacer_for(addr))
+        else:
+            await write_frame(writer, payload)
+        self.bytes_sent += len(payload) + LENGTH_BYTES
+        length = await read_length(reader, max_response_bytes)
+        response = await (read_paced(reader, writer, length) if paced_response else read_body(reader, length))
+        self.bytes_received += len(response) + LENGTH_BYTES
+        if not response:
+            raise PeerRefused(f"{short_id(peer_id)} is busy")
+        return response
+
     async def serve(self, protocol: str, handler: Handler | AddressedHandler, limits: ServeLimits,
                     authorize: Authorize = lambda remote: True, *, with_address: bool = False) -> None:
         """Serve ``protocol``. ``authorize`` sees the caller's authenticated peer id (from
         the libp2p handshake); a caller it refuses gets its stream closed unread. With
-        ``with_address`` the handler also gets the connection's remote address."""
+        ``with_address`` the handler also gets the connection's remote address. A bulk
+        protocol (protocols.BULK) is served on our direct lanes too, under the same caps."""
         gate = asyncio.Semaphore(limits.max_concurrent)
         # Streams being told "busy" are bounded too: past this many, a flood is closed unread.
         refusing = asyncio.Semaphore(2 * limits.max_concurrent)
 
-        async def on_stream(info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            remote = str(info.peer_id)
+        async def answer(remote: str, addr: object, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                         lane: bool) -> bool:
+            """One request and its answer; True when the exchange ended cleanly (a lane
+            may then carry the caller's next request)."""
             key = (protocol, remote)
             if not authorize(remote):
                 if remote not in self._refused:
                     self._refused.add(remote)
                     log.warning("refusing %s from %s: not admitted to this run", protocol, short_id(remote))
-                writer.close()
-                return
+                return False
             self.on_reached(remote)
-            where = (protocol, caller_address(info.addr))
+            where = (protocol, caller_address(addr))
             self._answering += 1
             self._answered.clear()
             response = b""
             try:
                 if (gate.locked() or self._active_per_peer[key] >= limits.max_per_peer
                         or (where[1] is not None and self._active_per_address[where] >= limits.address_cap)):
-                    if not refusing.locked():
-                        async with refusing:
-                            length = await self._request_length(reader, protocol, remote, limits)
-                            async with asyncio.timeout(BUSY_DRAIN_TIMEOUT_S):
-                                if limits.paced_request:  # the caller waits for acknowledgements as it sends
-                                    await read_paced(reader, writer, length, keep=False)
-                                else:
-                                    await discard_body(reader, length)
-                                await write_frame(writer, b"")  # busy: see the module docstring
-                    raise PeerRefused("too many concurrent streams")
+                    if refusing.locked():
+                        return False
+                    async with refusing:
+                        length = await self._request_length(reader, protocol, remote, limits)
+                        async with asyncio.timeout(BUSY_DRAIN_TIMEOUT_S):
+                            if limits.paced_request:  # the caller waits for acknowledgements as it sends
+                                await read_paced(reader, writer, length, keep=False)
+                            else:
+                                await discard_body(reader, length)
+                            await write_frame(writer, b"")  # busy: see the module docstring
+                    return True
                 self._active_per_peer[key] += 1
                 self._active_per_address[where] += 1
                 try:
                     async with gate:
                         request = await self._read_request(reader, writer, protocol, remote, limits)
                         async with asyncio.timeout(limits.handler_timeout_s):
-                            response = await (handler(remote, request, info.addr) if with_address
+                            response = await (handler(remote, request, addr) if with_address
                                               else handler(remote, request))
                             if limits.paced_response and response:  # busy (empty) is a plain frame
-                                await send_paced(writer, reader, response, pacer_for(info.addr))
+                                await send_paced(writer, reader, response, pacer_for(addr))
                             else:
                                 await write_frame(writer, response)
                         self.bytes_sent += len(response) + LENGTH_BYTES
@@ -226,19 +327,29 @@ class Transport:
                         table[k] -= 1
                         if not table[k]:
                             del table[k]
-                # after the slot is free: a caller's next request (the next state chunk)
-                # may arrive before it has closed this stream
-                await _linger(reader, LINGER_S + len(response) / MIN_ANSWER_BYTES_PER_S)
+                if not lane:
+                    # after the slot is free: a caller's next request (the next state chunk)
+                    # may arrive before it has closed this stream
+                    await _linger(reader, LINGER_S + len(response) / MIN_ANSWER_BYTES_PER_S)
+                return True
             except ProtocolError as exc:  # an oversize length prefix
                 self.on_fault(remote, f"bad {protocol} frame ({exc})")
             except (PeerError, TimeoutError, ConnectionError, OSError) as exc:
                 log.debug("%s from %s: %s", protocol, short_id(remote), exc)
             finally:
-                writer.close()
                 self._answering -= 1
                 if not self._answering:
                     self._answered.set()
+            return False
 
+        async def on_stream(info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                await answer(str(info.peer_id), info.addr, reader, writer, lane=False)
+            finally:
+                writer.close()
+
+        if protocol in protocols.BULK:
+            self._lane_answers[protocol] = partial(answer, lane=True)
         await self.p2p.add_binary_stream_handler(protocol, on_stream)
 
     async def answers_delivered(self) -> None:
@@ -276,6 +387,7 @@ class Transport:
             raise
 
     async def stop_serving(self, protocol: str) -> None:
+        self._lane_answers.pop(protocol, None)
         try:
             await self.p2p.remove_binary_stream_handler(protocol)
         except (P2PDaemonError, P2PHandlerError, ConnectionError, OSError):

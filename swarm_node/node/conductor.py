@@ -40,6 +40,7 @@ from swarm_node.net import protocols
 from swarm_node.net.dht import SwarmDHT
 from swarm_node.net.dialback import DIALBACK, ordered_for_others, serve_dialback
 from swarm_node.net.guard import PeerGuard
+from swarm_node.net.lanes import lane_hosts
 from swarm_node.net.reaper import start_reaper
 from swarm_node.net.transport import ServeLimits, Transport, short_id
 from swarm_node.node.config import NodeConfig
@@ -176,8 +177,7 @@ class Node:
                                         announce_maddrs=cfg.announce_maddrs, identity_path=cfg.identity_path,
                                         client_mode=cfg.client_mode, startup_timeout_s=cfg.startup_timeout_s)
         tree_changed()
-        self.transport = Transport(await self.dht.replicate_p2p(), on_fault=self.guard.fault,
-                                   on_reached=self.guard.reached)
+        await self._new_transport()
         await self._join_run()
         self.data = await self.compute.unthrottled(load_windows, self.spec.data, self.spec.seq_len)
         membership = self.membership = Membership(spec=self.spec, dht=self.dht, guard=self.guard, config=cfg,
@@ -186,8 +186,8 @@ class Node:
         if await check_own_reachability(self.dht, self.transport, membership, cfg.initial_peers, cfg.host_maddrs):
             await self.dht.restart_in_client_mode()
             tree_changed()
-            self.transport = Transport(await self.dht.replicate_p2p(), on_fault=self.guard.fault,
-                                       on_reached=self.guard.reached)
+            await self.transport.close_lanes()
+            await self._new_transport()
             await membership.refresh(all_stages=True)
         self.checkpoints = Checkpoints(cfg.checkpoint_dir, spec=self.spec, compute=self.compute,
                                        command_line=cfg.command_line, identity_path=cfg.identity_path)
@@ -316,6 +316,18 @@ class Node:
             log.warning("no stage-%d peer could give its state; starting from the run's initial weights", self.stage)
         return data
 
+    async def _new_transport(self) -> None:
+        self.transport = Transport(await self.dht.replicate_p2p(), on_fault=self.guard.fault,
+                                   on_reached=self.guard.reached)
+        hosts = lane_hosts(self.config.host_maddrs)
+        if self.config.lane_port is not None and hosts:
+            try:
+                port = await self.transport.open_lanes(hosts, self.config.lane_port)
+            except OSError as exc:
+                raise ConfigError(f"cannot listen for direct lanes on TCP port {self.config.lane_port} ({exc}): "
+                                  "pass --lane-port with a free port, or --no-lanes") from None
+            log.info("direct lanes for bulk transfers on TCP port %d (others reach it or fall back to libp2p)", port)
+
     async def _serve(self) -> None:
         transport, admit = self.transport, self.guard.admit
         await self.pipeline.serve(transport, admit)
@@ -392,6 +404,7 @@ class Node:
             self.report.log_metrics()
             self.report.metrics.close()
         if self.transport is not None:
+            await _bounded(self.transport.close_lanes(), 3.0, "closing the direct lanes")
             await _bounded(self.transport.p2p.shutdown(), 5.0, "closing the p2p client")
         if self.dht is not None:
             await _bounded(self.dht.shutdown(), 15.0, "stopping the DHT")

@@ -27,6 +27,8 @@ class NodeConfig:
     spec_find_timeout_s: float = 20.0  # how long to wait for an initial peer's run spec
     host_maddrs: tuple[str, ...] = ("/ip4/0.0.0.0/tcp/0",)  # every interface: others must reach us
     announce_maddrs: tuple[str, ...] = ()
+    # direct lanes for bulk transfers (net/lanes.py) listen here (0: any free port); None: no lanes
+    lane_port: int | None = 0
     identity_path: str | None = None
     client_mode: bool = False
     stage: int | None = None  # None: choose automatically

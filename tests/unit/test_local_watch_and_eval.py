@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from swarm_node import __version__
+from swarm_node.data.spec import DataSpec
 from swarm_node.local import evaluation as local_eval
 from swarm_node.local import procs as local_procs
 from swarm_node.local import swarm as local
-from swarm_node.data.spec import DataSpec
 from swarm_node.local.evaluation import (
     EvaluationStopped,
     FinalEvaluation,
