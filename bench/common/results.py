@@ -129,3 +129,22 @@ def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def grouped_bars(ax, groups: list, series: list, value: Callable[[object, object], float]) -> None:
+    """One group of bars per item of ``groups`` (ticks at 0, 1, ...), one bar in each per
+    item of ``series``, labelled with it, ``value(group, series_item)`` high."""
+    width = 0.8 / len(series)
+    for k, name in enumerate(series):
+        ax.bar([i + (k - (len(series) - 1) / 2) * width for i in range(len(groups))],
+               [value(group, name) for group in groups], width, label=name)
+    ax.set_xticks(range(len(groups)))
+
+
+def save_plot(fig, out_dir: Path, name: str) -> Path:
+    """The figure as ``<out_dir>/<name>.png``, closed."""
+    fig.tight_layout()
+    path = out_dir / f"{name}.png"
+    fig.savefig(path, dpi=120)
+    pyplot().close(fig)
+    return path

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.common.results import pyplot, rerun_command
+from bench.common.results import grouped_bars, pyplot, rerun_command, save_plot
 
 NAME = "gpu_step"
 
@@ -21,22 +21,14 @@ def plot(rows: list[dict], out_dir: Path) -> Path | None:
     modes = list(dict.fromkeys(r["mode"] for r in rows))
     by_key = {(r["size"], r["vocab"], r["stages"], r["stage"], r["mode"]): r for r in rows}
     fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(groups)), 4.0))
-    width = 0.8 / len(modes)
-    for m, mode in enumerate(modes):
-        values = [by_key.get((*g, mode), {}).get("tokens_per_s", 0) / 1e3 for g in groups]
-        ax.bar([i + (m - (len(modes) - 1) / 2) * width for i in range(len(groups))], values, width, label=mode)
-    ax.set_xticks(range(len(groups)))
+    grouped_bars(ax, groups, modes, lambda g, mode: by_key.get((*g, mode), {}).get("tokens_per_s", 0) / 1e3)
     ax.set_xticklabels([f"{size}\n{stages}st s{stage}" + ("" if vocab == 256 else f"\nV={vocab // 1000}k")
                         for size, vocab, stages, stage in groups], fontsize=8)
     ax.set_ylabel("thousand tokens/s (one stage, one card)")
     ax.set_yscale("log")
     ax.legend()
     ax.set_title("a stage's step: tokens/s by mode")
-    fig.tight_layout()
-    path = out_dir / f"{NAME}.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_plot(fig, out_dir, NAME)
 
 
 def _gib(value: float | None) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.common.results import pyplot, rerun_command
+from bench.common.results import grouped_bars, pyplot, rerun_command, save_plot
 
 NAME = "state_check"
 
@@ -18,22 +18,13 @@ def plot(rows: list[dict], out_dir: Path) -> Path | None:
     cases = list(dict.fromkeys(r["case"] for r in rows))
     by = {(r["swarm"], r["case"]): r for r in rows}
     fig, ax = plt.subplots(figsize=(max(6.0, 1.4 * len(swarms)), 4.0))
-    width = 0.8 / len(cases)
-    for c, case in enumerate(cases):
-        xs = [i + (c - (len(cases) - 1) / 2) * width for i in range(len(swarms))]
-        ax.bar(xs, [100 * by[(s, case)]["refused_share"] if (s, case) in by else 0 for s in swarms], width,
-               label=case)
-    ax.set_xticks(range(len(swarms)))
+    grouped_bars(ax, swarms, cases, lambda s, case: 100 * by[(s, case)]["refused_share"] if (s, case) in by else 0)
     ax.set_xticklabels([s.replace(", ", "\n") for s in swarms], fontsize=8)
     ax.set_ylabel("% of checks refused")
     ax.set_ylim(0, 105)
     ax.legend(fontsize=7, loc="center right")
     ax.set_title("downloaded states refused: honest ones should be 0 %, hostile ones 100 %")
-    fig.tight_layout()
-    path = out_dir / f"{NAME}.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_plot(fig, out_dir, NAME)
 
 
 def markdown(result: dict) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.common.results import pyplot, rerun_command
+from bench.common.results import grouped_bars, pyplot, rerun_command, save_plot
 
 NAME = "transport"
 
@@ -18,20 +18,12 @@ def plot(rows: list[dict], out_dir: Path) -> Path | None:
     ways = list(dict.fromkeys(r["way"] for r in rows))
     by = {(r["path"], r["way"]): r for r in rows}
     fig, ax = plt.subplots(figsize=(max(7.0, 1.8 * len(paths)), 4.2))
-    width = 0.8 / len(ways)
-    for w, way in enumerate(ways):
-        xs = [i + (w - (len(ways) - 1) / 2) * width for i in range(len(paths))]
-        ax.bar(xs, [by[(p, way)]["mb_s"] if (p, way) in by else 0 for p in paths], width, label=way)
-    ax.set_xticks(range(len(paths)))
+    grouped_bars(ax, paths, ways, lambda p, way: by[(p, way)]["mb_s"] if (p, way) in by else 0)
     ax.set_xticklabels([p.replace(", ", "\n") for p in paths], fontsize=8)
     ax.set_ylabel("MB/s, one transfer")
     ax.legend(fontsize=7)
     ax.set_title("one bulk transfer between two nodes, beside raw TCP on the same path")
-    fig.tight_layout()
-    path = out_dir / f"{NAME}.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_plot(fig, out_dir, NAME)
 
 
 def markdown(result: dict) -> str:

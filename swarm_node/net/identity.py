@@ -29,6 +29,11 @@ from swarm_node.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
+
+def short_id(peer_id: str) -> str:
+    """Logs show the tail of a peer id: the head is the same multihash prefix for everyone."""
+    return peer_id[-6:]
+
 _OWNER_RE = re.compile(r"^\[owner:(ssh-rsa [A-Za-z0-9+/=]+)\]$")
 MAX_OWNER_CHARS = 1024
 

@@ -52,6 +52,7 @@ from cryptography.x509.oid import NameOID
 
 from swarm_node.errors import PeerError, ProtocolError
 from swarm_node.net import protocols
+from swarm_node.net.identity import short_id
 from swarm_node.net.lane_io import LaneIO, dial, handshake
 
 log = logging.getLogger(__name__)
@@ -424,8 +425,6 @@ class LanePool:
             return offer
 
     def _no_lane(self, peer: str, why: str) -> None:
-        from swarm_node.net.transport import short_id  # transport imports this module
-
         if peer not in self._no_lane_until:
             log.info("no direct lane to %s (%s): its bulk transfers go over libp2p", short_id(peer), why)
         self._no_lane_until[peer] = self.clock() + NO_LANE_S

@@ -31,6 +31,7 @@ from hivemind.p2p import P2P, P2PDaemonError, P2PHandlerError, PeerID
 
 from swarm_node.errors import PeerError, PeerRefused, PeerTimeout, ProtocolError, StreamClosed
 from swarm_node.net import protocols
+from swarm_node.net.identity import short_id  # components import it from here too
 from swarm_node.net.lanes import (
     OFFER_BYTES,
     Lane,
@@ -66,11 +67,6 @@ class Requester(Protocol):
     async def request(self, peer: str, protocol: str, payload: bytes, *, timeout_s: float,
                       max_response_bytes: int, paced_request: bool = False,
                       paced_response: bool = False) -> bytes: ...
-
-
-def short_id(peer_id: str) -> str:
-    """Logs show the tail of a peer id: the head is the same multihash prefix for everyone."""
-    return peer_id[-6:]
 
 
 async def read_frame(reader: asyncio.StreamReader, max_bytes: int) -> bytes:

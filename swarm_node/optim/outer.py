@@ -174,6 +174,18 @@ class SlowWeights:
             progress = p.detach().float().to(f.device) - start
             p.copy_((f + progress).to(device=p.device, dtype=p.dtype))
 
+    @torch.no_grad()
+    def local_close(self, own_phi: Tensors, own_delta: Tensors,
+                    theta_start: Tensors) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+        """(theta, phi, momentum) as :meth:`apply_overlapped` of our own payload alone
+        (the local-only close of an overlapped round) would leave them, without changing
+        anything: the state of a replica that closed the round alone now."""
+        h = self.hyper
+        phi, momentum = outer_update(self.phi, self.momentum, [own_phi], [own_delta], alpha=h.alpha, beta=h.beta,
+                                     gamma=h.gamma, nesterov=h.nesterov)
+        theta = [f + (p.detach().float().to(f.device) - start) for p, f, start in zip(self.params, phi, theta_start)]
+        return theta, phi, momentum
+
     def apply_local(self) -> None:
         """The group-of-one step, used when no partner can be had."""
         self.apply([self.phi], [self.deltas()])

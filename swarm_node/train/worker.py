@@ -29,10 +29,6 @@ from swarm_node.spec import RunSpec
 from swarm_node.train.device import autocast, training_precision
 from swarm_node.wire.outer_codec import OuterEncoder, decode_outer, decode_outer_part, outer_codec
 
-# A joiner's lr ramps up again over this many rounds after it adopts a downloaded state
-# with fresh Adam moments (optim/inner.py, InnerOptimizer.rewarm).
-REWARM_ROUNDS = 2
-
 
 @dataclass(frozen=True)
 class OpenRound:
@@ -278,11 +274,23 @@ class StageWorker:
     # -- state transfer for late joiners --------------------------------------------
     @torch.no_grad()
     def snapshot(self) -> dict:
+        """theta, phi and momentum that belong together. During an overlapped round theta
+        goes on from our local outer step while phi is still the last round's: a joiner
+        that took that pair sent partners a first Delta 4-7x theirs (seen in 2 x 2 runs
+        with joiners), was refused as poisoned, trained alone, drifted off, and was in
+        turn refused as a donor. So then the snapshot is the state the round's local-only
+        close would leave (the progress since it opened kept), the round counted as done."""
         theta = [p.detach().float().cpu().clone() for p in self.params]
         phi = [t.cpu().clone() for t in self.slow.phi] if self.slow else []
         momentum = [t.cpu().clone() for t in self.slow.momentum] if self.slow else []
+        outer_round = self.outer_round
+        opened = self.open
+        if self.slow and opened is not None and opened.theta_start is not None:
+            theta, phi, momentum = ([t.float().cpu().clone() for t in ts]
+                                    for ts in self.slow.local_close(*self.own_payload(), opened.theta_start))
+            outer_round += 1
         tensors = theta + phi + momentum
-        return {"inner_step": self.inner_step, "outer_round": self.outer_round,
+        return {"inner_step": self.inner_step, "outer_round": outer_round,
                 "last_round_step": self.last_round_step, "tensors": tensors,
                 "digest": tensor_digest(tensors)}
 
@@ -316,8 +324,6 @@ class StageWorker:
         self.inner.step_count = inner_step
         self.outer_round = outer_round
         self.last_round_step = inner_step if last_round_step is None else min(last_round_step, inner_step)
-        if not self.inner.state:  # a joiner: the downloaded weights, our own fresh moments
-            self.inner.rewarm(REWARM_ROUNDS * self.spec.method.inner_steps)
 
     # -- checkpoints ------------------------------------------------------------------
     @torch.no_grad()

@@ -7,43 +7,23 @@ in the middle of training on the card stops everything within 10 s."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 import torch
+from tagged_runs import TaggedRun
 
 pytestmark = pytest.mark.gpu
 
-RUN_TAG = f"SWARM_GPU_TEST_RUN={uuid.uuid4().hex}".encode()
+TAGGED = TaggedRun("SWARM_GPU_TEST_RUN")
 
 
-def _env() -> dict[str, str]:
-    name, value = RUN_TAG.decode().split("=", 1)
-    return dict(os.environ, **{name: value})
-
-
-def _ours_running() -> list[str]:
-    """Command lines of live processes this module started (and all they started)."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            environ = (proc / "environ").read_bytes().split(b"\0")
-            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if RUN_TAG in environ and state != "Z":
-            found.append(f"{proc.name}: {cmdline[:160]}")
-    return found
+_env, _ours_running = TAGGED.env, TAGGED.running  # the processes this module started, and theirs
 
 
 def _local(*args: str) -> list[str]:

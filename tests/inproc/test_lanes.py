@@ -24,9 +24,12 @@ BULK = protocols.FORWARD  # any bulk protocol: the transport does not look insid
 BULK_PACED = protocols.OUTER
 CONTROL = protocols.STATUS
 LOOPBACK = ["127.0.0.1"]
+HELD: asyncio.Event  # set by the test that holds requests, once the others have their answers
 
 
 async def two_peers(*, server_lanes: bool = True, client_lanes: bool = True, tls: bool = True):
+    global HELD
+    HELD = asyncio.Event()  # of this test's loop
     server, client = await SwarmDHT.start(host_maddrs=["/ip4/127.0.0.1/tcp/0"]), await SwarmDHT.start(
         host_maddrs=["/ip4/127.0.0.1/tcp/0"])
     await client.rebootstrap(server.visible_maddrs())
@@ -38,8 +41,8 @@ async def two_peers(*, server_lanes: bool = True, client_lanes: bool = True, tls
     def recorder(protocol):
         async def handler(remote: str, request: bytes, addr) -> bytes:
             seen.append((protocol, remote, str(addr)))
-            if request == b"hold":
-                await asyncio.sleep(1.0)
+            if request == b"hold":  # until the test lets go: every other request must meet it held
+                await HELD.wait()
             return request[::-1]
         return handler
 
@@ -93,9 +96,12 @@ def test_concurrent_requests_open_several_lanes_and_caps_hold_on_lanes():
     async def scenario():
         server, client, serving, calling, seen, faults, _ = await two_peers()
         try:
-            results = await asyncio.gather(*(calling.request(server.peer_id, BULK, b"hold", timeout_s=30,
-                                                             max_response_bytes=1024) for _ in range(5)),
-                                           return_exceptions=True)
+            calls = [asyncio.create_task(calling.request(server.peer_id, BULK, b"hold", timeout_s=60,
+                                                         max_response_bytes=1024)) for _ in range(5)]
+            while sum(call.done() for call in calls) < 3:  # the three told busy while two are held
+                await asyncio.wait([c for c in calls if not c.done()], return_when=asyncio.FIRST_COMPLETED)
+            HELD.set()
+            results = await asyncio.gather(*calls, return_exceptions=True)
             again = await calling.request(server.peer_id, BULK, b"again", timeout_s=30, max_response_bytes=1024)
             return results, again, calling.lanes.lanes_opened
         finally:

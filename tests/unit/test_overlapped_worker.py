@@ -78,3 +78,27 @@ def test_a_checkpoint_keeps_what_earlier_rounds_could_not_send(tmp_path):
         train(worker_, H, seed=1)
     sent, resent = worker.open_round().wire, restored.open_round().wire
     assert len(sent) == len(resent) and all(t.equal(u) for t, u in zip(sent, resent))
+
+
+def test_a_snapshot_taken_during_an_overlapped_round_is_the_local_outer_steps_state():
+    """theta goes on from the local outer step while phi is still the last round's: the
+    snapshot a joiner gets holds the phi and momentum of that step and counts the round
+    done, so the joiner's first Delta is the progress since the round opened, not an
+    outer step more (before: 4-7x its partners' Delta, refused as poisoned). Closed
+    alone, the donor lands exactly where the joiner stands."""
+    donor, joiner = StageWorker(SPEC, 1, VOCAB), StageWorker(SPEC, 1, VOCAB)
+    train(donor, H, seed=0)
+    opened = donor.open_round(overlapped=True)
+    train(donor, 2, seed=1)
+    since_open = _norm([p.detach().float() - s for p, s in zip(donor.params, opened.theta_start)])
+    snap = donor.snapshot()
+    joiner.load_snapshot(snap["inner_step"], snap["outer_round"], snap["tensors"], snap["last_round_step"])
+    donor.close_round([])  # the local-only step: what the snapshot stood for
+    assert joiner.outer_round == donor.outer_round == 1
+    assert _norm(joiner.slow.deltas()) == pytest.approx(since_open, rel=1e-5) and since_open > 0
+    for a, b in zip(joiner.slow.phi + joiner.slow.momentum, donor.slow.phi + donor.slow.momentum):
+        torch.testing.assert_close(a, b)
+    assert joiner.theta_digest() == donor.theta_digest()
+
+def _norm(tensors) -> float:
+    return sum(float(t.float().norm() ** 2) for t in tensors) ** 0.5
