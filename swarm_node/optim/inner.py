@@ -75,10 +75,28 @@ class InnerOptimizer:
         # per parameter index, made at its first gradient as torch does: a parameter that
         # has had none keeps no moments and takes no weight decay
         self.state: dict[int, dict[str, torch.Tensor]] = {}
+        self._rewarm: tuple[int, int] | None = None  # (first step, steps): see rewarm
 
     @property
     def lr(self) -> float:
-        return lr_at(self.step_count, self.hyper)
+        scheduled = lr_at(self.step_count, self.hyper)
+        if self._rewarm is None:
+            return scheduled
+        first, steps = self._rewarm
+        done = self.step_count - first
+        if not 0 <= done < steps:
+            self._rewarm = None
+            return scheduled
+        return scheduled * (done + 1) / steps
+
+    def rewarm(self, steps: int) -> None:
+        """Ramp the lr up again over the next ``steps`` steps (from the schedule's lr over
+        ``steps``). For fresh moments mid-run (a joiner adopting a downloaded state):
+        without them Adam's first steps are about lr per element, sign-like: a joiner's
+        Delta a second after it joined, a few such steps in, was 3.2x its donor's whole
+        round (tests/swarm/test_join_leave.py, a loaded machine), so the donor refused it as
+        poisoned and the joiner trained alone."""
+        self._rewarm = (self.step_count, steps) if steps > 0 else None
 
     def step(self) -> float:
         """Clip, step at the scheduled lr, clear gradients; returns the pre-clip grad norm."""

@@ -41,6 +41,7 @@ each other."""
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -90,15 +91,18 @@ def check_state(candidate: StateSketch, witnesses: Mapping[str, Witness], *, inn
                        outer_round=candidate.outer_round)
     voters = list(witnesses.values())
     tolerance = _Tolerance.of(voters, inner_steps)
-    agree, ratios = 0, []
+    agree, ratios, failed = 0, [], Counter()
     for w in voters:
-        ok, ratio = tolerance.vote(candidate, w.sketch, inner_steps)
-        agree += ok
-        ratios.append(ratio)
+        missed = tolerance.vote(candidate, w.sketch, inner_steps)
+        agree += not missed[1]
+        ratios.append(missed[0])
+        failed.update(missed[1])
     disagree = len(voters) - agree
     accepted = agree >= 1 and agree + 1 >= disagree  # the donor's own state is one more vote for it
     why = (f"{agree} of {len(voters)} peers agree (phi at {min(ratios):.2f} of the tolerance at the closest; "
-           f"spread {_whole(tolerance.spread):.3g}, a round's motion {_whole(tolerance.motion):.3g})")
+           f"spread {_whole(tolerance.spread):.3g}, a round's motion {_whole(tolerance.motion):.3g}"
+           + (f"; outside: {', '.join(f'{bound} {n}x' for bound, n in sorted(failed.items()))}" if failed else "")
+           + ")")
     steps = [w.sketch.inner_step for w in voters]
     rounds = [w.sketch.outer_round for w in voters]
     return Verdict(accepted, why, agree, disagree, min(ratios),
@@ -171,8 +175,9 @@ class _Tolerance:
     def _phi_bound(self) -> torch.Tensor:
         return torch.maximum(torch.maximum(SPREAD_K * self.spread, MOTION_K * self.motion), EPS * self.phi)
 
-    def vote(self, candidate: StateSketch, witness: StateSketch, inner_steps: int) -> tuple[bool, float]:
-        """Whether ``witness`` agrees with ``candidate``; the phi distance over its bound."""
+    def vote(self, candidate: StateSketch, witness: StateSketch, inner_steps: int) -> tuple[float, list[str]]:
+        """The phi distance over its bound, and the bounds ``candidate`` is outside of as
+        ``witness`` sees it (none: the witness agrees)."""
         apart = _apart(candidate, witness)
         bound = self._phi_bound()
         ratio = _whole(apart) / max(_whole(bound), 1e-30)
@@ -184,7 +189,8 @@ class _Tolerance:
         steps = min(max(1, candidate.round_steps), inner_steps)
         progress_ok = _within(_tensor_norms(candidate.progress),
                               torch.maximum(NORM_K * steps * self.progress_rate, NORM_K * self.motion), self.phi)
-        return ratio <= 1.0 and per_tensor and momentum_ok and progress_ok, ratio
+        checks = {"phi": ratio <= 1.0, "phi per tensor": per_tensor, "momentum": momentum_ok, "progress": progress_ok}
+        return ratio, [bound for bound, ok in checks.items() if not ok]
 
 
 def _within(norms: torch.Tensor, bound: torch.Tensor, phi: torch.Tensor) -> bool:

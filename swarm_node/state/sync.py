@@ -8,7 +8,8 @@ with a progress bar and a deadline, checks the digest over everything it receive
 then asks the stage's other peers for sketches of their states (state/witnesses.py)
 and adopts the state only if they vouch for it (state/check.py); on any failure or
 refusal it tries the next donor. Adam moments are not transferred: in NoLoCo the
-inner optimizer state stays local."""
+inner optimizer state stays local; a joiner, whose moments are fresh, ramps its lr up
+again over two rounds (StageWorker.load_snapshot)."""
 
 from __future__ import annotations
 

@@ -29,6 +29,10 @@ from swarm_node.spec import RunSpec
 from swarm_node.train.device import autocast, training_precision
 from swarm_node.wire.outer_codec import OuterEncoder, decode_outer, decode_outer_part, outer_codec
 
+# A joiner's lr ramps up again over this many rounds after it adopts a downloaded state
+# with fresh Adam moments (optim/inner.py, InnerOptimizer.rewarm).
+REWARM_ROUNDS = 2
+
 
 @dataclass(frozen=True)
 class OpenRound:
@@ -324,6 +328,8 @@ class StageWorker:
         self.inner.step_count = inner_step
         self.outer_round = outer_round
         self.last_round_step = inner_step if last_round_step is None else min(last_round_step, inner_step)
+        if not self.inner.state:  # a joiner: the downloaded weights, our own fresh moments
+            self.inner.rewarm(REWARM_ROUNDS * self.spec.method.inner_steps)
 
     # -- checkpoints ------------------------------------------------------------------
     @torch.no_grad()

@@ -127,3 +127,36 @@ def test_average_gradients_makes_workers_agree():
     a.grad, b.grad = torch.tensor([1.0, 2.0, 3.0]), torch.tensor([3.0, 2.0, 1.0])
     average_gradients([[a], [b]])
     assert torch.equal(a.grad, torch.full((3,), 2.0)) and torch.equal(b.grad, a.grad)
+
+
+def test_a_joiner_with_fresh_moments_ramps_its_lr_up_again_and_a_node_with_its_own_does_not():
+    """A joiner adopts downloaded weights with its own fresh Adam moments: its lr ramps
+    up over two rounds from the step it adopted (optim/inner.py, rewarm), then follows
+    the schedule; a node that catches up keeps its moments and its lr."""
+    from swarm_node.data.spec import DataSpec
+    from swarm_node.optim import default_method
+    from swarm_node.spec import RunSpec
+    from swarm_node.train.worker import REWARM_ROUNDS, StageWorker
+
+    spec = RunSpec(run_id="rewarm", model_size="debug", num_stages=1, seq_len=8, batch_size=2, samples_per_step=2,
+                   data=DataSpec(kind="synthetic"), method=default_method("noloco", inner_steps=4),
+                   inner=InnerHyper(lr=1e-3, warmup_steps=2, total_steps=1000))
+    donor, joiner, behind = (StageWorker(spec, 0, 64, "cpu") for _ in range(3))
+    for worker in (donor, behind):  # steps that leave Adam moments behind
+        for _ in range(3):
+            for p in worker.params:
+                p.grad = torch.randn_like(p) * 1e-3
+            worker.inner.step()
+    tensors = donor.snapshot()["tensors"]
+    joiner.load_snapshot(100, 25, tensors)
+    behind.load_snapshot(100, 25, tensors)
+    ramp = REWARM_ROUNDS * spec.method.inner_steps
+    lrs = []
+    for _ in range(ramp + 2):
+        lrs.append(joiner.inner.lr)
+        joiner.inner.step_count += 1
+    scheduled = [lr_at(100 + k, spec.inner) for k in range(ramp + 2)]
+    assert lrs[:ramp] == pytest.approx([scheduled[k] * (k + 1) / ramp for k in range(ramp)])
+    assert lrs[ramp:] == pytest.approx(scheduled[ramp:])
+    assert behind.inner.lr == pytest.approx(lr_at(100, spec.inner))
+
