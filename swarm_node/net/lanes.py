@@ -69,7 +69,8 @@ CALLER_IDLE_S = 30.0  # a caller drops a lane idle for longer (the server waits 
 SERVER_IDLE_S = 90.0
 MAX_LANES_PER_PEER = 4  # a caller's open lanes to one peer; more requests at once go over libp2p
 MAX_INBOUND_PER_PEER = 8
-MAX_INBOUND = 256
+MAX_INBOUND = 256  # connections, those still in their handshake included
+MAX_INBOUND_PER_ADDRESS = 16  # one host's share: identities are free, addresses are not (loopback exempt)
 OFFER_BYTES = 1024
 
 # (caller's peer id, caller's address as /ip4/x/tcp/p, reader, writer) -> the lane may carry another request
@@ -81,6 +82,15 @@ def _is_loopback(ip: str) -> bool:
         return ipaddress.ip_address(ip.split("%")[0]).is_loopback
     except ValueError:
         return False
+
+
+def _address_of(raw: socket.socket) -> str | None:
+    """The remote IP of a connection, None for loopback (a swarm on one machine shares it)."""
+    try:
+        ip = raw.getpeername()[0]
+    except OSError:
+        return None
+    return None if _is_loopback(ip) else ip
 
 
 def lane_hosts(host_maddrs: Sequence[str]) -> list[str]:
@@ -213,6 +223,7 @@ class LaneServer:
         self.port = 0
         self.requests = 0  # requests that came over a lane (to a protocol lanes carry)
         self._inbound: dict[str, int] = defaultdict(int)  # lanes open, by caller
+        self._by_address: dict[str, int] = defaultdict(int)  # connections open, by remote IP (not loopback)
         self._listeners: list[socket.socket] = []
         self._accepting: set[asyncio.Task] = set()
         self._lanes: set[LaneIO] = set()
@@ -248,15 +259,20 @@ class LaneServer:
                 log.debug("accepting a lane failed: %s", exc)
                 await asyncio.sleep(0.1)
                 continue
-            if len(self._lanes) >= MAX_INBOUND:
+            # connections still in their handshake count too: each holds a thread
+            address = _address_of(raw)
+            if (len(self._accepting) - len(self._listeners) >= MAX_INBOUND
+                    or (address is not None and self._by_address[address] >= MAX_INBOUND_PER_ADDRESS)):
                 raw.close()
                 continue
-            task = asyncio.create_task(self._on_lane(raw), name="lane")
+            task = asyncio.create_task(self._on_lane(raw, address), name="lane")
             self._accepting.add(task)
             task.add_done_callback(self._accepting.discard)
 
-    async def _on_lane(self, raw: socket.socket) -> None:
+    async def _on_lane(self, raw: socket.socket, address: str | None) -> None:
         peer = lane = None
+        if address is not None:
+            self._by_address[address] += 1
         try:
             lane = await handshake(raw, self.identity.server_context, HELLO_TIMEOUT_S, plain_ok=_is_loopback(
                 raw.getpeername()[0]))
@@ -281,6 +297,10 @@ class LaneServer:
             if lane is not None:
                 self._lanes.discard(lane)
                 lane.close()
+            if address is not None:
+                self._by_address[address] -= 1
+                if not self._by_address[address]:
+                    del self._by_address[address]
 
     async def _serve_one(self, peer: str, address: str, lane: LaneIO) -> bool:
         async with asyncio.timeout(SERVER_IDLE_S):

@@ -214,3 +214,29 @@ def test_a_control_protocol_asked_on_a_lane_is_a_fault_of_the_ticket_holder():
     leftover, seen, faults, caller = asyncio.run(asyncio.wait_for(scenario(), 60))
     assert leftover == b"" and seen == []
     assert [peer for peer, _ in faults] == [caller] and "does not carry it" in faults[0][1]
+
+
+def test_connections_that_never_finish_their_handshake_are_bounded(monkeypatch):
+    """Each connection holds a thread from accept on, so silent ones count against the
+    cap before any ticket: past it, a connection is closed at once."""
+    monkeypatch.setattr(lanes, "MAX_INBOUND", 3)
+
+    async def scenario():
+        server, client, serving, calling, seen, faults, lane_port = await two_peers(client_lanes=False)
+        try:
+            silent = [await asyncio.open_connection("127.0.0.1", lane_port) for _ in range(3)]
+            lane_server = serving._lane_server
+            async with asyncio.timeout(10):  # until the server holds all three
+                while len(lane_server._accepting) - len(lane_server._listeners) < 3:
+                    await asyncio.sleep(0.01)
+            reader, writer = await asyncio.open_connection("127.0.0.1", lane_port)
+            closed_at_once = await asyncio.wait_for(reader.read(), 3) == b""
+            held = [not r.at_eof() for r, _ in silent]
+            for _, w in [*silent, (reader, writer)]:
+                w.close()
+            return closed_at_once, held
+        finally:
+            await close(server, client, transports=(serving,))
+
+    closed_at_once, held = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert closed_at_once and all(held)
