@@ -4,6 +4,7 @@ environment: a test that stops a swarm checks that nothing of it is left running
 from __future__ import annotations
 
 import os
+import re
 import uuid
 from pathlib import Path
 
@@ -18,7 +19,14 @@ class TaggedRun:
         return dict(os.environ, **{name: value})
 
     def running(self) -> list[str]:
-        """Command lines of live processes with the tag."""
+        """``pid: command line`` of every live process with the tag."""
+        return [f"{pid}: {cmdline[:160]}" for pid, cmdline in self._live()]
+
+    def pids(self, pattern: str = ".") -> list[str]:
+        """Pids of live processes with the tag whose command line matches ``pattern``."""
+        return [pid for pid, cmdline in self._live() if re.search(pattern, cmdline)]
+
+    def _live(self) -> list[tuple[str, str]]:
         found = []
         for proc in Path("/proc").iterdir():
             if not proc.name.isdigit():
@@ -27,8 +35,8 @@ class TaggedRun:
                 environ = (proc / "environ").read_bytes().split(b"\0")
                 state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
                 cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
+            except OSError:  # gone meanwhile, or not ours to read
                 continue
             if self.tag in environ and state != "Z":
-                found.append(f"{proc.name}: {cmdline[:160]}")
+                found.append((proc.name, cmdline))
         return found

@@ -9,12 +9,12 @@ import sys
 import time
 import urllib.error
 import urllib.request
-import uuid
 from pathlib import Path
 
 import pytest
 from bootstrap_harness import stop, wait_for
 from shared_machine import COMPUTE_SHARE
+from tagged_runs import TaggedRun
 
 
 def run_local(tmp_path, method: str, steps: int = 90, dashboard: bool = False,
@@ -43,29 +43,13 @@ def run_local(tmp_path, method: str, steps: int = 90, dashboard: bool = False,
 
 # Every process a test here starts, and all they start, inherit this variable: other
 # checkouts and other test workers on the same machine run swarms of their own.
-RUN_TAG = f"SWARM_TEST_RUN={uuid.uuid4().hex}".encode()
-
-
-def _tagged_env() -> dict[str, str]:
-    name, value = RUN_TAG.decode().split("=", 1)
-    return dict(os.environ, **{name: value})
+TAGGED = TaggedRun("SWARM_TEST_RUN")
+_tagged_env = TAGGED.env
 
 
 def _ours_running(pattern: str) -> str:
     """Pids of live processes started by this module whose command line matches ``pattern``."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            environ = (proc / "environ").read_bytes().split(b"\0")
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:  # gone meanwhile, or not ours to read
-            continue
-        if RUN_TAG in environ and state != "Z" and re.search(pattern, cmdline):
-            found.append(proc.name)
-    return " ".join(found)
+    return " ".join(TAGGED.pids(pattern))
 
 
 def _all_training(status_url: str, count: int, seen: set[str], proc: subprocess.Popen) -> dict | None:
