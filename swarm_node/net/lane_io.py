@@ -26,12 +26,12 @@ import asyncio
 import mmap
 import socket
 import ssl
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 RECV_BYTES = 256 << 10
 BIG_RECV_BYTES = 4 << 20  # one receive into a big body's buffer
-# A body this big is read into memory of its own, in huge pages where the kernel has them
-# (_huge_buffer), and handed on as a memoryview of it.
+# A body this big is read into memory of its own (BodyBuffers), and handed on as a view of it.
 BIG_READ_BYTES = 1 << 20
 SEND_SLICE_BYTES = 4 << 20  # between slices, read what the other side sent (acknowledgements)
 SOCKET_TIMEOUT_S = 600.0  # a backstop: every caller has its own deadline and closes the lane on it
@@ -123,7 +123,7 @@ class LaneIO:
 
     def _read_exactly(self, pending: list[bytes | memoryview], n: int) -> bytes | memoryview:
         self._send(pending)
-        out = bytearray(n) if n < BIG_READ_BYTES else _huge_buffer(n)
+        out = bytearray(n) if n < BIG_READ_BYTES else BODY_BUFFERS.take(n)
         view = memoryview(out)
         have = min(n, len(self._buffer))
         view[:have] = self._buffer[:have]
@@ -159,10 +159,54 @@ class LaneIO:
             self._sock.settimeout(SOCKET_TIMEOUT_S)
 
 
+class BodyBuffers:
+    """Memory for big bodies, used again once whoever read a body has let go of it.
+
+    A fresh buffer costs its page faults: a 40 MB body faulted in 4 KiB pages took 40 ms
+    here, as long as the transfer itself, in huge pages 9-13 ms; a stage receives a body
+    of the same size micro-batch after micro-batch. A buffer is free when nothing views
+    it any more (an mmap with views refuses to resize: the test costs one system call).
+    At most ``keep`` buffers of at most ``max_kept_bytes`` each are kept, shared by the
+    lanes' threads (a big model's outer payload, a gigabyte, is read into memory of its
+    own and freed with its last view: its transfer dwarfs its page faults)."""
+
+    def __init__(self, keep: int = 4, max_kept_bytes: int = 64 << 20):
+        self._keep, self._max_kept_bytes = keep, max_kept_bytes
+        self._buffers: list[mmap.mmap] = []
+        self._lock = threading.Lock()
+        self.reused = 0
+
+    def take(self, n: int) -> memoryview:
+        """A writable view of ``n`` bytes, in a buffer nothing else views."""
+        with self._lock:
+            for buffer in self._buffers:
+                if n <= len(buffer) <= 2 * n and _unviewed(buffer):
+                    self.reused += 1
+                    return memoryview(buffer)[:n]
+            buffer = _huge_buffer(n)
+            view = memoryview(buffer)
+            if n > self._max_kept_bytes:
+                return view
+            self._buffers.append(buffer)
+            if len(self._buffers) > self._keep:  # the oldest goes; its memory with its last view
+                self._buffers.pop(0)
+            return view
+
+
+def _unviewed(buffer: mmap.mmap) -> bool:
+    try:
+        buffer.resize(len(buffer))
+    except BufferError:
+        return False
+    return True
+
+
+BODY_BUFFERS = BodyBuffers()  # one per process: every lane's bodies
+
+
 def _huge_buffer(n: int) -> mmap.mmap:
     """``n`` bytes of anonymous memory, in transparent huge pages where the kernel allows
-    them (madvise mode): a 40 MB body faulted in 4 KiB pages took 40 ms here, as long as
-    the transfer itself, in 2 MiB pages 9 ms. Freed with its last view."""
+    them (madvise mode): fewer and cheaper page faults."""
     buffer = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     if hasattr(mmap, "MADV_HUGEPAGE"):
         try:

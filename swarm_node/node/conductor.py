@@ -55,7 +55,7 @@ from swarm_node.state.sync import StateSync
 from swarm_node.state.witnesses import Witnesses
 from swarm_node.system import raise_open_file_limit
 from swarm_node.train.compiled import compile_stage
-from swarm_node.train.compute import ComputeThread
+from swarm_node.train.compute import ComputeThread, WireThread
 from swarm_node.train.device import explain_run_oom
 from swarm_node.train.pipeline import Pipeline
 from swarm_node.train.rounds import RoundGate
@@ -81,6 +81,7 @@ class Node:
         self.stopping = asyncio.Event()
         self.gate = RoundGate()
         self.compute = ComputeThread(config.threads, on_fatal=self._fail, share=config.compute_share)
+        self.wire = WireThread()
         self.guard = PeerGuard(admits=lambda peer: self.spec is not None and self.spec.admits(peer),
                                max_faults=config.max_peer_faults, caller_ban_s=config.caller_ban_s)
         self.dht: SwarmDHT | None = None
@@ -278,7 +279,7 @@ class Node:
 
     def _build_components(self) -> None:
         cfg, spec, membership, guard = self.config, self.spec, self.membership, self.guard
-        services = NodeServices(self.compute, self.transport, guard, self.stats)
+        services = NodeServices(self.compute, self.transport, guard, self.stats, wire=self.wire)
         self.pipeline = Pipeline(spec=spec, config=cfg, worker=self.worker, gate=self.gate,
                                  next_peers=membership.next_stage_peers, stopping=self.stopping, services=services)
         numel = sum(p.numel() for p in self.worker.params)
@@ -308,7 +309,7 @@ class Node:
             self.stats.resumed_from_step = self.worker.inner_step
             if cfg.download_state and behind() > cfg.catch_up_rounds * self.spec.method.inner_steps:
                 log.warning("the checkpoint is %d inner steps behind the most advanced peer of stage %d; catching "
-                            "up by downloading its state (inner optimizer state and data position stay ours)",
+                            "up by downloading its state (the data position stays ours)",
                             behind(), self.stage)
                 if not await self.state_sync.download():
                     log.warning("no stage-%d peer could give its state; continuing from the checkpoint", self.stage)
@@ -411,6 +412,7 @@ class Node:
         if self.status_pages is not None:
             await _bounded(self.status_pages.close(), 3.0, "closing the status endpoints")
         self.compute.close()
+        self.wire.close()
         if self.worker is not None and self.status == "finished":
             log.info("%s", self.checkpoints.how_to_resume(self.worker))
 

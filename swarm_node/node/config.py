@@ -47,7 +47,9 @@ class NodeConfig:
     # The caller of an exchange fetches the partner's payload after sending its own, not
     # at the same time (the order of outer protocol 2.0): for comparison.
     one_payload_at_a_time: bool = False
-    max_in_flight: int = 4  # stage 0: micro-batches in the pipeline at once
+    # stage 0: at most this many micro-batches in the pipeline at once; how many it keeps
+    # is measured (routing/window.py): 2-3 on a CPU, more where compute is fast next to a hop
+    max_in_flight: int = 8
     max_queue: int = 32  # micro-batches a node accepts at once before answering busy
     hop_timeout_s: float = 30.0  # deadline of one micro-batch through the rest of the pipeline
     hop_retries: int = 3

@@ -1,6 +1,7 @@
 """What every component of a node shares, handed in as one: the compute thread all
-torch work runs on, the transport its calls go through, the guard that decides about
-peers that fail or misbehave, and the counters of what the node has done."""
+device work runs on, the wire thread the data path encodes and decodes on, the
+transport its calls go through, the guard that decides about peers that fail or
+misbehave, and the counters of what the node has done."""
 
 from __future__ import annotations
 
@@ -21,3 +22,4 @@ class NodeServices:
     transport: Requester
     guard: PeerGuard
     stats: NodeStats
+    wire: Compute | None = None  # train/compute.py's WireThread; None: the compute thread does it

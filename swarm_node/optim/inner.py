@@ -41,6 +41,16 @@ def lr_at(step: int, hyper: InnerHyper) -> float:
     return floor + 0.5 * (hyper.lr - floor) * (1 + math.cos(math.pi * progress))
 
 
+def moment_bound(betas: tuple[float, float]) -> float | None:
+    """C with exp_avg**2 <= C * exp_avg_sq for any gradients (Cauchy-Schwarz over the two
+    EMAs' weights (1 - b1) b1**k and (1 - b2) b2**k): (1 - b1)**2 / (1 - b2) / (1 - b1**2 / b2);
+    52.9 for the default (0.9, 0.999). None where b1**2 >= b2 (no bound)."""
+    beta1, beta2 = betas
+    if beta1 ** 2 >= beta2 or beta2 >= 1:
+        return None
+    return (1 - beta1) ** 2 / (1 - beta2) / (1 - beta1 ** 2 / beta2)
+
+
 def fused_by_default(device: torch.device) -> bool:
     """Whether parameters on ``device`` step through torch's fused AdamW kernel: on CUDA,
     where the foreach path's dozen kernel launches per parameter group and its
@@ -75,28 +85,62 @@ class InnerOptimizer:
         # per parameter index, made at its first gradient as torch does: a parameter that
         # has had none keeps no moments and takes no weight decay
         self.state: dict[int, dict[str, torch.Tensor]] = {}
-        self._rewarm: tuple[int, int] | None = None  # (first step, steps): see rewarm
 
     @property
     def lr(self) -> float:
-        scheduled = lr_at(self.step_count, self.hyper)
-        if self._rewarm is None:
-            return scheduled
-        first, steps = self._rewarm
-        done = self.step_count - first
-        if not 0 <= done < steps:
-            self._rewarm = None
-            return scheduled
-        return scheduled * (done + 1) / steps
+        return lr_at(self.step_count, self.hyper)
 
-    def rewarm(self, steps: int) -> None:
-        """Ramp the lr up again over the next ``steps`` steps (from the schedule's lr over
-        ``steps``). For fresh moments mid-run (a joiner adopting a downloaded state):
-        without them Adam's first steps are about lr per element, sign-like: a joiner's
-        Delta a second after it joined, a few such steps in, was 3.2x its donor's whole
-        round (tests/swarm/test_join_leave.py, a loaded machine), so the donor refused it as
-        poisoned and the joiner trained alone."""
-        self._rewarm = (self.step_count, steps) if steps > 0 else None
+    # -- the moments as a joiner downloads them (state/sync.py) ----------------------------
+    def moment_tensors(self) -> list[torch.Tensor]:
+        """exp_avg per parameter, exp_avg_sq per parameter, then one tensor of the step
+        counts (zeros for a parameter that has had no gradient yet), on the CPU in fp32."""
+        n = len(self.params)
+        zeros = [torch.zeros(p.shape) for p in self.params]
+        exp_avg = [self.state[i]["exp_avg"].float().cpu().clone() if i in self.state else zeros[i] for i in range(n)]
+        exp_avg_sq = [self.state[i]["exp_avg_sq"].float().cpu().clone() if i in self.state else zeros[i]
+                      for i in range(n)]
+        steps = torch.tensor([float(self.state[i]["step"]) if i in self.state else 0.0 for i in range(n)])
+        return exp_avg + exp_avg_sq + [steps]
+
+    def moments_problem(self, tensors: list[torch.Tensor]) -> str | None:
+        """Why ``tensors`` (as ``moment_tensors`` lays them out) are moments no Adam of
+        these hyperparameters could have made, or None. Beside shapes and finite values:
+        exp_avg_sq is never negative, a step count is a whole number, and |exp_avg| is at
+        most sqrt(C * exp_avg_sq), the Cauchy-Schwarz bound of two EMAs of the same
+        gradients (``moment_bound``): moments forged to make a joiner's steps large cannot
+        hide in them. (A step count is not
+        held to the state's inner step: a joiner adopts its witnesses' counters, which may
+        be below its donor's, and keeps the moments' counts. Bias correction scales a
+        step by sqrt(1 - b2**t) / (1 - b1**t), at most 1 for the default betas, at the
+        largest t.)"""
+        n = len(self.params)
+        if len(tensors) != 2 * n + 1:
+            return f"optimizer moments have {len(tensors)} tensors, this stage needs {2 * n + 1}"
+        steps = tensors[-1]
+        if steps.shape != (n,) or not steps.is_floating_point() or not bool(torch.isfinite(steps).all()):
+            return "optimizer step counts do not fit this stage"
+        if bool((steps < 0).any() | (steps != steps.round()).any()):
+            return "optimizer step counts negative or not whole"
+        bound = moment_bound(self.hyper.betas)
+        for i, p in enumerate(self.params):
+            m, v = tensors[i], tensors[n + i]
+            if m.shape != p.shape or v.shape != p.shape or not m.is_floating_point() or not v.is_floating_point():
+                return f"optimizer moments of shape {tuple(m.shape)} do not fit {tuple(p.shape)}"
+            m, v = m.double(), v.double()
+            if not (bool(torch.isfinite(m).all()) and bool(torch.isfinite(v).all())) or bool((v < 0).any()):
+                return "optimizer moments with non-finite or negative values"
+            if bound is not None and bool((m * m > bound * v * (1 + 1e-4) + 1e-30).any()):
+                return "optimizer moments no Adam makes (|exp_avg| above its bound by exp_avg_sq)"
+        return None
+
+    def load_moment_tensors(self, tensors: list[torch.Tensor]) -> None:
+        """Adopt moments ``moments_problem`` passed; a parameter at step 0 keeps none."""
+        n = len(self.params)
+        steps = tensors[-1].tolist()
+        self.state = {i: {"step": torch.tensor(float(steps[i])),
+                          "exp_avg": tensors[i].to(p.device, p.dtype).clone(),
+                          "exp_avg_sq": tensors[n + i].to(p.device, p.dtype).clone()}
+                      for i, p in enumerate(self.params) if steps[i] > 0}
 
     def step(self) -> float:
         """Clip, step at the scheduled lr, clear gradients; returns the pre-clip grad norm."""

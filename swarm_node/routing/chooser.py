@@ -50,8 +50,12 @@ class PeerChooser:
     rng: random.Random = field(default_factory=random.Random)
     in_flight: dict[str, int] = field(default_factory=dict)
 
-    def choose(self, candidates: list[Candidate], exclude: set[str] = frozenset()) -> str | None:
-        usable = [c for c in candidates if c.peer_id not in exclude and not self.is_banned(c.peer_id)]
+    def choose(self, candidates: list[Candidate], exclude: set[str] = frozenset(),
+               per_peer: int | None = None) -> str | None:
+        """A peer, or None when none is usable; ``per_peer``: skip peers that many of our
+        hops are already out to (what a peer serves one caller at once)."""
+        usable = [c for c in candidates if c.peer_id not in exclude and not self.is_banned(c.peer_id)
+                  and (per_peer is None or self.in_flight.get(c.peer_id, 0) < per_peer)]
         if not usable:
             return None
         known = [c.throughput for c in usable if c.throughput > 0]

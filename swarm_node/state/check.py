@@ -99,12 +99,12 @@ def check_state(candidate: StateSketch, witnesses: Mapping[str, Witness], *, inn
         failed.update(missed[1])
     disagree = len(voters) - agree
     accepted = agree >= 1 and agree + 1 >= disagree  # the donor's own state is one more vote for it
+    steps = [w.sketch.inner_step for w in voters]
+    rounds = [w.sketch.outer_round for w in voters]
     why = (f"{agree} of {len(voters)} peers agree (phi at {min(ratios):.2f} of the tolerance at the closest; "
            f"spread {_whole(tolerance.spread):.3g}, a round's motion {_whole(tolerance.motion):.3g}"
            + (f"; outside: {', '.join(f'{bound} {n}x' for bound, n in sorted(failed.items()))}" if failed else "")
-           + ")")
-    steps = [w.sketch.inner_step for w in voters]
-    rounds = [w.sketch.outer_round for w in voters]
+           + (f"; round {candidate.outer_round} against {min(rounds)}-{max(rounds)}" if failed else "") + ")")
     return Verdict(accepted, why, agree, disagree, min(ratios),
                    inner_step=min(max(candidate.inner_step, min(steps)), max(steps)),
                    outer_round=min(max(candidate.outer_round, min(rounds)), max(rounds)))

@@ -1,5 +1,5 @@
 """State transfer for late joiners and nodes that fell behind (protocol
-``/swarm-node/state/1.0.0``).
+``/swarm-node/state/2.0.0``).
 
 A donor answers chunk requests from one consistent snapshot of theta, phi, the outer
 momentum and its counters, cached for a few minutes under the snapshot's digest. The
@@ -7,9 +7,10 @@ joiner picks donors at random among the live peers of its stage, fetches the chu
 with a progress bar and a deadline, checks the digest over everything it received,
 then asks the stage's other peers for sketches of their states (state/witnesses.py)
 and adopts the state only if they vouch for it (state/check.py); on any failure or
-refusal it tries the next donor. Adam moments are not transferred: in NoLoCo the
-inner optimizer state stays local; a joiner, whose moments are fresh, ramps its lr up
-again over two rounds (StageWorker.load_snapshot)."""
+refusal it tries the next donor. The inner optimizer's moments come too (the inner
+state is never averaged, but a joiner is a copy of its donor: with fresh moments its
+Deltas were 2-4x its partners' for rounds, refused as poisoned); no witness vouches for
+them, so they are held to what any Adam could have made (InnerOptimizer.moments_problem)."""
 
 from __future__ import annotations
 
@@ -127,6 +128,10 @@ class StateSync:
                     async with asyncio.timeout(self.timeout_s):
                         state = await self._fetch(donor)
                         verdict = await self._check(donor, state)
+                except ImpossibleState as exc:  # no honest peer has such a state: a poisoner
+                    self.stats.states_refused += 1
+                    self.guard.poisoned(donor, str(exc), what="state")
+                    continue
                 except (PeerError, TimeoutError, ValueError) as exc:
                     log.warning("state download from %s failed (%s); trying another donor", short_id(donor), exc)
                     continue
@@ -206,9 +211,9 @@ class StateSync:
         limits = FrameLimits(max_payload_bytes=CHUNK_BYTES * 4)
         snap_id, chunk, num_chunks, meta = None, 0, 1, {}
         tensors: list[torch.Tensor] = []
-        # theta, phi and momentum in fp32 at most: a donor cannot make us hold more
-        expected_tensors = 3 * len(self.worker.params)
-        expected_bytes = 3 * 4 * sum(p.numel() for p in self.worker.params) + (1 << 20)
+        # theta, phi, momentum and the two moments in fp32 at most: a donor cannot make us hold more
+        expected_tensors = self.worker.state_tensor_count()
+        expected_bytes = 5 * 4 * sum(p.numel() for p in self.worker.params) + (1 << 20)
         received = 0
         bar = tqdm(desc=f"state from {short_id(donor)}", unit="chunk", disable=not self.progress)
         try:
@@ -239,22 +244,29 @@ class StateSync:
             raise ProtocolError(f"its state (step {inner_step}) is not ahead of ours (step {self.worker.inner_step})")
         problem = self.worker.snapshot_problem(tensors)
         if problem:
-            raise ProtocolError(problem)
-        return Downloaded(tensors, inner_step, outer_round, min(last_round_step, inner_step), digest)
+            raise ImpossibleState(problem)
+        return Downloaded(tensors, inner_step, outer_round, min(last_round_step, inner_step), digest,
+                          len(self.worker.params))
+
+
+class ImpossibleState(ProtocolError):
+    """A downloaded state no honest replica could hold (StageWorker.snapshot_problem)."""
 
 
 @dataclass(frozen=True)
 class Downloaded:
-    """A donor's state as it came: theta, phi, momentum (one tensor a parameter each), counters."""
+    """A donor's state as it came: theta, phi, momentum (one tensor a parameter each), the
+    inner optimizer's moments, counters."""
     tensors: list[torch.Tensor]
     inner_step: int
     outer_round: int
     last_round_step: int
     digest: str
+    num_params: int
 
     def sketch(self, seed: int) -> StateSketch:
-        third = len(self.tensors) // 3
-        theta, phi, momentum = self.tensors[:third], self.tensors[third:2 * third], self.tensors[2 * third:]
+        n = self.num_params
+        theta, phi, momentum = self.tensors[:n], self.tensors[n:2 * n], self.tensors[2 * n:3 * n]
         return sketch_state(theta, phi, momentum, inner_step=self.inner_step, outer_round=self.outer_round,
                             round_steps=self.inner_step - self.last_round_step, seed=seed)
 

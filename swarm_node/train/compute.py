@@ -1,12 +1,18 @@
-"""The one thread a node does all torch work on.
+"""The threads a node does torch work on: the compute thread, and beside it the wire
+thread.
 
-Every forward, backward, step, (de)serialisation of big tensors and checkpoint copy of
-a node runs here, so the event loop never blocks and torch state is never touched by
-two threads at once. An out-of-memory failure, wherever it happens (a peer's request,
+Every forward, backward, step and checkpoint copy of a node runs on the compute thread,
+so the event loop never blocks and the model and optimizer state are never touched by
+two threads at once. What crosses a stage boundary is encoded and decoded on the wire
+thread (``WireThread``), beside the next micro-batch's compute: it reads tensors the
+compute thread has finished with (on CUDA, host copies it waits for:
+train/host_copy.py) and makes new ones, and touches no model state.
+
+An out-of-memory failure on the compute thread, wherever it happens (a peer's request,
 our own producer), is fatal: it becomes one line naming the model size, the device
 memory and what to try, and the node is told to stop.
 
-The thread runs at a lower scheduling priority than the rest of the node (nice +10, on
+Both threads run at a lower scheduling priority than the rest of the node (nice +10, on
 Linux a thread's own): where the CPU is short, the event loop, the libp2p daemon and
 the DHT, which keep the node's deadlines (proposals, heartbeats, answers), go first,
 and the user's other programs too, as volunteer-computing clients do. With the CPU to
@@ -41,7 +47,7 @@ Explain = Callable[[BaseException], SwarmError | None]
 COMPUTE_NICE = 10
 
 
-def _start_compute_thread(threads: int | None) -> None:
+def _start_torch_thread(threads: int | None) -> None:
     """In the compute thread, before its first task: its priority, then torch's thread
     count (OpenMP keeps one per OS thread, so the main thread's setting would not reach
     it; its workers, created from here, inherit the priority)."""
@@ -64,7 +70,7 @@ class ComputeThread:
                      100 * share, share)
         self._closing = threading.Event()  # ends a rest at once: shutdown never waits for one
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compute",
-                                            initializer=_start_compute_thread, initargs=(threads,))
+                                            initializer=_start_torch_thread, initargs=(threads,))
         self.on_fatal = on_fatal
         self.explain: Explain = lambda exc: None  # set once the node knows its stage and device
         self.closed = False
@@ -108,4 +114,25 @@ class ComputeThread:
     def close(self) -> None:
         self.closed = True
         self._closing.set()
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+
+class WireThread:
+    """Encoding and decoding for the data path, off the compute thread: on a 2-core
+    machine the copies and casts of a micro-batch's frames took the compute thread's time
+    in between forwards; here they overlap them. One thread (frames of one micro-batch
+    stay in order) with one torch thread: the work is memory-bound."""
+
+    def __init__(self):
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wire",
+                                            initializer=_start_torch_thread, initargs=(1,))
+        self.closed = False
+
+    async def __call__(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if self.closed:
+            raise PeerRefused("this node is shutting down")
+        return await asyncio.get_running_loop().run_in_executor(self._executor, partial(fn, *args, **kwargs))
+
+    def close(self) -> None:
+        self.closed = True
         self._executor.shutdown(wait=True, cancel_futures=True)

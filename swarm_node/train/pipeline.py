@@ -1,15 +1,20 @@
 """The data path: where a micro-batch goes and what comes back.
 
-Stage 0 draws micro-batches from its data shard and keeps up to ``max_in_flight`` of
-them in the pipeline; each is run through this stage and sent to a next-stage peer
-(routing/chooser.py picks it), which does the same until the last stage computes the
-loss and the gradients travel back the same way. Every stage steps its inner
+Stage 0 draws micro-batches from its data shard and keeps as many of them in the
+pipeline as keep its compute busy (routing/window.py); each is run through this stage
+and sent to a next-stage peer (routing/chooser.py picks it), which does the same until
+the last stage computes the loss and the gradients travel back the same way. Every stage steps its inner
 optimizer when enough samples are in (train/worker.py) and hands over to the outer
 round when one is due (train/rounds.py).
 
 A failed hop is retried with another peer within the micro-batch's deadline; the
 failed peer is banned (net/guard.py), except for a single stream reset, which is
-retried at once. A micro-batch whose deadline passes is lost and counted."""
+retried at once. A micro-batch whose deadline passes is lost and counted.
+
+Forwards, backwards and steps run on the compute thread; encoding and decoding what
+crosses the boundary runs on the wire thread beside it (train/compute.py), the bytes
+move on the event loop and the lanes' threads (net/), so the next micro-batch computes
+while this one travels."""
 
 from __future__ import annotations
 
@@ -29,7 +34,9 @@ from swarm_node.net.transport import ServeLimits, short_id
 from swarm_node.node.config import NodeConfig
 from swarm_node.node.services import NodeServices
 from swarm_node.routing.chooser import Candidate, PeerChooser, RoundTrips
+from swarm_node.routing.window import InFlightWindow
 from swarm_node.spec import RunSpec
+from swarm_node.train.host_copy import HostCopy, pinned_for, to_host
 from swarm_node.train.rounds import RoundGate, step_if_ready
 from swarm_node.train.screen import MagnitudeScreen
 from swarm_node.train.worker import StageWorker, throughput_ema
@@ -46,6 +53,10 @@ UPSTREAM_CHECK_S = 5.0  # a DHT read: how often a later stage given max_steps as
 QUIET_AT_LIMIT_S = 3.0  # at max_steps, no micro-batch for this long: the stage before needs no more answers
 LIMIT_GRACE_S = 30.0  # at most this long answering past max_steps (a stage 0 with no limit never stops sending)
 SHARDS_BY_PEER_ID = 1024  # a node without --data-shard reads the shard its peer id hashes to
+# Forward requests a node serves at once for one caller (more are answered busy): a node
+# sends no more than this to one next-stage peer at a time, whatever its window.
+FORWARD_PER_CALLER = 4
+HOP_FREED_POLL_S = 0.02  # how often a hop that found every next-stage peer at that cap looks again
 
 
 class Pipeline:
@@ -58,6 +69,7 @@ class Pipeline:
         worker.step_limit = config.max_steps
         self.compute, self.transport, self.guard, self.stats = (services.compute, services.transport,
                                                                 services.guard, services.stats)
+        self.wire = services.wire or services.compute
         self.gate = gate
         self.next_peers = next_peers  # live, callable peers of the next stage
         self.stopping = stopping
@@ -66,10 +78,12 @@ class Pipeline:
         self.loader: ShardedBatches | None = None
         self.queue = 0  # forward requests being served
         self.in_flight = 0  # our own micro-batches in the pipeline (stage 0)
+        self.window = InFlightWindow(config.max_in_flight)
+        self._slot_freed = asyncio.Event()  # one of our micro-batches is done (stage 0)
         self.waiting_for_next_stage = False  # stage 0 with no next-stage peer to send to
         self.throughput = 0.0  # samples/s, as our record reports it
         self.loss_seen: float | None = None  # EMA of the losses the last stage reports back to us
-        # Magnitude screens for what neighbours send (train/screen.py): used on the compute thread only.
+        # Magnitude screens for what neighbours send (train/screen.py): used on the wire thread only.
         self._activation_screen = MagnitudeScreen(config.max_activation_ratio, window=64)
         self._gradient_screen = MagnitudeScreen(config.max_activation_ratio, window=64)
         per_activation = spec.batch_size * spec.seq_len * worker.model_config.hidden_size * 4
@@ -79,7 +93,7 @@ class Pipeline:
     async def serve(self, transport, authorize: Callable[[str], bool]) -> None:
         if not self.worker.is_first:
             await transport.serve(protocols.FORWARD, self.handle_forward,
-                                  ServeLimits(max_request_bytes=self.max_request_bytes,
+                                  ServeLimits(max_request_bytes=self.max_request_bytes, max_per_peer=FORWARD_PER_CALLER,
                                               max_concurrent=self.config.max_queue,
                                               handler_timeout_s=self.config.hop_timeout_s * 2),
                                   authorize=authorize)
@@ -107,10 +121,9 @@ class Pipeline:
         return {"shard": [self.loader.shard_id, self.loader.num_shards], **self.loader.state_dict()}
 
     async def produce(self, finished: Callable[[], Awaitable[None]]) -> None:
-        """Stage 0: keep up to max_in_flight micro-batches in the pipeline until
+        """Stage 0: keep the window's worth of micro-batches in the pipeline until
         max_steps (or until stopped); then ``finished()``: stage 0 drives the run."""
         loader = self.loader
-        slots = asyncio.Semaphore(self.config.max_in_flight)
         # Micro-batches that finish during an outer round merge into one step, so after
         # draining the pipeline top up until the step count is really reached.
         while not self.reached_max_steps():
@@ -118,13 +131,12 @@ class Pipeline:
                 while not self.issued_enough():
                     await self.gate.idle.wait()
                     await self._next_stage_known()
-                    await slots.acquire()
-                    if self.issued_enough():
-                        slots.release()
+                    await self._free_slot()
+                    if self.issued_enough() or self.stopping.is_set():
                         break
                     inputs, targets = await self.compute(loader.next_batch)
                     self.in_flight += 1
-                    tg.create_task(self._run_microbatch(inputs, targets, slots))
+                    tg.create_task(self._run_microbatch(inputs, targets))
             await self.gate.idle.wait()
             if not self.reached_max_steps():
                 # Gradients owed to the last steps wait for the step after a round. Take it
@@ -132,6 +144,12 @@ class Pipeline:
                 # spin on the event loop and starve the round that is meant to take it.
                 await self.step_if_ready()
         await finished()
+
+    async def _free_slot(self) -> None:
+        accepts = self.config.max_in_flight if self.worker.is_last else len(self.next_peers()) * FORWARD_PER_CALLER
+        while self.in_flight >= self.window.size(accepts):
+            self._slot_freed.clear()
+            await self._slot_freed.wait()
 
     async def _next_stage_known(self) -> None:
         """Stage 0 draws a micro-batch only while some next-stage peer can take it: the
@@ -160,29 +178,36 @@ class Pipeline:
         samples = self.in_flight * self.spec.batch_size + self.worker.pending_samples
         return self.worker.inner_step + samples / self.spec.samples_per_step >= limit
 
-    async def _run_microbatch(self, inputs: torch.Tensor, targets: torch.Tensor, slots: asyncio.Semaphore) -> None:
+    async def _run_microbatch(self, inputs: torch.Tensor, targets: torch.Tensor) -> None:
         try:
             started = time.perf_counter()
             if self.worker.is_last:  # a single-stage run
-                _, _, due = await self.compute(_last_stage_step, self.worker, None, targets, inputs)
+                (_, _, due), compute_s = await self.compute(_timed, _last_stage_step, self.worker, None, targets,
+                                                            None, inputs)
+                wait_s = 0.0
             else:
-                hidden = await self.compute(self.worker.forward, inputs)
+                (outgoing, shape), forward_s = await self.compute(_timed, _forward_to_host, self.worker, inputs,
+                                                                  self.spec.activation_codec)
+                sent = time.perf_counter()
                 try:
-                    grad, loss = await self.send_downstream(hidden, targets, self.config.hop_timeout_s)
+                    grad, loss = await self.send_downstream(outgoing, shape, targets, self.config.hop_timeout_s)
                     self._note_loss(loss)
                 except (PeerError, NotEnoughPeers, TimeoutError) as exc:
                     self.stats.microbatches_lost += 1
                     self.stats.note_failure(f"micro-batch lost: {exc}")
                     log.info("micro-batch lost: %s", exc)
                     return
-                _, due = await self.compute(_backward_step, self.worker, inputs, grad)
+                wait_s = time.perf_counter() - sent
+                (_, due), backward_s = await self.compute(_timed, _backward_step, self.worker, inputs, grad)
+                compute_s = forward_s + backward_s
+            self.window.note(compute_s, wait_s)
             self.throughput = throughput_ema(self.throughput, len(inputs), time.perf_counter() - started)
             self.stats.microbatches_done += 1
             self.stats.tokens += inputs.numel()
             self.gate.note_due(due)
         finally:
             self.in_flight -= 1
-            slots.release()
+            self._slot_freed.set()
 
     async def step_if_ready(self) -> None:
         """Step with what accumulated (e.g. gradients that arrived during a round)."""
@@ -224,15 +249,16 @@ class Pipeline:
         await finished()
 
     # -- every stage but the last: the hop to the next stage --------------------------------
-    async def send_downstream(self, hidden: torch.Tensor, targets: torch.Tensor,
+    async def send_downstream(self, outgoing: HostCopy, shape: torch.Size, targets: torch.Tensor,
                               timeout_s: float) -> tuple[torch.Tensor, float]:
-        """Send activations to a next-stage peer; returns (grad wrt hidden, loss).
-        Retries other peers on failure, banning the failed one."""
+        """Send activations (of ``shape``, encoded by the run's codec, on their way to the
+        host) to a next-stage peer; returns (grad wrt them, loss). Retries other peers on
+        failure, banning the failed one."""
         next_stage = self.worker.stage.stage_index + 1
         clock = asyncio.get_running_loop().time  # time.monotonic, or a test's virtual clock
         deadline = clock() + timeout_s
-        payload = await self.compute(_encode_forward, {"kind": "fwd", "spec": self.spec_hash, "deadline_s": timeout_s},
-                                     hidden, targets, self.spec.activation_codec)
+        payload = await self.wire(_encode_forward, {"kind": "fwd", "spec": self.spec_hash, "deadline_s": timeout_s},
+                                  outgoing, targets)
         tried: set[str] = set()
         attempts = 0
         while True:
@@ -241,9 +267,11 @@ class Pipeline:
                 raise NotEnoughPeers(f"no stage-{next_stage} peer completed the micro-batch after {attempts} attempts")
             # one unverified peer at most per micro-batch: a flood of forged records cannot use up its attempts
             probe = not any(not self.guard.is_verified(p) for p in tried)
-            peer = self.chooser.choose(self._candidates(probe), exclude=tried)
-            if peer is None:
-                await asyncio.sleep(min(0.5, remaining))  # the registry loop may show someone by then
+            peer = self.chooser.choose(self._candidates(probe), exclude=tried, per_peer=FORWARD_PER_CALLER)
+            if peer is None:  # none known, all tried, or all as busy with us as they take
+                busy = any(n >= FORWARD_PER_CALLER for n in self.chooser.in_flight.values())
+                # the registry loop may show someone by then; a hop of ours ends soon
+                await asyncio.sleep(min(HOP_FREED_POLL_S if busy else 0.5, remaining))
                 tried.clear()
                 continue
             attempts += 1
@@ -254,9 +282,9 @@ class Pipeline:
                 sent = clock()
                 raw = await self.transport.request(peer, protocols.FORWARD, payload, timeout_s=remaining,
                                                    max_response_bytes=len(payload) + (1 << 16))
-                grad, loss = await self.compute(self._check_gradient, raw, hidden.shape)
+                grad, loss = await self.wire(self._check_gradient, raw, shape)
                 self.guard.succeeded(peer)
-                self.round_trips.note(peer, len(hidden), clock() - sent)
+                self.round_trips.note(peer, shape[0], clock() - sent)
                 return grad, loss
             except PeerRefused as exc:
                 tried.add(peer)
@@ -292,12 +320,12 @@ class Pipeline:
         self.guard.note(peer, f"stage-{stage} peer {short_id(peer)} failed ({why}); banned for {ban_s:.0f}s")
 
     def _check_gradient(self, raw: bytes, shape: torch.Size) -> tuple[torch.Tensor, float]:
-        """On the compute thread: the next stage's answer, checked and screened."""
+        """On the wire thread: the next stage's answer, checked and screened."""
         grad, loss = decode_gradient_answer(raw, self.frame_limits, shape, self.spec.activation_codec)
         problem = self._gradient_screen.check(rms(grad), "gradient RMS")
         if problem:
             raise OutOfScale(problem)
-        return grad, loss
+        return pinned_for(grad, self.worker.device), loss
 
     def _note_loss(self, loss: float) -> None:
         self.loss_seen = loss if self.loss_seen is None else 0.95 * self.loss_seen + 0.05 * loss
@@ -309,20 +337,21 @@ class Pipeline:
             return encode_frame({"ok": False, "error": "busy"})
         self.queue += 1
         try:
-            deadline_s, hidden, targets = await self.compute(self._decode_forward, request)
+            deadline_s, hidden, targets = await self.wire(self._decode_forward, request)
             started = time.perf_counter()
             budget = min(deadline_s, self.config.hop_timeout_s)
+            codec = self.spec.activation_codec
             if self.worker.is_last:
-                loss, grad, due = await self.compute(_last_stage_step, self.worker, hidden, targets)
+                loss, grad, due = await self.compute(_last_stage_step, self.worker, hidden, targets, codec)
             else:
-                out = await self.compute(self.worker.forward, hidden)
-                grad_out, loss = await self.send_downstream(out, targets, budget * 0.9)
+                outgoing, shape = await self.compute(_forward_to_host, self.worker, hidden, codec)
+                grad_out, loss = await self.send_downstream(outgoing, shape, targets, budget * 0.9)
                 self._note_loss(loss)
-                grad, due = await self.compute(_backward_step, self.worker, hidden, grad_out)
+                grad, due = await self.compute(_backward_step, self.worker, hidden, grad_out, codec)
             self.throughput = throughput_ema(self.throughput, len(hidden), time.perf_counter() - started)
             self.stats.microbatches_done += 1
             self.gate.note_due(due)
-            return await self.compute(_encode_answer, {"ok": True, "loss": loss}, grad, self.spec.activation_codec)
+            return await self.wire(_encode_answer, {"ok": True, "loss": loss}, grad)
         except OutOfScale as exc:  # refused, not counted against the sender
             self.guard.note(remote, f"refusing a micro-batch of {short_id(remote)}: {exc}")
             return encode_frame({"ok": False, "error": f"out of scale: {exc}"[:200]})
@@ -336,7 +365,7 @@ class Pipeline:
             self.queue -= 1
 
     def _decode_forward(self, request: bytes) -> tuple[float, torch.Tensor, torch.Tensor]:
-        """On the compute thread: parse a forward request, check it fits this stage, and
+        """On the wire thread: parse a forward request, check it fits this stage, and
         screen the activations' scale."""
         header, tensors = decode_frame(request, self.frame_limits)
         model = self.worker.model_config
@@ -347,28 +376,53 @@ class Pipeline:
         problem = self._activation_screen.check(rms(hidden), "activation RMS")
         if problem:
             raise OutOfScale(problem)
-        return deadline_s, hidden, targets
+        return deadline_s, pinned_for(hidden, self.worker.device), targets
 
 
-def _encode_forward(header: dict, hidden: torch.Tensor, targets: torch.Tensor, codec: str) -> bytes:
-    return encode_frame(header, [*encode_activations(hidden, codec), targets.to(torch.int32)])
+# -- on the compute thread: the device work, its results queued towards the host ----------
+def outgoing(t: torch.Tensor, codec: str) -> tuple[HostCopy, torch.Size]:
+    """Activations or their gradient as ``codec`` sends them, on their way to the host,
+    and their shape."""
+    return to_host(encode_activations(t, codec)), t.shape
 
 
-def _encode_answer(header: dict, grad: torch.Tensor, codec: str) -> bytes:
-    return encode_frame(header, encode_activations(grad, codec))
+def _forward_to_host(worker: StageWorker, inputs: torch.Tensor, codec: str) -> tuple[HostCopy, torch.Size]:
+    return outgoing(worker.forward(inputs), codec)
 
 
-def _last_stage_step(worker: StageWorker, hidden, targets, token_inputs=None):
-    """On the compute thread: loss, backward and (when due) the inner step, as one unit."""
+def _last_stage_step(worker: StageWorker, hidden, targets, codec: str | None, token_inputs=None):
+    """Loss, backward and (when due) the inner step, as one unit; the gradient encoded by
+    ``codec`` on its way to the host (None for a single-stage run: nothing to send)."""
     loss, grad = worker.forward_backward_last(hidden, targets, token_inputs)
     _, due = step_if_ready(worker)
-    return loss, grad, due
+    return loss, None if codec is None else outgoing(grad, codec)[0], due
 
 
-def _backward_step(worker: StageWorker, inputs, grad_output):
+def _backward_step(worker: StageWorker, inputs, grad_output, codec: str | None = None):
     grad = worker.backward(inputs, grad_output)
     _, due = step_if_ready(worker)
-    return grad, due
+    return None if codec is None else outgoing(grad, codec)[0], due
+
+
+def _timed(fn, *args):
+    """``fn(*args)`` and the seconds it took, measured on the thread that runs it."""
+    started = time.perf_counter()
+    out = fn(*args)
+    return out, time.perf_counter() - started
+
+
+# -- on the wire thread ----------------------------------------------------------------------
+def _encode_forward(header: dict, host: HostCopy, targets: torch.Tensor) -> bytes:
+    return encode_frame(header, [*host.wait(), targets.to(torch.int32)])
+
+
+def _encode_answer(header: dict, host: HostCopy) -> bytes:
+    return encode_frame(header, host.wait())
+
+
+def forward_request(header: dict, hidden: torch.Tensor, targets: torch.Tensor, codec: str) -> bytes:
+    """A whole forward request in one call (tests, benchmarks)."""
+    return _encode_forward(header, outgoing(hidden, codec)[0], targets)
 
 
 def _shard_of(peer_id: str, num_shards: int) -> int:

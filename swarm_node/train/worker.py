@@ -29,10 +29,6 @@ from swarm_node.spec import RunSpec
 from swarm_node.train.device import autocast, training_precision
 from swarm_node.wire.outer_codec import OuterEncoder, decode_outer, decode_outer_part, outer_codec
 
-# A joiner's lr ramps up again over this many rounds after it adopts a downloaded state
-# with fresh Adam moments (optim/inner.py, InnerOptimizer.rewarm).
-REWARM_ROUNDS = 2
-
 
 @dataclass(frozen=True)
 class OpenRound:
@@ -147,7 +143,7 @@ class StageWorker:
         x = self._stage_input(inputs)
         with self.autocast():
             out = self.stage(x)
-        Pullback.apply(out.float(), grad_output.to(self.device, torch.float32)).backward()
+        Pullback.apply(out.float(), grad_output.to(self.device, torch.float32, non_blocking=True)).backward()
         self._accumulated(len(inputs))
         return None if self.is_first else x.grad.detach()
 
@@ -155,7 +151,8 @@ class StageWorker:
         """Token ids for stage 0; otherwise float activations whose gradient we return."""
         if self.is_first:
             return inputs.to(self.device)
-        return inputs.to(self.device, torch.float32).requires_grad_(True)
+        # non_blocking: what the wire thread pinned (train/host_copy.py) is queued, not waited for
+        return inputs.to(self.device, torch.float32, non_blocking=True).requires_grad_(True)
 
     def _accumulated(self, samples: int) -> None:
         self.pending_samples += samples
@@ -278,11 +275,15 @@ class StageWorker:
     # -- state transfer for late joiners --------------------------------------------
     @torch.no_grad()
     def snapshot(self) -> dict:
-        """theta, phi and momentum that belong together. During an overlapped round theta
-        goes on from our local outer step while phi is still the last round's: a joiner
-        that took that pair sent partners a first Delta 4-7x theirs (seen in 2 x 2 runs
-        with joiners), was refused as poisoned, trained alone, drifted off, and was in
-        turn refused as a donor. So then the snapshot is the state the round's local-only
+        """theta, phi and momentum that belong together, then the inner optimizer's
+        moments (InnerOptimizer.moment_tensors): a last-stage copy with fresh moments made
+        Deltas 1.7-2.5x its donor's for the six rounds measured, whatever its lr ramp (4x
+        its partners' in 2 x 2 runs with joiners, refused as poisoned).
+
+        During an overlapped round theta goes on from our local outer step while phi is
+        still the last round's: a joiner that took that pair sent partners a first Delta
+        4-7x theirs (seen in 2 x 2 runs with joiners), was refused as poisoned, trained
+        alone, drifted off, and was in turn refused as a donor. So then the snapshot is the state the round's local-only
         close would leave (the progress since it opened kept), the round counted as done."""
         theta = [p.detach().float().cpu().clone() for p in self.params]
         phi = [t.cpu().clone() for t in self.slow.phi] if self.slow else []
@@ -293,25 +294,30 @@ class StageWorker:
             theta, phi, momentum = ([t.float().cpu().clone() for t in ts]
                                     for ts in self.slow.local_close(*self.own_payload(), opened.theta_start))
             outer_round += 1
-        tensors = theta + phi + momentum
+        tensors = theta + phi + momentum + self.inner.moment_tensors()
         return {"inner_step": self.inner_step, "outer_round": outer_round,
                 "last_round_step": self.last_round_step, "tensors": tensors,
                 "digest": tensor_digest(tensors)}
 
-    def snapshot_problem(self, tensors: list[torch.Tensor]) -> str | None:
-        """Why a snapshot's tensors (theta, then phi and momentum with an outer step)
-        cannot be this stage's state, or None."""
+    def state_tensor_count(self) -> int:
+        """Tensors in a snapshot: theta, phi and momentum (an outer step's), the moments."""
         n = len(self.params)
-        groups = 3 if self.slow else 1
-        if len(tensors) != groups * n:
-            return f"state has {len(tensors)} tensors, this stage needs {groups * n}"
-        for i, t in enumerate(tensors):
+        return (3 if self.slow else 1) * n + 2 * n + 1
+
+    def snapshot_problem(self, tensors: list[torch.Tensor]) -> str | None:
+        """Why a snapshot's tensors (theta, then phi and momentum with an outer step,
+        then the inner optimizer's moments) cannot be this stage's state, or None."""
+        n = len(self.params)
+        weights = (3 if self.slow else 1) * n
+        if len(tensors) != self.state_tensor_count():
+            return f"state has {len(tensors)} tensors, this stage needs {self.state_tensor_count()}"
+        for i, t in enumerate(tensors[:weights]):
             shape = self.params[i % n].shape
             if t.shape != shape or not t.is_floating_point():
                 return f"state tensor of shape {tuple(t.shape)} / {t.dtype} does not fit {tuple(shape)}"
             if not math.isfinite(float(t.float().sum())):
                 return "state tensor with non-finite values"
-        return None
+        return self.inner.moments_problem(tensors[weights:])
 
     @torch.no_grad()
     def load_snapshot(self, inner_step: int, outer_round: int, tensors: list[torch.Tensor],
@@ -324,12 +330,11 @@ class StageWorker:
             p.copy_(t.to(p.device, p.dtype))
         if self.slow:
             self.slow.load_state_dict({"phi": [t.to(self.device) for t in tensors[n:2 * n]],
-                                       "momentum": [t.to(self.device) for t in tensors[2 * n:]]})
+                                       "momentum": [t.to(self.device) for t in tensors[2 * n:3 * n]]})
+        self.inner.load_moment_tensors(tensors[(3 if self.slow else 1) * n:])
         self.inner.step_count = inner_step
         self.outer_round = outer_round
         self.last_round_step = inner_step if last_round_step is None else min(last_round_step, inner_step)
-        if not self.inner.state:  # a joiner: the downloaded weights, our own fresh moments
-            self.inner.rewarm(REWARM_ROUNDS * self.spec.method.inner_steps)
 
     # -- checkpoints ------------------------------------------------------------------
     @torch.no_grad()

@@ -59,7 +59,7 @@ def encode_frame(header: dict, tensors: Sequence[torch.Tensor] = ()) -> bytes:
         t = t.detach().contiguous().cpu()
         specs.append([DTYPE_NAMES[t.dtype], list(t.shape)])
         raw = t.view(torch.int16) if t.dtype in (torch.float16, torch.bfloat16) else t
-        chunks.append(raw.numpy().tobytes())
+        chunks.append(raw.numpy())  # joined below: one copy, not two
     head = msgpack.packb({"v": WIRE_VERSION, **header, "tensors": specs}, use_bin_type=True)
     return b"".join([HEADER_LEN.pack(len(head)), head, *chunks])
 

@@ -21,6 +21,7 @@ within the grid's reach, which the steps leave twice the distance seen for)."""
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -31,7 +32,16 @@ from swarm_node.wire.blockwise import BLOCK, ErrorFeedback, Quantized, block_gap
 from swarm_node.wire.frames import WIRE_PRECISIONS, checked_floats, finite
 
 Tensors = list[torch.Tensor]
-GAP_DECAY = 0.7  # the distance a node expects to its next partner: the last one's, or 0.7 of what it expected
+# The distance a node expects to its next partner, per block: the largest it saw to its
+# partners of the last GAP_ROUNDS rounds, and never less than its own Delta reaches. It was
+# the last partner's, or 0.7 of what it expected: a joiner and its donor start on the same
+# phi, so each round they paired shrank both grids by 0.7, until a partner further away
+# than the grid reached decoded to within a few steps of its own phi (whatever the sender's
+# phi, the nearest index with its residue is near the receiver's): it saw that partner as
+# close, was not pulled to it, and shrank its own grid in turn. Stages with joiners drifted
+# apart (stage-1 replicas 13-35 apart against a round's motion of 0.3-1.6 in the honest-join
+# runs, where stage 0 stayed at 1-4), and honest donors fell outside the state check.
+GAP_ROUNDS = 8
 
 
 @dataclass(frozen=True)
@@ -83,7 +93,7 @@ class OuterEncoder:
         self.codec = codec
         self.feedback = {kind: ErrorFeedback(bits) if bits else None
                          for kind, bits in (("phi", codec.phi_bits), ("delta", codec.delta_bits))}
-        self.gap: Tensors | None = None  # near codecs: per phi tensor and block, the distance to expect
+        self.seen: deque[Tensors] = deque(maxlen=GAP_ROUNDS)  # near codecs: distances to recent partners
 
     def encode(self, phi: Sequence[torch.Tensor], delta: Sequence[torch.Tensor]) -> Tensors:
         """What goes on the wire: phi's tensors, then Delta's."""
@@ -95,8 +105,7 @@ class OuterEncoder:
                 wire += [_to_float_wire(t, dtype) for t in tensors]
                 continue
             if kind == "phi" and self.codec.phi_near:
-                gaps = self.gap or [block_gap(d, torch.zeros_like(d)) for d in delta]
-                coded = feedback.compress(tensors, gaps=gaps)
+                coded = feedback.compress(tensors, gaps=self.expected_gaps(delta))
             else:
                 coded = feedback.compress(tensors)
             wire += [part for q in coded for part in (q.codes, q.scales)]
@@ -109,13 +118,21 @@ class OuterEncoder:
 
     def observe(self, own_phi: Sequence[torch.Tensor], partners_phi: Sequence[Sequence[torch.Tensor]]) -> None:
         """The distance to this round's partners, as decoded and checked: the grid of our
-        next payloads leaves room for twice the larger of it and 0.7 of what we expected."""
+        next payloads leaves room for twice the distance we expect (``expected_gaps``)."""
         if not self.codec.phi_near or not partners_phi:
             return
-        seen = [torch.stack([block_gap(p[k], own) for p in partners_phi]).amax(dim=0)
-                for k, own in enumerate(own_phi)]
-        self.gap = seen if self.gap is None else [torch.maximum(s, GAP_DECAY * g.to(s.device))
-                                                 for s, g in zip(seen, self.gap)]
+        self.seen.append([torch.stack([block_gap(p[k], own) for p in partners_phi]).amax(dim=0)
+                          for k, own in enumerate(own_phi)])
+
+    def expected_gaps(self, delta: Sequence[torch.Tensor]) -> Tensors:
+        """Per phi tensor and block, how far our next partner may be: the largest distance
+        to the partners of the last GAP_ROUNDS rounds, at least as far as our Delta reaches
+        (before any partner, peers start from the same weights or a donor's phi and drift
+        apart by about a round's Delta)."""
+        gaps = [block_gap(d, torch.zeros_like(d)) for d in delta]
+        for seen in self.seen:
+            gaps = [torch.maximum(g, s.to(g.device)) for g, s in zip(gaps, seen)]
+        return gaps
 
 
 def decode_outer(tensors: Sequence[torch.Tensor], shapes: Sequence[torch.Size], codec: OuterCodec,

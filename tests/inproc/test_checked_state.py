@@ -76,6 +76,35 @@ def test_a_hostile_donor_asked_first_is_refused_and_an_honest_one_adopted(caplog
     assert "agree" in node.stats.state_check
 
 
+def test_a_donor_serving_moments_no_adam_makes_is_kept_off_and_an_honest_one_adopted(caplog):
+    """The Adam moments come with the state and no witness sketches them: moments forged
+    to make the joiner's steps large (|exp_avg| far above sqrt(C exp_avg_sq)) are refused
+    on arrival, the donor kept off as a poisoner; the honest donor's moments are adopted."""
+    base = StageWorker(SPEC, 1, 16)
+    peers = {"QmHonestA": replica(base, 1), "QmHonestB": replica(base, 2), "QmHostile": replica(base, 3)}
+    for parts in peers.values():  # moments of a few real steps
+        for _ in range(3):
+            for p in parts.worker.params:
+                p.grad = torch.randn_like(p) * 1e-3
+            parts.worker.inner.step()
+        parts.worker.inner.step_count = STEP
+    hostile = peers["QmHostile"].worker
+    for state in hostile.inner.state.values():
+        state["exp_avg"].fill_(1.0)  # a full-size step in every coordinate, whatever the gradient
+        state["exp_avg_sq"].fill_(1e-12)
+    stage = Stage(peers)
+    node = joiner(stage, peers, prefer="QmHostile")
+    with caplog.at_level(logging.INFO, logger="swarm_node"):
+        assert vclock.run(node.sync.download())
+    assert node.stats.states_refused == 1 and node.guard.is_poisoned("QmHostile")
+    donor = peers[node.stats.downloaded_from].worker
+    assert node.stats.downloaded_from in ("QmHonestA", "QmHonestB")
+    assert all(torch.equal(node.worker.inner.state[i]["exp_avg"], donor.inner.state[i]["exp_avg"])
+               for i in donor.inner.state)
+    refusals = [r.getMessage() for r in caplog.records if "rejected its state" in r.getMessage()]
+    assert len(refusals) == 1 and "no Adam makes" in refusals[0]
+
+
 def test_donors_are_picked_at_random_not_by_their_claims():
     base = StageWorker(SPEC, 1, 16)
     peers = {f"QmHonest{i}": replica(base, i) for i in range(4)}

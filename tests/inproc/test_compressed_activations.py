@@ -14,6 +14,7 @@ from swarm_node.data.spec import DataSpec
 from swarm_node.net import protocols
 from swarm_node.optim import InnerHyper, default_method
 from swarm_node.spec import RunSpec
+from swarm_node.train.pipeline import outgoing
 from swarm_node.train.worker import StageWorker
 
 SPEC = RunSpec(run_id="acts", model_size="debug", num_stages=2, seq_len=16, batch_size=4, samples_per_step=4,
@@ -40,7 +41,8 @@ def one_hop(codec: str) -> tuple[torch.Tensor, float, int, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
     tokens, targets = torch.randint(0, VOCAB, (4, 16), generator=g), torch.randint(0, VOCAB, (4, 16), generator=g)
     hidden = first.worker.forward(tokens)
-    grad, loss = asyncio.run(first.pipeline().send_downstream(hidden, targets, timeout_s=30.0))
+    grad, loss = asyncio.run(first.pipeline().send_downstream(*outgoing(hidden, spec.activation_codec), targets,
+                                                               timeout_s=30.0))
     exact = hidden.clone().requires_grad_(True)
     StageWorker(spec, 1, VOCAB).stage(exact, targets).backward()  # the same weights: built from the run's seed
     return grad, loss, sum(sent), exact.grad
@@ -64,7 +66,7 @@ def test_activations_far_out_of_the_recent_scale_are_refused_without_blaming_the
     2 x 2 run); a micro-batch far above the median of the moment is refused, so the
     sender routes it elsewhere, but not counted as a fault (eight ban a caller, which
     cut stage 0 off for good), and a scale that lasts is accepted soon."""
-    from swarm_node.train.pipeline import _encode_forward
+    from swarm_node.train.pipeline import forward_request
     from swarm_node.wire.frames import decode_frame
 
     second = StageParts(SPEC, StageWorker(SPEC, 1, VOCAB))
@@ -74,7 +76,7 @@ def test_activations_far_out_of_the_recent_scale_are_refused_without_blaming_the
     targets = torch.randint(0, VOCAB, (4, 16), generator=g)
 
     def hop(scale: float) -> dict:
-        payload = _encode_forward({"kind": "fwd", "spec": SPEC.spec_hash(), "deadline_s": 30.0}, hidden * scale,
+        payload = forward_request({"kind": "fwd", "spec": SPEC.spec_hash(), "deadline_s": 30.0}, hidden * scale,
                                   targets, SPEC.activation_codec)
         return decode_frame(asyncio.run(downstream.handle_forward("QmFirst", payload)), downstream.frame_limits)[0]
 

@@ -15,7 +15,7 @@ from swarm_node.node.config import NodeConfig
 from swarm_node.optim import InnerHyper, default_method
 from swarm_node.spec import RunSpec
 from swarm_node.train import pipeline as pipeline_module
-from swarm_node.train.pipeline import _encode_forward
+from swarm_node.train.pipeline import forward_request as encode_forward
 from swarm_node.train.worker import StageWorker
 from swarm_node.wire.frames import decode_frame
 
@@ -30,7 +30,7 @@ def forward_request() -> bytes:
     g = torch.Generator().manual_seed(0)
     tokens, targets = torch.randint(0, VOCAB, (4, 16), generator=g), torch.randint(0, VOCAB, (4, 16), generator=g)
     hidden = StageWorker(SPEC, 0, VOCAB).forward(tokens)
-    return _encode_forward({"kind": "fwd", "spec": SPEC.spec_hash(), "deadline_s": 30.0}, hidden, targets, "fp16")
+    return encode_forward({"kind": "fwd", "spec": SPEC.spec_hash(), "deadline_s": 30.0}, hidden, targets, "fp16")
 
 
 def later_stage() -> tuple[StageParts, object]:

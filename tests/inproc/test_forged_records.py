@@ -12,6 +12,7 @@ from parts import StageParts, record
 from swarm_node.errors import NotEnoughPeers, PeerError
 from swarm_node.net import protocols
 from swarm_node.spec import RunSpec
+from swarm_node.train.pipeline import outgoing
 from swarm_node.train.worker import StageWorker
 from swarm_node.wire.frames import encode_frame
 
@@ -56,7 +57,8 @@ def test_forged_next_stage_records_cost_no_micro_batch_and_one_probe_each():
         lost = 0
         for _ in range(200):
             try:
-                await pipeline.send_downstream(HIDDEN, torch.zeros(4, 16, dtype=torch.long), timeout_s=30.0)
+                await pipeline.send_downstream(*outgoing(HIDDEN, SPEC.activation_codec),
+                                               torch.zeros(4, 16, dtype=torch.long), timeout_s=30.0)
             except (PeerError, NotEnoughPeers, TimeoutError):
                 lost += 1
         return lost

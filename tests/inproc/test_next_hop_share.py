@@ -19,6 +19,7 @@ import vclock
 from parts import StageParts, record
 
 from swarm_node.spec import RunSpec
+from swarm_node.train.pipeline import outgoing
 from swarm_node.train.worker import StageWorker
 from swarm_node.wire.frames import encode_frame
 
@@ -70,7 +71,7 @@ async def run_stage_0(peers: NextStage, seed: int) -> None:
             left[0] -= 1
             async with compute:
                 await asyncio.sleep(STAGE0_S)
-            await pipeline.send_downstream(HIDDEN, TARGETS, timeout_s=30.0)
+            await pipeline.send_downstream(*outgoing(HIDDEN, SPEC.activation_codec), TARGETS, timeout_s=30.0)
 
     await asyncio.gather(*(lane() for _ in range(stage.config.max_in_flight)))
 

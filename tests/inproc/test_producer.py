@@ -8,7 +8,7 @@ import asyncio
 import pytest
 import torch
 import vclock
-from parts import StageParts
+from parts import StageParts, record
 
 from swarm_node.data.dataset import load_windows
 from swarm_node.data.spec import DataSpec
@@ -17,6 +17,7 @@ from swarm_node.optim import InnerHyper, default_method
 from swarm_node.spec import RunSpec
 from swarm_node.train.compute import ComputeThread
 from swarm_node.train.worker import StageWorker
+from swarm_node.wire.frames import encode_frame
 
 SPEC = RunSpec(run_id="producer", model_size="debug", num_stages=1, seq_len=16, batch_size=4, samples_per_step=4,
                data=DataSpec(kind="synthetic"), method=default_method("noloco", inner_steps=50),
@@ -100,3 +101,61 @@ def test_stage_0_waits_for_a_next_stage_peer_instead_of_losing_micro_batches():
     vclock.run(scenario())
     assert finished == [True] and stage.stats.microbatches_lost == 0
     assert pipeline.loader.state_dict() == before  # nothing was drawn
+
+
+def test_stage_0_keeps_as_many_micro_batches_in_flight_as_its_window_says():
+    """The producer keeps out what the window (routing/window.py, whose arithmetic
+    tests/unit/test_in_flight_window.py pins) says, no more; a window that grows lets
+    more out at once, one that shrinks lets those out finish before it draws again."""
+    spec = RunSpec(run_id="producer", model_size="debug", num_stages=2, seq_len=16, batch_size=4,
+                   samples_per_step=4, data=DataSpec(kind="synthetic"), method=default_method("noloco", inner_steps=50))
+    data = load_windows(spec.data, spec.seq_len)
+    hidden_size = StageWorker(spec, 0, data.vocab_size).model_config.hidden_size
+    answer = encode_frame({"ok": True, "loss": 2.0}, [torch.zeros(4, 16, hidden_size).half()])
+    held: list[asyncio.Future] = []
+
+    class NextStage:
+        async def request(self, peer, protocol, payload, *, timeout_s, max_response_bytes, **pacing):
+            held.append(asyncio.get_running_loop().create_future())
+            await held[-1]
+            return answer
+
+    class Window:  # sizes set by the test; what the pipeline notes is kept
+        def __init__(self):
+            self.depth, self.noted = 2, 0
+
+        def note(self, compute_s, wait_s):
+            self.noted += compute_s > 0 and wait_s >= 0
+
+        def size(self, next_stage_accepts):
+            assert next_stage_accepts == 4  # one next-stage peer, which serves a caller 4 at once
+            return self.depth
+
+    stage = StageParts(spec, StageWorker(spec, 0, data.vocab_size), transport=NextStage())
+    stage.membership.peers = {1: {"QmNext": record(1, spec)}}
+    stage.guard.reached("QmNext")
+    pipeline = stage.pipeline()
+    pipeline.window = window = Window()
+    pipeline.open_data(data, "QmSelf", resumed=None)
+
+    async def release(count: int) -> int:
+        for future in [f for f in held if not f.done()][:count]:
+            future.set_result(None)
+        await asyncio.sleep(5)
+        return pipeline.in_flight
+
+    async def scenario():
+        producing = asyncio.create_task(pipeline.produce(finished=lambda: asyncio.sleep(0)))
+        seen = [await release(0)]
+        window.depth = 7  # as measured when a micro-batch comes back
+        seen.append(await release(1))
+        window.depth = 3
+        seen.append(await release(2))  # 5 left: none drawn
+        seen.append(await release(3))  # 2 left: one drawn
+        stage.stopping.set()
+        while not producing.done():
+            await release(len(held))
+        return seen
+
+    assert vclock.run(scenario()) == [2, 7, 5, 3]
+    assert stage.stats.microbatches_lost == 0 and window.noted == len(held)

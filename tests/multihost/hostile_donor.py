@@ -72,7 +72,7 @@ def poisoned_snapshot(self) -> dict:
                             seed=self.spec.seed + 7919, layers_per_stage=self.spec.layers_per_stage)
         theta = [p.detach().float().clone() for p in stage.parameters()]
         phi, momentum = [t.clone() for t in theta], [torch.zeros_like(t) for t in theta]
-    tensors = [*theta, *phi, *momentum]
+    tensors = [*theta, *phi, *momentum, *snapshot["tensors"][3 * n:]]  # the moments as they are
     print(f"hostile: serving a {case} state", file=sys.stderr, flush=True)
     return {**snapshot, "tensors": tensors, "digest": tensor_digest(tensors)}
 

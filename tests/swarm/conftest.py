@@ -70,6 +70,9 @@ class SwarmHarness:
         return (self.tmp_path / f"{name}.log").read_text(errors="replace")
 
     def close(self) -> None:
+        """Stops the processes and the DHT; again (the fixture's, after the test's own), nothing."""
+        if self.loop.is_closed():
+            return
         for proc in self.processes:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)

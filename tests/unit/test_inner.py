@@ -129,34 +129,69 @@ def test_average_gradients_makes_workers_agree():
     assert torch.equal(a.grad, torch.full((3,), 2.0)) and torch.equal(b.grad, a.grad)
 
 
-def test_a_joiner_with_fresh_moments_ramps_its_lr_up_again_and_a_node_with_its_own_does_not():
-    """A joiner adopts downloaded weights with its own fresh Adam moments: its lr ramps
-    up over two rounds from the step it adopted (optim/inner.py, rewarm), then follows
-    the schedule; a node that catches up keeps its moments and its lr."""
+def _stepped_worker(betas=(0.9, 0.999), steps: int = 3):
     from swarm_node.data.spec import DataSpec
     from swarm_node.optim import default_method
     from swarm_node.spec import RunSpec
-    from swarm_node.train.worker import REWARM_ROUNDS, StageWorker
+    from swarm_node.train.worker import StageWorker
 
-    spec = RunSpec(run_id="rewarm", model_size="debug", num_stages=1, seq_len=8, batch_size=2, samples_per_step=2,
+    spec = RunSpec(run_id="moments", model_size="debug", num_stages=1, seq_len=8, batch_size=2, samples_per_step=2,
                    data=DataSpec(kind="synthetic"), method=default_method("noloco", inner_steps=4),
-                   inner=InnerHyper(lr=1e-3, warmup_steps=2, total_steps=1000))
-    donor, joiner, behind = (StageWorker(spec, 0, 64, "cpu") for _ in range(3))
-    for worker in (donor, behind):  # steps that leave Adam moments behind
-        for _ in range(3):
-            for p in worker.params:
-                p.grad = torch.randn_like(p) * 1e-3
-            worker.inner.step()
-    tensors = donor.snapshot()["tensors"]
-    joiner.load_snapshot(100, 25, tensors)
-    behind.load_snapshot(100, 25, tensors)
-    ramp = REWARM_ROUNDS * spec.method.inner_steps
-    lrs = []
-    for _ in range(ramp + 2):
-        lrs.append(joiner.inner.lr)
-        joiner.inner.step_count += 1
-    scheduled = [lr_at(100 + k, spec.inner) for k in range(ramp + 2)]
-    assert lrs[:ramp] == pytest.approx([scheduled[k] * (k + 1) / ramp for k in range(ramp)])
-    assert lrs[ramp:] == pytest.approx(scheduled[ramp:])
-    assert behind.inner.lr == pytest.approx(lr_at(100, spec.inner))
+                   inner=InnerHyper(lr=1e-3, warmup_steps=2, total_steps=1000, betas=betas))
+    worker = StageWorker(spec, 0, 64, "cpu")
+    g = torch.Generator().manual_seed(0)
+    for _ in range(steps):  # steps that leave Adam moments behind; the first parameter never has a gradient
+        for p in worker.params[1:]:
+            p.grad = torch.randn(p.shape, generator=g) * 1e-3
+        worker.inner.step()
+    return spec, worker
+
+
+def test_a_joiner_adopts_its_donors_moments_and_steps_as_it_would():
+    """A snapshot carries the inner AdamW's moments (a joiner with fresh ones made Deltas
+    2-4x its partners'): the joiner's next step equals its donor's, bit for bit."""
+    from swarm_node.train.worker import StageWorker
+
+    spec, donor = _stepped_worker()
+    joiner = StageWorker(spec, 0, 64, "cpu")
+    snap = donor.snapshot()
+    joiner.load_snapshot(snap["inner_step"], snap["outer_round"], snap["tensors"])
+    assert 0 not in joiner.inner.state and set(joiner.inner.state) == set(donor.inner.state)
+    grads = [torch.randn_like(p) * 1e-3 for p in donor.params]
+    for worker in (donor, joiner):
+        for p, grad in zip(worker.params, grads):
+            p.grad = grad.clone()
+        worker.inner.step()
+    assert all(torch.equal(a, b) for a, b in zip(donor.params, joiner.params))
+
+
+@pytest.mark.parametrize("betas", [(0.9, 0.999), (0.9, 0.95), (0.5, 0.99)])
+def test_moments_any_adam_makes_pass_and_forged_ones_are_refused(betas):
+    """|exp_avg| <= sqrt(C exp_avg_sq) holds for any gradients (optim/inner.py
+    moment_bound): held here for gradients built to approach it (one large gradient
+    then quiet ones, a constant sign), and moments forged to make a joiner's steps large
+    fail it, as do negative or non-finite values and step counts that are negative or
+    not whole."""
+    spec, worker = _stepped_worker(betas)
+    inner = worker.inner
+    for scale in (1.0, 1e-6, 1e3):  # a sign that stays, a spike, then near-silence: m close to its bound
+        for p in worker.params[1:]:
+            p.grad = torch.full_like(p, scale)
+        inner.step()
+    moments = inner.moment_tensors()
+    assert inner.moments_problem(moments) is None
+    n = len(worker.params)
+
+    def forged(index: int, change) -> list[torch.Tensor]:
+        out = [t.clone() for t in moments]
+        out[index] = change(out[index])
+        return out
+
+    assert "bound" in inner.moments_problem(forged(1, lambda m: m + 10 * m.abs().max() + 1))
+    assert "negative" in inner.moments_problem(forged(n + 1, lambda v: -v - 1))
+    assert "non-finite" in inner.moments_problem(forged(n + 1, lambda v: v * float("nan")))
+    assert "step counts" in inner.moments_problem(forged(2 * n, lambda s: s + 0.5))
+    assert "step counts" in inner.moments_problem(forged(2 * n, lambda s: s - 1e6))
+    assert inner.moments_problem(forged(2 * n, lambda s: s + 1e6)) is None  # more steps than ours: a joiner's
+    assert "tensors" in inner.moments_problem(moments[:-1])
 

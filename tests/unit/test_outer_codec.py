@@ -37,9 +37,9 @@ def test_every_codec_round_trips_within_its_precision(name, had_partner):
         encoder.observe(phi, [receivers_phi])
     wire = encoder.encode(phi, delta)
     got_phi, got_delta = decode_outer(wire, SHAPES, codec, torch.device("cpu"), near=receivers_phi)
-    # the distance a near codec expects: the last partner's, else as far as its own Delta reaches
-    expected = receivers_phi if had_partner else [t + d for t, d in zip(phi, delta)]
-    gaps = [(e - t).abs().max() if t.numel() else None for e, t in zip(expected, phi)]
+    # the distance a near codec expects: as far as its own Delta reaches, or its last partner if further
+    gaps = [max(d.abs().max(), (r - t).abs().max() if had_partner else 0) if t.numel() else None
+            for t, d, r in zip(phi, delta, receivers_phi)]
     for kind, sent, got in (("phi", phi, got_phi), ("delta", delta, got_delta)):
         bits = codec.phi_bits if kind == "phi" else codec.delta_bits
         for t, g, gap in zip(sent, got, gaps):
@@ -55,6 +55,26 @@ def test_every_codec_round_trips_within_its_precision(name, had_partner):
                 else:
                     tolerance = t.abs().max() / (2 ** (bits - 1) - 1) / 2
                 assert (g.float() - t).abs().max() <= tolerance * 1.001 + 1e-9
+
+
+def test_rounds_with_a_clone_leave_the_grid_reaching_a_partner_as_far_as_recent_ones():
+    """A joiner and its donor start on the same phi: rounds they pair in see a distance of
+    about nothing. The next partner, as far as the ones before, must still decode to its
+    phi, not to something near the receiver's own (the grid shrank 0.7 a round once, and
+    a node that misread its partners was not pulled to them: stages drifted apart)."""
+    gen = torch.Generator().manual_seed(3)
+    codec = outer_codec("near4-3")
+    phi, delta = tensors(gen, 0.02), tensors(gen, 1e-4)
+    far = [t + torch.randn(t.shape, generator=gen) * 3e-3 for t in phi]
+    encoder = OuterEncoder(codec)
+    encoder.observe(phi, [far])  # a partner at the stage's usual distance
+    for _ in range(6):  # then the clone, round after round
+        encoder.observe(phi, [[t.clone() for t in phi]])
+    got_phi, _ = decode_outer(encoder.encode(phi, delta), SHAPES, codec, torch.device("cpu"), near=far)
+    for t, g, f in zip(phi, got_phi, far):
+        if t.numel():
+            step = 2 * (f - t).abs().max() / (2 ** (codec.phi_bits - 1) - 1)
+            assert (g - t).abs().max() <= step, "the partner read the sender's phi wrongly"
 
 
 @pytest.mark.parametrize("name", OUTER_CODECS)

@@ -84,6 +84,22 @@ def test_the_chooser_skips_banned_peers_and_prefers_fast_empty_ones():
     assert chooser.in_flight == {"QmFast": 1}
 
 
+def test_the_chooser_sends_a_peer_no_more_at_once_than_it_serves_one_caller():
+    """A next-stage peer answers busy beyond 4 of one caller's requests at once (the
+    pipeline's FORWARD_PER_CALLER): a 2 x 2 run lost micro-batches when stage 0's window
+    sent the single stage-1 peer a fifth."""
+    chooser = PeerChooser(rng=random.Random(0))
+    candidates = [Candidate("QmFast", 100.0, 0), Candidate("QmSlow", 1.0, 0)]
+    for _ in range(4):
+        chooser.started("QmFast")
+    assert {chooser.choose(candidates, per_peer=4) for _ in range(50)} == {"QmSlow"}
+    for _ in range(4):
+        chooser.started("QmSlow")
+    assert chooser.choose(candidates, per_peer=4) is None
+    chooser.finished("QmSlow")
+    assert chooser.choose(candidates, per_peer=4) == "QmSlow"
+
+
 def test_a_measured_rate_fades_towards_the_best_as_the_peer_misses_its_turns():
     trips = RoundTrips()
     trips.note("QmWarming", 4, 2.0)  # 2 samples/s: one slow answer, a warm-up
