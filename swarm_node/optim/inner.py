@@ -94,13 +94,13 @@ class InnerOptimizer:
     def moment_tensors(self) -> list[torch.Tensor]:
         """exp_avg per parameter, exp_avg_sq per parameter, then one tensor of the step
         counts (zeros for a parameter that has had no gradient yet), on the CPU in fp32."""
+        def moment(i: int, name: str) -> torch.Tensor:
+            state = self.state.get(i)
+            return torch.zeros(self.params[i].shape) if state is None else state[name].float().cpu().clone()
+
         n = len(self.params)
-        zeros = [torch.zeros(p.shape) for p in self.params]
-        exp_avg = [self.state[i]["exp_avg"].float().cpu().clone() if i in self.state else zeros[i] for i in range(n)]
-        exp_avg_sq = [self.state[i]["exp_avg_sq"].float().cpu().clone() if i in self.state else zeros[i]
-                      for i in range(n)]
         steps = torch.tensor([float(self.state[i]["step"]) if i in self.state else 0.0 for i in range(n)])
-        return exp_avg + exp_avg_sq + [steps]
+        return [moment(i, "exp_avg") for i in range(n)] + [moment(i, "exp_avg_sq") for i in range(n)] + [steps]
 
     def moments_problem(self, tensors: list[torch.Tensor]) -> str | None:
         """Why ``tensors`` (as ``moment_tensors`` lays them out) are moments no Adam of

@@ -15,8 +15,8 @@ The wait used is the least of the recent ones, not their mean: a wait that grows
 the next stage queues our own micro-batches must not make us send more of them
 (BBR's reasoning for its minimum round trip). The window never exceeds the node's
 ``max_in_flight`` nor what the next stage's peers accept from one caller at once (4
-each: a fifth is answered busy; routing/chooser.py sends a peer no more than that). Until both times are
-measured it is ``MIN_WINDOW``."""
+each: a fifth is answered busy; routing/chooser.py sends a peer no more than that).
+Until both times are measured it is ``MIN_WINDOW``."""
 
 from __future__ import annotations
 

@@ -93,18 +93,18 @@ def check_state(candidate: StateSketch, witnesses: Mapping[str, Witness], *, inn
     tolerance = _Tolerance.of(voters, inner_steps)
     agree, ratios, failed = 0, [], Counter()
     for w in voters:
-        missed = tolerance.vote(candidate, w.sketch, inner_steps)
-        agree += not missed[1]
-        ratios.append(missed[0])
-        failed.update(missed[1])
+        ratio, outside = tolerance.vote(candidate, w.sketch, inner_steps)
+        agree += not outside
+        ratios.append(ratio)
+        failed.update(outside)
     disagree = len(voters) - agree
     accepted = agree >= 1 and agree + 1 >= disagree  # the donor's own state is one more vote for it
     steps = [w.sketch.inner_step for w in voters]
     rounds = [w.sketch.outer_round for w in voters]
     why = (f"{agree} of {len(voters)} peers agree (phi at {min(ratios):.2f} of the tolerance at the closest; "
            f"spread {_whole(tolerance.spread):.3g}, a round's motion {_whole(tolerance.motion):.3g}"
-           + (f"; outside: {', '.join(f'{bound} {n}x' for bound, n in sorted(failed.items()))}" if failed else "")
-           + (f"; round {candidate.outer_round} against {min(rounds)}-{max(rounds)}" if failed else "") + ")")
+           + (f"; outside: {', '.join(f'{bound} {n}x' for bound, n in sorted(failed.items()))}; "
+              f"round {candidate.outer_round} against {min(rounds)}-{max(rounds)}" if failed else "") + ")")
     return Verdict(accepted, why, agree, disagree, min(ratios),
                    inner_step=min(max(candidate.inner_step, min(steps)), max(steps)),
                    outer_round=min(max(candidate.outer_round, min(rounds)), max(rounds)))
