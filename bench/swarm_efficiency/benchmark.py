@@ -182,16 +182,18 @@ class SwarmRun:
     samples: list[ana.Sample]
 
 
-def run_swarm(plan: Plan, stages: int, replicas: int, work_dir: Path) -> SwarmRun:
-    """One ``swarm-node local`` run with probed nodes, its process tree sampled meanwhile."""
-    probe_dir = work_dir / layout_name(stages, replicas)
+def run_swarm(plan: Plan, stages: int, replicas: int, work_dir: Path, *, lanes: bool = True) -> SwarmRun:
+    """One ``swarm-node local`` run with probed nodes, its process tree sampled meanwhile;
+    ``lanes`` False: everything over libp2p streams (``--no-lanes``)."""
+    probe_dir = work_dir / (layout_name(stages, replicas) + ("" if lanes else "-libp2p"))
     probe_dir.mkdir()
     summary_path = probe_dir / "summary.json"
     cmd = [sys.executable, "-m", PROBE_MODULE, "local", "--stages", str(stages), "--replicas", str(replicas),
            "--model", plan.model, "--data", plan.data, "--seq-len", str(plan.seq_len),
            "--batch-size", str(plan.batch_size), "--steps", str(plan.steps), "--inner-steps", str(plan.inner_steps),
            "--round-timeout", str(plan.round_timeout_s),
-           "--run-dir", str(probe_dir / "run"), "--json-out", str(summary_path), "--no-progress"]
+           "--run-dir", str(probe_dir / "run"), "--json-out", str(summary_path), "--no-progress",
+           *([] if lanes else ["--no-lanes"])]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
                **{PROBE_DIR_ENV: str(probe_dir), PROFILE_STEPS_ENV: f"{plan.window[0]}:{plan.window[1]}"})
     log_path = probe_dir / "driver.log"
@@ -344,7 +346,8 @@ def plain_rows(plain: dict, reference: float) -> tuple[dict, dict]:
 # --- the run --------------------------------------------------------------------------------
 
 
-def run(plan: Plan, result: Result) -> None:
+def run(plan: Plan, result: Result, fast_link: Plan | None = None) -> None:
+    from bench.swarm_efficiency.fast_link import run_fast_link
     from swarm_node.data.dataset import load_windows
 
     data = load_windows(plan.spec(1).data, plan.seq_len)
@@ -370,6 +373,9 @@ def run(plan: Plan, result: Result) -> None:
             result.add(**row)
         result.add(**analysis.machine)
     _summarise(result, plan, plains, budget, cores, analyses)
+    if fast_link is not None:
+        with tempfile.TemporaryDirectory(prefix="swarm-efficiency-fast-") as work:
+            run_fast_link(fast_link, result, Path(work))
 
 
 def _summarise(result: Result, plan: Plan, plains: dict, budget: int, cores: int,
@@ -467,11 +473,15 @@ def _table(rows: list[dict], columns: list[tuple[str, str, str]]) -> list[str]:
 
 
 def markdown(result: dict) -> str:
+    from bench.swarm_efficiency.fast_link import fast_link_section
+
     s = result["summary"]
     parts = ["## Swarm efficiency: a local swarm against plain training", "", _intro(s), "",
              f"```\n{rerun_command(NAME, result['mode'])}\n```", "",
              f"![swarm efficiency](bench/results/{NAME}.png)", "",
              *_tables(result), "", _meaning(result)]
+    if _rows(result, "fast_link"):
+        parts += ["", *fast_link_section(result)]
     if result.get("notes"):
         parts += ["", *[f"- {note}" for note in result["notes"]]]
     return "\n".join(parts) + "\n"
@@ -583,9 +593,11 @@ def _meaning(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_mode(__doc__.splitlines()[0], argv)
-    plan = FULL if args.full else QUICK
+    from bench.swarm_efficiency.fast_link import FAST_LINK_FULL, FAST_LINK_QUICK
+
+    plan, fast = (FULL, FAST_LINK_FULL) if args.full else (QUICK, FAST_LINK_QUICK)
     result = Result(NAME, args.mode, args.out_dir)
-    run(plan, result)
+    run(plan, result, fast)
     path = result.write()
     plot(json.loads(path.read_text()), result.path(".png"))
     return 0

@@ -24,10 +24,13 @@ from __future__ import annotations
 
 import asyncio
 import mmap
+import select
 import socket
 import ssl
 import threading
 from concurrent.futures import ThreadPoolExecutor
+
+from swarm_node.net.pacing import BlockingPipe
 
 RECV_BYTES = 256 << 10
 BIG_RECV_BYTES = 4 << 20  # one receive into a big body's buffer
@@ -37,7 +40,7 @@ SEND_SLICE_BYTES = 4 << 20  # between slices, read what the other side sent (ack
 SOCKET_TIMEOUT_S = 600.0  # a backstop: every caller has its own deadline and closes the lane on it
 
 
-class LaneIO:
+class LaneIO(BlockingPipe):
     def __init__(self, sock: socket.socket, executor: ThreadPoolExecutor):
         self._sock = sock
         self._executor = executor
@@ -94,6 +97,37 @@ class LaneIO:
         self._executor.submit(self._sock.close)
         self._executor.shutdown(wait=False)
 
+    # -- a paced body, whole on the lane's thread (net/pacing.py) ---------------------
+    async def run(self, fn, *args):
+        return await self._in_thread(self._run, self._flush(), fn, args)
+
+    def _run(self, pending: list[bytes | memoryview], fn, args: tuple):
+        self._send(pending)
+        return fn(self, *args)
+
+    def send_now(self, data: bytes | memoryview) -> None:
+        self._send([data])
+
+    def recv_into_now(self, view: memoryview) -> int:
+        if self._buffer:
+            n = min(len(view), len(self._buffer))
+            view[:n] = self._buffer[:n]
+            del self._buffer[:n]
+            return n
+        return self._sock.recv_into(view, min(len(view), BIG_RECV_BYTES))
+
+    def readable_within(self, timeout_s: float) -> bool:
+        if self._buffer or (isinstance(self._sock, ssl.SSLSocket) and self._sock.pending()):
+            return True
+        return bool(select.select([self._sock], [], [], timeout_s)[0])
+
+    def buffered(self) -> int:
+        self._pull_waiting()
+        return len(self._buffer)
+
+    def body_buffer(self, length: int) -> memoryview:
+        return memoryview(bytearray(length)) if length < BIG_READ_BYTES else BODY_BUFFERS.take(length)
+
     # -- on the lane's thread ---------------------------------------------------------
     async def _in_thread(self, fn, *args):
         if self._closed:
@@ -123,17 +157,16 @@ class LaneIO:
 
     def _read_exactly(self, pending: list[bytes | memoryview], n: int) -> bytes | memoryview:
         self._send(pending)
-        out = bytearray(n) if n < BIG_READ_BYTES else BODY_BUFFERS.take(n)
-        view = memoryview(out)
+        view = self.body_buffer(n)
         have = min(n, len(self._buffer))
         view[:have] = self._buffer[:have]
         del self._buffer[:have]
         while have < n:
             got = self._sock.recv_into(view[have:], min(n - have, BIG_RECV_BYTES))
             if not got:
-                raise asyncio.IncompleteReadError(bytes(out[:have]), n)
+                raise asyncio.IncompleteReadError(bytes(view[:have]), n)
             have += got
-        return bytes(out) if n < BIG_READ_BYTES else view  # a big body stays in its buffer: no second copy
+        return bytes(view) if n < BIG_READ_BYTES else view  # a big body stays in its buffer: no second copy
 
     def _send(self, pending: list[bytes | memoryview]) -> None:
         for data in pending:

@@ -117,3 +117,19 @@ def test_markdown_is_rendered_from_the_result_alone():
     assert "bench/results/swarm_efficiency.png" in text and "up to 30% of the machine" in text
     assert "only 6 of 8 outer rounds found a partner" in text
     assert "- a note" in text and ".venv/bin/python -m bench.swarm_efficiency\n" in text
+
+
+def test_the_fast_link_section_compares_libp2p_with_lanes():
+    from bench.swarm_efficiency.fast_link import fast_link_section
+
+    rows = [{"table": "fast_link", "path": path, "tokens_per_s": tps, "transport_share": share, "p2pd_share": 0.1,
+             "node_io_share": share - 0.1, "compute_share": 0.5, "idle_share": 0.1, "stage0_blocked": 0.2,
+             "mb_per_s_whole_run": 30.0, "step_time_mean_s": 0.2, "microbatches_lost": 0, "other_processes": 0.0}
+            for path, tps, share in (("libp2p streams", 4000.0, 0.4), ("direct lanes", 6000.0, 0.15))]
+    result = {"rows": rows, "summary": {"fast_link": {
+        "model": "debug", "seq_len": 512, "batch_size": 16, "speedup": 1.5,
+        "tokens_per_s": {"libp2p streams": 4000.0, "direct lanes": 6000.0},
+        "transport_share": {"libp2p streams": 0.4, "direct lanes": 0.15}}}}
+    text = "\n".join(fast_link_section(result))
+    assert "| libp2p streams | 4,000 | 40% |" in text and "| direct lanes | 6,000 | 15% |" in text
+    assert "1.50x the tokens/s of libp2p streams" in text and "40 % before, 15 % after" in text

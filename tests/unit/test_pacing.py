@@ -15,6 +15,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from swarm_node.errors import ProtocolError, StreamClosed
+from swarm_node.net.lane_io import LaneIO, lane_executor
 from swarm_node.net.pacing import (
     ACK_EVERY_BYTES,
     CLOCK_BYTES,
@@ -84,11 +85,20 @@ def test_without_pacing_the_same_transfer_queues_for_seconds():
     assert worst > 15.0
 
 
-async def _stream_pair():
-    left, right = socket.socketpair()
-    a = await asyncio.open_connection(sock=left)
-    b = await asyncio.open_connection(sock=right)
-    return a, b
+async def _stream_pair(kinds: tuple[str, str] = ("loop", "loop")):
+    """Two ends of one connection, each (reader, writer): "loop" as asyncio streams,
+    "lane" as a direct lane's pipe (its thread runs a paced body whole, net/lane_io.py)."""
+    return tuple([await _end(kind, sock) for kind, sock in zip(kinds, socket.socketpair())])
+
+
+async def _end(kind: str, sock: socket.socket):
+    if kind == "lane":
+        pipe = LaneIO(sock, lane_executor())
+        return pipe, pipe
+    return await asyncio.open_connection(sock=sock)
+
+
+PIPES = [("loop", "loop"), ("lane", "lane"), ("lane", "loop"), ("loop", "lane")]
 
 
 @settings(max_examples=25, deadline=None)
@@ -97,12 +107,15 @@ async def _stream_pair():
                         PacerConfig(chunk_bytes=3000, initial_bytes=ACK_EVERY_BYTES + 1,
                                     min_bytes=ACK_EVERY_BYTES + 1)]))
 @example(200_000, 1, PacerConfig(chunk_bytes=1000, initial_bytes=ACK_EVERY_BYTES, min_bytes=ACK_EVERY_BYTES))
-def test_a_paced_body_arrives_whole_and_the_next_frame_follows_its_last_acknowledgement(size, seed, config):
-    """Including a sender held at its smallest window for the whole body."""
+@example(3_000_000, 2, None)
+@pytest.mark.parametrize("kinds", PIPES)
+def test_a_paced_body_arrives_whole_and_the_next_frame_follows_its_last_acknowledgement(kinds, size, seed, config):
+    """Including a sender held at its smallest window for the whole body, and either end
+    a lane's pipe: the two ways of sending and receiving speak the same protocol."""
     body = random.Random(seed).randbytes(size)
 
     async def run():
-        (a_reader, a_writer), (b_reader, b_writer) = await _stream_pair()
+        (a_reader, a_writer), (b_reader, b_writer) = await _stream_pair(kinds)
 
         async def receiver():
             length = int.from_bytes(await b_reader.readexactly(LENGTH_BYTES), "big")
@@ -120,18 +133,19 @@ def test_a_paced_body_arrives_whole_and_the_next_frame_follows_its_last_acknowle
             w.close()
         return got
 
-    assert asyncio.run(run()) == body
+    assert bytes(asyncio.run(run())) == body
 
 
+@pytest.mark.parametrize("sender", ["loop", "lane"])
 @pytest.mark.parametrize("acks, error", [([0], ProtocolError), ([40_000, 30_000], ProtocolError),
                                          ([10**9], ProtocolError), ([], StreamClosed)])
-def test_a_receiver_that_lies_about_what_it_read_is_caught(acks, error):
+def test_a_receiver_that_lies_about_what_it_read_is_caught(acks, error, sender):
     """Acknowledgements must rise and never pass what was sent; a stream that ends
     before the last one is closed, not a hang."""
     body = b"x" * 100_000
 
     async def run():
-        (a_reader, a_writer), (b_reader, b_writer) = await _stream_pair()
+        (a_reader, a_writer), (b_reader, b_writer) = await _stream_pair((sender, "loop"))
         for ack in acks:
             b_writer.write(ack.to_bytes(LENGTH_BYTES, "big") + (0).to_bytes(CLOCK_BYTES, "big"))
         b_writer.write_eof()  # nothing more from the receiver; it still takes what is sent
@@ -151,12 +165,13 @@ def test_a_window_below_the_acknowledgement_step_is_refused():
         PacerConfig(min_bytes=ACK_EVERY_BYTES - 1, initial_bytes=ACK_EVERY_BYTES)
 
 
-def test_the_receiver_acknowledges_in_steps_and_at_the_end():
+@pytest.mark.parametrize("receiver", ["loop", "lane"])
+def test_the_receiver_acknowledges_in_steps_and_at_the_end(receiver):
     body = b"y" * (3 * ACK_EVERY_BYTES + 5)
     piece = ACK_EVERY_BYTES + 1000
 
     async def run():
-        (a_reader, a_writer), (b_reader, b_writer) = await _stream_pair()
+        (a_reader, a_writer), (b_reader, b_writer) = await _stream_pair(("loop", receiver))
         receiving = asyncio.create_task(read_paced(b_reader, b_writer, len(body), keep=False))
         acks = []
         for start in range(0, len(body), piece):  # the next piece only once the last one is acknowledged

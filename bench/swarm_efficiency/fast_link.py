@@ -1,0 +1,76 @@
+"""The fast-link scenario of the swarm-efficiency benchmark (issue 34): a 2 x 2 swarm on
+this machine's loopback (a link faster than any software on it) whose stages do the
+least compute per byte they send that the model presets allow: the `debug` model (64
+wide, one layer a stage) on 16 x 512-token micro-batches, about 1 MB of activations
+forward and 1 MB of gradients back each. A CPU still computes a thousand times slower
+than a GPU, so the bytes stay a few MB/s and transport a small share here; on a GPU the
+same swarm is transport-bound. Run twice, the same way but for the path bulk bytes take:
+libp2p streams through both p2pd daemons (``--no-lanes``, how every node sent them before
+direct lanes) and direct lanes.
+
+Transport's share of the machine: the CPU time of the p2pd daemons and of the nodes'
+threads other than compute (event loops, lane threads, the wire thread that encodes and
+decodes frames), over all the cores' time in the steady window. On this 2-core machine
+every CPU-second moving bytes is one compute does not get, so the share is also what
+the transport costs in wall time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.common.results import Result
+from bench.swarm_efficiency.benchmark import Plan, _rows, _table, analyse_swarm, run_swarm
+
+FAST_LINK_QUICK = Plan(model="debug", seq_len=512, batch_size=16, steps=66, inner_steps=20, window=(6, 60),
+                       plain_warmup_steps=0, plain_steps=0, swarm_timeout_s=300, layouts=((2, 2),))
+FAST_LINK_FULL = Plan(model="debug", seq_len=512, batch_size=16, steps=240, inner_steps=50, window=(15, 215),
+                      plain_warmup_steps=0, plain_steps=0, swarm_timeout_s=900, layouts=((2, 2),))
+PATHS = (("libp2p streams", False), ("direct lanes", True))
+
+
+def run_fast_link(plan: Plan, result: Result, work: Path) -> None:
+    rows = {}
+    for path, lanes in PATHS:
+        swarm = run_swarm(plan, 2, 2, work, lanes=lanes)
+        analysis = analyse_swarm(swarm, plan)
+        m, t = analysis.machine, analysis.throughput
+        stage0 = next(row for row in analysis.stages if row["stage"] == 0)
+        moved = sum(p["bytes_sent"] for p in swarm.summary["peers"])
+        rows[path] = {"table": "fast_link", "path": path, "tokens_per_s": t["tokens_per_s"],
+                      "transport_share": m["p2pd"] + m["event_loops"], "p2pd_share": m["p2pd"],
+                      "node_io_share": m["event_loops"], "compute_share": sum(
+                          m[c] for c in ("useful", "recompute", "serialisation", "outer", "other")),
+                      "idle_share": m["idle"], "stage0_blocked": stage0["idle"],
+                      "mb_per_s_whole_run": moved / 1e6 / swarm.summary["wall_s"],
+                      "step_time_mean_s": t["step_time_mean_s"], "microbatches_lost": t["microbatches_lost"],
+                      "other_processes": m["other_processes"]}
+        result.add(**rows[path])
+    before, after = rows["libp2p streams"], rows["direct lanes"]
+    result.summary["fast_link"] = {
+        "model": plan.model, "seq_len": plan.seq_len, "batch_size": plan.batch_size,
+        "tokens_per_s": {path: row["tokens_per_s"] for path, row in rows.items()},
+        "transport_share": {path: row["transport_share"] for path, row in rows.items()},
+        "speedup": after["tokens_per_s"] / before["tokens_per_s"]}
+
+
+def fast_link_section(result: dict) -> list[str]:
+    f = result["summary"]["fast_link"]
+    before, after = f["transport_share"]["libp2p streams"], f["transport_share"]["direct lanes"]
+    return [
+        "### Fast link: libp2p streams against direct lanes", "",
+        f"A 2 x 2 swarm of the `{f['model']}` model, {f['batch_size']} x {f['seq_len']} tokens a micro-batch, on "
+        "loopback: the least compute per byte sent the CPU presets allow, still far more than a GPU's, so the bytes "
+        "stay a few MB/s (bench/swarm_efficiency/fast_link.py). Transport: the "
+        "p2pd daemons and the nodes' threads other than compute (event loops, lanes, the wire thread), as a share "
+        "of all the cores' time in the steady window; MB/s: every byte the nodes sent over the whole run.", "",
+        *_table(_rows(result, "fast_link"), [
+            ("path", "bulk bytes over", "s"), ("tokens_per_s", "tokens/s", "int"),
+            ("transport_share", "transport", "pct"), ("p2pd_share", "of it p2pd", "pct"),
+            ("node_io_share", "of it the nodes' I/O threads", "pct"), ("compute_share", "compute threads", "pct"),
+            ("idle_share", "idle cores", "pct"), ("stage0_blocked", "stage 0 blocked", "pct"),
+            ("mb_per_s_whole_run", "MB/s sent", "f2"), ("step_time_mean_s", "step time (s)", "f3"),
+            ("microbatches_lost", "micro-batches lost", "int"), ("other_processes", "others", "pct")]),
+        "",
+        f"Direct lanes: {f['speedup']:.2f}x the tokens/s of libp2p streams; transport's share of the machine "
+        f"{100 * before:.0f} % before, {100 * after:.0f} % after.",
+    ]
