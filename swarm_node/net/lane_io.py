@@ -30,7 +30,7 @@ import ssl
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from swarm_node.net.pacing import BlockingPipe
+from swarm_node.net.pacing import BlockingPipe, byte_view
 
 RECV_BYTES = 256 << 10
 BIG_RECV_BYTES = 4 << 20  # one receive into a big body's buffer
@@ -170,7 +170,7 @@ class LaneIO(BlockingPipe):
 
     def _send(self, pending: list[bytes | memoryview]) -> None:
         for data in pending:
-            view = memoryview(data).cast("B")
+            view = byte_view(data)
             for start in range(0, len(view), SEND_SLICE_BYTES):
                 self._sock.sendall(view[start:start + SEND_SLICE_BYTES])
                 if len(view) > SEND_SLICE_BYTES:

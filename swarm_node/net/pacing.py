@@ -199,7 +199,7 @@ def send_paced_blocking(pipe: BlockingPipe, data: bytes | memoryview, pacer: Pac
     """``send_paced`` on the pipe's thread."""
     window = _Window(len(data), pacer)
     pipe.send_now(len(data).to_bytes(LENGTH_BYTES, "big"))
-    view = memoryview(data).cast("B")
+    view = byte_view(data)
     piece = PIPE_PIECE_BYTES if pacer is None else max(pacer.config.chunk_bytes, min(PIPE_PIECE_BYTES,
                                                                                       pacer.window_bytes // 8))
     ack = bytearray(LENGTH_BYTES + CLOCK_BYTES)
@@ -258,6 +258,13 @@ def read_paced_blocking(pipe: BlockingPipe, length: int, keep: bool = True,
     if not keep:
         return b""
     return body if length >= PIPE_PIECE_BYTES else bytes(body)  # a small body as the loop's reader has it
+
+
+def byte_view(data: bytes | bytearray | memoryview) -> memoryview:
+    """A flat view of the bytes of ``data``, copied only where they are not contiguous (a
+    handler may answer with a reversed or strided view of a body read on a lane)."""
+    view = memoryview(data)
+    return (view if view.c_contiguous else memoryview(view.tobytes())).cast("B")
 
 
 def _ack(received: int, clock: Callable[[], float]) -> bytes:

@@ -32,8 +32,10 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
 
@@ -115,6 +117,60 @@ class ComputeThread:
         self.closed = True
         self._closing.set()
         self._executor.shutdown(wait=True, cancel_futures=True)
+
+
+class FairTurns:
+    """Peers' requests take the compute thread in turn, one caller after the other, not
+    in the order they came: in first-come order each caller's share of a busy stage is
+    its share of the queue, so a previous-stage peer keeping 8 micro-batches in flight
+    got four times the service of one keeping 2 (its window is sized from its own times,
+    routing/window.py), and its replicas drifted rounds apart (a stage-0 peer at 801
+    tokens/s beside one at 2,042 in a 2 x 2 run). The pipeline takes a turn for each piece
+    of a peer's micro-batch it computes; our own work (stage 0's micro-batches, outer
+    rounds) goes straight to the thread, as before.
+
+    ``out`` turns are out at once (two: one computing, the next already queued on the
+    thread, so it never idles between them); a caller that comes back while others wait
+    goes behind them; a waiter that is cancelled leaves its place."""
+
+    def __init__(self, out: int = 2):
+        self._max_out = out
+        self._out = 0
+        self._waiting: dict[str, deque[asyncio.Future]] = {}
+
+    @asynccontextmanager
+    async def turn(self, caller: str):
+        if self._out >= self._max_out or self._waiting:
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiting.setdefault(caller, deque()).append(waiter)
+            try:
+                await waiter  # _next counted us out when it woke us
+            except asyncio.CancelledError:
+                if waiter.done() and not waiter.cancelled():  # woken and cancelled at once: pass it on
+                    self._out -= 1
+                    self._next()
+                raise
+        else:
+            self._out += 1
+        try:
+            yield
+        finally:
+            self._out -= 1
+            self._next()
+
+    def _next(self) -> None:
+        """Wakes the first callers in line while turns are free (each then goes to the back)."""
+        while self._out < self._max_out and self._waiting:
+            caller, queue = next(iter(self._waiting.items()))
+            del self._waiting[caller]
+            while queue:
+                waiter = queue.popleft()
+                if not waiter.done():
+                    if queue:
+                        self._waiting[caller] = queue
+                    self._out += 1
+                    waiter.set_result(None)
+                    break
 
 
 class WireThread:

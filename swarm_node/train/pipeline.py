@@ -36,6 +36,7 @@ from swarm_node.node.services import NodeServices
 from swarm_node.routing.chooser import Candidate, PeerChooser, RoundTrips
 from swarm_node.routing.window import InFlightWindow
 from swarm_node.spec import RunSpec
+from swarm_node.train.compute import FairTurns
 from swarm_node.train.host_copy import HostCopy, pinned_for, to_host
 from swarm_node.train.rounds import RoundGate, step_if_ready
 from swarm_node.train.screen import MagnitudeScreen
@@ -79,6 +80,7 @@ class Pipeline:
         self.queue = 0  # forward requests being served
         self.in_flight = 0  # our own micro-batches in the pipeline (stage 0)
         self.window = InFlightWindow(config.max_in_flight)
+        self._turns = FairTurns()  # the previous stage's peers share our compute in turn
         self._slot_freed = asyncio.Event()  # one of our micro-batches is done (stage 0)
         self.waiting_for_next_stage = False  # stage 0 with no next-stage peer to send to
         self.throughput = 0.0  # samples/s, as our record reports it
@@ -342,12 +344,15 @@ class Pipeline:
             budget = min(deadline_s, self.config.hop_timeout_s)
             codec = self.spec.activation_codec
             if self.worker.is_last:
-                loss, grad, due = await self.compute(_last_stage_step, self.worker, hidden, targets, codec)
+                async with self._turns.turn(remote):
+                    loss, grad, due = await self.compute(_last_stage_step, self.worker, hidden, targets, codec)
             else:
-                outgoing, shape = await self.compute(_forward_to_host, self.worker, hidden, codec)
+                async with self._turns.turn(remote):
+                    outgoing, shape = await self.compute(_forward_to_host, self.worker, hidden, codec)
                 grad_out, loss = await self.send_downstream(outgoing, shape, targets, budget * 0.9)
                 self._note_loss(loss)
-                grad, due = await self.compute(_backward_step, self.worker, hidden, grad_out, codec)
+                async with self._turns.turn(remote):
+                    grad, due = await self.compute(_backward_step, self.worker, hidden, grad_out, codec)
             self.throughput = throughput_ema(self.throughput, len(hidden), time.perf_counter() - started)
             self.stats.microbatches_done += 1
             self.gate.note_due(due)
