@@ -200,10 +200,11 @@ def send_paced_blocking(pipe: BlockingPipe, data: bytes | memoryview, pacer: Pac
     window = _Window(len(data), pacer)
     pipe.send_now(len(data).to_bytes(LENGTH_BYTES, "big"))
     view = byte_view(data)
-    piece = PIPE_PIECE_BYTES if pacer is None else max(pacer.config.chunk_bytes, min(PIPE_PIECE_BYTES,
-                                                                                      pacer.window_bytes // 8))
     ack = bytearray(LENGTH_BYTES + CLOCK_BYTES)
     while not window.done:
+        # an eighth of the window a piece: enough timestamps for the pacer, few calls
+        piece = PIPE_PIECE_BYTES if pacer is None else max(pacer.config.chunk_bytes,
+                                                           min(PIPE_PIECE_BYTES, pacer.window_bytes // 8))
         while n := window.room(piece):
             window.wrote(n)  # stamped as it starts, as the loop's sender stamps its writes
             pipe.send_now(view[window.sent - n:window.sent])
