@@ -8,14 +8,14 @@ that kept pairing among themselves drift apart as groups: a donor and its group-
 against the rest is a tie, and ties stand). The candidate is adopted when at least one
 witness agrees and, with the donor's vote, no more disagree than agree. A vote compares:
 
-- phi, against the witness's moved by its own momentum between 4 rounds back and 4
-  ahead (the round before its last outer step is exact for heavy-ball momentum),
-  whichever is closest, since the states were taken up to a download apart and honest
-  replicas drift rounds apart with their pace; within the tolerance ``max(SPREAD_K * D, MOTION_K * m, EPS * |phi|)``,
-  as a whole and per tensor (each tensor with its own D, m and |phi|, times
-  TENSOR_SLACK for the sketch's noise). D is the honest spread as measured now, from
-  the distances between witnesses and between each witness and its recent partners as
-  it counted them, taken so that witnesses lying about either cannot widen it while
+- phi, against the witness's moved by its own momentum between 4 rounds back and 4 ahead
+  (the round before its last outer step is exact for heavy-ball momentum), whichever is
+  closest, since the states were taken up to a download apart and honest replicas drift
+  rounds apart with their pace; within the tolerance ``max(SPREAD_K * D, MOTION_K * m,
+  EPS * |phi|)``, as a whole and per tensor (each tensor with its own D, m and |phi|,
+  times TENSOR_SLACK for the sketch's noise). D is the honest spread as measured now,
+  from the distances between witnesses and between each witness and its recent partners
+  as it counted them, taken so that witnesses lying about either cannot widen it while
   they are fewer than half (_Tolerance.of). m is the witnesses' lower median momentum
   norm: one round's motion. The spread alone would refuse honest states when the stage
   has just averaged itself into one point (a DiLoCo round, two replicas that always
@@ -59,8 +59,8 @@ TENSOR_SLACK = 2.0  # a tensor's distance from its sketch: relative error about 
 # stage-0 donor 3 rounds ahead of the only other honest peer sat at 2.26 times the
 # tolerance from its phi, in the multi-host test of hostile donors), and phi moves about
 # its momentum a round. What a liar gains: a state up to 4 rounds along the witness's own
-# course is taken as on it. The tolerance itself is not widened: an attack here sits at
-# 1.4-3x it where replicas are as far apart as in these tests.
+# course is taken as on it. The tolerance itself is not widened: widened by a round's
+# motion per round apart, it let a state with one tensor replaced through in that test.
 ALIGNED_ROUNDS = range(-4, 5)
 EPS = 1e-5  # floating-point noise, relative to |phi|: replicas at round 0 share the initial weights
 
