@@ -158,11 +158,9 @@ class LaneIO(BlockingPipe):
     def _read_exactly(self, pending: list[bytes | memoryview], n: int) -> bytes | memoryview:
         self._send(pending)
         view = self.body_buffer(n)
-        have = min(n, len(self._buffer))
-        view[:have] = self._buffer[:have]
-        del self._buffer[:have]
+        have = 0
         while have < n:
-            got = self._sock.recv_into(view[have:], min(n - have, BIG_RECV_BYTES))
+            got = self.recv_into_now(view[have:])
             if not got:
                 raise asyncio.IncompleteReadError(bytes(view[:have]), n)
             have += got
