@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from swarm_node.errors import ProtocolError, StreamClosed
+from swarm_node.errors import PeerError, PeerTimeout, ProtocolError, StreamClosed
 from swarm_node.gossip.group import GroupRound
 from swarm_node.gossip.pairing import HINTED, SEEKING_NOW, PairingCoordinator, PairResult, Refused, now
 from swarm_node.gossip.partner_check import PartnerCheck
@@ -37,7 +37,7 @@ from swarm_node.wire.frames import encode_frame
 from swarm_node.wire.messages import (
     CONTROL_MAX_BYTES,
     answer_is_yes,
-    check_proposal,
+    check_pair_request,
     refusal,
     refusal_hints,
     refusal_ready_in_s,
@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 
 READY_IN_WORTH_SAYING_S = 30.0  # further off than a round's deadline, a "ready in" is of no use to the proposer
 PROPOSE_TIMEOUT_S = 5.0  # a pairing proposal is a few bytes: no answer in this time means the peer is unwell
+WITHDRAW_TIMEOUT_S = 1.0  # taking a proposal back is worth a second, no more: the partner's reservation lapses anyway
+MAX_WITHDRAWN_TRACKED = 64
 
 
 class OuterState(PayloadState, Protocol):
@@ -135,6 +137,7 @@ class OuterExchange:
         self._last_exchange_s: float | None = None
         self._steps_began_at: float | None = None
         self._delta_in = asyncio.Event()  # the open round's partner Delta has landed
+        self._withdrawn: dict[str, int | None] = {}  # peer -> the round whose proposal it took back
 
     @property
     def seeking(self) -> bool:
@@ -153,8 +156,9 @@ class OuterExchange:
     async def serve(self, transport, authorize: Callable[[str], bool]) -> None:
         """Answer the payload protocols (gossip/payloads.py) and proposals."""
         await self.payloads.serve(transport, authorize)
+        # two a peer: its withdrawal may come while its proposal is still being answered
         await transport.serve(protocols.PAIR, self.handle_propose,
-                              ServeLimits(max_request_bytes=CONTROL_MAX_BYTES, max_concurrent=8, max_per_peer=1,
+                              ServeLimits(max_request_bytes=CONTROL_MAX_BYTES, max_concurrent=8, max_per_peer=2,
                                           handler_timeout_s=PROPOSE_TIMEOUT_S),
                               authorize=authorize)
 
@@ -330,14 +334,36 @@ class OuterExchange:
     async def _send_proposal(self, peer: str, timeout_s: float) -> None:
         self._outcome.proposals += 1
         self.stats.proposals_sent += 1
-        request = encode_frame({"kind": "propose", "spec": self.spec_hash, "round": self.state.outer_round})
+        round_no = self.state.outer_round
+        request = encode_frame({"kind": "propose", "spec": self.spec_hash, "round": round_no})
         self.seekers.tried(peer)
         sent = now()
         deadline = sent + timeout_s
         try:
             await self._propose_until_answered(peer, request, deadline)
+        except PeerTimeout:
+            # its yes may come after we stopped listening (it waits for its own round to
+            # open first): unless told, it would hold its round for our payload
+            await self._withdraw(peer, round_no)
+            raise
         finally:
             self.stats.proposal_s += now() - sent
+
+    async def withdraw_abandoned(self) -> None:
+        """Before the node goes: a proposal or payload of ours that stopping cut short
+        may have left a peer reserved for us; tell it."""
+        peer = getattr(self.pairing, "abandoned", None)
+        if peer is not None:
+            self.pairing.abandoned = None
+            await self._withdraw(peer, self.state.outer_round)
+
+    async def _withdraw(self, peer: str, round_no: int) -> None:
+        request = encode_frame({"kind": "withdraw", "spec": self.spec_hash, "round": round_no})
+        try:
+            await self.transport.request(peer, protocols.PAIR, request, timeout_s=WITHDRAW_TIMEOUT_S,
+                                         max_response_bytes=CONTROL_MAX_BYTES)
+        except PeerError:
+            pass  # the reservation lapses on its own
 
     async def _propose_until_answered(self, peer: str, request: bytes, deadline: float) -> None:
         while True:
@@ -371,14 +397,19 @@ class OuterExchange:
     async def handle_propose(self, remote: str, request: bytes) -> bytes:
         """A peer of our stage asks to pair this round: a few bytes, so a refusal is cheap."""
         try:
-            check_proposal(request, self.spec_hash)
+            kind, round_no = check_pair_request(request, self.spec_hash)
             if not isinstance(self.pairing, PairingCoordinator):
                 raise Refused("not-pairing")  # a DiLoCo run exchanges with everyone, no proposals
+            if kind == "withdraw":  # a peer can only take back its own proposal: nothing to check
+                self._note_withdrawn(remote, round_no)
+                return encode_frame({"kind": "withdraw", "ok": True})
             if self.guard.is_banned(remote):  # it failed us or sent a poisoned update: we do not pair with it either
                 raise Refused("busy")
             try:
-                if self.pairing.state.value == "idle":  # else: not-ready, not a time-out
+                if self.pairing.state.value == "idle" and not self._took_back(remote, round_no):
                     await self.maybe_round_early(wait_s=PROPOSE_TIMEOUT_S / 2, for_peer=remote)
+                if self._took_back(remote, round_no):  # maybe while we opened our round for it
+                    raise Refused("withdrawn")
                 self.pairing.on_propose(remote)
             except Refused as exc:
                 hints = self.seekers.hints_for(remote)
@@ -394,6 +425,16 @@ class OuterExchange:
         except ProtocolError as exc:
             self.guard.fault(remote, f"bad pairing proposal ({exc})")
             return encode_frame({"ok": False, "error": "protocol"})
+
+    def _took_back(self, remote: str, round_no: int | None) -> bool:
+        return remote in self._withdrawn and self._withdrawn[remote] == round_no
+
+    def _note_withdrawn(self, remote: str, round_no: int | None) -> None:
+        self._withdrawn.pop(remote, None)
+        self._withdrawn[remote] = round_no
+        if len(self._withdrawn) > MAX_WITHDRAWN_TRACKED:
+            self._withdrawn.pop(next(iter(self._withdrawn)))
+        self.pairing.withdrawn(remote)
 
     def _ready_in_s(self) -> float | None:
         """When our round will be past half (we then accept a proposal, rule 7), at this

@@ -28,8 +28,10 @@ The rule (symmetric, tolerant of joins, leaves and odd counts):
    a node whose every candidate said "later" waits for the first of them, open to
    proposals, instead of asking the same peers again.
 5. A reservation lasts until the reserved peer's payload has had its full exchange
-   timeout; a proposer that dies after being accepted costs its partner that long, and
-   the partner goes back to seeking. A reserved node holds its round open past the
+   timeout, or until that peer withdraws its proposal: a proposer whose proposal timed
+   out unanswered, or that stops before its payload is out, says so (``withdraw``), and
+   the partner goes back to seeking at once. A proposer that dies without a word costs
+   its partner the whole reservation. A reserved node holds its round open past the
    round deadline for that time.
 6. At the round deadline a node that found nobody takes the local-only step. An odd
    node out therefore loses at most one deadline. A node with no live (unbanned) peer
@@ -146,6 +148,7 @@ class PairingCoordinator:
         self._held_for: str | None = None  # a proposer that opened our round early: the round starts reserved for it
         self._unconfirmed: str | None = None  # reserved by a hold, its proposal not yet answered yes
         self._changed = asyncio.Event()  # a proposal was accepted, a payload arrived, or a reservation ended
+        self.abandoned: str | None = None  # a peer our cancelled proposal or payload left reserved for us
 
     # -- the answering side (called by the network handlers) -------------------------
     def on_propose(self, remote: str) -> None:
@@ -205,6 +208,22 @@ class PairingCoordinator:
         if self._accepted is not None:
             return self._accepted.partner == remote
         return self.state in (PairState.RESERVED, PairState.EXCHANGING) and self._counterpart == remote
+
+    def withdrawn(self, remote: str) -> bool:
+        """``remote`` takes back its proposal: it will not send its payload (its proposal
+        timed out before our yes reached it, or it is leaving). A round held or reserved
+        for it goes back to seeking at once instead of waiting out the reservation (a
+        joiner stopped right after our yes held a stage-0 peer's steps for 35 s, and
+        that peer fell 50 rounds behind its stage). A payload already claimed is not
+        given up. Returns whether a reservation was released."""
+        if self._held_for == remote:
+            self._held_for = None
+        if self.state is not PairState.RESERVED or self._counterpart != remote:
+            return False
+        log.info("round %d: %s took back its proposal; seeking again", self.round, remote[-6:])
+        self._unconfirmed = None
+        self._back_to_seeking()
+        return True
 
     def release(self, remote: str) -> None:
         """The reserved peer's payload was refused or bad: seek again."""
@@ -297,7 +316,7 @@ class PairingCoordinator:
         self._counterpart = peer
         timeout = min(self.propose_timeout_s, remaining)
         try:
-            await propose(peer, timeout)
+            await self._until_sent_or_abandoned(peer, propose(peer, timeout))
         except Refused as exc:
             if exc.ready_in_s is not None and self._claims.get(peer, 0) < ETA_CLAIMS:
                 self._claims[peer] = self._claims.get(peer, 0) + 1
@@ -315,13 +334,24 @@ class PairingCoordinator:
         # gets its whole timeout even past our own round deadline.
         self.state = PairState.EXCHANGING
         try:
-            return PairResult(peer, await send(peer, self._own_payload, self.request_timeout_s), initiated=True)
+            return PairResult(peer, await self._until_sent_or_abandoned(
+                peer, send(peer, self._own_payload, self.request_timeout_s)), initiated=True)
         except Refused:
             pass
         except PeerError as exc:
             on_peer_failure(peer, f"round {round_no}: partner {peer[-6:]} failed mid-exchange: {exc}")
         self._back_to_seeking()
         return None
+
+    async def _until_sent_or_abandoned(self, peer: str, call: Awaitable[Any]) -> Any:
+        """``call`` (our proposal to ``peer``, or our payload after its yes); if it is
+        cancelled (the node stops), ``peer`` may hold a reservation for us: it is named
+        in ``abandoned`` for the node to withdraw before it goes."""
+        try:
+            return await call
+        except asyncio.CancelledError:
+            self.abandoned = peer
+            raise
 
     async def _await_reserved_peer(self, round_no: int) -> None:
         """Reserved: wait for that peer's payload to arrive and be checked, or for the

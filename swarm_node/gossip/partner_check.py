@@ -16,7 +16,13 @@ rejected each other.)
   started; the one far behind catches up by downloading the stage's state.
 - A phi far from ours is no proof of anything: honest replicas that trained apart
   (a partition, a late start) are far apart too. It is declined only when the partner
-  is two or more rounds away (so the one behind catches up instead); otherwise it
+  is two or more rounds away (so the one behind catches up instead). Far is measured
+  in our scale, and, when the partner is ahead, in its own Delta's if that is smaller:
+  the partner judges us in its scale, and a peer behind in the learning-rate schedule
+  takes larger steps. (Judged in its own scale only, a stage-0 peer held 35 s and left
+  60 rounds behind went on averaging with partners that declined it every time, and
+  never caught up: 4 minutes later it was still 120 rounds and 25 tolerances from its
+  stage.) Otherwise it
   counts as the point ``clip_ratio`` times our scale on the way to it, so partners
   apart converge again a step at a time and an attacker pulls by a bounded amount.
 - An accepted Delta above ``clip_ratio`` times our scale is scaled down to it.
@@ -97,6 +103,7 @@ class PartnerCheck:
         self._own = MagnitudeScreen(max_update_ratio)  # only ever fed our own Delta norms
         self._latest: float | None = None
         self._phi_distances: deque[list[float]] = deque(maxlen=SPREAD_ROUNDS)
+        self._partner_delta_norm: float | None = None  # of the Delta checked last: its phi comes next
 
     def note_own_delta(self, own_delta: Sequence[torch.Tensor], round_fraction: float = 1.0) -> float:
         """At the start of each of our rounds: our own Delta norm, over ``round_fraction``
@@ -136,6 +143,7 @@ class PartnerCheck:
         delta_norm = norm(delta)
         if not math.isfinite(delta_norm):
             raise ProtocolError("the update's norm is not finite")
+        self._partner_delta_norm = delta_norm
         reference = self.reference()
         if not reference:  # no round yet, or none with a step in it
             self._first_check(delta_norm, "partner's Delta norm", own_delta)
@@ -164,8 +172,11 @@ class PartnerCheck:
             self._phi_distances.append(apart)
             return phi
         bound = self.max_update_ratio * reference
-        if phi_distance > DISTANCE_SLACK * bound and abs(rounds_ahead) >= ROUNDS_APART:
-            raise RoundsApart(f"partner's phi is {phi_distance / reference:.1f}x our Delta norm away", rounds_ahead)
+        theirs = self._partner_delta_norm if rounds_ahead >= ROUNDS_APART else None
+        scale = min(reference, theirs) if theirs else reference
+        if phi_distance > DISTANCE_SLACK * self.max_update_ratio * scale and abs(rounds_ahead) >= ROUNDS_APART:
+            whose = "our" if scale == reference else "its"
+            raise RoundsApart(f"partner's phi is {phi_distance / scale:.1f}x {whose} Delta norm away", rounds_ahead)
         # the spread as it was, up to where a partner rounds apart would be declined: pulled in
         # to what counts (1.5x our scale) it read honest replicas of a real run 3-4x closer
         # than they were, and joiners refused honest donors

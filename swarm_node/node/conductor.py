@@ -389,6 +389,8 @@ class Node:
             await _bounded(hook(), 60.0, "running a shutdown hook")
         if self.membership is not None:
             self.membership.state = "leaving"
+        if self.exchange is not None:  # a peer holding its round for our payload stops waiting for it
+            await _bounded(self.exchange.withdraw_abandoned(), 3.0, "withdrawing a pairing proposal")
         if self.transport is not None:
             for name in HANDLERS:
                 await _bounded(self.transport.stop_serving(name), 3.0, f"removing the {name} handler")

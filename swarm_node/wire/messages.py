@@ -73,9 +73,20 @@ def decode_gradient_answer(raw: bytes, limits: FrameLimits, shape: torch.Size,
     return grad, float(loss)
 
 
-def check_proposal(raw: bytes, spec_hash: str) -> None:
-    """``/swarm-node/pair``: a few bytes asking to pair this round."""
-    _check_control(raw, "propose", spec_hash, "not a pairing proposal of this run")
+PAIR_KINDS = ("propose", "withdraw")
+
+
+def check_pair_request(raw: bytes, spec_hash: str) -> tuple[str, int | None]:
+    """``/swarm-node/pair``: a few bytes asking to pair this round (``propose``) or taking
+    back a proposal its sender will not follow with its payload (``withdraw``). Returns
+    the kind and the round the sender says it is in (None if it says none)."""
+    header, tensors = decode_frame(raw, CONTROL_LIMITS)
+    if header.get("kind") not in PAIR_KINDS or header.get("spec") != spec_hash or tensors:
+        raise ProtocolError("not a pairing request of this run")
+    round_no = header.get("round")
+    if round_no is not None and (type(round_no) is not int or round_no < 0):
+        raise ProtocolError("a pairing request's round must be a whole number")
+    return header["kind"], round_no
 
 
 OUTER_PARTS = ("delta", "phi")  # a pair's payload moves as two parts, Delta ahead of phi (ALGORITHM.md 3.1)

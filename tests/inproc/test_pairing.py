@@ -421,3 +421,77 @@ def test_after_a_refusal_that_says_when_the_next_peer_is_asked_at_once():
     asked = vclock.run(scenario())
     assert asked[1][1] == asked[0][1] and asked[1][0] != asked[0][0]  # no back-off after "later"
     assert asked[2][1] - asked[1][1] >= 1.0  # a plain not-ready still backs off
+
+
+def test_a_withdrawn_proposal_frees_the_reservation_at_once():
+    """The proposer took its proposal back (its answer came too late, or it stops): the
+    round seeks again at once instead of waiting out the reservation (35 s in a node),
+    and pairs with the next proposer. A payload already claimed is not given up."""
+    async def scenario():
+        node = PairingCoordinator(round_timeout_s=60.0, request_timeout_s=60.0)
+        task = await _seeking_alone(node)
+        loop = asyncio.get_running_loop()
+        node.on_propose("gone")
+        assert not node.withdrawn("someone-else")  # only the reserved peer can free its reservation
+        assert node.may_fetch("gone")
+        withdrawn_at = loop.time()
+        assert node.withdrawn("gone")
+        assert node.state.value == "seeking" and not node.may_fetch("gone")
+        node.on_propose("next")
+        node.claim("next")
+        assert not node.withdrawn("next")  # its payload is in: the exchange goes on
+        node.complete("next", "theirs")
+        result = await task
+        return result, loop.time() - withdrawn_at
+
+    result, waited_s = vclock.run(scenario())
+    assert result.partner == "next" and waited_s < 1.0
+
+
+def test_a_withdrawal_drops_a_hold_and_an_unconfirmed_reservation():
+    async def scenario():
+        node = PairingCoordinator(round_timeout_s=5.0, request_timeout_s=60.0)
+        node.hold_for("early")
+        node.withdrawn("early")  # before the round opened: it opens seeking, not reserved
+        task = await _seeking_alone(node)
+        assert not node.may_fetch("early")
+        node.hold_for("late")  # no effect on an open round
+        assert node.state.value == "seeking"
+        task.cancel()
+        node2 = PairingCoordinator(round_timeout_s=5.0, request_timeout_s=60.0)
+        node2.hold_for("cut")
+        task2 = await _seeking_alone(node2)
+        assert node2.may_fetch("cut")
+        assert node2.withdrawn("cut")  # opened reserved for it, its yes not yet sent
+        node2.drop_hold("cut")  # the proposal's handler ends after: nothing left to release
+        assert node2.state.value == "seeking"
+        task2.cancel()
+
+    vclock.run(scenario())
+
+
+@pytest.mark.parametrize("cut_at", ["propose", "send"])
+def test_a_proposal_or_payload_cut_by_stopping_names_the_peer_to_withdraw_from(cut_at):
+    async def scenario():
+        node = PairingCoordinator(round_timeout_s=5.0, request_timeout_s=5.0, propose_timeout_s=5.0)
+        reached = asyncio.Event()
+
+        async def propose(peer, timeout):
+            if cut_at == "propose":
+                reached.set()
+                await asyncio.sleep(3600)
+
+        async def send(peer, payload, timeout):
+            reached.set()
+            await asyncio.sleep(3600)
+
+        task = asyncio.create_task(node.run_round(0, "mine", candidates=lambda: [("partner", 2)],
+                                                  propose=propose, send=send))
+        await reached.wait()
+        assert node.abandoned is None
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return node.abandoned
+
+    assert vclock.run(scenario()) == "partner"
