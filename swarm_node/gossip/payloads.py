@@ -240,7 +240,13 @@ class PayloadSwap:
                 if part == "delta":
                     if not pairing.may_fetch(remote):
                         raise Refused("no-reservation")
-                    delta = await self._take(remote, request, "delta")
+                    try:
+                        delta = await self._take(remote, request, "delta")
+                    except BaseException:
+                        # declined or bad: its phi will not come, so the round is not held
+                        # for it (a Delta declined rounds apart held a joiner's round 35 s)
+                        pairing.release(remote)
+                        raise
                     self._partner_delta = (remote, self.state.outer_round, delta)
                     self.on_delta(False)
                     return VERDICT_YES
@@ -270,6 +276,10 @@ class PayloadSwap:
         """A pair's phi, with the Delta it sent ahead of it this round: the whole payload."""
         phi = await self._take(remote, request, "phi")
         kept, self._partner_delta = self._partner_delta, None
+        if kept is None and self.pairing.state.value == "idle":
+            # our round ended between its Delta and its phi (we are stopping): nobody's fault
+            # (a node stopped mid-exchange logged its honest partner as a bad peer)
+            raise Refused("round-over")
         if kept is None or kept[:2] != (remote, self.state.outer_round):
             raise ProtocolError("sent its phi without its Delta")
         return phi, kept[2]

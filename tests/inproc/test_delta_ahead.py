@@ -6,6 +6,7 @@ ends, it ends where it would have without the early Delta."""
 
 import asyncio
 
+import pytest
 import torch
 import vclock
 from parts import OUR_ANSWER, StageParts, partner_payload, payload_of
@@ -119,3 +120,67 @@ def test_a_phi_without_its_delta_is_a_fault_and_pairs_nobody():
     answers, _, pair = vclock.run(send_parts(exchange, "QmSkipper", [partner_payload(SPEC, phi, delta)["phi"]]))
     assert answers[0]["error"] == "protocol" and pair is None
     assert stage.guard.faults("QmSkipper") == 1
+
+
+def test_a_phi_that_finds_our_round_ended_meanwhile_is_refused_not_a_fault():
+    """We stopped while its phi was being decoded: the round's end dropped its Delta. The
+    partner did nothing wrong (a stopping node used to log it as a bad peer)."""
+    stage, exchange = at_boundary()
+    phi, delta = payload_of(trained_worker(1), torch.float16)
+    frames = partner_payload(SPEC, phi, delta)
+    payloads, pairing = exchange.payloads, exchange.pairing
+    real_take, decoding, round_ended = payloads._take, asyncio.Event(), asyncio.Event()
+
+    async def take_while_the_round_ends(remote, request, part=None):
+        checked = await real_take(remote, request, part)
+        if part == "phi":
+            decoding.set()
+            await round_ended.wait()
+        return checked
+
+    async def scenario():
+        payloads._take = take_while_the_round_ends
+        round_task = asyncio.create_task(pairing.run_round(0, OUR_ANSWER, candidates=list, propose=None,
+                                                           send=None, expect_request=True))
+        await pairing.seeking.wait()
+        pairing.on_propose("QmPartner")
+        first = decode_frame(await payloads.handle_outer("QmPartner", frames["delta"]))[0]
+        answering = asyncio.create_task(payloads.handle_outer("QmPartner", frames["phi"]))
+        await decoding.wait()
+        round_task.cancel()  # the node stops: the round ends as the exchange's does
+        await asyncio.gather(round_task, return_exceptions=True)
+        payloads.withdraw()
+        round_ended.set()
+        return first, decode_frame(await answering)[0]
+
+    first, second = vclock.run(scenario())
+    assert first["ok"] and second["error"] == "round-over"
+    assert stage.guard.faults("QmPartner") == 0
+
+
+@pytest.mark.parametrize("claimed_round", [0, 3])
+def test_a_delta_refused_or_declined_frees_the_round_for_another_partner(claimed_round):
+    """A Delta out of our scale, at our round (poisoned) or rounds ahead (declined): the
+    sender's phi will not follow, so our round seeks again at once instead of holding
+    the reservation for it (35 s in a node)."""
+    stage, exchange = at_boundary()
+    phi, delta = payload_of(trained_worker(1), torch.float16)
+    big = partner_payload(SPEC, phi, [d * 1000 for d in delta], round_no=claimed_round)["delta"]
+    fine = partner_payload(SPEC, phi, delta)
+
+    async def scenario():
+        pairing = exchange.payloads.pairing
+        round_task = asyncio.create_task(pairing.run_round(0, OUR_ANSWER, candidates=list, propose=None,
+                                                           send=None, expect_request=True))
+        await pairing.seeking.wait()
+        pairing.on_propose("QmBig")
+        refused = decode_frame(await exchange.payloads.handle_outer("QmBig", big))[0]
+        state = pairing.state.value
+        pairing.on_propose("QmNext")  # not "busy": the round seeks again
+        answers = [decode_frame(await exchange.payloads.handle_outer("QmNext", fine[part]))[0]
+                   for part in ("delta", "phi")]
+        return refused, state, answers, await round_task
+
+    refused, state, answers, pair = vclock.run(scenario())
+    assert not refused["ok"] and state == "seeking"
+    assert all(a["ok"] for a in answers) and pair.partner == "QmNext"
