@@ -44,6 +44,12 @@ class RoundFailed(SwarmError):
     """An outer round could not complete with a partner; the caller goes local-only."""
 
 
+class OwnOutputNotFinite(SwarmError):
+    """What this node computed for the next stage is not finite (its weights diverged, or
+    a value outgrew the wire codec): not sent, since the peer would refuse it and stop
+    taking ours."""
+
+
 class NotEnoughPeers(SwarmError):
     """No live peer could be found where one is needed."""
 

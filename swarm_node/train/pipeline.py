@@ -28,7 +28,15 @@ import torch
 
 from swarm_node.data.dataset import TokenWindows
 from swarm_node.data.shards import ShardedBatches
-from swarm_node.errors import NotEnoughPeers, OutOfScale, PeerError, PeerRefused, ProtocolError, StreamClosed
+from swarm_node.errors import (
+    NotEnoughPeers,
+    OutOfScale,
+    OwnOutputNotFinite,
+    PeerError,
+    PeerRefused,
+    ProtocolError,
+    StreamClosed,
+)
 from swarm_node.net import protocols
 from swarm_node.net.transport import ServeLimits, short_id
 from swarm_node.node.config import NodeConfig
@@ -42,7 +50,7 @@ from swarm_node.train.rounds import RoundGate, step_if_ready
 from swarm_node.train.screen import MagnitudeScreen
 from swarm_node.train.worker import StageWorker, throughput_ema
 from swarm_node.wire.activations import encode_activations
-from swarm_node.wire.frames import FrameLimits, decode_frame, encode_frame
+from swarm_node.wire.frames import FrameLimits, decode_frame, encode_frame, finite
 from swarm_node.wire.messages import check_forward_request, decode_gradient_answer, rms
 from swarm_node.wire.records import PeerRecord
 
@@ -81,6 +89,7 @@ class Pipeline:
         self.in_flight = 0  # our own micro-batches in the pipeline (stage 0)
         self.window = InFlightWindow(config.max_in_flight)
         self._turns = FairTurns()  # the previous stage's peers share our compute in turn
+        self._own_output_logged = False
         self._slot_freed = asyncio.Event()  # one of our micro-batches is done (stage 0)
         self.waiting_for_next_stage = False  # stage 0 with no next-stage peer to send to
         self.throughput = 0.0  # samples/s, as our record reports it
@@ -194,6 +203,9 @@ class Pipeline:
                 try:
                     grad, loss = await self.send_downstream(outgoing, shape, targets, self.config.hop_timeout_s)
                     self._note_loss(loss)
+                except OwnOutputNotFinite as exc:
+                    self._own_output_not_finite(exc)
+                    return
                 except (PeerError, NotEnoughPeers, TimeoutError) as exc:
                     self.stats.microbatches_lost += 1
                     self.stats.note_failure(f"micro-batch lost: {exc}")
@@ -329,6 +341,17 @@ class Pipeline:
             raise OutOfScale(problem)
         return pinned_for(grad, self.worker.device), loss
 
+    def _own_output_not_finite(self, exc: OwnOutputNotFinite) -> None:
+        """Our own activations are not finite: the micro-batch is lost, nothing is sent
+        (the next stage would count it against us and stop taking ours: in a run whose
+        stage 0 went so, stage 1 refused every stage-0 peer for 30 minutes). Said once."""
+        self.stats.microbatches_lost += 1
+        self.stats.note_failure(f"micro-batch lost: {exc}")
+        if not self._own_output_logged:
+            self._own_output_logged = True
+            log.error("this node's own activations are not finite (%s): micro-batches are not sent; its weights may "
+                      "have diverged (a lower learning rate, or restarting it to take the stage's state, helps)", exc)
+
     def _note_loss(self, loss: float) -> None:
         self.loss_seen = loss if self.loss_seen is None else 0.95 * self.loss_seen + 0.05 * loss
 
@@ -363,6 +386,9 @@ class Pipeline:
         except ProtocolError as exc:
             self.guard.fault(remote, f"bad forward request ({exc})")
             return encode_frame({"ok": False, "error": f"protocol: {exc}"[:200]})
+        except OwnOutputNotFinite as exc:
+            self._own_output_not_finite(exc)
+            return encode_frame({"ok": False, "error": "downstream: not finite"})
         except (PeerError, NotEnoughPeers, TimeoutError) as exc:
             self.stats.microbatches_lost += 1
             return encode_frame({"ok": False, "error": f"downstream: {exc}"[:200]})
@@ -418,7 +444,15 @@ def _timed(fn, *args):
 
 # -- on the wire thread ----------------------------------------------------------------------
 def _encode_forward(header: dict, host: HostCopy, targets: torch.Tensor) -> bytes:
-    return encode_frame(header, [*host.wait(), targets.to(torch.int32)])
+    """The forward request; OwnOutputNotFinite if our activations are not finite (checked
+    here, on the host copy, so the device is never waited for)."""
+    tensors = host.wait()
+    for t in tensors:
+        if t.is_floating_point() and not finite(t):
+            nan = int(torch.isnan(t).sum())
+            raise OwnOutputNotFinite(f"{nan} NaN and {int(torch.isinf(t).sum())} infinite values among {t.numel()} "
+                                     f"of our {t.dtype} activations")
+    return encode_frame(header, [*tensors, targets.to(torch.int32)])
 
 
 def _encode_answer(header: dict, host: HostCopy) -> bytes:

@@ -85,3 +85,40 @@ def test_activations_far_out_of_the_recent_scale_are_refused_without_blaming_the
     assert not jumped[0]["ok"] and jumped[0]["error"].startswith("out of scale: activation RMS")
     assert jumped[-1]["ok"]  # the new scale filled half the window
     assert second.guard.faults("QmFirst") == 0 and second.guard.admit("QmFirst")
+
+
+@pytest.mark.parametrize("scale,what", [(1e6, "infinite"), (float("nan"), "NaN")])
+def test_our_own_activations_that_are_not_finite_on_the_wire_are_not_sent(scale, what):
+    """Beyond fp16's range (65504) on the wire, or NaN: the next stage would count such
+    a micro-batch against us and stop taking ours (in a real run, stage 1 refused every
+    stage-0 peer for 30 minutes), so it is not sent; the caller loses the micro-batch."""
+    from swarm_node.errors import OwnOutputNotFinite
+
+    first = StageParts(SPEC, StageWorker(SPEC, 0, VOCAB))
+    calls = []
+
+    class Link:
+        async def request(self, peer, protocol, payload, **_):
+            calls.append(peer)
+            raise AssertionError("nothing may be sent")
+
+    first.transport = Link()
+    first.membership.peers = {1: {"QmSecond": record(1, SPEC)}}
+    hidden = torch.ones(4, 16, first.worker.model_config.hidden_size)
+    hidden[0, 0, 0] = scale
+    targets = torch.zeros(4, 16, dtype=torch.long)
+    counts = "1 NaN and 0 infinite" if what == "NaN" else "0 NaN and 1 infinite"
+    with pytest.raises(OwnOutputNotFinite, match=counts):
+        asyncio.run(first.pipeline().send_downstream(*outgoing(hidden, SPEC.activation_codec), targets, 30.0))
+    assert calls == []
+
+
+def test_a_micro_batch_lost_to_our_own_activations_is_counted_each_time_and_said_once(caplog):
+    from swarm_node.errors import OwnOutputNotFinite
+
+    pipeline = StageParts(SPEC, StageWorker(SPEC, 0, VOCAB)).pipeline()
+    with caplog.at_level("ERROR", logger="swarm_node.train.pipeline"):
+        for _ in range(3):
+            pipeline._own_output_not_finite(OwnOutputNotFinite("1 NaN and 0 infinite values"))
+    assert pipeline.stats.microbatches_lost == 3
+    assert [r.levelname for r in caplog.records] == ["ERROR"] and "weights may have diverged" in caplog.text
