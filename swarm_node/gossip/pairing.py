@@ -214,7 +214,7 @@ class PairingCoordinator:
         timed out before our yes reached it, or it is leaving). A round held or reserved
         for it goes back to seeking at once instead of waiting out the reservation (a
         joiner stopped right after our yes held a stage-0 peer's steps for 35 s, and
-        that peer fell 50 rounds behind its stage). A payload already claimed is not
+        that peer fell 60 rounds behind its stage). A payload already claimed is not
         given up. Returns whether a reservation was released."""
         if self._held_for == remote:
             self._held_for = None

@@ -18,8 +18,8 @@ rejected each other.)
   (a partition, a late start) are far apart too. It is declined only when the partner
   is two or more rounds away (so the one behind catches up instead). Far is measured
   in our scale, and, when the partner is ahead, in its own Delta's if that is smaller:
-  the partner judges us in its scale, and a peer behind in the learning-rate schedule
-  takes larger steps. (Judged in its own scale only, a stage-0 peer held 35 s and left
+  the partner judges us in its scale, and the one behind may take the larger steps
+  (it did: its Delta norm was at least 1.2x theirs). (Judged in its own scale only, a stage-0 peer held 35 s and left
   60 rounds behind went on averaging with partners that declined it every time, and
   never caught up: 4 minutes later it was still 120 rounds and 25 tolerances from its
   stage.) Otherwise it
