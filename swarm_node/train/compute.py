@@ -124,7 +124,8 @@ class FairTurns:
     in the order they came: in first-come order each caller's share of a busy stage is
     its share of the queue, so a previous-stage peer keeping 8 micro-batches in flight
     got four times the service of one keeping 2 (its window is sized from its own times,
-    routing/window.py), and its replicas drift rounds apart. The pipeline takes a turn for each piece
+    routing/window.py). (The stage-0 drift once blamed on this was traced to 35 s
+    reservations held for stopped joiners: gossip/pairing.py rule 5.) The pipeline takes a turn for each piece
     of a peer's micro-batch it computes; our own work (stage 0's micro-batches, outer
     rounds) goes straight to the thread, as before.
 
