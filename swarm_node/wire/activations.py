@@ -18,13 +18,34 @@ from swarm_node.wire.frames import WIRE_PRECISIONS, checked_floats
 # 256 values (wire/blockwise.py; 1.02 bytes a value against 2 for fp16).
 ACTIVATION_CODECS = ("fp32", "fp16", "bf16", "int8")
 
+# fp16 goes with a power-of-two scale per tensor that puts its largest magnitude in
+# [2**14, 2**15). Plain fp16 ends at 65504: a stage-0 output of finite, ordinary weights
+# grew past it on a few tokens (the next stage's RMSNorm ignores its scale; 66,000 at
+# step 2,445 of a swarm run of 3 stage-0 peers, loss 2.5), became infinite on the wire,
+# and every peer of the next stage refused every peer of ours. The gradient coming back shrinks as the activation grows
+# and sank into fp16's subnormals (below 6.1e-5) the same way. A power of two is exact
+# both ways, so the scale costs no precision, only 4 bytes.
+FP16_TOP_EXPONENT = 15
+MAX_FP16_SHIFT = 126  # 2.0**126 and 2.0**-126 are normal float32s
+
 
 def encode_activations(t: torch.Tensor, codec: str) -> list[torch.Tensor]:
     """Activations, or their gradient, as the run's activation codec sends them."""
     if codec == "int8":
         q = quantize(t, 8)
         return [q.codes, q.scales]
+    if codec == "fp16":
+        return _scaled_fp16(t)
     return [t.to(WIRE_PRECISIONS[codec])]
+
+
+def _scaled_fp16(t: torch.Tensor) -> list[torch.Tensor]:
+    """fp16 values times 2**shift, and the shift as one int32; on t's device, no sync."""
+    if t.numel() == 0:
+        return [t.to(torch.float16), torch.zeros(1, dtype=torch.int32, device=t.device)]
+    _, exponent = torch.frexp(t.detach().abs().amax().float())  # amax = m * 2**exponent, 0.5 <= m < 1
+    shift = (FP16_TOP_EXPONENT - exponent).clamp(-MAX_FP16_SHIFT, MAX_FP16_SHIFT).to(torch.int32).reshape(1)
+    return [torch.ldexp(t.float(), shift).to(torch.float16), shift]
 
 
 def decode_activations(tensors: list[torch.Tensor], shape: tuple[int, ...], codec: str) -> torch.Tensor:
@@ -34,6 +55,13 @@ def decode_activations(tensors: list[torch.Tensor], shape: tuple[int, ...], code
         if len(tensors) != 2:
             raise ProtocolError("int8 activations come as codes and steps")
         return dequantize(Quantized(tensors[0], tensors[1], tuple(shape), 8), max_numel=math.prod(shape))
+    if codec == "fp16":
+        if len(tensors) != 2:
+            raise ProtocolError("fp16 activations come as values and their power-of-two scale")
+        values, shift = checked_floats(tensors[0], shape), tensors[1]
+        if shift.dtype != torch.int32 or tuple(shift.shape) != (1,) or abs(int(shift)) > MAX_FP16_SHIFT:
+            raise ProtocolError(f"fp16 scale must be one int32 within +-{MAX_FP16_SHIFT}")
+        return values.float() * 2.0 ** -int(shift)
     if len(tensors) != 1:
         raise ProtocolError(f"expected one tensor of {tuple(shape)} floats")
     return checked_floats(tensors[0], shape).float()

@@ -14,6 +14,7 @@ from swarm_node.net import protocols
 from swarm_node.spec import RunSpec
 from swarm_node.train.pipeline import outgoing
 from swarm_node.train.worker import StageWorker
+from swarm_node.wire.activations import encode_activations
 from swarm_node.wire.frames import encode_frame
 
 SPEC = RunSpec(run_id="forged", model_size="debug", num_stages=2, seq_len=16, batch_size=4, samples_per_step=4)
@@ -33,7 +34,7 @@ class Swarm:
             self.calls["forged"] += 1
             raise PeerError("Connect failed. msg=routing: not found")
         self.calls["honest"] += 1
-        return encode_frame({"ok": True, "loss": 2.0}, [torch.zeros_like(HIDDEN).half()])
+        return encode_frame({"ok": True, "loss": 2.0}, encode_activations(torch.zeros_like(HIDDEN), "fp16"))
 
 
 def stage_0(swarm: Swarm) -> StageParts:

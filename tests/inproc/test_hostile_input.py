@@ -21,6 +21,7 @@ from swarm_node.optim import InnerHyper, default_method
 from swarm_node.spec import RunSpec
 from swarm_node.state.sketch import SKETCH_BUCKETS
 from swarm_node.train.worker import StageWorker
+from swarm_node.wire.activations import encode_activations
 from swarm_node.wire.frames import FrameLimits, decode_frame, encode_frame
 from swarm_node.wire.records import PeerRecord
 
@@ -103,7 +104,8 @@ def stage():
 
 def forward_request(batch: int = 4) -> tuple[dict, list[torch.Tensor]]:
     header = {"kind": "fwd", "spec": SPEC.spec_hash(), "deadline_s": 5.0}
-    return header, [torch.randn(batch, 16, HIDDEN).half(), torch.randint(0, 16, (batch, 16), dtype=torch.int32)]
+    return header, [*encode_activations(torch.randn(batch, 16, HIDDEN), "fp16"),
+                    torch.randint(0, 16, (batch, 16), dtype=torch.int32)]
 
 
 def fuzz(node_handler, base: tuple[dict, list[torch.Tensor]], seed: int) -> int:
@@ -139,7 +141,7 @@ def test_forward_handler_survives_10k_hostile_frames(stage, caplog):
     assert per_offender[""] == 0 and max(per_offender.values()) == 1 and len(lines) == 7, per_offender
     assert rss_bytes() - before < 200 << 20
     good = asyncio.run(pipeline.handle_forward("QmGood", encode_frame(*forward_request())))
-    header, (grad,) = decode_frame(good)
+    header, (grad, _) = decode_frame(good)
     assert header["ok"] and grad.shape == (4, 16, HIDDEN)
     # repeat offenders are banned at the stream gate; honest callers are not
     assert not any(stage.guard.admit(f"QmFuzz{i}") for i in range(7)) and stage.guard.admit("QmGood")

@@ -21,12 +21,13 @@ from parts import StageParts, record
 from swarm_node.spec import RunSpec
 from swarm_node.train.pipeline import outgoing
 from swarm_node.train.worker import StageWorker
+from swarm_node.wire.activations import encode_activations
 from swarm_node.wire.frames import encode_frame
 
 SPEC = RunSpec(run_id="share", model_size="debug", num_stages=2, seq_len=16, batch_size=4, samples_per_step=4)
 HIDDEN = torch.zeros(4, 16, 64)
 TARGETS = torch.zeros(4, 16, dtype=torch.long)
-ANSWER = encode_frame({"ok": True, "loss": 2.0}, [torch.zeros_like(HIDDEN).half()])
+ANSWER = encode_frame({"ok": True, "loss": 2.0}, encode_activations(torch.zeros_like(HIDDEN), "fp16"))
 SLOW_START, STEADY = "QmSlowStart", "QmSteady"
 STAGE0_S = 0.1  # stage 0's own work for a micro-batch (forward, backward) on its one compute thread
 SERVICE_S = 0.02  # a next-stage peer's time for a micro-batch

@@ -17,6 +17,7 @@ from swarm_node.optim import InnerHyper, default_method
 from swarm_node.spec import RunSpec
 from swarm_node.train.compute import ComputeThread
 from swarm_node.train.worker import StageWorker
+from swarm_node.wire.activations import encode_activations
 from swarm_node.wire.frames import encode_frame
 
 SPEC = RunSpec(run_id="producer", model_size="debug", num_stages=1, seq_len=16, batch_size=4, samples_per_step=4,
@@ -111,7 +112,7 @@ def test_stage_0_keeps_as_many_micro_batches_in_flight_as_its_window_says():
                    samples_per_step=4, data=DataSpec(kind="synthetic"), method=default_method("noloco", inner_steps=50))
     data = load_windows(spec.data, spec.seq_len)
     hidden_size = StageWorker(spec, 0, data.vocab_size).model_config.hidden_size
-    answer = encode_frame({"ok": True, "loss": 2.0}, [torch.zeros(4, 16, hidden_size).half()])
+    answer = encode_frame({"ok": True, "loss": 2.0}, encode_activations(torch.zeros(4, 16, hidden_size), "fp16"))
     held: list[asyncio.Future] = []
 
     class NextStage:

@@ -10,6 +10,7 @@ from swarm_node.errors import StreamClosed
 from swarm_node.spec import RunSpec
 from swarm_node.train.pipeline import Pipeline, outgoing
 from swarm_node.train.worker import StageWorker
+from swarm_node.wire.activations import encode_activations
 from swarm_node.wire.frames import encode_frame
 
 SPEC = RunSpec(run_id="resets", model_size="debug", num_stages=2, seq_len=16, batch_size=4, samples_per_step=4)
@@ -28,7 +29,7 @@ class ScriptedTransport:
         step = self.script.pop(0)
         if isinstance(step, Exception):
             raise step
-        return encode_frame({"ok": True, "loss": step}, [torch.zeros_like(HIDDEN).half()])
+        return encode_frame({"ok": True, "loss": step}, encode_activations(torch.zeros_like(HIDDEN), "fp16"))
 
 
 class Stage0:

@@ -39,6 +39,23 @@ def test_a_forward_request_and_its_answer_decode_to_what_was_sent(codec):
     assert grad.shape == hidden.shape and loss == 1.5 and (grad - hidden).abs().max() <= tolerance * 1.001 + 1e-6
 
 
+@settings(max_examples=200, deadline=None)
+@given(exponent=st.integers(-120, 120), seed=st.integers(0, 2 ** 31 - 1))
+def test_fp16_keeps_its_precision_at_any_scale_a_float32_reaches(exponent, seed):
+    """Plain fp16 ends at 65504 and its normals at 6.1e-5; the scale it travels with
+    makes the error relative to the tensor's largest value wherever that lies."""
+    sent = torch.randn(3, 5, HIDDEN, generator=torch.Generator().manual_seed(seed)) * 2.0 ** exponent
+    got = decode_activations(encode_activations(sent, "fp16"), tuple(sent.shape), "fp16")
+    assert got.isfinite().all() and (got - sent).abs().max() <= sent.abs().max() * 2 ** -11
+
+
+@pytest.mark.parametrize("shift", [torch.tensor([127], dtype=torch.int32), torch.tensor([3], dtype=torch.int64),
+                                   torch.tensor([[3]], dtype=torch.int32), torch.tensor([3.0])])
+def test_an_fp16_scale_that_is_not_one_int32_in_range_is_a_protocol_error(shift):
+    with pytest.raises(ProtocolError, match="fp16 scale"):
+        decode_activations([torch.zeros(2, 3, dtype=torch.float16), shift], (2, 3), "fp16")
+
+
 def test_the_command_line_offers_exactly_the_activation_codecs_there_are():
     assert ACTIVATION_CODEC_NAMES == ACTIVATION_CODECS
 

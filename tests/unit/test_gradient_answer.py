@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from swarm_node.errors import ProtocolError
+from swarm_node.wire.activations import encode_activations
 from swarm_node.wire.frames import FrameLimits, encode_frame
 from swarm_node.wire.messages import decode_gradient_answer, rms
 
@@ -14,7 +15,7 @@ SHAPE = torch.Size((2, 3, 4))
 
 
 def answer(**header) -> bytes:
-    return encode_frame({"ok": True, **header}, [torch.ones(SHAPE, dtype=torch.float16)])
+    return encode_frame({"ok": True, **header}, encode_activations(torch.ones(SHAPE), "fp16"))
 
 
 @pytest.mark.parametrize("loss", ["2.5", None, float("nan"), float("inf"), [1.0], {"a": 1}, True])
