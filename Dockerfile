@@ -5,7 +5,7 @@
 #
 # The CUDA variant bundles CUDA's runtime libraries in the torch wheel; the host needs
 # the NVIDIA driver and container toolkit (`docker run --gpus all ...`).
-ARG BASE_IMAGE=python:3.11-slim
+ARG BASE_IMAGE=python:3.13-slim
 FROM ${BASE_IMAGE}
 
 ARG TORCH_VERSION=2.13.0

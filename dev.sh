@@ -4,6 +4,7 @@
 #
 #   ./dev.sh demo        a local swarm (2 stages x 2 node processes) on the bundled corpus
 #   ./dev.sh test        the default test suite (slow tests excluded)
+#   ./dev.sh test-unit   only the unit tier (CI runs it on each supported Python)
 #   ./dev.sh test-slow   only the slow tests (long convergence runs)
 #   ./dev.sh test-gpu    only the GPU tier (tests/gpu; needs a CUDA device, skipped without one)
 #   ./dev.sh bench       the quick benchmarks (under 15 min), then BENCHMARKS.md (--full: long ones)
@@ -17,15 +18,32 @@ VENV="${SWARM_VENV:-.venv}"
 # about half the install's CPU; tools/compile_imports.py then compiles what we import.
 PIP_INSTALL=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-compile)
 
+SUPPORTED_PYTHONS=(3.11 3.12 3.13)  # pyproject.toml's classifiers; CI tests each (.ci/run)
+
 find_python() {
-    for candidate in python3.11 python3 python; do
-        if command -v "$candidate" >/dev/null 2>&1 &&
-           "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then
-            echo "$candidate"; return 0
-        fi
+    # SWARM_PYTHON: an interpreter (python3.12, /usr/bin/python3) or a version (3.12);
+    # otherwise the first supported one on PATH, then one pyenv holds.
+    local wanted=("${SWARM_PYTHON:-}") candidate version
+    [[ -n "${SWARM_PYTHON:-}" ]] || wanted=("${SUPPORTED_PYTHONS[@]/#/python}" python3 python)
+    for candidate in "${wanted[@]}"; do
+        [[ "$candidate" =~ ^3\.[0-9]+$ ]] && candidate="python$candidate"
+        if supported_python "$candidate"; then echo "$candidate"; return 0; fi
     done
-    echo "dev.sh: Python 3.11 is required (python3.11 not found on PATH)" >&2
+    if command -v pyenv >/dev/null 2>&1; then
+        for version in "${SUPPORTED_PYTHONS[@]}"; do
+            [[ -z "${SWARM_PYTHON:-}" || "${SWARM_PYTHON#python}" == "$version" ]] || continue
+            candidate="$(pyenv prefix "$(pyenv latest "$version" 2>/dev/null)" 2>/dev/null)/bin/python" || continue
+            if supported_python "$candidate"; then echo "$candidate"; return 0; fi
+        done
+    fi
+    echo "dev.sh: Python ${SWARM_PYTHON:-${SUPPORTED_PYTHONS[*]}} not found (supported: ${SUPPORTED_PYTHONS[*]}; set SWARM_PYTHON to pick one)" >&2
     return 1
+}
+
+supported_python() {
+    local found
+    found="$("$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)" || return 1
+    [[ " ${SUPPORTED_PYTHONS[*]} " == *" $found "* ]]
 }
 
 ensure_venv() {
@@ -54,9 +72,14 @@ ensure_torch() {
     # GB, so ask for the +cpu build, from a local wheel or index when pip has one, else
     # from PyTorch's CPU index (about 200 MB). Other platforms' PyPI wheels are CPU builds.
     "$VENV/bin/python" -c "import torch" 2>/dev/null && return 0
+    # Where PyTorch's index cannot be reached (a CI that reaches only PyPI), PyPI's CUDA
+    # build: several GB, but it runs on a CPU.
     if [[ "$(uname -s)-$(uname -m)" == Linux-x86_64 ]]; then
         "${PIP_INSTALL[@]}" "torch==$TORCH_VERSION+cpu" 2>/dev/null ||
-            "${PIP_INSTALL[@]}" "torch==$TORCH_VERSION+cpu" --extra-index-url https://download.pytorch.org/whl/cpu
+            "${PIP_INSTALL[@]}" "torch==$TORCH_VERSION+cpu" --timeout 15 --retries 1 \
+                --extra-index-url https://download.pytorch.org/whl/cpu 2>/dev/null ||
+            { echo "dev.sh: PyTorch's CPU index unreachable; installing PyPI's torch (several GB)" >&2
+              "${PIP_INSTALL[@]}" "torch==$TORCH_VERSION"; }
     else
         "${PIP_INSTALL[@]}" "torch==$TORCH_VERSION"
     fi
@@ -79,6 +102,10 @@ case "$cmd" in
         exec "$VENV/bin/python" -m pytest -q -n "${SWARM_TEST_WORKERS:-auto}" --dist loadfile \
             --no-loadscope-reorder "$@"
         ;;
+    test-unit)
+        ensure_venv
+        exec "$VENV/bin/python" -m pytest -q -n "${SWARM_TEST_WORKERS:-auto}" tests/unit "$@"
+        ;;
     test-slow)
         ensure_venv test,hf,tensorboard,wandb,hf-datasets
         exec "$VENV/bin/python" -m pytest -q -m slow "$@"
@@ -96,7 +123,7 @@ case "$cmd" in
         exec bash --rcfile <(echo "source $VENV/bin/activate")
         ;;
     *)
-        sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
         [[ "$cmd" == help || "$cmd" == -h || "$cmd" == --help ]] || exit 2
         ;;
 esac

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 from pathlib import Path
@@ -86,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from swarm_node.obs.logs import setup_logging
     from swarm_node.spec import RunSpec
-    from swarm_node.system import use_uvloop
+    from swarm_node.system import run_on_fast_loop
 
     args = build_parser().parse_args(argv)
     setup_logging(args.verbose)
@@ -99,13 +98,12 @@ def main(argv: list[str] | None = None) -> int:
                                  run_id=args.run_id, http_host=args.http_host, http_port=args.http_port,
                                  startup_timeout_s=args.startup_timeout,
                                  check_reachability=not args.no_reachability_check)
-        use_uvloop()
         def on_ready(ready) -> None:
             _print_ready(ready)
             if args.maddrs_file is not None:
                 _write_maddrs(args.maddrs_file, ready.maddrs)
 
-        asyncio.run(BootstrapPeer(config, on_ready=on_ready).run())
+        run_on_fast_loop(BootstrapPeer(config, on_ready=on_ready).run())
         return 0
     except (ValueError, OSError, SwarmError) as exc:
         print(f"swarm-bootstrap: error: {exc}", file=sys.stderr)

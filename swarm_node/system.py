@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import resource
 import time
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 WANTED_OPEN_FILES = 65_536
 MIN_OPEN_FILES = 4_096  # each peer connection costs the daemon a few descriptors
@@ -16,14 +20,18 @@ CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")  # cgroup v2: "QUOTA PERIOD" or 
 PROC_STAT = Path("/proc/stat")  # per-CPU clock ticks: "cpuN user nice system idle iowait irq softirq steal ..."
 
 
-def use_uvloop() -> None:
-    """uvloop is a dependency, but the programs run on plain asyncio too."""
+def run_on_fast_loop(main: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run(main)`` on a uvloop loop: uvloop is a dependency, but the programs run
+    on plain asyncio too. A loop factory, not ``uvloop.install()``, which sets a global
+    policy and is deprecated from Python 3.12."""
     try:
         import uvloop
 
-        uvloop.install()
+        factory = uvloop.new_event_loop
     except ImportError:
-        pass
+        factory = None
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(main)
 
 
 def raise_open_file_limit(wanted: int = WANTED_OPEN_FILES) -> int:

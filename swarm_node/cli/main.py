@@ -320,13 +320,12 @@ def _ratio(text: str) -> float:
 
 
 def _run_join(args: argparse.Namespace) -> int:
-    import asyncio
 
     from swarm_node.config import resolve_device
     from swarm_node.node.conductor import Node
     from swarm_node.node.config import NodeConfig
     from swarm_node.spec import RunSpec
-    from swarm_node.system import node_threads, use_uvloop
+    from swarm_node.system import node_threads, run_on_fast_loop
 
     if args.initial_peers_file is not None:
         args.initial_peers = [*args.initial_peers, *_read_maddrs(args.initial_peers_file)]
@@ -350,11 +349,10 @@ def _run_join(args: argparse.Namespace) -> int:
                         compile_stage=args.compile,
                         command_line=("swarm-node", *args.argv),
                         http_port=args.http_port, progress=not args.no_progress)
-    use_uvloop()
     node = Node(spec, config)
     if args.on_node is not None:
         args.on_node(node)
-    asyncio.run(node.run())
+    run_on_fast_loop(node.run())
     return 0
 
 

@@ -123,7 +123,7 @@ def test_compose_and_the_dockerfile_use_the_same_image_and_commands_answer_help(
 def test_dockerfile_builds_cpu_by_default_cuda_by_build_arg_and_runs_unprivileged():
     instructions = dockerfile()
     args = dict(re.match(r"(\w+)=?(.*)", a).groups() for kind, a in instructions if kind == "ARG")
-    assert args["BASE_IMAGE"] == "python:3.11-slim" and args["TORCH_VARIANT"] == "cpu"
+    assert args["BASE_IMAGE"] == "python:3.13-slim" and args["TORCH_VARIANT"] == "cpu"
     dev_sh_torch = re.search(r'TORCH_VERSION="\$\{SWARM_TORCH_VERSION:-([\d.]+)\}"', (REPO / "dev.sh").read_text())
     assert args["TORCH_VERSION"] == dev_sh_torch.group(1)  # the version the tests run with
     assert ("FROM", "${BASE_IMAGE}") in instructions
