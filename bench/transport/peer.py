@@ -21,7 +21,7 @@ import time
 from swarm_node.net import protocols
 from swarm_node.net.dht import SwarmDHT
 from swarm_node.net.transport import ServeLimits, Transport
-from swarm_node.system import use_uvloop
+from swarm_node.system import run_on_fast_loop
 
 PLAIN = protocols.FORWARD  # a bulk protocol with plain bodies (activations travel so)
 PACED = protocols.OUTER  # a bulk protocol with paced bodies (outer payloads travel so)
@@ -123,11 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--megabytes", type=float, default=40.0)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
-    use_uvloop()
     if args.role == "serve":
-        asyncio.run(serve(args.host))
+        run_on_fast_loop(serve(args.host))
     else:
-        print(json.dumps(asyncio.run(measure(args.host, args.to, args.megabytes, args.repeats))), flush=True)
+        print(json.dumps(run_on_fast_loop(measure(args.host, args.to, args.megabytes, args.repeats))), flush=True)
     return 0
 
 
