@@ -79,7 +79,7 @@ ensure_torch() {
             "${PIP_INSTALL[@]}" "torch==$TORCH_VERSION+cpu" --timeout 15 --retries 1 \
                 --extra-index-url https://download.pytorch.org/whl/cpu 2>/dev/null ||
             { echo "dev.sh: PyTorch's CPU index unreachable; installing PyPI's torch (several GB)" >&2
-              "${PIP_INSTALL[@]}" "torch==$TORCH_VERSION"; }
+              "${PIP_INSTALL[@]}" "torch==$TORCH_VERSION" 2> >(grep -v "is ignored: it is neither" >&2); }
     else
         "${PIP_INSTALL[@]}" "torch==$TORCH_VERSION"
     fi
