@@ -130,6 +130,9 @@ def test_a_claim_in_this_process_holds_until_released(abstract, own_tmp):
     claim_ports(maddrs[:1], abstract=abstract).release()
 
 
+# Python 3.12+ warns of any fork in a process with threads (the test runner's); this
+# child only writes, reads and exits, as hivemind's forks are what the test is about.
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork:DeprecationWarning")
 @pytest.mark.parametrize("abstract", BACKENDS)
 def test_a_forked_child_does_not_keep_the_claim(abstract, own_tmp):
     """hivemind forks a DHT process for each peer: the one of a second peer of this
