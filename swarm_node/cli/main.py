@@ -320,7 +320,6 @@ def _ratio(text: str) -> float:
 
 
 def _run_join(args: argparse.Namespace) -> int:
-
     from swarm_node.config import resolve_device
     from swarm_node.node.conductor import Node
     from swarm_node.node.config import NodeConfig
