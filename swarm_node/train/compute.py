@@ -125,9 +125,9 @@ class FairTurns:
     its share of the queue, so a previous-stage peer keeping 8 micro-batches in flight
     got four times the service of one keeping 2 (its window is sized from its own times,
     routing/window.py). (The stage-0 drift once blamed on this was traced to 35 s
-    reservations held for stopped joiners: gossip/pairing.py rule 5.) The pipeline takes a turn for each piece
-    of a peer's micro-batch it computes; our own work (stage 0's micro-batches, outer
-    rounds) goes straight to the thread, as before.
+    reservations held for stopped joiners: gossip/pairing.py rule 5.) The pipeline
+    takes a turn for each piece of a peer's micro-batch it computes; our own work
+    (stage 0's micro-batches, outer rounds) goes straight to the thread, as before.
 
     ``out`` turns are out at once (two: one computing, the next already queued on the
     thread, so it never idles between them); a caller that comes back while others wait

@@ -22,9 +22,10 @@ ACTIVATION_CODECS = ("fp32", "fp16", "bf16", "int8")
 # [2**14, 2**15). Plain fp16 ends at 65504: a stage-0 output of finite, ordinary weights
 # grew past it on a few tokens (the next stage's RMSNorm ignores its scale; 66,000 at
 # step 2,445 of a swarm run of 3 stage-0 peers, loss 2.5), became infinite on the wire,
-# and every peer of the next stage refused every peer of ours. The gradient coming back shrinks as the activation grows
-# and sank into fp16's subnormals (below 6.1e-5) the same way. A power of two is exact
-# both ways, so the scale costs no precision, only 4 bytes.
+# and every peer of the next stage refused every peer of ours. The gradient coming back
+# shrinks as the activation grows and sank into fp16's subnormals (below 6.1e-5) the
+# same way. A power of two is exact both ways, so the scale costs no precision, only 4
+# bytes.
 FP16_TOP_EXPONENT = 15
 MAX_FP16_SHIFT = 126  # 2.0**126 and 2.0**-126 are normal float32s
 
@@ -61,7 +62,9 @@ def decode_activations(tensors: list[torch.Tensor], shape: tuple[int, ...], code
         values, shift = checked_floats(tensors[0], shape), tensors[1]
         if shift.dtype != torch.int32 or tuple(shift.shape) != (1,) or abs(int(shift)) > MAX_FP16_SHIFT:
             raise ProtocolError(f"fp16 scale must be one int32 within +-{MAX_FP16_SHIFT}")
-        return values.float() * 2.0 ** -int(shift)
+        # in place: a frame's tensors are private copies (wire/frames.py), and float()
+        # of f16 is a new one; one allocation, not two, per tensor received
+        return values.float().mul_(2.0 ** -int(shift))
     if len(tensors) != 1:
         raise ProtocolError(f"expected one tensor of {tuple(shape)} floats")
     return checked_floats(tensors[0], shape).float()
