@@ -27,6 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-spec", type=Path, default=None, help="the run to publish (.toml or .json)")
     p.add_argument("--run-id", default=None,
                    help="with --initial-peers and no --run-spec: which published run to serve")
+    p.add_argument("--data", type=Path, default=None, metavar="DIR",
+                   help="the prepared dataset the run spec names (`swarm-node data prepare --out DIR`), served "
+                        "to volunteers")
     p.add_argument("--initial-peers", nargs="+", default=[], metavar="MADDR",
                    help="other bootstraps (or nodes) of the same run; several bootstraps avoid a single "
                         "point of failure")
@@ -97,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                                  run_spec=RunSpec.from_file(args.run_spec) if args.run_spec else None,
                                  run_id=args.run_id, http_host=args.http_host, http_port=args.http_port,
                                  startup_timeout_s=args.startup_timeout,
-                                 check_reachability=not args.no_reachability_check)
+                                 check_reachability=not args.no_reachability_check, data_dir=args.data)
         def on_ready(ready) -> None:
             _print_ready(ready)
             if args.maddrs_file is not None:

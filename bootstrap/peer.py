@@ -20,6 +20,8 @@ from swarm_bootstrap.known_peers import KnownPeers, peers_file_for
 from swarm_bootstrap.view import SwarmView, prometheus_text
 
 from swarm_node import __version__
+from swarm_node.data.cache import ShardCache
+from swarm_node.data.serve import DataServer
 from swarm_node.errors import ConfigError, PeerError, SwarmError, known_failure
 from swarm_node.membership.discovery import SPEC_REPUBLISH_S, find_run_spec, publish_spec, spec_key
 from swarm_node.membership.registry import read_registry
@@ -53,6 +55,7 @@ class BootstrapConfig:
     startup_timeout_s: float = 60.0
     check_reachability: bool = True
     reachability_timeout_s: float = 10.0
+    data_dir: Path | None = None  # the run's prepared dataset (data kind manifest), served to volunteers
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,7 @@ class BootstrapPeer:
         self.maddrs: list[str] = []
         self.reachability: dict[str, str | None] = {}
         self.transport: Transport | None = None
+        self.data_server: DataServer | None = None
         self._probed: dict[str, tuple[float, float]] = {}  # peer that did not answer -> (ask again at, pause)
         self.known = KnownPeers(peers_file_for(config.identity_path))
         self._stop = asyncio.Event()
@@ -100,6 +104,7 @@ class BootstrapPeer:
             # joining nodes ask us to dial them back: can others reach them?
             self.transport = Transport(await self.dht.replicate_p2p())
             await serve_dialback(self.transport, authorize=self.spec.admits)
+            await self._serve_data()
             self.view = SwarmView(self.spec.run_id, self.spec.spec_hash(), self.spec.num_stages,
                                   frozenset(self.spec.allowed_peers))
             if not await publish_spec(self.dht, self.spec):
@@ -145,6 +150,32 @@ class BootstrapPeer:
         if publisher is not None:
             log.info("serving run %r as published by %s", spec.run_id, short_id(publisher))
         return spec
+
+    async def _serve_data(self) -> None:
+        """The prepared dataset the spec names, from --data: every volunteer's first
+        source of the manifest and tokenizer, and of shards no peer holds yet."""
+        data, folder = self.spec.data, self.config.data_dir
+        if data.kind != "manifest":
+            if folder is not None:
+                raise ConfigError(f"--data {folder}: the run spec's data is {data.describe()}, not a prepared dataset")
+            return
+        if folder is None:
+            log.warning("the run's data is a prepared dataset but this bootstrap serves none (--data DIR): "
+                        "volunteers can fetch it only from peers that already hold it")
+            return
+        cache = ShardCache(folder, data.manifest_sha256, trust_whole_files=True)
+        manifest = await asyncio.to_thread(cache.load_manifest)
+        if manifest is None:
+            raise ConfigError(f"--data {folder}: its manifest is not the one the run spec names "
+                              f"({data.manifest_sha256[:16]}…); prepare it again or fix the spec")
+        missing = [e.name for e in manifest.files().values() if not (folder / e.name).is_file()]
+        if missing:
+            raise ConfigError(f"--data {folder} lacks {len(missing)} of the manifest's files ({missing[0]}, ...)")
+        self.data_server = DataServer(lambda: cache, on_fault=lambda peer, why: log.warning(
+            "data request from %s refused: %s", short_id(peer), why))
+        await self.data_server.serve(self.transport, self.spec.admits)
+        log.info("serving the prepared dataset in %s: %d shards, %.1f M training tokens", folder,
+                 len(manifest.train) + len(manifest.val), manifest.train_tokens() / 1e6)
 
     # -- loops ---------------------------------------------------------------------
     async def _publish_loop(self) -> None:
@@ -277,7 +308,8 @@ class BootstrapPeer:
                 "spec": self.spec.to_dict(),
                 "bootstrap": {"peer_id": self.dht.peer_id, "maddrs": self.maddrs, "version": __version__,
                               "uptime_s": round(time.time() - self.view.started_s, 1),
-                              "reachability": self.reachability}}
+                              "reachability": self.reachability},
+                "data_served_bytes": self.data_server.served_bytes if self.data_server else 0}
 
 
 def _json(data) -> Response:

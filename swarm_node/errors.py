@@ -70,3 +70,12 @@ def known_failure(group: BaseExceptionGroup) -> SwarmError | None:
     while isinstance(first, BaseExceptionGroup):
         first = first.exceptions[0]
     return first
+
+
+class DataError(SwarmError):
+    """Training data on this machine is missing, damaged or does not match the run's
+    manifest; the message says what to do. Nothing verified is deleted."""
+
+
+class DiskFull(DataError):
+    """The data cache ran out of room; what verified is kept."""

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from swarm_node import __version__
+from swarm_node.cli.data import add_data_parser
 from swarm_node.cli.export import add_export_parser, add_generate_parser
 from swarm_node.cli.probe import add_probe_parser
 from swarm_node.errors import ConfigError, SwarmError
@@ -36,7 +37,7 @@ def _int_list(text: str) -> tuple[int, ...]:
 
 MODEL_HELP = "debug (2 layers) | tiny (4) | small (12) | medium (24) | large (32); default: %(default)s"
 DATA_HELP = ("synthetic[:alphabet=16,order=2,...] | corpus (the bundled docstrings) | text:PATH | bin:PATH | hf:PATH "
-             "| PATH; default: %(default)s")
+             "| manifest:FOLDER (prepared by `swarm-node data prepare`) | PATH; default: %(default)s")
 THREADS_DEFAULT_HELP = ("default: the cores not already busy (measured over half a second at the start), at least "
                         "1: more threads than free cores leave torch's threads spinning, waiting for each other")
 
@@ -210,6 +211,11 @@ def _add_join_parser(sub) -> None:
     p.add_argument("--run-dir", type=Path, default=None, help="write the summary and final weights here")
     p.add_argument("--data-shard", type=_shard, default=None, metavar="SHARD/COUNT",
                    help="stage 0: read this shard of the data (default: derived from the peer id)")
+    p.add_argument("--data-cache", type=Path, default=None, metavar="DIR",
+                   help="where a run's prepared dataset is fetched to (default ~/.cache/swarm-node/data)")
+    p.add_argument("--data-cache-gb", type=float, default=None, metavar="GB",
+                   help="keep the fetched dataset within this many GB, evicting shards already trained "
+                        "(default: no bound; stage 0 needs room for about three shards)")
     p.add_argument("--round-timeout", type=float, default=20.0,
                    help="seconds to seek a partner per outer round before the local-only step (default %(default)s)")
     p.add_argument("--startup-timeout", type=float, default=DEFAULT_STARTUP_TIMEOUT_S,
@@ -337,6 +343,8 @@ def _run_join(args: argparse.Namespace) -> int:
                         lane_port=None if args.no_lanes else args.lane_port,
                         stage=args.stage, device=resolve_device(args.device), max_steps=args.max_steps,
                         run_dir=args.run_dir, data_shard=args.data_shard, round_timeout_s=args.round_timeout,
+                        data_cache_gb=args.data_cache_gb,
+                        **({"data_cache_dir": args.data_cache} if args.data_cache else {}),
                         startup_timeout_s=args.startup_timeout, slowest_link_mbit_s=args.slowest_link_mbit,
                         wait_for_peers_per_stage=args.wait_for_peers,
                         download_state=not args.no_state_download, state_from=args.state_from,
@@ -477,6 +485,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_export_parser(sub)
     add_generate_parser(sub)
     add_probe_parser(sub)
+    add_data_parser(sub)
     return parser
 
 

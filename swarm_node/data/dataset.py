@@ -18,6 +18,7 @@ import torch
 from swarm_node.data.markov import MarkovChain, MarkovSpec
 from swarm_node.data.spec import DataSpec
 from swarm_node.data.tokenizer import AlphabetTokenizer, Tokenizer, load_tokenizer
+from swarm_node.errors import DataError
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,11 @@ def load_windows(spec: DataSpec, seq_len: int, *, min_train_windows: int = 0) ->
         raise ValueError(f"seq_len must be at least 2, got {seq_len}")
     if spec.kind == "synthetic":
         return _synthetic(spec, seq_len, min_train_windows)
+    if spec.kind == "manifest":
+        if spec.path is None:
+            raise DataError("this run's data is a prepared dataset that nodes fetch from peers; to read it "
+                            "here, give the folder holding it (data path, or --data manifest:FOLDER)")
+        return _prepared(Path(spec.path), spec.manifest_sha256, seq_len)
     tokenizer = load_tokenizer(spec.tokenizer_path)
     if spec.kind == "bin":
         tokens, vocab_size = _read_bin(Path(spec.path))
@@ -87,6 +93,29 @@ def load_windows(spec: DataSpec, seq_len: int, *, min_train_windows: int = 0) ->
         raise ValueError(f"{spec.describe()} has {len(tokens)} tokens: too few for seq_len {seq_len}")
     return TokenWindows(tokens=tokens, vocab_size=vocab_size, seq_len=seq_len, num_val_windows=num_val,
                         tokenizer=tokenizer)
+
+
+def _prepared(folder: Path, manifest_sha256: str, seq_len: int) -> TokenWindows:
+    """A prepared dataset held whole in ``folder``: its training shards, then its
+    validation shards, as one token array (every file checked against the manifest)."""
+    from swarm_node.data.manifest import MANIFEST_FILE, Manifest, sha256_hex
+    from swarm_node.data.shardfile import open_shard
+
+    manifest = Manifest.from_bytes((folder / MANIFEST_FILE).read_bytes(), expect_sha256=manifest_sha256)
+    parts = {}
+    for entry in manifest.train + manifest.val:
+        path = folder / entry.name
+        if not path.is_file() or path.stat().st_size != entry.bytes or sha256_hex(path.read_bytes()) != entry.sha256:
+            raise DataError(f"{path} is missing or differs from the manifest; prepare or fetch it again")
+        parts[entry.name] = open_shard(path, vocab_size=manifest.vocab_size)
+    window_len = seq_len + 1
+    val_windows = sum(len(parts[e.name]) for e in manifest.val) // window_len
+    tokens = np.concatenate([parts[e.name] for e in manifest.train + manifest.val])
+    if val_windows < 1 or len(tokens) // window_len - val_windows < 1:
+        raise DataError(f"the prepared dataset in {folder} has too few tokens for seq_len {seq_len}")
+    tokenizer = load_tokenizer(folder / manifest.tokenizer.name) if manifest.tokenizer else load_tokenizer(None)
+    return TokenWindows(tokens=tokens, vocab_size=manifest.vocab_size, seq_len=seq_len,
+                        num_val_windows=val_windows, tokenizer=tokenizer)
 
 
 def _synthetic(spec: DataSpec, seq_len: int, min_train_windows: int) -> TokenWindows:
@@ -107,6 +136,10 @@ def _read_corpus() -> str:
 
 
 def _read_text(path: Path) -> str:
+    return "\n\n".join(f.read_text(encoding="utf-8", errors="replace") for f in _text_files(path))
+
+
+def _text_files(path: Path) -> list[Path]:
     if path.is_file():
         files = [path]
     elif path.is_dir():
@@ -115,13 +148,19 @@ def _read_text(path: Path) -> str:
         raise FileNotFoundError(f"text data not found: {path}")
     if not files:
         raise FileNotFoundError(f"no {'/'.join(sorted(TEXT_SUFFIXES))} files under {path}")
-    return "\n\n".join(f.read_text(encoding="utf-8", errors="replace") for f in files)
+    return files
 
 
 def _read_hf_dataset(path: Path, text_field: str) -> str:
-    """A local Hugging Face dataset: a ``save_to_disk`` folder (its ``train`` split when it
-    is a DatasetDict), or .json/.jsonl/.parquet files (one file or a folder of them).
-    Documents are joined with blank lines, in order; nothing is downloaded."""
+    _, docs = _read_hf_documents(path, text_field)
+    return "\n\n".join(t for t in docs if t is not None)
+
+
+def _read_hf_documents(path: Path, text_field: str):
+    """(count, iterator of texts, None for a row without one) of a local Hugging Face
+    dataset: a ``save_to_disk`` folder (its ``train`` split when it is a DatasetDict), or
+    .json/.jsonl/.parquet files (one file or a folder of them). In order; nothing is
+    downloaded."""
     try:
         import datasets
     except ImportError:
@@ -147,7 +186,7 @@ def _read_hf_dataset(path: Path, text_field: str) -> str:
     if text_field not in loaded.column_names:
         raise ValueError(f"{path}: no column {text_field!r} (columns: {', '.join(loaded.column_names)}); "
                          "set data.text_field in the run spec")
-    return "\n\n".join(t for t in loaded[text_field] if isinstance(t, str))
+    return len(loaded), (t if isinstance(t, str) else None for t in loaded[text_field])
 
 
 def _read_bin(path: Path) -> tuple[np.ndarray, int]:

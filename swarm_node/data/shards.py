@@ -42,6 +42,12 @@ class ShardedBatches:
         usable = (len(order) // self.num_shards) * self.num_shards  # equal shard sizes
         return order[:usable][self.shard_id::self.num_shards]
 
+    async def ready(self) -> None:
+        """Every window is in memory: nothing to wait for (SlotBatches waits for a fetch)."""
+
+    async def close(self) -> None:
+        pass
+
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self._epoch_windows is None:
             self._epoch_windows = self.shard_windows(self.position.epoch)

@@ -29,7 +29,7 @@ from functools import partial
 
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from swarm_node.data.dataset import TokenWindows, load_windows
+from swarm_node.data.source import RunData
 from swarm_node.errors import ConfigError, IncompatibleRun, SwarmError, known_failure
 from swarm_node.gossip.exchange import ExchangeTimes, OuterExchange
 from swarm_node.membership.discovery import find_run_spec, peer_ids_of, publish_spec, require_version
@@ -64,7 +64,8 @@ from swarm_node.train.worker import StageWorker
 log = logging.getLogger("swarm_node.node")
 
 HANDLERS = (protocols.FORWARD, protocols.PAIR, protocols.OUTER, protocols.OUTER_FETCH, protocols.STATE,
-            protocols.STATE_SKETCH, protocols.STATUS, DIALBACK)
+            protocols.STATE_SKETCH, protocols.STATUS, DIALBACK,
+            protocols.DATA)
 
 
 class Node:
@@ -87,7 +88,7 @@ class Node:
         self.dht: SwarmDHT | None = None
         self.transport: Transport | None = None
         self.membership: Membership | None = None
-        self.data: TokenWindows | None = None
+        self.data: RunData | None = None
         self.worker: StageWorker | None = None
         self.pipeline: Pipeline | None = None
         self.exchange: OuterExchange | None = None
@@ -180,7 +181,10 @@ class Node:
         tree_changed()
         await self._new_transport()
         await self._join_run()
-        self.data = await self.compute.unthrottled(load_windows, self.spec.data, self.spec.seq_len)
+        self.data = RunData(self.spec, cache_dir=cfg.data_cache_dir, cache_gb=cfg.data_cache_gb,
+                            initial_peers=peer_ids_of(cfg.initial_peers), peers=self._all_live_peers,
+                            on_fault=self.guard.fault, progress=cfg.progress)
+        vocab_size = await self.data.open(self.transport, self.compute.unthrottled)
         membership = self.membership = Membership(spec=self.spec, dht=self.dht, guard=self.guard, config=cfg,
                                                   record=self.report.record)
         await membership.refresh(all_stages=True)
@@ -189,14 +193,15 @@ class Node:
             tree_changed()
             await self.transport.close_lanes()
             await self._new_transport()
+            self.data.transport_changed(self.transport)
             await membership.refresh(all_stages=True)
         self.checkpoints = Checkpoints(cfg.checkpoint_dir, spec=self.spec, compute=self.compute,
                                        command_line=cfg.command_line, identity_path=cfg.identity_path)
         resume = await self.checkpoints.find(cfg.stage)
         await self._take_stage(resume)
         self.compute.explain = partial(explain_run_oom, spec=self.spec, stage=self.stage,  # building it may not fit
-                                       vocab_size=self.data.vocab_size, device=cfg.device)
-        self.worker = await self.compute.unthrottled(StageWorker, self.spec, self.stage, self.data.vocab_size,
+                                       vocab_size=vocab_size, device=cfg.device)
+        self.worker = await self.compute.unthrottled(StageWorker, self.spec, self.stage, vocab_size,
                                                      cfg.device)
         if cfg.compile_stage:
             await self.compute.unthrottled(compile_stage, self.worker)
@@ -208,7 +213,7 @@ class Node:
         self._build_components()
         resumed_data = await self._catch_up(resume)
         if self.worker.is_first:
-            self.pipeline.open_data(self.data, self.peer_id, resumed_data)
+            self.pipeline.open_data(self.data, self.peer_id, resumed_data, claims=self._slot_claims)
         await self._serve()
         self.report.open_metrics()
         membership.state = "training"
@@ -219,6 +224,7 @@ class Node:
     async def _produce(self) -> None:
         """Stage 0 drives the pipeline: its micro-batches, once the peers it waits for are up."""
         await self._wait_for_peers()
+        await self.data.settle_slot(2 * max(self.config.heartbeat_s, self.config.registry_poll_s))
         await self.pipeline.produce(finished=self._finish)
 
     async def _wait_for_peers(self) -> None:
@@ -341,6 +347,16 @@ class Node:
             await serve_dialback(transport, authorize=admit, on_fault=self.guard.fault)
         await self.state_sync.serve(transport, admit)
         await self.witnesses.serve(transport, admit)
+        await self.data.serve(transport, admit)
+
+    def _all_live_peers(self) -> list[str]:
+        """Every training peer we know of, any stage: who may hold the dataset's files."""
+        if self.membership is None:
+            return []
+        return [p for s in range(self.spec.num_stages) for p in self.membership.live_peers(s)]
+
+    def _slot_claims(self) -> dict[str, int]:
+        return {p: r.data_slot for p, r in self.membership.live_peers(0).items() if r.data_slot >= 0}
 
     async def _finish(self) -> None:
         """Stage 0 has done max_steps: the node finishes."""
@@ -391,6 +407,8 @@ class Node:
             self.membership.state = "leaving"
         if self.exchange is not None:  # a peer holding its round for our payload stops waiting for it
             await _bounded(self.exchange.withdraw_abandoned(), 3.0, "withdrawing a pairing proposal")
+        if self.data is not None:
+            await _bounded(self.data.close(), 3.0, "stopping the data prefetch")
         if self.transport is not None:
             for name in HANDLERS:
                 await _bounded(self.transport.stop_serving(name), 3.0, f"removing the {name} handler")

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from swarm_node.wire.records import MAX_RECORD_TTL_S
@@ -39,6 +40,10 @@ class NodeConfig:
     threads: int | None = None  # torch threads of the compute thread (None: torch's default)
     compute_share: float = 1.0  # compute at most this share of the time (train/compute.py), for a shared machine
     data_shard: tuple[int, int] | None = None  # (shard id, shard count); default: from the peer id
+    # A prepared dataset (data kind manifest) is fetched into data_cache_dir/<manifest
+    # hash>, kept within data_cache_gb (None: unbounded) by evicting shards trained.
+    data_cache_dir: Path = field(default_factory=lambda: _cache_home() / "swarm-node" / "data")
+    data_cache_gb: float | None = None
     max_steps: int | None = None  # stop after this many inner steps (stage 0 drives the run)
     run_dir: Path | None = None  # where the summary and final weights are written
     # Outer rounds that stop the inner steps until the outer step is done (the paper's
@@ -106,6 +111,8 @@ class NodeConfig:
 
     def __post_init__(self) -> None:
         check_compute_share(self.compute_share)
+        if self.data_cache_gb is not None and not self.data_cache_gb > 0:
+            raise ValueError(f"--data-cache-gb must be positive, got {self.data_cache_gb}")
         if self.slowest_link_mbit_s <= 0:
             raise ValueError("slowest_link_mbit_s must be positive")
         if self.checkpoint_every_rounds < 1:
@@ -117,3 +124,7 @@ class NodeConfig:
         if self.state_from is not None and not _BASE58.fullmatch(self.state_from):
             raise ValueError(f"--state-from takes a peer id (base58, as logs and the dashboard show it), "
                              f"got {self.state_from!r}")
+
+
+def _cache_home() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")

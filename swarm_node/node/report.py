@@ -51,7 +51,8 @@ class NodeReport:
                           partner_rounds=stats.rounds_with_partner, local_rounds=stats.local_only_rounds,
                           last_error=stats.last_error, reachable=n.membership.reachable,
                           recent_steps=self._recent_steps.sample(w.inner_step if w else 0),
-                          recent_microbatches=self._recent_microbatches.sample(stats.microbatches_done))
+                          recent_microbatches=self._recent_microbatches.sample(stats.microbatches_done),
+                          data_slot=n.data.claimed_slot() if n.data is not None else -1)
 
     def status_fields(self) -> dict:
         n = self.node
@@ -70,6 +71,7 @@ class NodeReport:
                 "bytes_received": transport.bytes_received if transport else 0,
                 "round_held_s": round(n.gate.held_s, 3),
                 "training_s": round(n.worker.training_s, 3) if n.worker else 0.0, **asdict(n.stats),
+                "data": n.data.status() if n.data is not None else None,
                 **{f"dht_{k}": v for k, v in (asdict(n.dht.ops) if n.dht else {}).items()}}
 
     def health(self) -> tuple[str, bool]:
@@ -115,6 +117,9 @@ class NodeReport:
                   "rounds_with_partner": stats.rounds_with_partner, "local_only_rounds": stats.local_only_rounds,
                   "bytes_sent": n.transport.bytes_sent, "bytes_received": n.transport.bytes_received,
                   "streams_served": n.transport.streams_served}
+        data = n.data.status() if n.data is not None else None
+        if data is not None:
+            values |= {"data_fetched_bytes": data["fetched_bytes"], "data_served_bytes": data["served_bytes"]}
         if w.loss_ema is not None:
             values["train_loss"] = w.loss_ema
         self.metrics.log(w.inner_step, values)

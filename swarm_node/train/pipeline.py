@@ -26,8 +26,9 @@ from collections.abc import Awaitable, Callable
 
 import torch
 
-from swarm_node.data.dataset import TokenWindows
 from swarm_node.data.shards import ShardedBatches
+from swarm_node.data.slots import SlotBatches
+from swarm_node.data.source import RunData
 from swarm_node.errors import (
     NotEnoughPeers,
     OutOfScale,
@@ -110,20 +111,18 @@ class Pipeline:
                                   authorize=authorize)
 
     # -- stage 0 -----------------------------------------------------------------------
-    def open_data(self, data: TokenWindows, peer_id: str, resumed: dict | None) -> ShardedBatches:
+    def open_data(self, data: RunData, peer_id: str, resumed: dict | None,
+                  claims: Callable[[], dict[str, int]] = dict) -> ShardedBatches | SlotBatches:
         """The shard this node reads: --data-shard, else the one it read before a
-        restart, else the one its peer id hashes to."""
+        restart, else the one its peer id hashes to (a prepared dataset: a slot that
+        ``claims``, peer -> slot, leaves free)."""
         if self.config.data_shard is None and resumed is not None:
             shard_id, num_shards = resumed["shard"]
         else:
             shard_id, num_shards = self.config.data_shard or (_shard_of(peer_id, SHARDS_BY_PEER_ID), SHARDS_BY_PEER_ID)
-        num_shards = min(num_shards, max(1, data.num_train_windows // self.spec.batch_size))
-        loader = ShardedBatches(data, batch_size=self.spec.batch_size, seed=self.spec.seed,
-                                shard_id=shard_id % num_shards, num_shards=num_shards)
-        if resumed is not None and [loader.shard_id, loader.num_shards] == list(resumed["shard"]):
-            loader.load_state_dict(resumed)
-        self.loader = loader
-        return loader
+        self.loader = data.open_loader(peer_id=peer_id, batch_size=self.spec.batch_size, shard=(shard_id, num_shards),
+                                       resumed=resumed, claims=claims)
+        return self.loader
 
     def data_position(self) -> dict | None:
         """For a checkpoint: where in its shard this node reads (stage 0 only)."""
@@ -145,6 +144,7 @@ class Pipeline:
                     await self._free_slot()
                     if self.issued_enough() or self.stopping.is_set():
                         break
+                    await loader.ready()
                     inputs, targets = await self.compute(loader.next_batch)
                     self.in_flight += 1
                     tg.create_task(self._run_microbatch(inputs, targets))

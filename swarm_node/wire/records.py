@@ -41,6 +41,7 @@ class PeerRecord:
     # Progress over the last minute, so a dashboard can tell training from stuck.
     recent_steps: int = 0  # inner steps taken
     recent_microbatches: int = 0  # micro-batches completed (sent and back, or served)
+    data_slot: int = -1  # stage 0 of a prepared dataset: the slot of shards it trains (data/slots.py)
 
     def to_wire(self) -> dict:
         return asdict(self)
@@ -71,7 +72,8 @@ class PeerRecord:
                 last_error=_str(raw.get("last_error", ""), MAX_ERROR_CHARS),
                 reachable=_bool(raw.get("reachable", True)),
                 recent_steps=_int(raw.get("recent_steps", 0), 0, 10**9),
-                recent_microbatches=_int(raw.get("recent_microbatches", 0), 0, 10**9))
+                recent_microbatches=_int(raw.get("recent_microbatches", 0), 0, 10**9),
+                data_slot=_int(raw.get("data_slot", -1), -1, 1 << 20))
         except KeyError as exc:
             raise ProtocolError(f"registry record lacks {exc}") from None
         if record.state not in STATES:

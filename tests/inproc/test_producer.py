@@ -11,6 +11,7 @@ import vclock
 from parts import StageParts, record
 
 from swarm_node.data.dataset import load_windows
+from swarm_node.data.source import RunData
 from swarm_node.data.spec import DataSpec
 from swarm_node.node.config import NodeConfig
 from swarm_node.optim import InnerHyper, default_method
@@ -33,7 +34,7 @@ def test_gradients_held_over_a_round_finish_the_run_without_starving_the_loop():
     stage = StageParts(SPEC, StageWorker(SPEC, 0, data.vocab_size), config=NodeConfig(max_steps=max_steps),
                        compute=compute)
     pipeline = stage.pipeline()
-    pipeline.open_data(data, "QmSelf", resumed=None)
+    pipeline.open_data(RunData.in_memory(SPEC, data), "QmSelf", resumed=None)
     worker = stage.worker
     g = torch.Generator().manual_seed(0)
     worker.forward_backward_last(None, torch.randint(0, 16, (4, 16), generator=g),
@@ -85,7 +86,7 @@ def test_stage_0_waits_for_a_next_stage_peer_instead_of_losing_micro_batches():
     data = load_windows(spec.data, spec.seq_len)
     stage = StageParts(spec, StageWorker(spec, 0, data.vocab_size))
     pipeline = stage.pipeline()
-    pipeline.open_data(data, "QmSelf", resumed=None)
+    pipeline.open_data(RunData.in_memory(spec, data), "QmSelf", resumed=None)
     before = pipeline.loader.state_dict()
     finished = []
 
@@ -137,7 +138,7 @@ def test_stage_0_keeps_as_many_micro_batches_in_flight_as_its_window_says():
     stage.guard.reached("QmNext")
     pipeline = stage.pipeline()
     pipeline.window = window = Window()
-    pipeline.open_data(data, "QmSelf", resumed=None)
+    pipeline.open_data(RunData.in_memory(spec, data), "QmSelf", resumed=None)
 
     async def release(count: int) -> int:
         for future in [f for f in held if not f.done()][:count]:

@@ -109,8 +109,15 @@ class Volunteer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.log = self.workdir / "join.log"
         self.command = " ".join([line, *map(shlex.quote, (*(() if full_speed else COMPUTE_SHARE), *extra))])
-        self.process = bed.popen(host, ["bash", "-c", self.command], cwd=self.workdir, env=volunteer_env(),
-                                 log=self.log)
+        self.start()
+
+    def start(self) -> None:
+        """(Again, after a kill: the same command on the same host, as a volunteer would.)
+        Each host has a disk of its own: the node's caches (a run's fetched dataset)."""
+        with open(self.log, "a"):
+            pass
+        self.process = self.bed.popen(self.host, ["bash", "-c", self.command], cwd=self.workdir,
+                                      env=volunteer_env(XDG_CACHE_HOME=str(self.workdir / "cache")), log=self.log)
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")

@@ -35,3 +35,10 @@ def test_join_commands_in_the_readme_parse():
     assert commands
     for argv in commands:
         node_parser().parse_args(argv)
+
+
+def test_data_commands_in_the_readme_parse():
+    commands = [c for c in _commands((REPO / "README.md").read_text(), "swarm-node") if c[:1] == ["data"]]
+    assert commands
+    for argv in commands:
+        node_parser().parse_args(argv)

@@ -1,0 +1,143 @@
+"""A node's training data, whatever its kind: windows loaded in memory (synthetic, the
+bundled corpus, local files), or a prepared dataset fetched from peers (data kind
+manifest): the manifest and tokenizer at join, then, on stage 0 only, the shards of the
+slot it claims (data/slots.py); later stages train on the targets that travel with the
+activations and fetch no shards. Every node serves what its cache holds whole."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+from swarm_node.data.cache import ShardCache
+from swarm_node.data.dataset import TokenWindows, load_windows
+from swarm_node.data.fetch import DataFetcher
+from swarm_node.data.serve import DataServer
+from swarm_node.data.shards import ShardedBatches
+from swarm_node.data.slots import SlotBatches, choose_slot, default_slots
+from swarm_node.spec import RunSpec
+
+log = logging.getLogger(__name__)
+
+SLOT_CHECK_S = 5.0  # how often stage 0 looks for another peer claiming its slot
+
+
+class RunData:
+    def __init__(self, spec: RunSpec, *, cache_dir: Path, cache_gb: float | None, initial_peers: list[str],
+                 peers: Callable[[], list[str]], on_fault: Callable[[str, str], None], progress: bool):
+        self.spec = spec
+        self.windows: TokenWindows | None = None
+        self.cache: ShardCache | None = None
+        self.fetcher: DataFetcher | None = None
+        self.loader: SlotBatches | ShardedBatches | None = None
+        self.server = DataServer(lambda: self.cache, on_fault=on_fault)
+        self._initial, self._peers, self._on_fault, self._progress = initial_peers, peers, on_fault, progress
+        data = spec.data
+        if data.kind == "manifest":
+            held = data.path is not None  # the host's own folder: everything is there
+            root = Path(data.path) if held else cache_dir / data.manifest_sha256[:16]
+            self.cache = ShardCache(root, data.manifest_sha256, trust_whole_files=held,
+                                    budget_bytes=None if held or cache_gb is None else int(cache_gb * 1e9))
+        self._claims: Callable[[], dict[str, int]] = dict
+        self._checked_at = 0.0
+        self.trained_shards: deque[str] = deque(maxlen=256)  # the latest begun, oldest first
+
+    @classmethod
+    def in_memory(cls, spec: RunSpec, windows: TokenWindows) -> RunData:
+        """Windows already loaded (tests, benchmarks)."""
+        data = cls(spec, cache_dir=Path("."), cache_gb=None, initial_peers=[], peers=list,
+                   on_fault=lambda peer, why: None, progress=False)
+        data.windows = windows
+        return data
+
+    @property
+    def prepared(self) -> bool:
+        return self.cache is not None
+
+    async def open(self, transport, run_in_thread) -> int:
+        """Load or fetch what every stage needs; returns the vocabulary size."""
+        if self.cache is None:
+            self.windows = await run_in_thread(load_windows, self.spec.data, self.spec.seq_len)
+            return self.windows.vocab_size
+        self.fetcher = DataFetcher(self.cache, transport, peers=self._peers, initial=self._initial,
+                                   on_fault=self._on_fault, progress=self._progress)
+        manifest = await self.fetcher.fetch_manifest()
+        if manifest.tokenizer is not None:
+            await self.fetcher.fetch(manifest.tokenizer)
+        return manifest.vocab_size
+
+    def transport_changed(self, transport) -> None:
+        if self.fetcher is not None:
+            self.fetcher.transport = transport
+
+    async def serve(self, transport, authorize: Callable[[str], bool]) -> None:
+        if self.cache is not None:
+            await self.server.serve(transport, authorize)
+
+    def open_loader(self, *, peer_id: str, batch_size: int, shard: tuple[int, int], resumed: dict | None,
+                    claims: Callable[[], dict[str, int]]) -> SlotBatches | ShardedBatches:
+        """Stage 0's batches: ``shard`` (id, count) for in-memory windows; a prepared
+        dataset takes a slot nobody in ``claims`` (peer -> slot) holds instead."""
+        spec = self.spec
+        if self.cache is None:
+            shard_id, num_shards = shard
+            num_shards = min(num_shards, max(1, self.windows.num_train_windows // batch_size))
+            loader = ShardedBatches(self.windows, batch_size=batch_size, seed=spec.seed,
+                                    shard_id=shard_id % num_shards, num_shards=num_shards)
+        else:
+            self._claims = claims
+            num_slots = default_slots(self.fetcher.manifest, spec.data.slots)
+            wanted = resumed["shard"][0] if resumed and resumed["shard"][1] == num_slots else None
+            slot = choose_slot(peer_id, claims(), num_slots, wanted)
+            loader = SlotBatches(self.fetcher, seq_len=spec.seq_len, batch_size=batch_size, seed=spec.seed,
+                                 slot=slot, num_slots=num_slots, on_shard=self._training_shard)
+            loader.check_slot = lambda: self._check_slot(peer_id)
+            log.info("data: slot %d of %d", slot, num_slots)
+        if resumed is not None and [loader.shard_id, loader.num_shards] == list(resumed["shard"]):
+            loader.load_state_dict(resumed)
+        self.loader = loader
+        return loader
+
+    def status(self) -> dict | None:
+        """For /api/status: what was fetched from whom, and served."""
+        if self.fetcher is None:
+            return None
+        stats = self.fetcher.stats
+        return {"manifest_sha256": self.cache.manifest_sha256, "fetched_bytes": stats.fetched_bytes,
+                "fetched_by_source": dict(stats.by_source), "refused_sources": sorted(stats.refused),
+                "served_bytes": self.server.served_bytes, "slot": self.claimed_slot(),
+                "trained_shards": list(self.trained_shards)}
+
+    def claimed_slot(self) -> int:
+        return self.loader.shard_id if isinstance(self.loader, SlotBatches) else -1
+
+    def _check_slot(self, peer_id: str) -> None:
+        now = time.monotonic()
+        if now - self._checked_at < SLOT_CHECK_S:
+            return
+        self._checked_at = now
+        slot = choose_slot(peer_id, self._claims(), self.loader.num_shards, self.loader.shard_id)
+        if slot != self.loader.shard_id:
+            self.loader.switch_slot(slot)
+
+    def _training_shard(self, name: str, data_pass: int) -> None:
+        self.trained_shards.append(name)
+        log.info("data: training %s (pass %d, slot %d of %d)", name, data_pass, self.loader.shard_id,
+                 self.loader.num_shards)
+
+    async def settle_slot(self, wait_s: float) -> None:
+        """Before stage 0's first batch of a prepared dataset: give peers that claimed a
+        slot at the same moment time to see our claim and we theirs, then look again."""
+        if isinstance(self.loader, SlotBatches):
+            await asyncio.sleep(wait_s)
+            self._checked_at = 0.0
+
+    async def close(self) -> None:
+        if self.loader is not None:
+            await self.loader.close()
+        if self.fetcher is not None:
+            await self.fetcher.close()

@@ -1,0 +1,238 @@
+"""Fetching a prepared dataset from peers and mirrors, in process: peers are DataServers
+behind a fake transport, mirrors a local HTTP server. Every chunk is checked against the
+manifest; a liar is refused, counted and logged once; a restart fetches only what it
+lacks; the cache keeps its bound; a full disk keeps what verified."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import functools
+import http.server
+import logging
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+
+from swarm_node.data.cache import ShardCache
+from swarm_node.data.fetch import DataFetcher
+from swarm_node.data.prepare import PrepareConfig, prepare
+from swarm_node.data.serve import DataServer, bytes_frame
+from swarm_node.data.slots import SlotBatches
+from swarm_node.errors import DiskFull, StreamClosed
+from swarm_node.wire.frames import decode_frame
+
+CHUNK = 16 << 10
+
+
+@pytest.fixture(scope="module")
+def host_folder(tmp_path_factory):
+    out = tmp_path_factory.mktemp("host")
+    manifest, digest = prepare(PrepareConfig(source="corpus", out_dir=out, shard_tokens=100_000, chunk_bytes=CHUNK,
+                                             progress=False, sources=("http://127.0.0.1:1/none",)))
+    return out, manifest, digest
+
+
+class FakeNet:
+    """request() as the transport has it, answered by in-process handlers; counts calls."""
+
+    def __init__(self):
+        self.handlers: dict[str, object] = {}
+        self.calls: list[tuple[str, dict]] = []
+
+    async def request(self, peer, protocol, payload, *, timeout_s, max_response_bytes, paced_request=False,
+                      paced_response=False):
+        if peer not in self.handlers:
+            raise StreamClosed(f"no peer {peer}")
+        self.calls.append((peer, decode_frame(payload)[0]))
+        answer = await self.handlers[peer]("QmMe", payload)
+        assert len(answer) <= max_response_bytes
+        return answer
+
+
+def serving(folder: Path, digest: str) -> DataServer:
+    cache = ShardCache(folder, digest, trust_whole_files=True)
+    cache.load_manifest()
+    return DataServer(lambda: cache, on_fault=lambda peer, why: None)
+
+
+def liar(honest: DataServer):
+    """Holds everything and answers every chunk with altered bytes."""
+    async def handle(remote, request):
+        header = decode_frame(request)[0]
+        answer = await honest.handle(remote, request)
+        if header["what"] != "chunk":
+            return answer
+        meta, tensors = decode_frame(answer)
+        data = bytearray(tensors[0].numpy().tobytes())
+        data[len(data) // 2] ^= 0xFF
+        return bytes_frame({"ok": meta["ok"]}, bytes(data))
+    return handle
+
+
+def fetcher(tmp_path, digest, net, *, peers=(), initial=("QmBoot",), faults=None, budget=None) -> DataFetcher:
+    cache = ShardCache(tmp_path / "cache", digest, budget_bytes=budget)
+    return DataFetcher(cache, net, peers=lambda: list(peers), initial=list(initial), progress=False,
+                       on_fault=lambda peer, why: (faults if faults is not None else []).append((peer, why)))
+
+
+def test_a_liar_is_refused_once_and_the_shard_still_verifies(tmp_path, host_folder, caplog):
+    folder, manifest, digest = host_folder
+    net = FakeNet()
+    honest = serving(folder, digest)
+    net.handlers |= {"QmBoot": honest.handle, "QmLiar": liar(honest), "QmPeer": serving(folder, digest).handle}
+    faults = []
+    f = fetcher(tmp_path, digest, net, peers=["QmLiar", "QmPeer"], faults=faults)
+
+    async def run():
+        await f.fetch_manifest()
+        for entry in manifest.train[:3]:
+            await f.fetch(entry)
+
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(run())
+    for entry in manifest.train[:3]:
+        assert (tmp_path / "cache" / entry.name).read_bytes() == (folder / entry.name).read_bytes()
+    assert f.stats.refused == {"QmLiar"} and faults and all(p == "QmLiar" for p, _ in faults)
+    assert len([r for r in caplog.records if "QmLiar"[-6:] in r.getMessage() and "refusing" in r.getMessage()]) == 1
+    liar_chunks = [h for p, h in net.calls if p == "QmLiar" and h["what"] == "chunk"]
+    assert len(liar_chunks) <= 4  # asked again after it lied: never
+    # peers before the bootstrap: the honest peer served the shards
+    assert f.stats.by_source.get("QmPeer", 0) >= sum(e.bytes for e in manifest.train[:3]) - 4 * CHUNK
+
+
+def test_a_manifest_that_is_not_the_runs_is_refused(tmp_path, host_folder):
+    folder, manifest, digest = host_folder
+    other = tmp_path / "other"
+    shutil.copytree(folder, other)
+    (other / "manifest.json").write_bytes((folder / "manifest.json").read_bytes().replace(b'"vocab_size":256',
+                                                                                        b'"vocab_size":300'))
+    net = FakeNet()
+    fake = ShardCache(other, digest, trust_whole_files=True)
+    fake.manifest = manifest  # serves under the right name, with other bytes
+    net.handlers |= {"QmFake": DataServer(lambda: fake, on_fault=lambda p, w: None).handle,
+                     "QmBoot": serving(folder, digest).handle}
+    f = fetcher(tmp_path, digest, net, peers=["QmFake"])
+    got = asyncio.run(f.fetch_manifest())
+    assert got == manifest and f.stats.refused == {"QmFake"}
+
+
+def test_a_restart_fetches_only_the_chunks_it_had_not_verified(tmp_path, host_folder):
+    folder, manifest, digest = host_folder
+    entry = manifest.train[0]
+    net = FakeNet()
+    net.handlers["QmBoot"] = serving(folder, digest).handle
+    f = fetcher(tmp_path, digest, net)
+    asyncio.run(f.fetch_manifest())
+    cache = f.cache
+    cache.start_partial(entry)
+    have: set[int] = set()
+    data = (folder / entry.name).read_bytes()
+    for index in range(0, entry.num_chunks(), 2):  # half was fetched before the kill
+        start, end = entry.chunk_span(index, CHUNK)
+        cache.put_chunk(entry, index, data[start:end], have)
+    # a kill in the middle of a write: the last chunk noted is damaged on disk
+    damaged = max(have)
+    with open(cache.root / f"{entry.name}.part", "r+b") as part:
+        part.seek(damaged * CHUNK)
+        part.write(b"\0" * 100)
+    net.calls.clear()
+    again = fetcher(tmp_path, digest, net)
+    asyncio.run(again.fetch_manifest())
+    asyncio.run(again.fetch(entry))
+    asked = sorted(h["chunk"] for _, h in net.calls if h["what"] == "chunk")
+    assert asked == sorted(set(range(entry.num_chunks())) - have | {damaged})
+    assert (cache.root / entry.name).read_bytes() == data
+
+
+def test_the_cache_evicts_trained_shards_to_keep_its_bound(tmp_path, host_folder):
+    folder, manifest, digest = host_folder
+    net = FakeNet()
+    net.handlers["QmBoot"] = serving(folder, digest).handle
+    budget = 3 * manifest.train[0].bytes + (64 << 10)
+    f = fetcher(tmp_path, digest, net, budget=budget)
+
+    async def run():
+        await f.fetch_manifest()
+        loader = SlotBatches(f, seq_len=64, batch_size=16, seed=0, slot=0, num_slots=1)
+        for _ in range(8 * 100_000 // (65 * 16)):  # about eight shards' windows
+            await loader.ready()
+            loader.next_batch()
+            assert f.cache.used_bytes() <= budget
+        await loader.close()
+        await f.close()
+        return loader
+
+    loader = asyncio.run(run())
+    assert loader.position.unit >= 5
+    small = fetcher(tmp_path / "small", digest, net, budget=manifest.train[0].bytes // 2)
+    asyncio.run(small.fetch_manifest())
+    with pytest.raises(DiskFull, match="data-cache-gb"):
+        asyncio.run(small.fetch(manifest.train[0]))
+
+
+def test_a_full_disk_keeps_what_verified_and_says_how_much_room_it_needs(tmp_path, host_folder, monkeypatch):
+    folder, manifest, digest = host_folder
+    entry = manifest.train[1]
+    net = FakeNet()
+    net.handlers["QmBoot"] = serving(folder, digest).handle
+    f = fetcher(tmp_path, digest, net)
+    asyncio.run(f.fetch_manifest())
+    writes = []
+    real = os.pwrite
+
+    def fills_up(fd, data, offset):
+        if len(writes) == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        writes.append(offset)
+        return real(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", fills_up)
+    with pytest.raises(DiskFull, match=r"disk full .* MB free, the shard needs"):
+        asyncio.run(f.fetch(entry))
+    monkeypatch.setattr(os, "pwrite", real)
+    assert len(f.cache.verified_chunks(entry)) == 3
+
+
+@pytest.fixture
+def mirror(host_folder, tmp_path):
+    """The host folder over HTTP (ranges honoured by a plain file server? no: it sends
+    whole files, which the fetcher slices), and an altered copy beside it."""
+    folder = host_folder[0]
+    altered = tmp_path / "altered"
+    shutil.copytree(folder, altered)
+    for shard in altered.glob("shard-*.tok"):
+        data = bytearray(shard.read_bytes())
+        data[100] ^= 1
+        shard.write_bytes(bytes(data))
+    handler = functools.partial(_QuietHandler, directory=str(tmp_path.parent))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    yield base + "/" + folder.name, base + "/" + tmp_path.name + "/altered", folder
+    server.shutdown()
+    server.server_close()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+def test_mirrors_are_tried_after_peers_and_a_lying_mirror_is_refused(tmp_path, host_folder, mirror):
+    good_url, bad_url, folder = mirror
+    _, manifest, digest = host_folder
+    net = FakeNet()
+    net.handlers["QmBoot"] = serving(folder, digest).handle
+    f = fetcher(tmp_path, digest, net)
+    asyncio.run(f.fetch_manifest())
+    # The mirrors are those of the manifest; point them at the test server (same files).
+    object.__setattr__(f.cache.manifest, "sources", (bad_url, good_url))
+    net.handlers.clear()  # no peer holds anything now: the mirrors are all there is
+    asyncio.run(f.fetch(manifest.train[2]))
+    assert (f.cache.root / manifest.train[2].name).read_bytes() == (folder / manifest.train[2].name).read_bytes()
+    assert f.stats.refused == {bad_url} and f.stats.by_source[good_url] > 0

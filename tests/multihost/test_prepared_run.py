@@ -1,0 +1,149 @@
+"""A public run on real text (issue 35). The host trains a BPE tokenizer, prepares the
+bundled docstrings into shards with `swarm-node data prepare` and starts the bootstrap
+with `--data`, behind a slow uplink; volunteers on hosts of their own, holding no data,
+type the printed line and train. A peer that serves altered bytes joins midway. What
+must hold: stage-0 volunteers train disjoint shards in each pass, everything trained
+matches the host's bytes, the liar is refused and logged once by each volunteer that
+met it, and peers serve each other: the host uploads less than the volunteers fetched."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from netbed import stop
+from swarm_hosts import VENV_BIN, BootstrapOnHost, Volunteer, run_spec_file, volunteer_env, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+
+LIAR = Path(__file__).with_name("data_liar.py")
+SLOTS = 3  # stage-0 volunteers expected: each takes a slot of its own
+PASSES = 2  # passes over its slot each stage-0 volunteer completes before the checks
+
+
+def _docs_and_tokenizer(workdir: Path) -> tuple[Path, Path]:
+    """About 150 kB of the bundled docstrings as text files, and a BPE tokenizer trained
+    on them (vocabulary 1,000), as a host would make them."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from swarm_node.data.dataset import _read_corpus
+
+    docs = workdir / "docs"
+    docs.mkdir()
+    parts, size = [], 0
+    for part in _read_corpus().split("\n\n\n"):
+        if size > 150_000:
+            break
+        parts.append(part[:40_000])
+        size += len(parts[-1])
+    for i, part in enumerate(parts):
+        (docs / f"module-{i:03d}.txt").write_text(part)
+    tokenizer = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.train_from_iterator(parts, trainers.BpeTrainer(vocab_size=1000, special_tokens=["[UNK]"],
+                                                             show_progress=False))
+    path = workdir / "tokenizer.json"
+    tokenizer.save(str(path))
+    return docs, path
+
+
+def _pass_shards(volunteer: Volunteer, data_pass: int) -> set[str]:
+    return set(re.findall(rf"data: training (\S+) \(pass {data_pass}, slot", volunteer.text()))
+
+
+def _passes_done(volunteer: Volunteer) -> int:
+    passes = [int(p) for p in re.findall(r"data: training \S+ \(pass (\d+), slot", volunteer.text())]
+    return max(passes, default=-1)
+
+
+def _stage(volunteer: Volunteer) -> int | None:
+    found = re.search(r"node \w+: stage (\d+) of", volunteer.text())
+    return int(found.group(1)) if found else None
+
+
+def _fetched(volunteer: Volunteer) -> int:
+    lines = [m for m in volunteer.metrics() if "data_fetched_bytes" in m]
+    return lines[-1]["data_fetched_bytes"] if lines else 0
+
+
+def test_volunteers_without_data_train_on_verified_shards_that_peers_serve_each_other(bed, tmp_path):
+    docs, tokenizer = _docs_and_tokenizer(tmp_path)
+    host = bed.add_host("boot", rate_mbit=2)  # the host's uplink: the scarce resource of a public run
+    prepare_log = tmp_path / "prepare.log"
+    prepared = bed.popen(host, [str(VENV_BIN / "swarm-node"), "data", "prepare", f"text:{docs}", "--out",
+                                str(tmp_path / "data"), "--tokenizer", str(tokenizer), "--shard-tokens", "4096",
+                                "--chunk-kb", "4", "--no-progress"], cwd=tmp_path, env=volunteer_env(),
+                         log=prepare_log)
+    assert prepared.wait(timeout=300) == 0, prepare_log.read_text()
+    digest = re.search(r'manifest_sha256 = "([0-9a-f]{64})"', prepare_log.read_text()).group(1)
+    spec = run_spec_file(tmp_path, inner_steps=10, run_id="real-text")
+    text = re.sub(r"(?ms)^\[data\].*?(?=^\[method\])",
+                  f'[data]\nkind = "manifest"\nmanifest_sha256 = "{digest}"\nslots = {SLOTS}\n\n', spec.read_text())
+    spec.write_text(text)
+
+    boot = BootstrapOnHost(bed, host, tmp_path, "--run-spec", str(spec), "--data", str(tmp_path / "data"))
+    line = boot.join_line()
+    volunteers = [Volunteer(bed, bed.add_host(f"v{i}"), tmp_path, line) for i in range(2)]
+
+    def training(count: int):
+        peers = boot.peers()
+        return len(peers) >= count and all(p["verified"] and p["state"] == "training" for p in peers)
+
+    wait_for(lambda: training(2), 300, "the first two volunteers to train", tmp_path)
+    volunteers += [Volunteer(bed, bed.add_host(f"v{i}"), tmp_path, line) for i in (2, 3)]
+    wait_for(lambda: training(4), 300, "four volunteers to train", tmp_path)
+
+    liar_log = tmp_path / "liar.log"
+    liar = bed.popen(bed.add_host("liar"), [sys.executable, str(LIAR), *line.split()[1:], "--stage", "1",
+                                            "--compute-share", "0.25"],
+                     cwd=tmp_path, env=volunteer_env(XDG_CACHE_HOME=str(tmp_path / "liar-cache")), log=liar_log)
+    liar_id = wait_for(lambda: (m := re.search(r"node (\w+): stage 1 of", liar_log.read_text())) and m.group(1),
+                       300, "the liar to join", tmp_path)
+    wait_for(lambda: training(5), 300, "the liar to train", tmp_path)
+    volunteers.append(Volunteer(bed, bed.add_host("v4"), tmp_path, line))
+    wait_for(lambda: training(6), 300, "the last volunteer to train", tmp_path)
+
+    first = [v for v in volunteers if _stage(v) == 0]
+    assert len(first) >= 2, [(_stage(v), v.host.name) for v in volunteers]
+    wait_for(lambda: all(_passes_done(v) >= PASSES for v in first), 600,
+             f"every stage-0 volunteer to begin pass {PASSES} of its slot", tmp_path)
+    wait_for(lambda: all(_fetched(v) > 0 for v in volunteers), 120, "every volunteer's metrics", tmp_path)
+
+    try:
+        # Disjoint within each pass: no shard in two volunteers' slots.
+        for data_pass in range(PASSES):
+            trained = [_pass_shards(v, data_pass) for v in first]
+            for i, mine in enumerate(trained):
+                for theirs in trained[i + 1:]:
+                    assert not mine & theirs, (data_pass, trained)
+        # Everything trained, and everything in any cache, is the host's bytes.
+        data = tmp_path / "data"
+        for v in volunteers:
+            cached = list((v.workdir / "cache" / "swarm-node" / "data" / digest[:16]).glob("*.tok"))
+            assert cached or _stage(v) != 0, v.host.name
+            for path in cached:
+                assert _sha(path) == _sha(data / path.name), (v.host.name, path.name)
+            assert _sha(v.workdir / "cache" / "swarm-node" / "data" / digest[:16] / "tokenizer.json") == \
+                _sha(data / "tokenizer.json")
+        # The liar: refused, logged once, by every volunteer that asked it for bytes.
+        lied_to = set(re.findall(r"liar: altered chunk \d+ of \S+ for (\w+)", liar_log.read_text()))
+        met = [v for v in volunteers if f"refusing {liar_id}" in v.text()]
+        assert volunteers[-1] in met and any(_stage(v) == 0 for v in met), [v.host.name for v in met]
+        for v in met:
+            assert v.text().count(f"data: refusing {liar_id}") == 1, v.host.name
+        assert lied_to <= {v.peer_id() for v in met}, (lied_to, [v.peer_id() for v in met])
+        # Peers served each other: the host sent less than the volunteers received.
+        served = boot.status()["data_served_bytes"]
+        fetched = sum(_fetched(v) for v in volunteers)
+        assert 0 < served < fetched, (served, fetched)
+        print(f"host served {served} bytes; volunteers fetched {fetched}; liar met by "
+              f"{len(met)} volunteers")
+    finally:
+        stop(liar)
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
