@@ -45,7 +45,10 @@ def _checkpoint_args(p: argparse.ArgumentParser) -> None:
                    help="nodes' --checkpoint-dir (newest intact checkpoint) or ckpt-* directories, covering "
                         "every stage of the run")
     p.add_argument("--tokenizer", type=Path, default=None, metavar="FILE",
-                   help="the run's tokenizer.json (default: the spec's tokenizer_path, relative to here)")
+                   help="the run's tokenizer.json (default: the spec's tokenizer_path, relative to here; for a "
+                        "prepared dataset, the one in the data cache)")
+    p.add_argument("--data-cache", type=Path, default=None, metavar="DIR",
+                   help="where the node kept the run's prepared dataset, if not the default (as --data-cache of join)")
     p.add_argument("--force", action="store_true",
                    help="average the checkpoints of a stage even when they are far apart in training, with a "
                         "warning per stage instead of a refusal. Far apart: " + SPREAD_RULE.replace("%", "%%"))
@@ -54,8 +57,12 @@ def _checkpoint_args(p: argparse.ArgumentParser) -> None:
 def _tokenizer_path(args: argparse.Namespace, assembled) -> Path | None:
     if args.tokenizer is not None:
         return args.tokenizer
-    path = assembled.spec.data.tokenizer_path
-    return Path(path) if path else None
+    data = assembled.spec.data
+    if data.kind == "manifest":
+        from swarm_node.data.source import prepared_tokenizer
+        from swarm_node.node.config import default_data_cache_dir
+        return prepared_tokenizer(data, args.data_cache or default_data_cache_dir())
+    return Path(data.tokenizer_path) if data.tokenizer_path else None
 
 
 def _run_export(args: argparse.Namespace) -> int:

@@ -121,8 +121,9 @@ class DataFetcher:
         if have:
             log.info("data: resuming %s with %d of %d chunks verified", entry.name, len(have), entry.num_chunks())
         missing = deque(i for i in range(entry.num_chunks()) if i not in have)
-        started, fetched_before = time.monotonic(), self.stats.fetched_bytes
-        bar = tqdm(total=entry.bytes, initial=sum(self._chunk_len(entry, i) for i in have), unit="B",
+        started, already = time.monotonic(), len(have)
+        already_bytes = sum(self._chunk_len(entry, i) for i in have)
+        bar = tqdm(total=entry.bytes, initial=already_bytes, unit="B",
                    unit_scale=True, desc=f"fetching {entry.name}", disable=not self.progress, leave=False,
                    dynamic_ncols=True)
         pause, used = RETRY_S[0], set()
@@ -151,9 +152,10 @@ class DataFetcher:
             bar.close()
         await asyncio.to_thread(cache.finish, entry)
         took = time.monotonic() - started
-        got = self.stats.fetched_bytes - fetched_before
-        log.info("data: %s verified (%.1f MB in %.1f s, %.1f MB/s, from %s)", entry.name, got / 1e6, took,
-                 got / 1e6 / max(took, 1e-3), ", ".join(sorted(map(_short_source, used))) or "the cache")
+        got = entry.bytes - already_bytes
+        log.info("data: %s verified (%d of %d chunks fetched now, %.1f MB in %.1f s, %.1f MB/s, from %s)", entry.name,
+                 entry.num_chunks() - already, entry.num_chunks(), got / 1e6, took, got / 1e6 / max(took, 1e-3),
+                 ", ".join(sorted(map(_short_source, used))))
         return cache.path(entry.name)
 
     async def _drain(self, source: str, entry: FileEntry, missing: deque, have: set[int], bar) -> None:

@@ -19,6 +19,8 @@ from swarm_node.data.fetch import DataFetcher
 from swarm_node.data.serve import DataServer
 from swarm_node.data.shards import ShardedBatches
 from swarm_node.data.slots import SlotBatches, choose_slot, default_slots
+from swarm_node.data.spec import DataSpec
+from swarm_node.errors import DataError
 from swarm_node.spec import RunSpec
 
 log = logging.getLogger(__name__)
@@ -69,10 +71,6 @@ class RunData:
         if manifest.tokenizer is not None:
             await self.fetcher.fetch(manifest.tokenizer)
         return manifest.vocab_size
-
-    def transport_changed(self, transport) -> None:
-        if self.fetcher is not None:
-            self.fetcher.transport = transport
 
     async def serve(self, transport, authorize: Callable[[str], bool]) -> None:
         if self.cache is not None:
@@ -141,3 +139,20 @@ class RunData:
             await self.loader.close()
         if self.fetcher is not None:
             await self.fetcher.close()
+
+
+def prepared_tokenizer(data: DataSpec, cache_dir: Path) -> Path | None:
+    """The tokenizer file of a prepared dataset on this machine (its folder, or a node's
+    cache), checked against the manifest; None when the dataset is byte-level."""
+    folders = ([Path(data.path)] if data.path else []) + [cache_dir / data.manifest_sha256[:16]]
+    for folder in folders:
+        cache = ShardCache(folder, data.manifest_sha256)
+        manifest = cache.load_manifest()
+        if manifest is None:
+            continue
+        if manifest.tokenizer is None:
+            return None
+        if cache.has(manifest.tokenizer):
+            return cache.path(manifest.tokenizer.name)
+    raise DataError(f"the tokenizer of this run's prepared dataset is not in {' or '.join(map(str, folders))}: "
+                    "pass --tokenizer FILE (a node that joined the run keeps it in its data cache)")

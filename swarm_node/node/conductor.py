@@ -181,10 +181,6 @@ class Node:
         tree_changed()
         await self._new_transport()
         await self._join_run()
-        self.data = RunData(self.spec, cache_dir=cfg.data_cache_dir, cache_gb=cfg.data_cache_gb,
-                            initial_peers=peer_ids_of(cfg.initial_peers), peers=self._all_live_peers,
-                            on_fault=self.guard.fault, progress=cfg.progress)
-        vocab_size = await self.data.open(self.transport, self.compute.unthrottled)
         membership = self.membership = Membership(spec=self.spec, dht=self.dht, guard=self.guard, config=cfg,
                                                   record=self.report.record)
         await membership.refresh(all_stages=True)
@@ -193,8 +189,13 @@ class Node:
             tree_changed()
             await self.transport.close_lanes()
             await self._new_transport()
-            self.data.transport_changed(self.transport)
             await membership.refresh(all_stages=True)
+        # after the first registry read: a prepared dataset's manifest and tokenizer come
+        # from peers that hold them, the bootstrap only when none does
+        self.data = RunData(self.spec, cache_dir=cfg.data_cache_dir, cache_gb=cfg.data_cache_gb,
+                            initial_peers=peer_ids_of(cfg.initial_peers), peers=self._all_live_peers,
+                            on_fault=self.guard.fault, progress=cfg.progress)
+        vocab_size = await self.data.open(self.transport, self.compute.unthrottled)
         self.checkpoints = Checkpoints(cfg.checkpoint_dir, spec=self.spec, compute=self.compute,
                                        command_line=cfg.command_line, identity_path=cfg.identity_path)
         resume = await self.checkpoints.find(cfg.stage)
@@ -350,10 +351,10 @@ class Node:
         await self.data.serve(transport, admit)
 
     def _all_live_peers(self) -> list[str]:
-        """Every training peer we know of, any stage: who may hold the dataset's files."""
+        """Every training peer we know of and can call, any stage: who may hold the dataset's files."""
         if self.membership is None:
             return []
-        return [p for s in range(self.spec.num_stages) for p in self.membership.live_peers(s)]
+        return [p for s in range(self.spec.num_stages) for p in self.membership.callable_peers(s)]
 
     def _slot_claims(self) -> dict[str, int]:
         return {p: r.data_slot for p, r in self.membership.live_peers(0).items() if r.data_slot >= 0}

@@ -42,7 +42,7 @@ class NodeConfig:
     data_shard: tuple[int, int] | None = None  # (shard id, shard count); default: from the peer id
     # A prepared dataset (data kind manifest) is fetched into data_cache_dir/<manifest
     # hash>, kept within data_cache_gb (None: unbounded) by evicting shards trained.
-    data_cache_dir: Path = field(default_factory=lambda: _cache_home() / "swarm-node" / "data")
+    data_cache_dir: Path = field(default_factory=lambda: default_data_cache_dir())
     data_cache_gb: float | None = None
     max_steps: int | None = None  # stop after this many inner steps (stage 0 drives the run)
     run_dir: Path | None = None  # where the summary and final weights are written
@@ -126,5 +126,5 @@ class NodeConfig:
                              f"got {self.state_from!r}")
 
 
-def _cache_home() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+def default_data_cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "swarm-node" / "data"

@@ -236,3 +236,40 @@ def test_mirrors_are_tried_after_peers_and_a_lying_mirror_is_refused(tmp_path, h
     asyncio.run(f.fetch(manifest.train[2]))
     assert (f.cache.root / manifest.train[2].name).read_bytes() == (folder / manifest.train[2].name).read_bytes()
     assert f.stats.refused == {bad_url} and f.stats.by_source[good_url] > 0
+
+
+def test_two_stage_0_nodes_that_join_together_train_disjoint_shards(tmp_path, host_folder):
+    """RunData as the node wires it: both fetch the manifest from the bootstrap, claim
+    the same slot at once, and the one with the larger id moves on its next look."""
+    from swarm_node.data.source import RunData
+    from swarm_node.data.spec import DataSpec
+    from swarm_node.spec import RunSpec
+
+    folder, manifest, digest = host_folder
+    spec = RunSpec(seq_len=64, batch_size=8, data=DataSpec(kind="manifest", manifest_sha256=digest, slots=2))
+    net = FakeNet()
+    net.handlers["QmBoot"] = serving(folder, digest).handle
+    claims: dict[str, int] = {}
+    nodes = {peer: RunData(spec, cache_dir=tmp_path / peer, cache_gb=None, initial_peers=["QmBoot"],
+                           peers=lambda: [], on_fault=lambda p, w: None, progress=False) for peer in ("QmA", "QmB")}
+
+    async def run():
+        for peer, data in nodes.items():
+            assert await data.open(net, asyncio.to_thread) == manifest.vocab_size
+            data.open_loader(peer_id=peer, batch_size=8, shard=(0, 1), resumed=None, claims=lambda: dict(claims))
+        assert [d.claimed_slot() for d in nodes.values()] == [0, 0]  # neither saw the other's claim yet
+        claims.update({peer: data.claimed_slot() for peer, data in nodes.items()})  # the next registry read
+        for data in nodes.values():
+            await data.settle_slot(0.0)
+        for _ in range(60):
+            for data in nodes.values():
+                await data.loader.ready()
+                data.loader.next_batch()
+        for data in nodes.values():
+            await data.close()
+
+    asyncio.run(run())
+    assert [d.claimed_slot() for d in nodes.values()] == [0, 1]
+    trained = [set(d.trained_shards) for d in nodes.values()]
+    assert trained[0] and trained[1] and not trained[0] & trained[1]
+    assert all(d.status()["fetched_bytes"] > 0 for d in nodes.values())

@@ -9,7 +9,10 @@ met it, and peers serve each other: the host uploads less than the volunteers fe
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import re
+import signal
 import sys
 from pathlib import Path
 
@@ -24,9 +27,9 @@ SLOTS = 3  # stage-0 volunteers expected: each takes a slot of its own
 PASSES = 2  # passes over its slot each stage-0 volunteer completes before the checks
 
 
-def _docs_and_tokenizer(workdir: Path) -> tuple[Path, Path]:
-    """About 150 kB of the bundled docstrings as text files, and a BPE tokenizer trained
-    on them (vocabulary 1,000), as a host would make them."""
+def _docs_and_tokenizer(workdir: Path, text_bytes: int = 150_000) -> tuple[Path, Path]:
+    """About ``text_bytes`` of the bundled docstrings as text files, and a BPE tokenizer
+    trained on them (vocabulary 1,000), as a host would make them."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
     from swarm_node.data.dataset import _read_corpus
@@ -35,7 +38,7 @@ def _docs_and_tokenizer(workdir: Path) -> tuple[Path, Path]:
     docs.mkdir()
     parts, size = [], 0
     for part in _read_corpus().split("\n\n\n"):
-        if size > 150_000:
+        if size > text_bytes:
             break
         parts.append(part[:40_000])
         size += len(parts[-1])
@@ -70,19 +73,8 @@ def _fetched(volunteer: Volunteer) -> int:
 
 
 def test_volunteers_without_data_train_on_verified_shards_that_peers_serve_each_other(bed, tmp_path):
-    docs, tokenizer = _docs_and_tokenizer(tmp_path)
     host = bed.add_host("boot", rate_mbit=2)  # the host's uplink: the scarce resource of a public run
-    prepare_log = tmp_path / "prepare.log"
-    prepared = bed.popen(host, [str(VENV_BIN / "swarm-node"), "data", "prepare", f"text:{docs}", "--out",
-                                str(tmp_path / "data"), "--tokenizer", str(tokenizer), "--shard-tokens", "4096",
-                                "--chunk-kb", "4", "--no-progress"], cwd=tmp_path, env=volunteer_env(),
-                         log=prepare_log)
-    assert prepared.wait(timeout=300) == 0, prepare_log.read_text()
-    digest = re.search(r'manifest_sha256 = "([0-9a-f]{64})"', prepare_log.read_text()).group(1)
-    spec = run_spec_file(tmp_path, inner_steps=10, run_id="real-text")
-    text = re.sub(r"(?ms)^\[data\].*?(?=^\[method\])",
-                  f'[data]\nkind = "manifest"\nmanifest_sha256 = "{digest}"\nslots = {SLOTS}\n\n', spec.read_text())
-    spec.write_text(text)
+    digest, spec = _prepare_on(bed, host, tmp_path, shard_tokens=4096, chunk_kb=4, slots=SLOTS)
 
     boot = BootstrapOnHost(bed, host, tmp_path, "--run-spec", str(spec), "--data", str(tmp_path / "data"))
     line = boot.join_line()
@@ -143,6 +135,65 @@ def test_volunteers_without_data_train_on_verified_shards_that_peers_serve_each_
               f"{len(met)} volunteers")
     finally:
         stop(liar)
+
+
+def test_a_volunteer_killed_mid_download_resumes_with_what_it_verified(bed, tmp_path):
+    """A one-stage run, so the one volunteer trains and fetches shards; its link is slow
+    enough that a shard takes seconds. Killed (SIGKILL) with part of a shard verified,
+    then started again with the same line, it asks for the other chunks only."""
+    host = bed.add_host("boot")
+    digest, spec = _prepare_on(bed, host, tmp_path, shard_tokens=131072, chunk_kb=16, slots=1, text_bytes=700_000,
+                               num_stages=1)
+    boot = BootstrapOnHost(bed, host, tmp_path, "--run-spec", str(spec), "--data", str(tmp_path / "data"))
+    volunteer = Volunteer(bed, bed.add_host("v0", rate_mbit=0.5), tmp_path, boot.join_line())
+    cache = volunteer.workdir / "cache" / "swarm-node" / "data" / digest[:16]
+
+    def part_way() -> tuple[str, int, int] | None:
+        for have in cache.glob("shard-*.tok.have"):
+            try:
+                done = len(json.loads(have.read_text()))
+            except (ValueError, FileNotFoundError):
+                continue
+            name = have.name.removesuffix(".have")
+            total = int(re.search(rf'"chunks":\[([^]]*)\],"name":"{re.escape(name)}"',
+                                  (cache / "manifest.json").read_text()).group(1).count(",")) + 1
+            if 2 <= done <= total - 4:
+                return name, done, total
+        return None
+
+    name, done, total = wait_for(part_way, 300, "a shard part-way through its download", tmp_path)
+    os.killpg(volunteer.process.pid, signal.SIGKILL)
+    volunteer.process.wait(timeout=30)
+    verified = len(json.loads((cache / f"{name}.have").read_text()))  # what it had when it died
+    assert done <= verified < total
+    volunteer.start()
+    line = wait_for(lambda: re.search(rf"data: {re.escape(name)} verified \((\d+) of (\d+) chunks fetched now",
+                                      volunteer.text()), 300, "the restarted volunteer to finish the shard", tmp_path)
+    resumed = re.search(rf"data: resuming {re.escape(name)} with (\d+) of (\d+) chunks verified", volunteer.text())
+    assert resumed and int(resumed.group(1)) == verified, volunteer.text()[-3000:]
+    assert (int(line.group(1)), int(line.group(2))) == (total - verified, total)
+    assert _sha(cache / name) == _sha(tmp_path / "data" / name)
+    wait_for(lambda: re.search(rf"data: training {re.escape(name)}", volunteer.text()), 120,
+             "the restarted volunteer to train the shard", tmp_path)
+    stop(volunteer.process)
+
+
+def _prepare_on(bed, host, workdir: Path, *, shard_tokens: int, chunk_kb: int, slots: int,
+                text_bytes: int = 150_000, num_stages: int = 2) -> tuple[str, Path]:
+    """`swarm-node data prepare` on the host, and a run spec naming its manifest."""
+    docs, tokenizer = _docs_and_tokenizer(workdir, text_bytes)
+    log = workdir / "prepare.log"
+    prepared = bed.popen(host, [str(VENV_BIN / "swarm-node"), "data", "prepare", f"text:{docs}", "--out",
+                                str(workdir / "data"), "--tokenizer", str(tokenizer), "--shard-tokens",
+                                str(shard_tokens), "--chunk-kb", str(chunk_kb), "--no-progress"], cwd=workdir,
+                         env=volunteer_env(), log=log)
+    assert prepared.wait(timeout=300) == 0, log.read_text()
+    digest = re.search(r'manifest_sha256 = "([0-9a-f]{64})"', log.read_text()).group(1)
+    spec = run_spec_file(workdir, inner_steps=10, run_id="real-text")
+    text = re.sub(r"(?ms)^\[data\].*?(?=^\[method\])",
+                  f'[data]\nkind = "manifest"\nmanifest_sha256 = "{digest}"\nslots = {slots}\n\n', spec.read_text())
+    spec.write_text(re.sub(r"(?m)^num_stages = \d+", f"num_stages = {num_stages}", text))
+    return digest, spec
 
 
 def _sha(path: Path) -> str:

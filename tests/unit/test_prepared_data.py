@@ -236,3 +236,21 @@ def _manifest_of(files: int) -> Manifest:
     entry = [FileEntry(name=f"s{i}", bytes=HEADER_BYTES + 2000, sha256="0" * 64, chunks=("0" * 64,), tokens=1000)
              for i in range(files)]
     return Manifest(vocab_size=256, dtype="u16", chunk_bytes=1 << 20, tokenizer=None, train=tuple(entry), val=())
+
+
+def test_export_finds_the_prepared_tokenizer_in_the_folder_or_the_cache(tmp_path, bpe_tokenizer):
+    from swarm_node.data.source import prepared_tokenizer
+
+    folder = tmp_path / "host"
+    _, digest = small_prepare(folder, tokenizer_path=bpe_tokenizer, shard_tokens=50_000)
+    held = DataSpec(kind="manifest", manifest_sha256=digest, path=str(folder))
+    assert prepared_tokenizer(held, tmp_path / "nowhere") == folder / "tokenizer.json"
+    cache = tmp_path / "cache" / digest[:16]
+    cache.mkdir(parents=True)
+    for name in (MANIFEST_FILE, "tokenizer.json"):
+        (cache / name).write_bytes((folder / name).read_bytes())
+    fetched = DataSpec(kind="manifest", manifest_sha256=digest)
+    assert prepared_tokenizer(fetched, tmp_path / "cache") == cache / "tokenizer.json"
+    (cache / "tokenizer.json").write_text("{}")  # altered: not the run's
+    with pytest.raises(DataError, match="--tokenizer"):
+        prepared_tokenizer(fetched, tmp_path / "cache")
