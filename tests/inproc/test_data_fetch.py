@@ -120,13 +120,20 @@ def test_a_manifest_that_is_not_the_runs_is_refused(tmp_path, host_folder):
     assert got == manifest and f.stats.refused == {"QmFake"}
 
 
-def test_a_restart_fetches_only_the_chunks_it_had_not_verified(tmp_path, host_folder):
-    folder, manifest, digest = host_folder
-    entry = manifest.train[0]
+def from_the_bootstrap(tmp_path, host_folder) -> tuple[FakeNet, DataFetcher]:
+    """A fetcher whose only source is the bootstrap, once it has the manifest."""
+    folder, _, digest = host_folder
     net = FakeNet()
     net.handlers["QmBoot"] = serving(folder, digest).handle
     f = fetcher(tmp_path, digest, net)
     asyncio.run(f.fetch_manifest())
+    return net, f
+
+
+def test_a_restart_fetches_only_the_chunks_it_had_not_verified(tmp_path, host_folder):
+    folder, manifest, digest = host_folder
+    entry = manifest.train[0]
+    net, f = from_the_bootstrap(tmp_path, host_folder)
     cache = f.cache
     cache.start_partial(entry)
     have: set[int] = set()
@@ -175,12 +182,9 @@ def test_the_cache_evicts_trained_shards_to_keep_its_bound(tmp_path, host_folder
 
 
 def test_a_full_disk_keeps_what_verified_and_says_how_much_room_it_needs(tmp_path, host_folder, monkeypatch):
-    folder, manifest, digest = host_folder
+    _, manifest, _ = host_folder
     entry = manifest.train[1]
-    net = FakeNet()
-    net.handlers["QmBoot"] = serving(folder, digest).handle
-    f = fetcher(tmp_path, digest, net)
-    asyncio.run(f.fetch_manifest())
+    _, f = from_the_bootstrap(tmp_path, host_folder)
     writes = []
     real = os.pwrite
 
