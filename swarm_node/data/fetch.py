@@ -66,12 +66,13 @@ class DataFetcher:
         return self.cache.manifest
 
     # -- the manifest ----------------------------------------------------------------
-    async def fetch_manifest(self) -> Manifest:
-        """From the cache, else from the first peer that serves it (retried until found)."""
+    async def fetch_manifest(self, timeout_s: float = 600.0) -> Manifest:
+        """From the cache, else from the first peer that serves it, asking again until
+        ``timeout_s`` has passed."""
         loaded = await asyncio.to_thread(self.cache.load_manifest)
         if loaded is not None:
             return loaded
-        pause = RETRY_S[0]
+        pause, deadline = RETRY_S[0], time.monotonic() + timeout_s
         while True:
             for peer in self._candidates():
                 try:
@@ -90,6 +91,10 @@ class DataFetcher:
                 log.info("data: manifest of %d training shards (%.1f M tokens) from %s", len(manifest.train),
                          manifest.train_tokens() / 1e6, short_id(peer))
                 return manifest
+            if time.monotonic() + pause > deadline:
+                raise DataError(f"no peer served this run's dataset manifest ({self.cache.manifest_sha256[:16]}…) "
+                                f"within {timeout_s:.0f} s: the host serves it with `swarm-bootstrap --data DIR`; "
+                                "check that it does, or join again later")
             log.info("data: no peer served the manifest yet; asking again in %.0f s", pause)
             await asyncio.sleep(pause)
             pause = min(RETRY_S[1], pause * 2)

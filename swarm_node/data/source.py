@@ -60,14 +60,14 @@ class RunData:
     def prepared(self) -> bool:
         return self.cache is not None
 
-    async def open(self, transport, run_in_thread) -> int:
+    async def open(self, transport, run_in_thread, manifest_timeout_s: float = 600.0) -> int:
         """Load or fetch what every stage needs; returns the vocabulary size."""
         if self.cache is None:
             self.windows = await run_in_thread(load_windows, self.spec.data, self.spec.seq_len)
             return self.windows.vocab_size
         self.fetcher = DataFetcher(self.cache, transport, peers=self._peers, initial=self._initial,
                                    on_fault=self._on_fault, progress=self._progress)
-        manifest = await self.fetcher.fetch_manifest()
+        manifest = await self.fetcher.fetch_manifest(manifest_timeout_s)
         if manifest.tokenizer is not None:
             await self.fetcher.fetch(manifest.tokenizer)
         return manifest.vocab_size

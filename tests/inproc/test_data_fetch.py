@@ -277,3 +277,13 @@ def test_two_stage_0_nodes_that_join_together_train_disjoint_shards(tmp_path, ho
     trained = [set(d.trained_shards) for d in nodes.values()]
     assert trained[0] and trained[1] and not trained[0] & trained[1]
     assert all(d.status()["fetched_bytes"] > 0 for d in nodes.values())
+
+
+def test_nobody_serving_the_manifest_ends_in_one_line_that_says_what_to_do(tmp_path, host_folder, monkeypatch):
+    from swarm_node.data import fetch as fetch_module
+    from swarm_node.errors import DataError
+
+    monkeypatch.setattr(fetch_module, "RETRY_S", (0.01, 0.02))
+    f = fetcher(tmp_path, host_folder[2], FakeNet())  # the bootstrap is not there
+    with pytest.raises(DataError, match="swarm-bootstrap --data DIR"):
+        asyncio.run(f.fetch_manifest(timeout_s=0.1))
