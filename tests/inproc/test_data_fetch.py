@@ -16,6 +16,8 @@ import threading
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from swarm_node.data.cache import ShardCache
 from swarm_node.data.fetch import DataFetcher
@@ -23,7 +25,7 @@ from swarm_node.data.prepare import PrepareConfig, prepare
 from swarm_node.data.serve import DataServer, bytes_frame
 from swarm_node.data.slots import SlotBatches
 from swarm_node.errors import DiskFull, StreamClosed
-from swarm_node.wire.frames import decode_frame
+from swarm_node.wire.frames import decode_frame, encode_frame
 
 CHUNK = 16 << 10
 
@@ -287,3 +289,38 @@ def test_nobody_serving_the_manifest_ends_in_one_line_that_says_what_to_do(tmp_p
     f = fetcher(tmp_path, host_folder[2], FakeNet())  # the bootstrap is not there
     with pytest.raises(DataError, match="swarm-bootstrap --data DIR"):
         asyncio.run(f.fetch_manifest(timeout_s=0.1))
+
+
+@given(header=st.dictionaries(st.sampled_from(["kind", "manifest", "what", "name", "chunk", "extra"]),
+                              st.one_of(st.none(), st.integers(-2**62, 2**62), st.text(max_size=70),
+                                        st.sampled_from(["data", "chunk", "have", "manifest", "shard-00000.tok", "digest"]),
+                                        st.lists(st.integers(-2**62, 2**62), max_size=3)), max_size=6))
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_any_request_gets_a_frame_back_and_bad_ones_count_against_the_caller(host_folder, header):
+    folder, _, digest = host_folder
+    cache = ShardCache(folder, digest, trust_whole_files=True)
+    cache.load_manifest()
+    faults = []
+    server = DataServer(lambda: cache, on_fault=lambda peer, why: faults.append(peer))
+    if header.get("manifest") == "digest":
+        header["manifest"] = digest
+    answer, _ = decode_frame(asyncio.run(server.handle("QmCaller", encode_frame(header))))
+    assert isinstance(answer.get("ok"), bool)
+    if not answer["ok"] and answer.get("error") == "protocol":
+        assert faults == ["QmCaller"]
+
+
+@given(answer=st.binary(max_size=300))
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_a_source_answering_garbage_is_refused_not_a_crash(tmp_path_factory, host_folder, answer):
+    folder, manifest, digest = host_folder
+    net = FakeNet()
+
+    async def garbage(remote, request):
+        return answer
+
+    net.handlers |= {"QmGarbage": garbage, "QmBoot": serving(folder, digest).handle}
+    f = fetcher(tmp_path_factory.mktemp("garbage"), digest, net, peers=["QmGarbage"])
+    asyncio.run(f.fetch_manifest())
+    asyncio.run(f.fetch(manifest.train[0]))
+    assert f.cache.has(manifest.train[0])
