@@ -11,7 +11,7 @@ from bench.common import ROOT
 from bench.common.results import RESULTS_DIR, load
 
 DOC = ROOT / "BENCHMARKS.md"
-SECTIONS = ("transport", "sync_cost", "latency_model", "swarm_efficiency", "convergence", "vs_hivemind", "wire_bytes", "home_link",
+SECTIONS = ("transport", "sync_cost", "latency_model", "swarm_efficiency", "convergence", "size_trend", "vs_hivemind", "wire_bytes", "home_link",
             "scale", "state_check", "gpu_step")
 # Benchmarks that need a CUDA card (bench/run_all.py leaves them out; their results come
 # from a GPU machine: bench/gpu_step/device_check.sh).
@@ -41,6 +41,7 @@ TITLES = {
     "latency_model": "the paper's latency model at N up to 1024, fed with measured times",
     "swarm_efficiency": "local swarm tokens/s vs plain single-process training",
     "convergence": "NoLoCo vs DiLoCo vs DDP vs local at equal tokens",
+    "size_trend": "does NoLoCo keep up with DiLoCo as the model grows: the gap per model size, subword text",
     "vs_hivemind": "this project vs hivemind.Optimizer: time to a target loss, bytes",
     "wire_bytes": "bytes on the wire per round and per token",
     "home_link": "volunteers on shaped home links: blocking vs overlapped vs compressed rounds",

@@ -61,6 +61,10 @@ class Plan:
     # the defaults are unstable in this regime (seeds 0.12 nats apart), which a variant's
     # small paired gap drowns in.
     wire_at_choice: tuple[WireVariant, ...] = ()
+    # The data every run trains on (DataSpec.parse): the bundled corpus as bytes, or a
+    # prepared subword dataset (manifest:FOLDER, bench/size_trend/data.py).
+    data: str = "corpus"
+    device: str = "cpu"
     curve_every: int = 50  # steps between the points of the validation-loss curve
     curve_batches: int = 2  # validation batches per point (the final evaluation takes eval_batches)
     notes: tuple[str, ...] = field(default=())
@@ -112,6 +116,8 @@ class Job:
     outer_latency_steps: int | None = None  # None: the blocking round
     overlap_start: str = "local"  # where an overlapped round's steps start (SimConfig.overlap_start)
     outer_landing: str = "whole"  # how its payloads land (SimConfig.outer_landing)
+    group_size: int = 2  # NoLoCo's group (2: pairs)
+    freeze_embedding: bool = False  # the reference code's frozen input embedding (ablation)
 
     @property
     def cost(self) -> int:

@@ -27,8 +27,10 @@ def sim_config(job: Job):
     inner = InnerHyper(lr=job.inner_lr or suggested_lr(plan.model), warmup_steps=default_warmup_steps(plan.steps),
                        total_steps=plan.steps)
     method = default_method(job.method, inner_steps=plan.h_of(job.method), beta=job.outer_lr,
-                            alpha=job.outer_momentum, gamma=job.outer_gamma, nesterov=job.nesterov)
-    return SimConfig(method=method, inner=inner, data=DataSpec(kind="corpus"),
+                            alpha=job.outer_momentum, gamma=job.outer_gamma, nesterov=job.nesterov,
+                            group_size=job.group_size)
+    return SimConfig(method=method, inner=inner, data=DataSpec.parse(plan.data), device=plan.device,
+                     freeze_input_embedding=job.freeze_embedding,
                      replicas=job.dp, stages=job.pp, model_size=plan.model, seq_len=plan.seq_len,
                      batch_size=plan.global_batch // job.dp, steps=plan.steps, seed=job.seed,
                      eval_batches=plan.eval_batches, eval_batch_size=64, outer_codec=job.outer_codec,
@@ -71,7 +73,8 @@ def run_job(job: Job) -> dict:
             "seed": job.seed, "variant": job.variant, "batch_size": config.batch_size,
             "outer_codec": job.outer_codec, "activation_codec": job.activation_codec,
             "outer_latency_steps": job.outer_latency_steps, "overlap_start": job.overlap_start,
-            "outer_landing": job.outer_landing,
+            "outer_landing": job.outer_landing, "model": job.plan.model, "group_size": job.group_size,
+            "freeze_embedding": job.freeze_embedding,
             "inner_lr": config.inner.lr, "inner_steps": method.inner_steps,
             "outer_lr": method.outer.beta if method.outer else None,
             "outer_momentum": method.outer.alpha if method.outer else None,

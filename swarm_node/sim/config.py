@@ -51,6 +51,9 @@ class SimConfig:
     outer_latency_steps: int | None = None
     overlap_start: str = "local"
     outer_landing: str = "whole"
+    # The NoLoCo reference code's input embedding never trains (the gradient it hands to
+    # stage 0's input is zeros): True reproduces that, for the ablation (issue 36).
+    freeze_input_embedding: bool = False
     eval_every_steps: int = 50
     eval_batches: int = 8
     eval_batch_size: int = 64

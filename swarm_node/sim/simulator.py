@@ -99,6 +99,8 @@ class Simulator:
         cfg = self.config
         stage = build_stage(self.model_config, num_stages=cfg.stages, stage_index=stage_index, seed=cfg.seed,
                             layers_per_stage=cfg.layers_per_stage, device=self.device)
+        if cfg.freeze_input_embedding and stage_index == 0:
+            stage.model.embed_tokens.weight.requires_grad_(False)  # the inner optimizer leaves it out
         params = list(stage.parameters())
         slow = SlowWeights(params, cfg.method.outer) if cfg.method.has_outer_step else None
         encoder = OuterEncoder(outer_codec(cfg.outer_codec)) if slow is not None else None

@@ -209,3 +209,26 @@ def test_an_unknown_overlap_start_is_refused():
         small_config("noloco", overlap_start="guess")
     with pytest.raises(ValueError, match="outer_landing"):
         small_config("noloco", outer_landing="sideways")
+
+
+def test_the_reference_codes_frozen_input_embedding_never_moves_while_the_rest_trains():
+    sim = Simulator(small_config("noloco", steps=6, inner_steps=3, freeze_input_embedding=True))
+    before = [w.stage.model.embed_tokens.weight.detach().clone() for w in sim.workers[0]]
+    blocks = [[p.detach().clone() for p in w.stage.parameters() if p.requires_grad] for w in sim.workers[0]]
+    for step in range(1, 7):
+        sim.advance(step)
+    for w, embedding, trained in zip(sim.workers[0], before, blocks):
+        assert torch.equal(w.stage.model.embed_tokens.weight, embedding)  # through inner steps and outer rounds
+        assert any(not torch.equal(p, q) for p, q in zip([p for p in w.stage.parameters() if p.requires_grad],
+                                                          trained))
+    moving = Simulator(small_config("noloco", steps=2, inner_steps=3))
+    start = moving.workers[0][0].stage.model.embed_tokens.weight.detach().clone()
+    moving.advance(1)
+    assert not torch.equal(moving.workers[0][0].stage.model.embed_tokens.weight, start)
+
+
+def test_ddp_averages_around_a_frozen_embedding():
+    sim = Simulator(small_config("ddp", steps=2, freeze_input_embedding=True))
+    before = sim.workers[0][0].stage.model.embed_tokens.weight.detach().clone()
+    sim.advance(1)
+    assert torch.equal(sim.workers[0][0].stage.model.embed_tokens.weight, before)

@@ -1,0 +1,237 @@
+"""Benchmark: does NoLoCo keep up with DiLoCo as the model grows? DDP, DiLoCo (at
+NoLoCo's H and at twice it, the paper's ratio), NoLoCo and local-only at equal tokens on
+subword text (the bundled corpus, BPE 4k), 4 x 2, per model size over seeds; DiLoCo with
+one replica against DDP; ablations at the largest size.
+
+    .venv/bin/python -m bench.size_trend [--full] [--workers N] [--device cuda]
+
+Every run is the project's simulator through bench/convergence/runs.py (the real inner
+and outer optimizers, random routing between stages). Jobs: plan.py; data: data.py."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+
+from bench.common.results import Result, parse_mode, pyplot, rerun_command
+from bench.convergence.runs import Runner
+from bench.size_trend.data import VOCAB, subword_data
+from bench.size_trend.plan import (
+    FULL,
+    QUICK,
+    SizePlan,
+    ablation_jobs,
+    m1_confirming_jobs,
+    method_jobs,
+    tuning_jobs,
+    with_gpu,
+)
+
+NAME = "size_trend"
+METHODS = ("ddp", "local", "noloco", "diloco")
+
+
+def label(row: dict) -> str:
+    return f"{row['method']} {row['variant']}".strip()
+
+
+def run_plan(plan: SizePlan, workers: int) -> tuple[list[dict], dict]:
+    data = subword_data()
+    runs, chosen = [], {}
+    with Runner(workers) as runner:
+        for size in plan.sizes:
+            tuned = runner.run(tuning_jobs(plan, size, data), f"{size} tune")
+            inner_lr = min(tuned, key=lambda r: r["val_loss"])["inner_lr"]
+            main = runner.run(method_jobs(plan, size, data, inner_lr), f"{size} methods")
+            sweep = [r for r in main if r["section"] == "m1" and r["method"] == "diloco"]
+            outer_lr = min(sweep, key=lambda r: r["val_loss"])["outer_lr"]
+            later = m1_confirming_jobs(plan, size, data, inner_lr, outer_lr)
+            if size == plan.sizes[-1]:
+                later += ablation_jobs(plan, size, data, inner_lr)
+            runs += tuned + main + runner.run(later, f"{size} confirm")
+            chosen[size] = {"inner_lr": inner_lr, "m1_outer_lr": outer_lr}
+    return runs, chosen
+
+
+def _gap_pct(value: float, reference: float) -> float:
+    return 100.0 * (value - reference) / reference
+
+
+def _spread(values: list[float]) -> tuple[float, float]:
+    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def size_rows(runs: list[dict], chosen: dict, train_tokens: int) -> list[dict]:
+    """Per size and method: the loss over seeds and its gap to DDP, paired by seed."""
+    rows = []
+    for size, picks in chosen.items():
+        mine = [r for r in runs if r["model"] == size and r["section"] == "size"]
+        ddp = {r["seed"]: r["val_loss"] for r in mine if r["method"] == "ddp"}
+        params = mine[0]["num_parameters"]  # one replica's, every stage
+        for name in sorted({label(r) for r in mine}, key=lambda n: (METHODS.index(n.split()[0]), n)):
+            runs_of = [r for r in mine if label(r) == name]
+            loss, loss_sd = _spread([r["val_loss"] for r in runs_of])
+            gap, gap_sd = _spread([_gap_pct(r["val_loss"], ddp[r["seed"]]) for r in runs_of])
+            rows.append({"kind": "size", "model": size, "parameters": params, "method": name,
+                         "seeds": len(runs_of), "val_loss": loss, "val_loss_sd": loss_sd,
+                         "gap_to_ddp_pct": gap, "gap_to_ddp_pct_sd": gap_sd,
+                         "tokens": runs_of[0]["tokens"], "tokens_per_parameter": runs_of[0]["tokens"] / params,
+                         "epochs": runs_of[0]["tokens"] / train_tokens, "inner_lr": picks["inner_lr"]})
+    return rows
+
+
+def trend_rows(runs: list[dict], chosen: dict, h: int) -> list[dict]:
+    """NoLoCo against DiLoCo per size, paired by seed: at the paper's H ratio and at equal H."""
+    rows = []
+    for size in chosen:
+        mine = [r for r in runs if r["model"] == size and r["section"] == "size"]
+        noloco = {r["seed"]: r["val_loss"] for r in mine if r["method"] == "noloco"}
+        for variant, what in ((f"H={2 * h}", "paper ratio"), (f"H={h}", "equal H")):
+            diloco = {r["seed"]: r["val_loss"] for r in mine if r["method"] == "diloco" and r["variant"] == variant}
+            gaps = [_gap_pct(noloco[s], diloco[s]) for s in noloco if s in diloco]
+            gap, sd = _spread(gaps)
+            rows.append({"kind": "trend", "model": size, "parameters": mine[0]["num_parameters"],
+                         "against": what, "noloco_over_diloco_pct": gap, "sd": sd, "seeds": len(gaps),
+                         "per_seed": gaps})
+    return rows
+
+
+def m1_rows(runs: list[dict], chosen: dict) -> list[dict]:
+    rows = []
+    for size, picks in chosen.items():
+        mine = [r for r in runs if r["model"] == size and r["section"] == "m1"]
+        ddp = {r["seed"]: r["val_loss"] for r in mine if r["method"] == "ddp"}
+        best = [r for r in mine if r["method"] == "diloco" and r["outer_lr"] == picks["m1_outer_lr"]]
+        gap, sd = _spread([_gap_pct(r["val_loss"], ddp[r["seed"]]) for r in best])
+        sweep = {f"{r['outer_lr']:g}": round(_gap_pct(r["val_loss"], ddp[r["seed"]]), 2) for r in mine
+                 if r["method"] == "diloco" and r["seed"] == min(ddp)}
+        rows.append({"kind": "m1", "model": size, "outer_lr": picks["m1_outer_lr"], "gap_to_ddp_pct": gap, "sd": sd,
+                     "seeds": len(best), "sweep_first_seed": sweep})
+    return rows
+
+
+def ablation_rows(runs: list[dict]) -> list[dict]:
+    rows = []
+    for r in (r for r in runs if r["section"] == "ablation"):
+        base = next(b for b in runs if b["section"] == "size" and b["model"] == r["model"] and b["seed"] == r["seed"]
+                    and b["method"] == r["method"] and b["inner_steps"] == r["inner_steps"])
+        rows.append({"kind": "ablation", "model": r["model"], "method": r["method"], "ablation": r["variant"],
+                     "val_loss": r["val_loss"], "baseline": base["val_loss"],
+                     "change_pct": _gap_pct(r["val_loss"], base["val_loss"])})
+    return rows
+
+
+def answer(trend: list[dict]) -> str:
+    """The one-paragraph answer, from the trend rows alone."""
+    ratio = [r for r in trend if r["against"] == "paper ratio"]
+    if len(ratio) < 2:
+        return "One size only: no trend to read."
+    first, last = ratio[0], ratio[-1]
+    shrinks = last["noloco_over_diloco_pct"] < first["noloco_over_diloco_pct"] - max(first["sd"], last["sd"])
+    grows = last["noloco_over_diloco_pct"] > first["noloco_over_diloco_pct"] + max(first["sd"], last["sd"])
+    verdict = ("shrinks as the model grows" if shrinks else "grows with the model" if grows
+               else "does not change beyond the spread over seeds")
+    ahead = "behind DiLoCo" if last["noloco_over_diloco_pct"] > last["sd"] else (
+        "ahead of DiLoCo" if last["noloco_over_diloco_pct"] < -last["sd"] else "level with DiLoCo, within the spread")
+    caveat = ("One seed, so no spread: these numbers smoke-test the benchmark and are no evidence either way. "
+              if min(r["seeds"] for r in ratio) < 2 else "")
+    return (f"{caveat}At the paper's H ratio, NoLoCo's loss is {first['noloco_over_diloco_pct']:+.2f} % "
+            f"(sd {first['sd']:.2f}) over DiLoCo's at {first['parameters'] / 1e6:.2f}M parameters and "
+            f"{last['noloco_over_diloco_pct']:+.2f} % (sd {last['sd']:.2f}) at {last['parameters'] / 1e6:.2f}M: the "
+            f"gap {verdict}; at the largest size measured NoLoCo is {ahead}.")
+
+
+def summarise(result: Result, plan: SizePlan, runs: list[dict], chosen: dict) -> None:
+    from swarm_node.data.dataset import load_windows
+    from swarm_node.data.spec import DataSpec
+
+    windows = load_windows(DataSpec.parse(subword_data()), plan.seq_len)
+    train_tokens = windows.num_train_windows * (plan.seq_len + 1)
+    sizes, trend = size_rows(runs, chosen, train_tokens), trend_rows(runs, chosen, plan.h)
+    result.rows = sizes + trend + m1_rows(runs, chosen) + ablation_rows(runs) + runs
+    result.summary = {"sizes": list(plan.sizes), "steps": plan.steps, "seeds": list(plan.seeds), "grid": "4 x 2",
+                      "h": plan.h, "global_batch": plan.global_batch, "seq_len": plan.seq_len, "vocab": VOCAB,
+                      "train_tokens": train_tokens, "chosen": chosen, "answer": answer(trend),
+                      "run_cpu_s_total": sum(r["cpu_s"] for r in runs), "runs": len(runs), "device": plan.device}
+
+
+def plot(rows: list[dict], path) -> None:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    sizes = [r for r in rows if r["kind"] == "size"]
+    for method in sorted({r["method"] for r in sizes if not r["method"].startswith("ddp")}):
+        points = sorted((r for r in sizes if r["method"] == method), key=lambda r: r["parameters"])
+        ax.errorbar([p["parameters"] for p in points], [p["gap_to_ddp_pct"] for p in points],
+                    yerr=[p["gap_to_ddp_pct_sd"] for p in points], marker="o", capsize=3, label=method)
+    ax.set_xscale("log")
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.set_xlabel("parameters per replica")
+    ax.set_ylabel("validation loss over DDP's (%)")
+    ax.set_title("gap to DDP by model size (4 x 2, subword text; bars: sd over seeds)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def markdown(result: dict) -> str:
+    s, rows = result["summary"], result["rows"]
+    lines = [f"## {NAME}: does NoLoCo keep up with DiLoCo as the model grows?", "",
+             f"```bash\n{rerun_command(NAME, result['mode'])}\n```", "",
+             f"{s['runs']} simulator runs, {s['steps']} inner steps each, global batch {s['global_batch']} x "
+             f"{s['seq_len']} tokens, grid {s['grid']}, seeds {s['seeds']}; the bundled corpus in BPE-{s['vocab']} "
+             f"tokens ({s['train_tokens']:,} training tokens); NoLoCo at H = {s['h']}, DiLoCo at H = {s['h']} and "
+             f"{2 * s['h']}; inner lr tuned per size for DDP.", "",
+             f"![{NAME}](bench/results/{NAME}.png)", "",
+             "Parameters are one replica's, all stages (the embedding and head are most of them at these sizes); "
+             "epochs are passes over the training tokens.", "",
+             "| size | parameters | tokens / parameter | epochs | method | val loss | over DDP (%) |",
+             "|---|---|---|---|---|---|---|"]
+    for r in (r for r in rows if r["kind"] == "size"):
+        lines.append(f"| {r['model']} | {r['parameters'] / 1e6:.2f}M | {r['tokens_per_parameter']:.1f} | "
+                     f"{r['epochs']:.1f} | {r['method']} | {r['val_loss']:.4f} ± {r['val_loss_sd']:.4f} | "
+                     f"{r['gap_to_ddp_pct']:+.2f} ± {r['gap_to_ddp_pct_sd']:.2f} |")
+    lines += ["", "NoLoCo over DiLoCo, paired by seed:", "", "| size | against DiLoCo at | NoLoCo over DiLoCo (%) |",
+              "|---|---|---|"]
+    lines += [f"| {r['model']} | {r['against']} | {r['noloco_over_diloco_pct']:+.2f} ± {r['sd']:.2f} |"
+              for r in rows if r["kind"] == "trend"]
+    lines += ["", "DiLoCo with one replica (M = 1, Nesterov 0.9, outer lr swept on the first seed) against DDP:", "",
+              "| size | outer lr | over DDP (%) | sweep (first seed) |", "|---|---|---|---|"]
+    lines += [f"| {r['model']} | {r['outer_lr']:g} | {r['gap_to_ddp_pct']:+.2f} ± {r['sd']:.2f} | "
+              f"{', '.join(f'{k}: {v:+.2f}' for k, v in r['sweep_first_seed'].items())} |"
+              for r in rows if r["kind"] == "m1"]
+    ablations = [r for r in rows if r["kind"] == "ablation"]
+    if ablations:
+        lines += ["", f"Ablations at {ablations[0]['model']} (first seed), against the same method's run:", "",
+                  "| ablation | method | val loss | change (%) |", "|---|---|---|---|"]
+        lines += [f"| {r['ablation']} | {r['method']} | {r['val_loss']:.4f} | {r['change_pct']:+.2f} |"
+                  for r in ablations]
+    lines += ["", f"**Answer.** {s['answer']}"]
+    lines += [f"\n{n}" for n in result.get("notes", [])]
+    return "\n".join(lines) + "\n"
+
+
+def _options(parser) -> None:
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                        help="parallel simulator processes (default: CPUs)")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                        help="cuda adds the small model to the sizes")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_mode(__doc__.split("\n\n")[0], argv, extra=_options)
+    plan = FULL if args.full else QUICK
+    if args.device == "cuda":
+        plan = with_gpu(plan)
+    result = Result(NAME, args.mode, args.out_dir)
+    started = time.perf_counter()
+    runs, chosen = run_plan(plan, max(1, args.workers))
+    summarise(result, plan, runs, chosen)
+    result.note(f"{len(runs)} runs on {args.workers} processes of one torch thread each: "
+                f"{time.perf_counter() - started:.0f} s wall, {result.summary['run_cpu_s_total']:.0f} CPU-seconds.")
+    plot(result.rows, result.path(".png"))
+    result.write()
+    print(f"bench.{NAME}: done in {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    return 0

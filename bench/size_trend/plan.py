@@ -1,0 +1,95 @@
+"""What the size-trend benchmark runs. Per model size: the inner lr tuned for DDP on the
+4 x 2 grid (first seed) and used by every method; DDP, local-only, NoLoCo at H, DiLoCo
+at H (equal H) and at 2H (the paper's ratio: NoLoCo 50, DiLoCo 100) on every seed;
+DiLoCo with one replica (M = 1) against DDP at the same batch, its outer lr swept
+(Nesterov 0.9) on the first seed and the best run on every seed. At the largest size,
+ablations on the first seed: the reference code's frozen input embedding, NoLoCo in
+groups of 3 and 4, and NoLoCo's alpha, beta and gamma one at a time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from bench.convergence.plan import Job, Plan
+from swarm_node.config import suggested_lr
+
+GRID = (4, 2)
+M1_H = 20  # DiLoCo's H in the M = 1 rows (the scaling-law paper's runs sync every few dozen steps)
+
+
+@dataclass(frozen=True)
+class SizePlan:
+    sizes: tuple[str, ...]
+    steps: int
+    seeds: tuple[int, ...]
+    h: int  # NoLoCo's H; DiLoCo runs at H and at 2H
+    lr_factors: tuple[float, ...]  # inner lr candidates: the size's suggested lr times these
+    m1_outer_lrs: tuple[float, ...]
+    ablations: tuple[tuple[str, str, object], ...]  # (label, field, value) at the largest size
+    global_batch: int = 64
+    seq_len: int = 64
+    eval_batches: int = 8
+    curve_every: int = 50
+    device: str = "cpu"
+
+    def base(self, size: str, data: str) -> Plan:
+        return Plan(model=size, steps=self.steps, global_batch=self.global_batch, seq_len=self.seq_len,
+                    seeds=self.seeds, grids=(GRID,), scaling_m=(1,), eval_batches=self.eval_batches,
+                    inner_steps=(("noloco", self.h), ("diloco", self.h)), data=data, device=self.device,
+                    curve_every=min(self.curve_every, self.steps))
+
+
+ABLATIONS = (("frozen input embedding", "freeze_embedding", True), ("groups of 3", "group_size", 3),
+             ("groups of 4", "group_size", 4), ("alpha 0.3", "outer_momentum", 0.3),
+             ("alpha 0.7", "outer_momentum", 0.7), ("beta 0.5", "outer_lr", 0.5), ("beta 1.0", "outer_lr", 1.0),
+             ("gamma 0.35", "outer_gamma", 0.35), ("gamma 1.0", "outer_gamma", 1.0))
+QUICK = SizePlan(sizes=("debug", "tiny"), steps=24, seeds=(0,), h=4, lr_factors=(1.0,), m1_outer_lrs=(0.7,),
+                 ablations=ABLATIONS[:2], curve_every=12, eval_batches=2)
+FULL = SizePlan(sizes=("debug", "tiny"), steps=1000, seeds=(0, 1, 2), h=10, lr_factors=(0.5, 1.0, 2.0),
+                m1_outer_lrs=(0.2, 0.4, 0.7, 1.0), ablations=ABLATIONS)
+
+
+def with_gpu(plan: SizePlan) -> SizePlan:
+    """On a CUDA card the `small` model joins the trend (about 30x tiny's parameters)."""
+    return replace(plan, sizes=(*plan.sizes, "small"), device="cuda")
+
+
+def tuning_jobs(plan: SizePlan, size: str, data: str) -> list[Job]:
+    base = plan.base(size, data)
+    return [Job("tune", *GRID, "ddp", plan.seeds[0], base, inner_lr=suggested_lr(size) * f) for f in plan.lr_factors]
+
+
+def method_jobs(plan: SizePlan, size: str, data: str, inner_lr: float) -> list[Job]:
+    """Every method on every seed, and the M = 1 outer-lr sweep on the first seed."""
+    base = plan.base(size, data)
+    ratio = replace(base, inner_steps=(("noloco", plan.h), ("diloco", 2 * plan.h)))
+    m1 = replace(base, inner_steps=(("diloco", M1_H),))
+    jobs = []
+    for seed in plan.seeds:
+        jobs += [Job("size", *GRID, "ddp", seed, base, inner_lr=inner_lr),
+                 Job("size", *GRID, "local", seed, base, inner_lr=inner_lr),
+                 Job("size", *GRID, "noloco", seed, base, inner_lr=inner_lr, variant=f"H={plan.h}"),
+                 Job("size", *GRID, "diloco", seed, base, inner_lr=inner_lr, variant=f"H={plan.h}"),
+                 Job("size", *GRID, "diloco", seed, ratio, inner_lr=inner_lr, variant=f"H={2 * plan.h}"),
+                 Job("m1", 1, 1, "ddp", seed, m1, inner_lr=inner_lr)]
+    jobs += [Job("m1", 1, 1, "diloco", plan.seeds[0], m1, inner_lr=inner_lr, outer_lr=lr, outer_momentum=0.9,
+                 nesterov=True, variant=f"outer lr {lr:g}") for lr in plan.m1_outer_lrs]
+    return jobs
+
+
+def m1_confirming_jobs(plan: SizePlan, size: str, data: str, inner_lr: float, outer_lr: float) -> list[Job]:
+    m1 = replace(plan.base(size, data), inner_steps=(("diloco", M1_H),))
+    return [Job("m1", 1, 1, "diloco", seed, m1, inner_lr=inner_lr, outer_lr=outer_lr, outer_momentum=0.9,
+                nesterov=True, variant=f"outer lr {outer_lr:g}") for seed in plan.seeds[1:]]
+
+
+def ablation_jobs(plan: SizePlan, size: str, data: str, inner_lr: float) -> list[Job]:
+    """At ``size`` on the first seed; the frozen embedding for every method that trains it."""
+    base = plan.base(size, data)
+    seed, jobs = plan.seeds[0], []
+    for label, field, value in plan.ablations:
+        methods = ("ddp", "diloco", "noloco") if field == "freeze_embedding" else ("noloco",)
+        for method in methods:
+            jobs.append(replace(Job("ablation", *GRID, method, seed, base, inner_lr=inner_lr, variant=label),
+                                **{field: value}))
+    return jobs

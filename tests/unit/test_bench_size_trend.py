@@ -1,0 +1,95 @@
+"""The size-trend benchmark (issue 36): its jobs, its arithmetic and its page, from rows
+alone (no run)."""
+
+from __future__ import annotations
+
+from bench.size_trend import benchmark as bench
+from bench.size_trend.plan import FULL, QUICK, ablation_jobs, method_jobs, tuning_jobs, with_gpu
+from swarm_node.config import suggested_lr
+from swarm_node.model.config import model_config
+
+
+def test_the_full_plan_spans_sizes_seeds_and_both_h_ratios():
+    sizes = [sum(_params(s)) for s in with_gpu(FULL).sizes]
+    assert sizes[-1] / sizes[0] >= 30  # with the GPU's small model
+    assert len(FULL.seeds) >= 3 and FULL.steps >= 1000
+    jobs = method_jobs(FULL, "debug", "corpus", 1e-3)
+    grid = [(j.method, j.plan.h_of(j.method), j.seed) for j in jobs if j.section == "size"]
+    for seed in FULL.seeds:
+        for method, h in (("ddp", None), ("local", None), ("noloco", 10), ("diloco", 10), ("diloco", 20)):
+            assert (method, h, seed) in grid
+    assert {j.outer_lr for j in jobs if j.section == "m1" and j.method == "diloco"} == set(FULL.m1_outer_lrs)
+    lr = suggested_lr("tiny")
+    assert [j.inner_lr for j in tuning_jobs(FULL, "tiny", "corpus")] == [lr / 2, lr, 2 * lr]
+    ablations = ablation_jobs(FULL, "tiny", "corpus", 1e-3)
+    frozen = [j for j in ablations if j.freeze_embedding]
+    assert {j.method for j in frozen} == {"ddp", "diloco", "noloco"}
+    assert {j.group_size for j in ablations} == {2, 3, 4}
+    assert all(j.seed == FULL.seeds[0] and j.plan.model == "tiny" for j in ablations)
+
+
+def _params(size: str) -> tuple[int, int]:
+    c = model_config(size, vocab_size=4096, max_seq_len=64)
+    per_layer = 4 * c.hidden_size * c.hidden_size + 3 * c.hidden_size * c.intermediate_size
+    return c.num_layers * per_layer, 2 * c.vocab_size * c.hidden_size
+
+
+def _run(model, method, seed, loss, variant="", section="size", outer_lr=None, h=10):
+    return {"kind": "run", "section": section, "model": model, "method": method, "seed": seed, "val_loss": loss,
+            "variant": variant, "dp": 4, "num_parameters": 4_000_000 if model == "tiny" else 400_000,
+            "tokens": 64_000, "outer_lr": outer_lr, "inner_steps": h if method in ("noloco", "diloco") else 1,
+            "cpu_s": 1.0}
+
+
+def _runs(noloco_over_diloco: dict[str, float]) -> list[dict]:
+    runs = []
+    for model, gap in noloco_over_diloco.items():
+        for seed in (0, 1, 2):
+            jitter = 0.001 * seed
+            runs += [_run(model, "ddp", seed, 3.0 + jitter), _run(model, "local", seed, 3.5 + jitter),
+                     _run(model, "diloco", seed, 3.1 + jitter, "H=20", h=20),
+                     _run(model, "diloco", seed, 3.05 + jitter, "H=10"),
+                     _run(model, "noloco", seed, (3.1 + jitter) * (1 + gap / 100), "H=10"),
+                     _run(model, "ddp", seed, 3.0 + jitter, section="m1"),
+                     _run(model, "diloco", seed, 2.99 + jitter, "outer lr 0.7", section="m1", outer_lr=0.7)]
+    return runs
+
+
+CHOSEN = {"debug": {"inner_lr": 3e-3, "m1_outer_lr": 0.7}, "tiny": {"inner_lr": 2e-3, "m1_outer_lr": 0.7}}
+
+
+def test_the_answer_follows_the_numbers():
+    shrinking = bench.trend_rows(_runs({"debug": 5.0, "tiny": 1.0}), CHOSEN, 10)
+    assert [round(r["noloco_over_diloco_pct"], 3) for r in shrinking if r["against"] == "paper ratio"] == [5.0, 1.0]
+    assert "shrinks as the model grows" in bench.answer(shrinking)
+    assert "grows with the model" in bench.answer(bench.trend_rows(_runs({"debug": 1.0, "tiny": 5.0}), CHOSEN, 10))
+    level = bench.answer(bench.trend_rows(_runs({"debug": 0.0, "tiny": 0.0}), CHOSEN, 10))
+    assert "does not change" in level and "level with DiLoCo" in level and "no evidence" not in level
+    one_seed = [r | {"seeds": 1} for r in bench.trend_rows(_runs({"debug": 5.0, "tiny": 1.0}), CHOSEN, 10)]
+    assert bench.answer(one_seed).startswith("One seed, so no spread")
+
+
+def test_size_rows_pair_gaps_by_seed_and_state_tokens_per_parameter():
+    rows = bench.size_rows(_runs({"debug": 2.0, "tiny": 2.0}), CHOSEN, train_tokens=32_000)
+    local = next(r for r in rows if r["model"] == "tiny" and r["method"] == "local")
+    assert abs(local["gap_to_ddp_pct"] - 100 * 0.5 / 3.001) < 0.01 and local["seeds"] == 3
+    assert local["parameters"] == 4_000_000 and local["tokens_per_parameter"] == 0.016 and local["epochs"] == 2.0
+    m1 = bench.m1_rows(_runs({"debug": 2.0}), {"debug": CHOSEN["debug"]})
+    assert m1[0]["gap_to_ddp_pct"] < 0 and m1[0]["sweep_first_seed"] == {"0.7": round(100 * -0.01 / 3.0, 2)}
+
+
+def test_the_page_renders_from_the_result_alone():
+    runs = _runs({"debug": 3.0, "tiny": 1.0})
+    ablation = dict(_run("tiny", "noloco", 0, 3.2, "frozen input embedding", section="ablation"))
+    rows = (bench.size_rows(runs, CHOSEN, 32_000) + bench.trend_rows(runs, CHOSEN, 10) + bench.m1_rows(runs, CHOSEN)
+            + bench.ablation_rows(runs + [ablation]))
+    result = {"mode": "full", "rows": rows, "notes": [], "summary": {
+        "runs": len(runs), "steps": 1000, "global_batch": 64, "seq_len": 64, "grid": "4 x 2", "seeds": [0, 1, 2],
+        "vocab": 4096, "train_tokens": 32_000, "h": 10, "answer": bench.answer(bench.trend_rows(runs, CHOSEN, 10))}}
+    page = bench.markdown(result)
+    assert "| tiny | paper ratio | +1.00" in page and "frozen input embedding | noloco" in page
+    assert "**Answer.** At the paper's H ratio" in page
+
+
+def test_the_quick_plan_is_small():
+    assert QUICK.steps <= 50 and len(QUICK.seeds) == 1 and len(QUICK.lr_factors) == 1
