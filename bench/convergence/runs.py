@@ -74,7 +74,7 @@ def run_job(job: Job) -> dict:
             "outer_codec": job.outer_codec, "activation_codec": job.activation_codec,
             "outer_latency_steps": job.outer_latency_steps, "overlap_start": job.overlap_start,
             "outer_landing": job.outer_landing, "model": job.plan.model, "group_size": job.group_size,
-            "freeze_embedding": job.freeze_embedding,
+            "freeze_embedding": job.freeze_embedding, "outer_lr_asked": job.outer_lr, "steps": job.plan.steps,
             "inner_lr": config.inner.lr, "inner_steps": method.inner_steps,
             "outer_lr": method.outer.beta if method.outer else None,
             "outer_momentum": method.outer.alpha if method.outer else None,
@@ -113,10 +113,12 @@ class Runner:
     def __exit__(self, *exc) -> None:
         self._pool.__exit__(*exc)
 
-    def run(self, jobs: list[Job], phase: str) -> list[dict]:
+    def run(self, jobs: list[Job], phase: str, on_row=lambda row: None) -> list[dict]:
+        """Every job's row; ``on_row`` sees each as it finishes (a ledger writes it down)."""
         rows = []
         for n, row in enumerate(self._pool.imap_unordered(run_job, jobs), 1):
             rows.append(row)
+            on_row(row)
             label = f" {row['variant']}" if row["variant"] else ""
             lrs = f" inner lr {row['inner_lr']:g}" if row["section"] == "tune" else ""
             outer = f" outer lr {row['outer_lr']:g}" if row["section"] == "scaling" else ""

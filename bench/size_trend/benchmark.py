@@ -10,12 +10,15 @@ and outer optimizers, random routing between stages). Jobs: plan.py; data: data.
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import sys
 import time
+from pathlib import Path
 
 from bench.common.results import Result, parse_mode, pyplot, rerun_command
+from bench.convergence.plan import Job
 from bench.convergence.runs import Runner
 from bench.size_trend.data import VOCAB, subword_data
 from bench.size_trend.plan import (
@@ -28,6 +31,8 @@ from bench.size_trend.plan import (
     tuning_jobs,
     with_gpu,
 )
+from swarm_node.config import suggested_lr
+from swarm_node.optim.methods import default_method
 
 NAME = "size_trend"
 METHODS = ("ddp", "local", "noloco", "diloco")
@@ -37,20 +42,60 @@ def label(row: dict) -> str:
     return f"{row['method']} {row['variant']}".strip()
 
 
-def run_plan(plan: SizePlan, workers: int) -> tuple[list[dict], dict]:
+class Ledger:
+    """The runs of a long plan, one JSON line each as it finishes (``path``; None keeps
+    nothing): a plan stopped part-way, or continued in another session from the committed
+    file, runs only the jobs it has no row for. A job is known by what it trains."""
+
+    def __init__(self, path: Path | None):
+        self.path = path
+        self.rows: dict[tuple, dict] = {}
+        if path is not None and path.is_file():
+            for line in path.read_text().splitlines():
+                row = json.loads(line)
+                self.rows[self.row_key(row)] = row
+
+    @staticmethod
+    def job_key(job: Job) -> tuple:
+        method = default_method(job.method, inner_steps=job.plan.h_of(job.method))
+        inner_lr = job.inner_lr if job.inner_lr is not None else suggested_lr(job.plan.model)
+        return (job.section, job.plan.model, job.dp, job.pp, job.method, job.seed, job.variant,
+                round(inner_lr, 12), job.outer_lr, job.group_size, job.freeze_embedding, job.plan.steps,
+                method.inner_steps)
+
+    @staticmethod
+    def row_key(row: dict) -> tuple:
+        return (row["section"], row["model"], row["dp"], row["pp"], row["method"], row["seed"], row["variant"],
+                round(row["inner_lr"], 12), row["outer_lr_asked"], row["group_size"], row["freeze_embedding"],
+                row["steps"], row["inner_steps"])
+
+    def run(self, runner: Runner, jobs: list[Job], phase: str) -> list[dict]:
+        known = [self.rows[self.job_key(j)] for j in jobs if self.job_key(j) in self.rows]
+        todo = [j for j in jobs if self.job_key(j) not in self.rows]
+        if known:
+            print(f"{phase}: {len(known)} of {len(jobs)} runs already in {self.path.name}", file=sys.stderr)
+        return known + runner.run(todo, phase, on_row=self._write) if todo else known
+
+    def _write(self, row: dict) -> None:
+        if self.path is not None:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+
+
+def run_plan(plan: SizePlan, workers: int, ledger: Ledger) -> tuple[list[dict], dict]:
     data = subword_data()
     runs, chosen = [], {}
     with Runner(workers) as runner:
         for size in plan.sizes:
-            tuned = runner.run(tuning_jobs(plan, size, data), f"{size} tune")
+            tuned = ledger.run(runner, tuning_jobs(plan, size, data), f"{size} tune")
             inner_lr = min(tuned, key=lambda r: r["val_loss"])["inner_lr"]
-            main = runner.run(method_jobs(plan, size, data, inner_lr), f"{size} methods")
+            main = ledger.run(runner, method_jobs(plan, size, data, inner_lr), f"{size} methods")
             sweep = [r for r in main if r["section"] == "m1" and r["method"] == "diloco"]
             outer_lr = min(sweep, key=lambda r: r["val_loss"])["outer_lr"]
             later = m1_confirming_jobs(plan, size, data, inner_lr, outer_lr)
             if size == plan.sizes[-1]:
                 later += ablation_jobs(plan, size, data, inner_lr)
-            runs += tuned + main + runner.run(later, f"{size} confirm")
+            runs += tuned + main + ledger.run(runner, later, f"{size} confirm")
             chosen[size] = {"inner_lr": inner_lr, "m1_outer_lr": outer_lr}
     return runs, chosen
 
@@ -227,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
         plan = with_gpu(plan)
     result = Result(NAME, args.mode, args.out_dir)
     started = time.perf_counter()
-    runs, chosen = run_plan(plan, max(1, args.workers))
+    ledger = Ledger(args.out_dir / f"{NAME}.runs.jsonl" if args.full else None)
+    runs, chosen = run_plan(plan, max(1, args.workers), ledger)
     summarise(result, plan, runs, chosen)
     result.note(f"{len(runs)} runs on {args.workers} processes of one torch thread each: "
                 f"{time.perf_counter() - started:.0f} s wall, {result.summary['run_cpu_s_total']:.0f} CPU-seconds.")

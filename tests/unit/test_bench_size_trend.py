@@ -93,3 +93,40 @@ def test_the_page_renders_from_the_result_alone():
 
 def test_the_quick_plan_is_small():
     assert QUICK.steps <= 50 and len(QUICK.seeds) == 1 and len(QUICK.lr_factors) == 1
+
+
+class _FakeRunner:
+    """Runner.run without processes: a row per job with the fields a ledger keys on."""
+
+    def __init__(self):
+        self.ran = []
+
+    def run(self, jobs, phase, on_row=lambda row: None):
+        rows = []
+        for job in jobs:
+            self.ran.append(job)
+            h = job.plan.h_of(job.method) or 1
+            row = {"section": job.section, "model": job.plan.model, "dp": job.dp, "pp": job.pp, "method": job.method,
+                   "seed": job.seed, "variant": job.variant, "inner_lr": job.inner_lr, "outer_lr_asked": job.outer_lr,
+                   "group_size": job.group_size, "freeze_embedding": job.freeze_embedding, "steps": job.plan.steps,
+                   "inner_steps": h if job.method in ("noloco", "diloco") else 1, "val_loss": 3.0}
+            on_row(row)
+            rows.append(row)
+        return rows
+
+
+def test_a_full_run_stopped_part_way_goes_on_from_its_ledger(tmp_path):
+    path = tmp_path / "size_trend.runs.jsonl"
+    jobs = method_jobs(FULL, "debug", "corpus", 1e-3) + ablation_jobs(FULL, "debug", "corpus", 1e-3)
+    first = _FakeRunner()
+    bench.Ledger(path).run(first, jobs[:7], "first session")
+    assert len(path.read_text().splitlines()) == 7
+    second = _FakeRunner()
+    rows = bench.Ledger(path).run(second, jobs, "next session")
+    assert second.ran == jobs[7:] and len(rows) == len(jobs)
+    assert len(path.read_text().splitlines()) == len(jobs)
+    keys = {bench.Ledger.job_key(j) for j in jobs}
+    assert len(keys) == len(jobs)  # no two jobs of the plan share a key
+    third = _FakeRunner()
+    bench.Ledger(None).run(third, jobs[:2], "quick")  # quick mode keeps no ledger
+    assert third.ran == jobs[:2]
