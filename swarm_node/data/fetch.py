@@ -10,6 +10,7 @@ source. A source that is slow or gone is dropped for this file only."""
 from __future__ import annotations
 
 import asyncio
+import http.client
 import logging
 import random
 import time
@@ -277,7 +278,7 @@ def _http_range(url: str, start: int, end: int, timeout_s: float) -> bytes | Non
             if response.status == 200:  # a server without ranges sends the whole file
                 response.read(start)
                 return response.read(end - start)
-    except OSError as exc:  # URLError, HTTPError, timeouts, resets
+    except (OSError, http.client.HTTPException, ValueError) as exc:  # URLError, HTTPError, timeouts, cut bodies
         raise PeerError(f"{url}: {exc}") from None
     return None
 

@@ -89,7 +89,8 @@ class Manifest:
             raise DataError(f"not a {FORMAT} manifest")
         vocab = _int(raw.get("vocab_size"), 1, 2**32, "vocab_size")
         dtype = raw.get("dtype")
-        if not isinstance(dtype, str) or dtype not in DTYPE_NAMES or vocab > 2 ** (8 * DTYPE_CODES[DTYPE_NAMES[dtype]].itemsize):
+        if (not isinstance(dtype, str) or dtype not in DTYPE_NAMES
+                or vocab > 2 ** (8 * DTYPE_CODES[DTYPE_NAMES[dtype]].itemsize)):
             raise DataError(f"bad token dtype {dtype!r} for a vocabulary of {vocab}")
         chunk_bytes = _int(raw.get("chunk_bytes"), 1024, MAX_CHUNK_BYTES, "chunk_bytes")
         itemsize = DTYPE_CODES[DTYPE_NAMES[dtype]].itemsize

@@ -22,6 +22,7 @@ from swarm_node.data.cache import ShardCache
 from swarm_node.data.fetch import DataFetcher
 from swarm_node.data.manifest import FileEntry, Manifest
 from swarm_node.data.shardfile import open_shard
+from swarm_node.errors import DataError
 
 log = logging.getLogger(__name__)
 
@@ -106,8 +107,13 @@ class SlotBatches:
     async def ready(self) -> None:
         """The next batch can be read without waiting: its shard is here."""
         self.check_slot()
+        skipped = 0  # units passed over without a batch: all of them means none ever holds one
         while True:
             units = self._pass_units()
+            if skipped > 2 * len(units):
+                raise DataError(f"no unit of slot {self.shard_id} holds a batch of {self.batch_size} windows of "
+                                f"{self.seq_len + 1} tokens: prepare the data with larger --shard-tokens, or give "
+                                "the run fewer data slots")
             if self.position.unit >= len(units):
                 self.position = SlotPosition(self.position.data_pass + 1, 0, 0)
                 self._units = []
@@ -122,6 +128,8 @@ class SlotBatches:
                 self._start_prefetch()
             if self.position.offset + self.batch_size <= len(self._windows):
                 return
+            if self.position.offset == 0:
+                skipped += 1
             self.cache.trained(self._entry(unit).name)
             self.position = SlotPosition(self.position.data_pass, self.position.unit + 1, 0)
             self._windows = None

@@ -355,7 +355,7 @@ class Node:
         """Every training peer we know of and can call, any stage: who may hold the dataset's files."""
         if self.membership is None:
             return []
-        return [p for s in range(self.spec.num_stages) for p in self.membership.callable_peers(s)]
+        return [p for s in range(self.spec.num_stages) for p in self.membership.callable_peers(s) if p != self.peer_id]
 
     def _slot_claims(self) -> dict[str, int]:
         return {p: r.data_slot for p, r in self.membership.live_peers(0).items() if r.data_slot >= 0}

@@ -293,7 +293,8 @@ def test_nobody_serving_the_manifest_ends_in_one_line_that_says_what_to_do(tmp_p
 
 @given(header=st.dictionaries(st.sampled_from(["kind", "manifest", "what", "name", "chunk", "extra"]),
                               st.one_of(st.none(), st.integers(-2**62, 2**62), st.text(max_size=70),
-                                        st.sampled_from(["data", "chunk", "have", "manifest", "shard-00000.tok", "digest"]),
+                                        st.sampled_from(["data", "chunk", "have", "manifest", "shard-00000.tok",
+                                                         "digest"]),
                                         st.lists(st.integers(-2**62, 2**62), max_size=3)), max_size=6))
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_any_request_gets_a_frame_back_and_bad_ones_count_against_the_caller(host_folder, header):
@@ -324,3 +325,20 @@ def test_a_source_answering_garbage_is_refused_not_a_crash(tmp_path_factory, hos
     asyncio.run(f.fetch_manifest())
     asyncio.run(f.fetch(manifest.train[0]))
     assert f.cache.has(manifest.train[0])
+
+
+def test_shards_too_small_for_a_batch_end_in_one_line_not_a_spin(tmp_path, host_folder):
+    from swarm_node.errors import DataError
+
+    _, f = from_the_bootstrap(tmp_path, host_folder)
+    loader = SlotBatches(f, seq_len=64, batch_size=4096, seed=0, slot=0, num_slots=2)
+
+    async def run():
+        try:
+            await loader.ready()
+        finally:
+            await loader.close()
+            await f.close()
+
+    with pytest.raises(DataError, match="larger --shard-tokens"):
+        asyncio.run(run())
