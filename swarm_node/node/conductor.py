@@ -64,8 +64,7 @@ from swarm_node.train.worker import StageWorker
 log = logging.getLogger("swarm_node.node")
 
 HANDLERS = (protocols.FORWARD, protocols.PAIR, protocols.OUTER, protocols.OUTER_FETCH, protocols.STATE,
-            protocols.STATE_SKETCH, protocols.STATUS, DIALBACK,
-            protocols.DATA)
+            protocols.STATE_SKETCH, protocols.STATUS, DIALBACK, protocols.DATA)
 
 
 class Node:
