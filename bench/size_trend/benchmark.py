@@ -15,6 +15,7 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from bench.common.results import Result, parse_mode, pyplot, rerun_command
@@ -35,6 +36,7 @@ from swarm_node.config import suggested_lr
 from swarm_node.optim.methods import default_method
 
 NAME = "size_trend"
+MAX_LR_EXTENSIONS = 2  # inner lrs tried past the edge of the grid when the best lies on it
 METHODS = ("ddp", "local", "noloco", "diloco")
 
 
@@ -89,6 +91,14 @@ def run_plan(plan: SizePlan, workers: int, ledger: Ledger) -> tuple[list[dict], 
         for size in plan.sizes:
             tuned = ledger.run(runner, tuning_jobs(plan, size, data), f"{size} tune")
             inner_lr = min(tuned, key=lambda r: r["val_loss"])["inner_lr"]
+            for _ in range(MAX_LR_EXTENSIONS):  # a best lr at the edge of the grid: look one step beyond it
+                lrs = sorted(r["inner_lr"] for r in tuned)
+                if len(lrs) < 2 or lrs[0] < inner_lr < lrs[-1]:
+                    break
+                beyond = inner_lr / 2 if inner_lr == lrs[0] else inner_lr * 2
+                tuned += ledger.run(runner, [replace(tuning_jobs(plan, size, data)[0], inner_lr=beyond)],
+                                    f"{size} tune beyond the edge")
+                inner_lr = min(tuned, key=lambda r: r["val_loss"])["inner_lr"]
             main = ledger.run(runner, method_jobs(plan, size, data, inner_lr), f"{size} methods")
             sweep = [r for r in main if r["section"] == "m1" and r["method"] == "diloco"]
             outer_lr = min(sweep, key=lambda r: r["val_loss"])["outer_lr"]

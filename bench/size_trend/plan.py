@@ -1,5 +1,6 @@
 """What the size-trend benchmark runs. Per model size: the inner lr tuned for DDP on the
-4 x 2 grid (first seed) and used by every method; DDP, local-only, NoLoCo at H, DiLoCo
+4 x 2 grid (first seed; a best lr on the grid's edge is followed one halving or doubling
+further, twice at most) and used by every method; DDP, local-only, NoLoCo at H, DiLoCo
 at H (equal H) and at 2H (the paper's ratio: NoLoCo 50, DiLoCo 100) on every seed;
 DiLoCo with one replica (M = 1) against DDP at the same batch, its outer lr swept
 (Nesterov 0.9) on the first seed and the best run on every seed. At the largest size,

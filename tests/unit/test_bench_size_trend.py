@@ -130,3 +130,39 @@ def test_a_full_run_stopped_part_way_goes_on_from_its_ledger(tmp_path):
     third = _FakeRunner()
     bench.Ledger(None).run(third, jobs[:2], "quick")  # quick mode keeps no ledger
     assert third.ran == jobs[:2]
+
+
+def test_a_best_inner_lr_on_the_edge_of_the_grid_is_followed_past_it(tmp_path, monkeypatch):
+    """DDP's loss falls as the lr falls, down to a quarter of the grid's lowest: the
+    tuning steps below the grid twice, and no further."""
+    from bench.size_trend import plan as plan_module
+
+    runner = _FakeRunner()
+    real_run = runner.run
+
+    def run(jobs, phase, on_row=lambda row: None):
+        rows = real_run(jobs, phase, on_row)
+        for row in rows:
+            row["val_loss"] = 3.0 + row["inner_lr"] if row["section"] == "tune" else 3.0
+            row["outer_lr"] = row["outer_lr_asked"]
+        return rows
+
+    runner.run = run
+
+    class Pool:
+        def __init__(self, workers):
+            pass
+
+        def __enter__(self):
+            return runner
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(bench, "Runner", Pool)
+    monkeypatch.setattr(bench, "subword_data", lambda: "corpus")
+    plan = plan_module.replace(FULL, sizes=("debug",))
+    runs, chosen = bench.run_plan(plan, 1, bench.Ledger(None))
+    lowest = suggested_lr("debug") * min(FULL.lr_factors)
+    assert sorted(r["inner_lr"] for r in runs if r["section"] == "tune")[:3] == [lowest / 4, lowest / 2, lowest]
+    assert chosen["debug"]["inner_lr"] == lowest / 4
