@@ -76,10 +76,10 @@ def _print_ready(ready) -> None:
 
 def _write_maddrs(path: Path, maddrs: list[str]) -> None:
     """Atomically: a reader never sees half a file."""
+    from swarm_node.system import write_atomic
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_name(path.name + ".tmp")
-    staging.write_text("".join(f"{m}\n" for m in maddrs))
-    staging.replace(path)
+    write_atomic(path, "".join(f"{m}\n" for m in maddrs))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+
+from swarm_node.system import write_atomic
 
 log = logging.getLogger("swarm_bootstrap")
 
@@ -69,12 +70,8 @@ class KnownPeers:
         """Atomically, and only when something changed; a failure to write is one line, not a crash."""
         if self.peers == self._saved:
             return
-        staging = self.path.with_name(self.path.name + ".tmp")
         try:
-            fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as out:
-                json.dump({"peers": self.peers}, out)
-            staging.replace(self.path)
+            write_atomic(self.path, json.dumps({"peers": self.peers}), mode=0o600)
             self._saved = {p: list(a) for p, a in self.peers.items()}
         except OSError as exc:
             log.warning("could not remember the swarm's peers in %s: %s", self.path, exc)

@@ -127,3 +127,32 @@ def node_threads() -> int:
     if configured.isdigit() and int(configured) > 0:
         return int(configured)
     return max(1, default_threads() - 1)
+
+
+def fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes | str, *, mode: int = 0o644, durable: bool = False) -> None:
+    """``path`` holds the old bytes or the new ones, never half of them: written beside it,
+    then renamed over it. ``durable``: on the disk before this returns (a resumable
+    preparation must not find a renamed file that a power cut emptied)."""
+    staging = path.with_name(path.name + ".tmp")
+    fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data.encode("utf-8") if isinstance(data, str) else data)
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
+    staging.replace(path)
+    if durable:
+        fsync_dir(path.parent)

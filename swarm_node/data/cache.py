@@ -15,6 +15,7 @@ from pathlib import Path
 
 from swarm_node.data.manifest import MANIFEST_FILE, FileEntry, Manifest, sha256_hex
 from swarm_node.errors import DataError, DiskFull
+from swarm_node.system import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ class ShardCache:
     def store_manifest(self, data: bytes) -> Manifest:
         manifest = Manifest.from_bytes(data, expect_sha256=self.manifest_sha256)
         self.root.mkdir(parents=True, exist_ok=True)
-        self._write(self.root / MANIFEST_FILE, data)
+        write_atomic(self.root / MANIFEST_FILE, data)
         self.manifest = manifest
         return manifest
 
@@ -64,12 +65,9 @@ class ShardCache:
         if entry.name in self._verified:
             return True
         path = self.path(entry.name)
-        try:
-            if path.stat().st_size != entry.bytes:
-                return False
-        except FileNotFoundError:
+        if not entry.held_in(path, hash_it=False):
             return False
-        if not self.trust_whole_files and sha256_hex(path.read_bytes()) != entry.sha256:
+        if not self.trust_whole_files and not entry.held_in(path):
             log.warning("%s differs from the manifest; fetching it again", path)
             path.unlink(missing_ok=True)
             return False
@@ -128,7 +126,7 @@ class ShardCache:
             finally:
                 os.close(fd)
             have.add(index)
-            self._write(self._have(entry), json.dumps(sorted(have)).encode())
+            write_atomic(self._have(entry), json.dumps(sorted(have)).encode())
         except OSError as exc:
             raise self._disk_error(exc, entry) from None
 
@@ -196,7 +194,3 @@ class ShardCache:
     def _have(self, entry: FileEntry) -> Path:
         return self.root / f"{entry.name}.have"
 
-    def _write(self, path: Path, data: bytes) -> None:
-        staging = path.with_name(path.name + ".tmp")
-        staging.write_bytes(data)
-        staging.replace(path)

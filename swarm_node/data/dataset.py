@@ -98,14 +98,14 @@ def load_windows(spec: DataSpec, seq_len: int, *, min_train_windows: int = 0) ->
 def _prepared(folder: Path, manifest_sha256: str, seq_len: int) -> TokenWindows:
     """A prepared dataset held whole in ``folder``: its training shards, then its
     validation shards, as one token array (every file checked against the manifest)."""
-    from swarm_node.data.manifest import MANIFEST_FILE, Manifest, sha256_hex
+    from swarm_node.data.manifest import MANIFEST_FILE, Manifest
     from swarm_node.data.shardfile import open_shard
 
     manifest = Manifest.from_bytes((folder / MANIFEST_FILE).read_bytes(), expect_sha256=manifest_sha256)
     parts = {}
     for entry in manifest.train + manifest.val:
         path = folder / entry.name
-        if not path.is_file() or path.stat().st_size != entry.bytes or sha256_hex(path.read_bytes()) != entry.sha256:
+        if not entry.held_in(path):  # the host's own folder: refused, never deleted as a cache would
             raise DataError(f"{path} is missing or differs from the manifest; prepare or fetch it again")
         parts[entry.name] = open_shard(path, vocab_size=manifest.vocab_size)
     window_len = seq_len + 1

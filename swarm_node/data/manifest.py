@@ -46,6 +46,15 @@ class FileEntry:
         start = index * chunk_bytes
         return start, min(self.bytes, start + chunk_bytes)
 
+    def held_in(self, path: Path, *, hash_it: bool = True) -> bool:
+        """``path`` is this file: its length, and (``hash_it``) its SHA-256."""
+        try:
+            if not path.is_file() or path.stat().st_size != self.bytes:
+                return False
+        except FileNotFoundError:  # removed between the two looks
+            return False
+        return not hash_it or sha256_hex(path.read_bytes()) == self.sha256
+
 
 @dataclass(frozen=True)
 class Manifest:

@@ -9,9 +9,9 @@ are held out for validation."""
 
 from __future__ import annotations
 
+import io
 import json
 import math
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +25,7 @@ from swarm_node.data.shardfile import DTYPE_CODES, DTYPE_NAMES, dtype_for_vocab,
 from swarm_node.data.spec import DataSpec
 from swarm_node.data.tokenizer import ByteTokenizer, HFTokenizer
 from swarm_node.errors import ConfigError, DataError
+from swarm_node.system import write_atomic
 
 STATE_FILE = "prepare.state.json"
 CARRY_FILE = "prepare.carry.npy"
@@ -113,7 +114,7 @@ def prepare(config: PrepareConfig) -> tuple[Manifest, str]:
     manifest = Manifest(vocab_size=vocab_size, dtype=dtype, chunk_bytes=config.chunk_bytes,
                         tokenizer=tokenizer_entry, train=tuple(shards[:len(shards) - num_val]),
                         val=tuple(shards[len(shards) - num_val:]), sources=config.sources)
-    _write_atomic(out / MANIFEST_FILE, manifest.to_bytes())
+    write_atomic(out / MANIFEST_FILE, manifest.to_bytes(), durable=True)
     for name in (STATE_FILE, CARRY_FILE):
         (out / name).unlink(missing_ok=True)
     return manifest, manifest.sha256()
@@ -128,7 +129,7 @@ def _tokenizer(config: PrepareConfig, spec: DataSpec, out: Path) -> tuple[FileEn
     name = "tokenizer.json"
     target = out / name
     if not target.is_file() or target.read_bytes() != data:
-        _write_atomic(target, data)
+        write_atomic(target, data, durable=True)
     return file_entry(name, data, config.chunk_bytes), tokenizer
 
 
@@ -164,17 +165,8 @@ def _token_stream(spec: DataSpec, docs, tokenizer, *, skip: int) -> Iterator[tup
 def _write_shard(out: Path, index: int, tokens: np.ndarray, vocab_size: int, config: PrepareConfig) -> FileEntry:
     name = f"shard-{index:05d}.tok"
     data = shard_bytes(tokens, vocab_size)
-    _write_atomic(out / name, data)
+    write_atomic(out / name, data, durable=True)
     return file_entry(name, data, config.chunk_bytes, tokens=len(tokens))
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    staging = path.with_name(path.name + ".tmp")
-    with open(staging, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    staging.replace(path)
 
 
 def _load_state(out: Path, settings: dict) -> dict:
@@ -201,9 +193,9 @@ def _load_state(out: Path, settings: dict) -> dict:
 
 
 def _save_state(out: Path, settings: dict, shards: list[FileEntry], docs_done: int, carry: np.ndarray) -> None:
-    staging = out / (CARRY_FILE + ".tmp.npy")
-    np.save(staging, carry)
-    staging.replace(out / CARRY_FILE)
+    held = io.BytesIO()
+    np.save(held, carry)
+    write_atomic(out / CARRY_FILE, held.getvalue(), durable=True)
     state = {"settings": settings, "docs_done": docs_done, "carry_tokens": len(carry),
              "shards": [{**e.__dict__, "chunks": list(e.chunks)} for e in shards]}
-    _write_atomic(out / STATE_FILE, json.dumps(state).encode())
+    write_atomic(out / STATE_FILE, json.dumps(state).encode(), durable=True)

@@ -19,6 +19,7 @@ from swarm_node import __version__
 from swarm_node.obs.recent import RecentGrowth
 from swarm_node.obs.sinks import Sinks, open_sinks
 from swarm_node.obs.stats import training_until
+from swarm_node.system import write_atomic
 from swarm_node.wire.records import PeerRecord
 
 if TYPE_CHECKING:
@@ -136,7 +137,6 @@ class NodeReport:
         os.replace(run_dir / f"weights-{tag}.pt.tmp", run_dir / f"weights-{tag}.pt")
         summary = self.summary()
         summary["weights_file"] = f"weights-{tag}.pt"
-        (run_dir / f"summary-{tag}.json.tmp").write_text(json.dumps(summary, indent=2))
-        os.replace(run_dir / f"summary-{tag}.json.tmp", run_dir / f"summary-{tag}.json")
+        write_atomic(run_dir / f"summary-{tag}.json", json.dumps(summary, indent=2))
 
 

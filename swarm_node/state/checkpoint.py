@@ -23,6 +23,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from swarm_node.errors import SwarmError
+from swarm_node.system import fsync_dir, fsync_file
 
 log = logging.getLogger(__name__)
 
@@ -45,16 +46,16 @@ def save_checkpoint(directory: Path, step: int, tensors: dict[str, torch.Tensor]
     try:
         tensor_path = staging / TENSORS_FILE
         write_tensor_file(tensor_path, {k: v.detach().contiguous().cpu() for k, v in tensors.items()})
-        _fsync_file(tensor_path)
+        fsync_file(tensor_path)
         full_meta = {**meta, "format": FORMAT_VERSION, "step": step, "tensors_bytes": tensor_path.stat().st_size,
                      "tensors_sha256": _sha256(tensor_path)}
         (staging / META_FILE).write_text(json.dumps(full_meta, indent=1, sort_keys=True))
-        _fsync_file(staging / META_FILE)
+        fsync_file(staging / META_FILE)
         final = directory / f"{PREFIX}{step:010d}"
         if final.exists():  # the same step saved again (e.g. on SIGTERM right after a periodic save)
             shutil.rmtree(final)
         os.replace(staging, final)
-        _fsync_dir(directory)
+        fsync_dir(directory)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -131,15 +132,3 @@ def _sha256(path: Path) -> str:
             h.update(block)
     return h.hexdigest()
 
-
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
