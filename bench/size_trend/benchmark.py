@@ -1,9 +1,9 @@
 """Benchmark: does NoLoCo keep up with DiLoCo as the model grows? DDP, DiLoCo (at
 NoLoCo's H and at twice it, the paper's ratio), NoLoCo and local-only at equal tokens on
-subword text (the bundled corpus, BPE 4k), 4 x 2, per model size over seeds; DiLoCo with
-one replica against DDP; ablations at the largest size.
+subword text (BPE 4k; data.py says which), 4 x 2, per model size over seeds; DiLoCo with
+one replica against DDP; ablations per size.
 
-    .venv/bin/python -m bench.size_trend [--full] [--workers N] [--device cuda]
+    .venv/bin/python -m bench.size_trend [--full] [--workers N] [--device cuda] [--sizes debug,tiny]
 
 Every run is the project's simulator through bench/convergence/runs.py (the real inner
 and outer optimizers, random routing between stages). Jobs: plan.py; data: data.py."""
@@ -21,9 +21,10 @@ from pathlib import Path
 from bench.common.results import Result, parse_mode, pyplot, rerun_command
 from bench.convergence.plan import Job
 from bench.convergence.runs import Runner
-from bench.size_trend.data import VOCAB, subword_data
+from bench.size_trend.data import VOCAB, data_identity, subword_data
 from bench.size_trend.plan import (
     FULL,
+    LOW_ALPHA,
     QUICK,
     SizePlan,
     ablation_jobs,
@@ -36,6 +37,8 @@ from swarm_node.config import suggested_lr
 from swarm_node.optim.methods import default_method
 
 NAME = "size_trend"
+CORPUS_TEXT = {"bundled": "the bundled corpus (stdlib docstrings)",
+               "docs": "the bundled corpus and the documentation of Django 5.1.4 and SQLAlchemy 2.0.36"}
 MAX_LR_EXTENSIONS = 2  # inner lrs tried past the edge of the grid when the best lies on it
 METHODS = ("ddp", "local", "noloco", "diloco")
 
@@ -47,67 +50,95 @@ def label(row: dict) -> str:
 class Ledger:
     """The runs of a long plan, one JSON line each as it finishes (``path``; None keeps
     nothing): a plan stopped part-way, or continued in another session from the committed
-    file, runs only the jobs it has no row for. A job is known by what it trains."""
+    file, runs only the jobs it has no row for. A job is known by what it trains.
+    ``only_known``: run nothing, answer with the rows there are (a page from a plan
+    still under way)."""
 
-    def __init__(self, path: Path | None):
+    def __init__(self, path: Path | None, only_known: bool = False):
         self.path = path
+        self.only_known = only_known
+        self.tag: dict = {}  # written into every row and part of its key: the data's hash and the device
         self.rows: dict[tuple, dict] = {}
         if path is not None and path.is_file():
             for line in path.read_text().splitlines():
                 row = json.loads(line)
                 self.rows[self.row_key(row)] = row
 
-    @staticmethod
-    def job_key(job: Job) -> tuple:
+    def job_key(self, job: Job) -> tuple:
         method = default_method(job.method, inner_steps=job.plan.h_of(job.method))
         inner_lr = job.inner_lr if job.inner_lr is not None else suggested_lr(job.plan.model)
-        return (job.section, job.plan.model, job.dp, job.pp, job.method, job.seed, job.variant,
-                round(inner_lr, 12), job.outer_lr, job.group_size, job.freeze_embedding, job.plan.steps,
-                method.inner_steps)
+        return (self.tag.get("data_sha256"), self.tag.get("device"), job.section, job.plan.model, job.dp, job.pp,
+                job.method, job.seed, job.variant, round(inner_lr, 12), job.outer_lr, job.group_size,
+                job.freeze_embedding, job.plan.steps, method.inner_steps)
 
     @staticmethod
     def row_key(row: dict) -> tuple:
-        return (row["section"], row["model"], row["dp"], row["pp"], row["method"], row["seed"], row["variant"],
-                round(row["inner_lr"], 12), row["outer_lr_asked"], row["group_size"], row["freeze_embedding"],
-                row["steps"], row["inner_steps"])
+        return (row.get("data_sha256"), row.get("device"), row["section"], row["model"], row["dp"], row["pp"],
+                row["method"], row["seed"], row["variant"], round(row["inner_lr"], 12), row["outer_lr_asked"],
+                row["group_size"], row["freeze_embedding"], row["steps"], row["inner_steps"])
 
     def run(self, runner: Runner, jobs: list[Job], phase: str) -> list[dict]:
         known = [self.rows[self.job_key(j)] for j in jobs if self.job_key(j) in self.rows]
         todo = [j for j in jobs if self.job_key(j) not in self.rows]
         if known:
             print(f"{phase}: {len(known)} of {len(jobs)} runs already in {self.path.name}", file=sys.stderr)
-        return known + runner.run(todo, phase, on_row=self._write) if todo else known
+        if not todo or self.only_known:
+            return known
+        return known + runner.run(todo, phase, on_row=self._write)
 
     def _write(self, row: dict) -> None:
+        row.update(self.tag)
         if self.path is not None:
             with open(self.path, "a") as f:
                 f.write(json.dumps(row) + "\n")
 
 
 def run_plan(plan: SizePlan, workers: int, ledger: Ledger) -> tuple[list[dict], dict]:
-    data = subword_data()
-    runs, chosen = [], {}
+    """Phase by phase across the sizes (tuning, the methods, the M = 1 confirmations, the
+    ablations), so a plan stopped part-way holds whole phases of the smaller sizes first."""
+    data = subword_data(plan.corpus)
+    ledger.tag = {"data_sha256": data_identity(data), "device": plan.device}
     with Runner(workers) as runner:
-        for size in plan.sizes:
-            tuned = ledger.run(runner, tuning_jobs(plan, size, data), f"{size} tune")
-            inner_lr = min(tuned, key=lambda r: r["val_loss"])["inner_lr"]
-            for _ in range(MAX_LR_EXTENSIONS):  # a best lr at the edge of the grid: look one step beyond it
-                lrs = sorted(r["inner_lr"] for r in tuned)
-                if len(lrs) < 2 or lrs[0] < inner_lr < lrs[-1]:
-                    break
-                beyond = inner_lr / 2 if inner_lr == lrs[0] else inner_lr * 2
-                tuned += ledger.run(runner, [replace(tuning_jobs(plan, size, data)[0], inner_lr=beyond)],
-                                    f"{size} tune beyond the edge")
-                inner_lr = min(tuned, key=lambda r: r["val_loss"])["inner_lr"]
-            main = ledger.run(runner, method_jobs(plan, size, data, inner_lr), f"{size} methods")
-            sweep = [r for r in main if r["section"] == "m1" and r["method"] == "diloco"]
-            outer_lr = min(sweep, key=lambda r: r["val_loss"])["outer_lr"]
-            later = m1_confirming_jobs(plan, size, data, inner_lr, outer_lr)
-            if size == plan.sizes[-1]:
-                later += ablation_jobs(plan, size, data, inner_lr)
-            runs += tuned + main + ledger.run(runner, later, f"{size} confirm")
-            chosen[size] = {"inner_lr": inner_lr, "m1_outer_lr": outer_lr}
+        tuned = _by_size(ledger.run(runner, [j for s in plan.sizes for j in tuning_jobs(plan, s, data)], "tune"))
+        for _ in range(MAX_LR_EXTENSIONS):  # a best lr at the edge of the grid: look one step beyond it
+            beyond = [replace(tuning_jobs(plan, size, data)[0], inner_lr=lr) for size, rows in tuned.items()
+                      if (lr := _beyond_edge(rows)) is not None]
+            found = _by_size(ledger.run(runner, beyond, "tune beyond the edge"))
+            if not found:
+                break
+            for size, rows in found.items():
+                tuned[size] += rows
+        sizes = [s for s in plan.sizes if s in tuned]  # only_known: the sizes tuned so far
+        inner = {size: min(tuned[size], key=lambda r: r["val_loss"])["inner_lr"] for size in sizes}
+        main = _by_size(ledger.run(runner, [j for s in sizes for j in method_jobs(plan, s, data, inner[s])],
+                                   "methods"))
+        outer = {}
+        for size, rows in main.items():
+            sweep = [r for r in rows if r["section"] == "m1" and r["method"] == "diloco"]
+            if sweep:
+                outer[size] = min(sweep, key=lambda r: r["val_loss"])["outer_lr"]
+        later = [j for s in outer for j in m1_confirming_jobs(plan, s, data, inner[s], outer[s])]
+        later += [j for s in sizes for j in ablation_jobs(plan, s, data, inner[s])]
+        rest = _by_size(ledger.run(runner, later, "confirmations and ablations"))
+    runs = [r for size in sizes for r in tuned[size] + main.get(size, []) + rest.get(size, [])]
+    chosen = {size: {"inner_lr": inner[size], "m1_outer_lr": outer.get(size)} for size in sizes}
     return runs, chosen
+
+
+def _by_size(rows: list[dict]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for row in rows:
+        out.setdefault(row["model"], []).append(row)
+    return out
+
+
+def _beyond_edge(tuned: list[dict]) -> float | None:
+    """The next inner lr to try when the best so far is the grid's lowest or highest."""
+    best = min(tuned, key=lambda r: r["val_loss"])["inner_lr"]
+    lrs = sorted(r["inner_lr"] for r in tuned)
+    if len(lrs) < 2 or lrs[0] < best < lrs[-1]:
+        return None
+    return best / 2 if best == lrs[0] else best * 2
 
 
 def _gap_pct(value: float, reference: float) -> float:
@@ -124,6 +155,9 @@ def size_rows(runs: list[dict], chosen: dict, train_tokens: int) -> list[dict]:
     for size, picks in chosen.items():
         mine = [r for r in runs if r["model"] == size and r["section"] == "size"]
         ddp = {r["seed"]: r["val_loss"] for r in mine if r["method"] == "ddp"}
+        mine = [r for r in mine if r["seed"] in ddp]  # a plan under way: seeds whose DDP run is done
+        if not mine:
+            continue
         params = mine[0]["num_parameters"]  # one replica's, every stage
         for name in sorted({label(r) for r in mine}, key=lambda n: (METHODS.index(n.split()[0]), n)):
             runs_of = [r for r in mine if label(r) == name]
@@ -138,18 +172,24 @@ def size_rows(runs: list[dict], chosen: dict, train_tokens: int) -> list[dict]:
 
 
 def trend_rows(runs: list[dict], chosen: dict, h: int) -> list[dict]:
-    """NoLoCo against DiLoCo per size, paired by seed: at the paper's H ratio and at equal H."""
+    """NoLoCo (its defaults, and outer momentum 0.3) against DiLoCo per size, paired by
+    seed: at the paper's H ratio and at equal H."""
     rows = []
     for size in chosen:
         mine = [r for r in runs if r["model"] == size and r["section"] == "size"]
-        noloco = {r["seed"]: r["val_loss"] for r in mine if r["method"] == "noloco"}
-        for variant, what in ((f"H={2 * h}", "paper ratio"), (f"H={h}", "equal H")):
-            diloco = {r["seed"]: r["val_loss"] for r in mine if r["method"] == "diloco" and r["variant"] == variant}
-            gaps = [_gap_pct(noloco[s], diloco[s]) for s in noloco if s in diloco]
-            gap, sd = _spread(gaps)
-            rows.append({"kind": "trend", "model": size, "parameters": mine[0]["num_parameters"],
-                         "against": what, "noloco_over_diloco_pct": gap, "sd": sd, "seeds": len(gaps),
-                         "per_seed": gaps})
+        for noloco_variant in (f"H={h}", f"H={h} alpha {LOW_ALPHA:g}"):
+            noloco = {r["seed"]: r["val_loss"] for r in mine if r["method"] == "noloco"
+                      and r["variant"] == noloco_variant}
+            for variant, what in ((f"H={2 * h}", "paper ratio"), (f"H={h}", "equal H")):
+                diloco = {r["seed"]: r["val_loss"] for r in mine
+                          if r["method"] == "diloco" and r["variant"] == variant}
+                gaps = [_gap_pct(noloco[s], diloco[s]) for s in noloco if s in diloco]
+                if not gaps:
+                    continue
+                gap, sd = _spread(gaps)
+                rows.append({"kind": "trend", "model": size, "parameters": mine[0]["num_parameters"],
+                             "noloco": f"noloco {noloco_variant}", "against": what,
+                             "noloco_over_diloco_pct": gap, "sd": sd, "seeds": len(gaps), "per_seed": gaps})
     return rows
 
 
@@ -158,7 +198,10 @@ def m1_rows(runs: list[dict], chosen: dict) -> list[dict]:
     for size, picks in chosen.items():
         mine = [r for r in runs if r["model"] == size and r["section"] == "m1"]
         ddp = {r["seed"]: r["val_loss"] for r in mine if r["method"] == "ddp"}
-        best = [r for r in mine if r["method"] == "diloco" and r["outer_lr"] == picks["m1_outer_lr"]]
+        best = [r for r in mine if r["method"] == "diloco" and r["outer_lr"] == picks["m1_outer_lr"]
+                and r["seed"] in ddp]
+        if picks["m1_outer_lr"] is None or not best:
+            continue
         gap, sd = _spread([_gap_pct(r["val_loss"], ddp[r["seed"]]) for r in best])
         sweep = {f"{r['outer_lr']:g}": round(_gap_pct(r["val_loss"], ddp[r["seed"]]), 2) for r in mine
                  if r["method"] == "diloco" and r["seed"] == min(ddp)}
@@ -167,11 +210,15 @@ def m1_rows(runs: list[dict], chosen: dict) -> list[dict]:
     return rows
 
 
-def ablation_rows(runs: list[dict]) -> list[dict]:
+def ablation_rows(runs: list[dict], h: int) -> list[dict]:
+    """Each ablation against the same method's run at its defaults, same size and seed."""
     rows = []
     for r in (r for r in runs if r["section"] == "ablation"):
-        base = next(b for b in runs if b["section"] == "size" and b["model"] == r["model"] and b["seed"] == r["seed"]
-                    and b["method"] == r["method"] and b["inner_steps"] == r["inner_steps"])
+        variant = f"H={h}" if r["method"] in ("noloco", "diloco") else ""
+        base = next((b for b in runs if b["section"] == "size" and b["model"] == r["model"] and b["seed"] == r["seed"]
+                     and b["method"] == r["method"] and b["variant"] == variant), None)
+        if base is None:
+            continue
         rows.append({"kind": "ablation", "model": r["model"], "method": r["method"], "ablation": r["variant"],
                      "val_loss": r["val_loss"], "baseline": base["val_loss"],
                      "change_pct": _gap_pct(r["val_loss"], base["val_loss"])})
@@ -180,33 +227,45 @@ def ablation_rows(runs: list[dict]) -> list[dict]:
 
 def answer(trend: list[dict]) -> str:
     """The one-paragraph answer, from the trend rows alone."""
-    ratio = [r for r in trend if r["against"] == "paper ratio"]
-    if len(ratio) < 2:
-        return "One size only: no trend to read."
+    ratio = [r for r in trend if r["against"] == "paper ratio" and "alpha" not in r["noloco"]]
+    low = {r["model"]: r for r in trend if r["against"] == "paper ratio" and "alpha" in r["noloco"]}
+    if not ratio:
+        return "No size has both NoLoCo and DiLoCo runs yet."
+
+    def gap(r: dict) -> str:
+        return f"{r['noloco_over_diloco_pct']:+.2f} % (sd {r['sd']:.2f}, {r['seeds']} seeds)"
+
+    caveat = ("One seed, so no spread: these numbers smoke-test the benchmark and are no evidence either way. "
+              if min(r["seeds"] for r in ratio) < 2 else "")
     first, last = ratio[0], ratio[-1]
-    shrinks = last["noloco_over_diloco_pct"] < first["noloco_over_diloco_pct"] - max(first["sd"], last["sd"])
-    grows = last["noloco_over_diloco_pct"] > first["noloco_over_diloco_pct"] + max(first["sd"], last["sd"])
+    low_text = (f"; with outer momentum {LOW_ALPHA:g} NoLoCo is {gap(low[last['model']])} over DiLoCo there"
+                if last["model"] in low else "")
+    if len(ratio) == 1:
+        return (f"{caveat}One size measured so far ({first['parameters'] / 1e6:.2f}M parameters): at the paper's "
+                f"H ratio NoLoCo's loss is {gap(first)} over DiLoCo's{low_text}. One size shows no trend; the "
+                f"answer needs the larger sizes' runs.")
+    spread = max(first["sd"], last["sd"])
+    shrinks = last["noloco_over_diloco_pct"] < first["noloco_over_diloco_pct"] - spread
+    grows = last["noloco_over_diloco_pct"] > first["noloco_over_diloco_pct"] + spread
     verdict = ("shrinks as the model grows" if shrinks else "grows with the model" if grows
                else "does not change beyond the spread over seeds")
     ahead = "behind DiLoCo" if last["noloco_over_diloco_pct"] > last["sd"] else (
         "ahead of DiLoCo" if last["noloco_over_diloco_pct"] < -last["sd"] else "level with DiLoCo, within the spread")
-    caveat = ("One seed, so no spread: these numbers smoke-test the benchmark and are no evidence either way. "
-              if min(r["seeds"] for r in ratio) < 2 else "")
-    return (f"{caveat}At the paper's H ratio, NoLoCo's loss is {first['noloco_over_diloco_pct']:+.2f} % "
-            f"(sd {first['sd']:.2f}) over DiLoCo's at {first['parameters'] / 1e6:.2f}M parameters and "
-            f"{last['noloco_over_diloco_pct']:+.2f} % (sd {last['sd']:.2f}) at {last['parameters'] / 1e6:.2f}M: the "
-            f"gap {verdict}; at the largest size measured NoLoCo is {ahead}.")
+    return (f"{caveat}At the paper's H ratio, NoLoCo's loss is {gap(first)} over DiLoCo's at "
+            f"{first['parameters'] / 1e6:.2f}M parameters and {gap(last)} at {last['parameters'] / 1e6:.2f}M: the "
+            f"gap {verdict}; at the largest size measured NoLoCo is {ahead}{low_text}.")
 
 
 def summarise(result: Result, plan: SizePlan, runs: list[dict], chosen: dict) -> None:
     from swarm_node.data.dataset import load_windows
     from swarm_node.data.spec import DataSpec
 
-    windows = load_windows(DataSpec.parse(subword_data()), plan.seq_len)
+    windows = load_windows(DataSpec.parse(subword_data(plan.corpus)), plan.seq_len)
     train_tokens = windows.num_train_windows * (plan.seq_len + 1)
     sizes, trend = size_rows(runs, chosen, train_tokens), trend_rows(runs, chosen, plan.h)
-    result.rows = sizes + trend + m1_rows(runs, chosen) + ablation_rows(runs) + runs
-    result.summary = {"sizes": list(plan.sizes), "steps": plan.steps, "seeds": list(plan.seeds), "grid": "4 x 2",
+    result.rows = sizes + trend + m1_rows(runs, chosen) + ablation_rows(runs, plan.h) + runs
+    result.summary = {"sizes": list(plan.sizes), "corpus": plan.corpus, "steps": plan.steps,
+                      "seeds": list(plan.seeds), "grid": "4 x 2",
                       "h": plan.h, "global_batch": plan.global_batch, "seq_len": plan.seq_len, "vocab": VOCAB,
                       "train_tokens": train_tokens, "chosen": chosen, "answer": answer(trend),
                       "run_cpu_s_total": sum(r["cpu_s"] for r in runs), "runs": len(runs), "device": plan.device}
@@ -236,32 +295,35 @@ def markdown(result: dict) -> str:
     lines = [f"## {NAME}: does NoLoCo keep up with DiLoCo as the model grows?", "",
              f"```bash\n{rerun_command(NAME, result['mode'])}\n```", "",
              f"{s['runs']} simulator runs, {s['steps']} inner steps each, global batch {s['global_batch']} x "
-             f"{s['seq_len']} tokens, grid {s['grid']}, seeds {s['seeds']}; the bundled corpus in BPE-{s['vocab']} "
-             f"tokens ({s['train_tokens']:,} training tokens); NoLoCo at H = {s['h']}, DiLoCo at H = {s['h']} and "
-             f"{2 * s['h']}; inner lr tuned per size for DDP.", "",
+             f"{s['seq_len']} tokens, grid {s['grid']}, seeds {s['seeds']}; {CORPUS_TEXT[s['corpus']]} in "
+             f"BPE-{s['vocab']} tokens ({s['train_tokens']:,} training tokens); NoLoCo at H = {s['h']} (outer "
+             f"momentum 0.5, the default, and {LOW_ALPHA:g}), DiLoCo at H = {s['h']} and {2 * s['h']}; inner lr "
+             f"tuned per size for DDP and used by every method.", "",
              f"![{NAME}](bench/results/{NAME}.png)", "",
              "Parameters are one replica's, all stages (the embedding and head are most of them at these sizes); "
              "epochs are passes over the training tokens.", "",
-             "| size | parameters | tokens / parameter | epochs | method | val loss | over DDP (%) |",
-             "|---|---|---|---|---|---|---|"]
+             "| size | parameters | tokens / parameter | epochs | method | seeds | val loss | over DDP (%) |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in (r for r in rows if r["kind"] == "size"):
         lines.append(f"| {r['model']} | {r['parameters'] / 1e6:.2f}M | {r['tokens_per_parameter']:.1f} | "
-                     f"{r['epochs']:.1f} | {r['method']} | {r['val_loss']:.4f} ± {r['val_loss_sd']:.4f} | "
+                     f"{r['epochs']:.1f} | {r['method']} | {r['seeds']} | "
+                     f"{r['val_loss']:.4f} ± {r['val_loss_sd']:.4f} | "
                      f"{r['gap_to_ddp_pct']:+.2f} ± {r['gap_to_ddp_pct_sd']:.2f} |")
-    lines += ["", "NoLoCo over DiLoCo, paired by seed:", "", "| size | against DiLoCo at | NoLoCo over DiLoCo (%) |",
-              "|---|---|---|"]
-    lines += [f"| {r['model']} | {r['against']} | {r['noloco_over_diloco_pct']:+.2f} ± {r['sd']:.2f} |"
+    lines += ["", "NoLoCo over DiLoCo, paired by seed:", "",
+              "| size | NoLoCo | against DiLoCo at | NoLoCo over DiLoCo (%) |", "|---|---|---|---|"]
+    lines += [f"| {r['model']} | {r['noloco']} | {r['against']} | {r['noloco_over_diloco_pct']:+.2f} ± {r['sd']:.2f} |"
               for r in rows if r["kind"] == "trend"]
-    lines += ["", "DiLoCo with one replica (M = 1, Nesterov 0.9, outer lr swept on the first seed) against DDP:", "",
-              "| size | outer lr | over DDP (%) | sweep (first seed) |", "|---|---|---|---|"]
-    lines += [f"| {r['model']} | {r['outer_lr']:g} | {r['gap_to_ddp_pct']:+.2f} ± {r['sd']:.2f} | "
-              f"{', '.join(f'{k}: {v:+.2f}' for k, v in r['sweep_first_seed'].items())} |"
-              for r in rows if r["kind"] == "m1"]
+    m1 = [r for r in rows if r["kind"] == "m1"]
+    if m1:
+        lines += ["", "DiLoCo with one replica (M = 1, Nesterov 0.9, outer lr swept on the first seed) against DDP:",
+                  "", "| size | outer lr | seeds | over DDP (%) | sweep (first seed) |", "|---|---|---|---|---|"]
+        lines += [f"| {r['model']} | {r['outer_lr']:g} | {r['seeds']} | {r['gap_to_ddp_pct']:+.2f} ± {r['sd']:.2f} | "
+                  f"{', '.join(f'{k}: {v:+.2f}' for k, v in r['sweep_first_seed'].items())} |" for r in m1]
     ablations = [r for r in rows if r["kind"] == "ablation"]
     if ablations:
-        lines += ["", f"Ablations at {ablations[0]['model']} (first seed), against the same method's run:", "",
-                  "| ablation | method | val loss | change (%) |", "|---|---|---|---|"]
-        lines += [f"| {r['ablation']} | {r['method']} | {r['val_loss']:.4f} | {r['change_pct']:+.2f} |"
+        lines += ["", "Ablations (first seed), against the same method's run at its defaults:", "",
+                  "| size | ablation | method | val loss | change (%) |", "|---|---|---|---|---|"]
+        lines += [f"| {r['model']} | {r['ablation']} | {r['method']} | {r['val_loss']:.4f} | {r['change_pct']:+.2f} |"
                   for r in ablations]
     lines += ["", f"**Answer.** {s['answer']}"]
     lines += [f"\n{n}" for n in result.get("notes", [])]
@@ -273,6 +335,11 @@ def _options(parser) -> None:
                         help="parallel simulator processes (default: CPUs)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                         help="cuda adds the small model to the sizes")
+    parser.add_argument("--from-ledger", action="store_true",
+                        help="with --full: run nothing, write the page from the runs the ledger holds")
+    parser.add_argument("--sizes", type=lambda text: tuple(text.split(",")), default=None,
+                        help="comma-separated model sizes, smallest first (default: the plan's); a long plan can "
+                             "finish one size per sitting")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -280,13 +347,22 @@ def main(argv: list[str] | None = None) -> int:
     plan = FULL if args.full else QUICK
     if args.device == "cuda":
         plan = with_gpu(plan)
+    if args.sizes:
+        plan = replace(plan, sizes=args.sizes)
     result = Result(NAME, args.mode, args.out_dir)
     started = time.perf_counter()
-    ledger = Ledger(args.out_dir / f"{NAME}.runs.jsonl" if args.full else None)
+    ledger = Ledger(args.out_dir / f"{NAME}.runs.jsonl" if args.full else None, only_known=args.from_ledger)
+    if args.from_ledger and not args.full:
+        raise SystemExit("--from-ledger reads the --full plan's ledger: add --full")
     runs, chosen = run_plan(plan, max(1, args.workers), ledger)
     summarise(result, plan, runs, chosen)
-    result.note(f"{len(runs)} runs on {args.workers} processes of one torch thread each: "
-                f"{time.perf_counter() - started:.0f} s wall, {result.summary['run_cpu_s_total']:.0f} CPU-seconds.")
+    if args.from_ledger:
+        result.note(f"A plan under way: this page holds the {len(runs)} runs its ledger has so far "
+                    f"({result.summary['run_cpu_s_total']:.0f} CPU-seconds, one torch thread each); "
+                    f"`--full` goes on from them.")
+    else:
+        result.note(f"{len(runs)} runs on {args.workers} processes of one torch thread each: "
+                    f"{time.perf_counter() - started:.0f} s wall, {result.summary['run_cpu_s_total']:.0f} CPU-seconds.")
     plot(result.rows, result.path(".png"))
     result.write()
     print(f"bench.{NAME}: done in {time.perf_counter() - started:.0f} s", file=sys.stderr)

@@ -1,11 +1,14 @@
 """What the size-trend benchmark runs. Per model size: the inner lr tuned for DDP on the
 4 x 2 grid (first seed; a best lr on the grid's edge is followed one halving or doubling
 further, twice at most) and used by every method; DDP, local-only, NoLoCo at H, DiLoCo
-at H (equal H) and at 2H (the paper's ratio: NoLoCo 50, DiLoCo 100) on every seed;
-DiLoCo with one replica (M = 1) against DDP at the same batch, its outer lr swept
-(Nesterov 0.9) on the first seed and the best run on every seed. At the largest size,
-ablations on the first seed: the reference code's frozen input embedding, NoLoCo in
-groups of 3 and 4, and NoLoCo's alpha, beta and gamma one at a time."""
+at H (equal H) and at 2H (the paper's ratio: NoLoCo 50, DiLoCo 100) on every seed,
+and NoLoCo with outer momentum 0.3 (the candidate default from the byte-level sweep);
+DiLoCo with one replica (M = 1) against DDP on one worker (the same batch and the same
+data order, so the pair differs only in the outer step), its outer lr swept
+(Nesterov 0.9) on the first seed and the best run on every seed. At every size,
+ablations on the first seed: half the tuned inner lr for the methods whose workers step
+alone, the reference code's frozen input embedding, NoLoCo in groups of 3 and 4, and
+NoLoCo's alpha, beta and gamma one at a time."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from swarm_node.config import suggested_lr
 
 GRID = (4, 2)
 M1_H = 20  # DiLoCo's H in the M = 1 rows (the scaling-law paper's runs sync every few dozen steps)
+LOW_ALPHA = 0.3  # NoLoCo's outer momentum where its steady gain beta / (1 - alpha) is 1 (docs/ALGORITHM.md)
 
 
 @dataclass(frozen=True)
@@ -26,7 +30,8 @@ class SizePlan:
     h: int  # NoLoCo's H; DiLoCo runs at H and at 2H
     lr_factors: tuple[float, ...]  # inner lr candidates: the size's suggested lr times these
     m1_outer_lrs: tuple[float, ...]
-    ablations: tuple[tuple[str, str, object], ...]  # (label, field, value) at the largest size
+    ablations: tuple[tuple[str, str, object], ...]  # (label, field, value), first seed, every size
+    corpus: str  # "bundled" or "docs" (data.py)
     global_batch: int = 64
     seq_len: int = 64
     eval_batches: int = 8
@@ -40,14 +45,18 @@ class SizePlan:
                     curve_every=min(self.curve_every, self.steps))
 
 
-ABLATIONS = (("frozen input embedding", "freeze_embedding", True), ("groups of 3", "group_size", 3),
-             ("groups of 4", "group_size", 4), ("alpha 0.3", "outer_momentum", 0.3),
-             ("alpha 0.7", "outer_momentum", 0.7), ("beta 0.5", "outer_lr", 0.5), ("beta 1.0", "outer_lr", 1.0),
-             ("gamma 0.35", "outer_gamma", 0.35), ("gamma 1.0", "outer_gamma", 1.0))
+# The first: DDP's tuned lr is DDP's best at 4x the batch of a worker's local step, so
+# the low-communication methods are also run at half of it, to see whether the gaps
+# follow the lr rather than the method.
+ABLATIONS = (("inner lr halved", "inner_lr_factor", 0.5), ("frozen input embedding", "freeze_embedding", True),
+             ("groups of 3", "group_size", 3), ("groups of 4", "group_size", 4), ("alpha 0.7", "outer_momentum", 0.7),
+             ("beta 0.5", "outer_lr", 0.5), ("beta 1.0", "outer_lr", 1.0), ("gamma 0.35", "outer_gamma", 0.35),
+             ("gamma 1.0", "outer_gamma", 1.0))
+ABLATION_METHODS = {"inner_lr_factor": ("local", "diloco", "noloco"), "freeze_embedding": ("ddp", "diloco", "noloco")}
 QUICK = SizePlan(sizes=("debug", "tiny"), steps=24, seeds=(0,), h=4, lr_factors=(1.0,), m1_outer_lrs=(0.7,),
-                 ablations=ABLATIONS[:2], curve_every=12, eval_batches=2)
+                 ablations=ABLATIONS[1:3], corpus="bundled", curve_every=12, eval_batches=2)
 FULL = SizePlan(sizes=("debug", "tiny"), steps=1000, seeds=(0, 1, 2), h=10, lr_factors=(0.5, 1.0, 2.0),
-                m1_outer_lrs=(0.2, 0.4, 0.7, 1.0), ablations=ABLATIONS)
+                m1_outer_lrs=(0.2, 0.4, 0.7, 1.0), ablations=ABLATIONS, corpus="docs")
 
 
 def with_gpu(plan: SizePlan) -> SizePlan:
@@ -70,6 +79,8 @@ def method_jobs(plan: SizePlan, size: str, data: str, inner_lr: float) -> list[J
         jobs += [Job("size", *GRID, "ddp", seed, base, inner_lr=inner_lr),
                  Job("size", *GRID, "local", seed, base, inner_lr=inner_lr),
                  Job("size", *GRID, "noloco", seed, base, inner_lr=inner_lr, variant=f"H={plan.h}"),
+                 Job("size", *GRID, "noloco", seed, base, inner_lr=inner_lr, outer_momentum=LOW_ALPHA,
+                     variant=f"H={plan.h} alpha {LOW_ALPHA:g}"),
                  Job("size", *GRID, "diloco", seed, base, inner_lr=inner_lr, variant=f"H={plan.h}"),
                  Job("size", *GRID, "diloco", seed, ratio, inner_lr=inner_lr, variant=f"H={2 * plan.h}"),
                  Job("m1", 1, 1, "ddp", seed, m1, inner_lr=inner_lr)]
@@ -85,12 +96,15 @@ def m1_confirming_jobs(plan: SizePlan, size: str, data: str, inner_lr: float, ou
 
 
 def ablation_jobs(plan: SizePlan, size: str, data: str, inner_lr: float) -> list[Job]:
-    """At ``size`` on the first seed; the frozen embedding for every method that trains it."""
+    """At ``size`` on the first seed: NoLoCo's settings for NoLoCo; the frozen embedding for
+    every method that trains it; the halved inner lr for every method stepping alone."""
     base = plan.base(size, data)
     seed, jobs = plan.seeds[0], []
     for label, field, value in plan.ablations:
-        methods = ("ddp", "diloco", "noloco") if field == "freeze_embedding" else ("noloco",)
-        for method in methods:
-            jobs.append(replace(Job("ablation", *GRID, method, seed, base, inner_lr=inner_lr, variant=label),
-                                **{field: value}))
+        for method in ABLATION_METHODS.get(field, ("noloco",)):
+            job = Job("ablation", *GRID, method, seed, base, inner_lr=inner_lr, variant=label)
+            if field == "inner_lr_factor":
+                jobs.append(replace(job, inner_lr=inner_lr * value))
+            else:
+                jobs.append(replace(job, **{field: value}))
     return jobs

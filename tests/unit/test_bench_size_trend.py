@@ -3,6 +3,9 @@ alone (no run)."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+
 from bench.size_trend import benchmark as bench
 from bench.size_trend.plan import FULL, QUICK, ablation_jobs, method_jobs, tuning_jobs, with_gpu
 from swarm_node.config import suggested_lr
@@ -18,6 +21,9 @@ def test_the_full_plan_spans_sizes_seeds_and_both_h_ratios():
     for seed in FULL.seeds:
         for method, h in (("ddp", None), ("local", None), ("noloco", 10), ("diloco", 10), ("diloco", 20)):
             assert (method, h, seed) in grid
+        low_alpha = [j for j in jobs if j.method == "noloco" and j.seed == seed and j.outer_momentum is not None]
+        assert [(j.outer_momentum, j.plan.h_of("noloco")) for j in low_alpha] == [(0.3, 10)]
+    assert FULL.corpus == "docs" and QUICK.corpus == "bundled"  # the full runs are about one pass, not ten
     assert {j.outer_lr for j in jobs if j.section == "m1" and j.method == "diloco"} == set(FULL.m1_outer_lrs)
     lr = suggested_lr("tiny")
     assert [j.inner_lr for j in tuning_jobs(FULL, "tiny", "corpus")] == [lr / 2, lr, 2 * lr]
@@ -25,6 +31,8 @@ def test_the_full_plan_spans_sizes_seeds_and_both_h_ratios():
     frozen = [j for j in ablations if j.freeze_embedding]
     assert {j.method for j in frozen} == {"ddp", "diloco", "noloco"}
     assert {j.group_size for j in ablations} == {2, 3, 4}
+    halved = [j for j in ablations if j.variant == "inner lr halved"]
+    assert {j.method for j in halved} == {"local", "diloco", "noloco"} and {j.inner_lr for j in halved} == {5e-4}
     assert all(j.seed == FULL.seeds[0] and j.plan.model == "tiny" for j in ablations)
 
 
@@ -50,6 +58,7 @@ def _runs(noloco_over_diloco: dict[str, float]) -> list[dict]:
                      _run(model, "diloco", seed, 3.1 + jitter, "H=20", h=20),
                      _run(model, "diloco", seed, 3.05 + jitter, "H=10"),
                      _run(model, "noloco", seed, (3.1 + jitter) * (1 + gap / 100), "H=10"),
+                     _run(model, "noloco", seed, (3.1 + jitter) * (1 + gap / 200), "H=10 alpha 0.3"),
                      _run(model, "ddp", seed, 3.0 + jitter, section="m1"),
                      _run(model, "diloco", seed, 2.99 + jitter, "outer lr 0.7", section="m1", outer_lr=0.7)]
     return runs
@@ -60,13 +69,18 @@ CHOSEN = {"debug": {"inner_lr": 3e-3, "m1_outer_lr": 0.7}, "tiny": {"inner_lr": 
 
 def test_the_answer_follows_the_numbers():
     shrinking = bench.trend_rows(_runs({"debug": 5.0, "tiny": 1.0}), CHOSEN, 10)
-    assert [round(r["noloco_over_diloco_pct"], 3) for r in shrinking if r["against"] == "paper ratio"] == [5.0, 1.0]
+    ratio = [round(r["noloco_over_diloco_pct"], 3) for r in shrinking if r["against"] == "paper ratio"]
+    assert ratio == [5.0, 2.5, 1.0, 0.5]
     assert "shrinks as the model grows" in bench.answer(shrinking)
     assert "grows with the model" in bench.answer(bench.trend_rows(_runs({"debug": 1.0, "tiny": 5.0}), CHOSEN, 10))
     level = bench.answer(bench.trend_rows(_runs({"debug": 0.0, "tiny": 0.0}), CHOSEN, 10))
     assert "does not change" in level and "level with DiLoCo" in level and "no evidence" not in level
     one_seed = [r | {"seeds": 1} for r in bench.trend_rows(_runs({"debug": 5.0, "tiny": 1.0}), CHOSEN, 10)]
     assert bench.answer(one_seed).startswith("One seed, so no spread")
+    assert "with outer momentum 0.3 NoLoCo is +0.50 %" in bench.answer(shrinking)  # the low-alpha row, largest size
+    one_size = bench.answer(bench.trend_rows(_runs({"debug": 4.0}), {"debug": CHOSEN["debug"]}, 10))
+    assert one_size.startswith("One size measured so far") and "+4.00 %" in one_size and "+2.00 %" in one_size
+    assert bench.answer([]).startswith("No size")
 
 
 def test_size_rows_pair_gaps_by_seed_and_state_tokens_per_parameter():
@@ -82,12 +96,17 @@ def test_the_page_renders_from_the_result_alone():
     runs = _runs({"debug": 3.0, "tiny": 1.0})
     ablation = dict(_run("tiny", "noloco", 0, 3.2, "frozen input embedding", section="ablation"))
     rows = (bench.size_rows(runs, CHOSEN, 32_000) + bench.trend_rows(runs, CHOSEN, 10) + bench.m1_rows(runs, CHOSEN)
-            + bench.ablation_rows(runs + [ablation]))
+            + bench.ablation_rows(runs + [ablation], 10))
+    frozen = next(r for r in rows if r["kind"] == "ablation")
+    assert frozen["baseline"] == next(r["val_loss"] for r in runs if r["model"] == "tiny" and r["seed"] == 0
+                                      and r["method"] == "noloco" and r["variant"] == "H=10")  # not alpha 0.3's
     result = {"mode": "full", "rows": rows, "notes": [], "summary": {
         "runs": len(runs), "steps": 1000, "global_batch": 64, "seq_len": 64, "grid": "4 x 2", "seeds": [0, 1, 2],
-        "vocab": 4096, "train_tokens": 32_000, "h": 10, "answer": bench.answer(bench.trend_rows(runs, CHOSEN, 10))}}
+        "vocab": 4096, "train_tokens": 32_000, "h": 10, "corpus": "docs",
+        "answer": bench.answer(bench.trend_rows(runs, CHOSEN, 10))}}
     page = bench.markdown(result)
-    assert "| tiny | paper ratio | +1.00" in page and "frozen input embedding | noloco" in page
+    assert "| tiny | noloco H=10 | paper ratio | +1.00" in page and "| tiny | frozen input embedding | noloco" in page
+    assert "| tiny | noloco H=10 alpha 0.3 | paper ratio | +0.50" in page and "Django" in page
     assert "**Answer.** At the paper's H ratio" in page
 
 
@@ -125,11 +144,22 @@ def test_a_full_run_stopped_part_way_goes_on_from_its_ledger(tmp_path):
     rows = bench.Ledger(path).run(second, jobs, "next session")
     assert second.ran == jobs[7:] and len(rows) == len(jobs)
     assert len(path.read_text().splitlines()) == len(jobs)
-    keys = {bench.Ledger.job_key(j) for j in jobs}
+    keys = {bench.Ledger(None).job_key(j) for j in jobs}
     assert len(keys) == len(jobs)  # no two jobs of the plan share a key
+    other_data = bench.Ledger(path)
+    other_data.tag = {"data_sha256": "another corpus", "device": "cpu"}
+    fourth = _FakeRunner()
+    other_data.run(fourth, jobs[:3], "other tokens")
+    assert fourth.ran == jobs[:3]  # runs on other tokens never count as done
+    assert all(json.loads(line).get("data_sha256") == "another corpus"
+               for line in path.read_text().splitlines()[-3:])
     third = _FakeRunner()
     bench.Ledger(None).run(third, jobs[:2], "quick")  # quick mode keeps no ledger
     assert third.ran == jobs[:2]
+    page_only = _FakeRunner()
+    unknown = replace(jobs[0], seed=99)
+    assert len(bench.Ledger(path, only_known=True).run(page_only, jobs + [unknown], "page")) == len(jobs)
+    assert page_only.ran == []  # --from-ledger runs nothing
 
 
 def test_a_best_inner_lr_on_the_edge_of_the_grid_is_followed_past_it(tmp_path, monkeypatch):
@@ -160,9 +190,69 @@ def test_a_best_inner_lr_on_the_edge_of_the_grid_is_followed_past_it(tmp_path, m
             return False
 
     monkeypatch.setattr(bench, "Runner", Pool)
-    monkeypatch.setattr(bench, "subword_data", lambda: "corpus")
-    plan = plan_module.replace(FULL, sizes=("debug",))
+    monkeypatch.setattr(bench, "subword_data", lambda corpus: "corpus")
+    monkeypatch.setattr(bench, "data_identity", lambda spec: "hash")
+    plan = plan_module.replace(FULL, sizes=("debug", "tiny"))
     runs, chosen = bench.run_plan(plan, 1, bench.Ledger(None))
-    lowest = suggested_lr("debug") * min(FULL.lr_factors)
-    assert sorted(r["inner_lr"] for r in runs if r["section"] == "tune")[:3] == [lowest / 4, lowest / 2, lowest]
-    assert chosen["debug"]["inner_lr"] == lowest / 4
+    for size in plan.sizes:
+        lowest = suggested_lr(size) * min(FULL.lr_factors)
+        tuned = sorted(r["inner_lr"] for r in runs if r["section"] == "tune" and r["model"] == size)
+        assert tuned[:3] == [lowest / 4, lowest / 2, lowest] and chosen[size]["inner_lr"] == lowest / 4
+    phases = [(j.section, j.plan.model) for j in runner.ran]
+    first_tiny_method = phases.index(("size", "tiny"))
+    assert all(section in ("tune", "size", "m1") for section, _ in phases[:first_tiny_method])
+    assert ("ablation", "debug") in phases[first_tiny_method:]  # whole phases of the smaller size first
+    assert {model for section, model in phases if section == "ablation"} == {"debug", "tiny"}
+
+
+def _sdist_archive(folder, name, files):
+    import io
+    import tarfile
+
+    path = folder / f"{name}.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        for member, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(f"{name}/{member}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_the_docs_corpus_reads_only_the_pinned_files_documentation(tmp_path, monkeypatch):
+    import hashlib
+
+    import pytest
+
+    from bench.size_trend import data
+
+    archive = _sdist_archive(tmp_path, "Pkg-1.0", {"docs/intro.txt": "intro", "docs/ref/api.txt": "api",
+                                                   "docs/conf.py": "code", "src/notes.txt": "not docs"})
+    sdist = data.Sdist("pkg", "1.0", hashlib.sha256(archive.read_bytes()).hexdigest(), "docs", ".txt")
+    assert data.fetch_sdist(sdist, tmp_path) == archive  # present and pinned: no download
+    assert [text for _, text in data.sdist_documents(sdist, archive)] == ["intro", "api"]
+    wrong = data.Sdist("pkg", "1.0", "0" * 64, "docs", ".txt")
+    with pytest.raises(data.CorpusError, match="not the pinned"):
+        data.fetch_sdist(wrong, tmp_path)
+    assert not archive.exists()  # a file that is not the pinned one is not kept
+
+    archive = _sdist_archive(tmp_path, "Pkg-1.0", {"docs/a.txt": "alpha", "docs/b.txt": "beta"})
+    sdist = data.Sdist("pkg", "1.0", hashlib.sha256(archive.read_bytes()).hexdigest(), "docs", ".txt")
+    monkeypatch.setattr(data, "DOC_SDISTS", (sdist,))
+    monkeypatch.setattr(data, "bundled_documents", lambda: ["one", "two", "three"])
+    text_dir = data.write_docs_corpus(tmp_path / "text", tmp_path)
+    files = sorted(text_dir.glob("*.txt"))
+    assert sorted(p.read_text() for p in files) == ["alpha", "beta", "one", "three", "two"]
+    assert [p.read_text() for p in files] != ["one", "two", "three", "alpha", "beta"]  # sources interleaved
+    assert not (tmp_path / "text.partial").exists()
+
+
+def test_a_page_from_a_plan_under_way_leaves_out_what_has_no_pair():
+    runs = [r for r in _runs({"debug": 3.0}) if not (r["seed"] == 2 and r["method"] == "ddp")]
+    runs = [r for r in runs if not (r["section"] == "m1" and r["method"] == "diloco")]
+    chosen = {"debug": {"inner_lr": 3e-3, "m1_outer_lr": None}}
+    sizes = bench.size_rows(runs, chosen, 32_000)
+    assert {r["seeds"] for r in sizes} == {2}  # seed 2 has no DDP run to be paired with yet
+    assert bench.m1_rows(runs, chosen) == []
+    orphan = _run("debug", "local", 5, 3.3, "inner lr halved", section="ablation")
+    assert bench.ablation_rows(runs + [orphan], 10) == []
