@@ -75,6 +75,7 @@ class Result:
         self.rows: list[dict] = []
         self.summary: dict = {}
         self.notes: list[str] = []
+        self.wall_s: float | None = None  # set when the work ran before this process (a ledger's runs)
         self._started = time.time()
         self._started_iso = datetime.now(UTC).isoformat(timespec="seconds")
 
@@ -88,10 +89,13 @@ class Result:
     def path(self, suffix: str = ".json") -> Path:
         return self.out_dir / f"{self.name}{suffix}"
 
+    def _wall_s(self) -> float:
+        return self.wall_s if self.wall_s is not None else time.time() - self._started
+
     def write(self) -> Path:
         payload = {"benchmark": self.name, "mode": self.mode,
                    "command": invocation(),
-                   "started": self._started_iso, "wall_s": round(time.time() - self._started, 1),
+                   "started": self._started_iso, "wall_s": round(self._wall_s(), 1),
                    "machine": machine(), "rows": self.rows, "summary": self.summary, "notes": self.notes}
         path = self.path()
         path.write_text(json.dumps(payload, indent=1, sort_keys=False) + "\n")

@@ -357,9 +357,10 @@ def main(argv: list[str] | None = None) -> int:
     runs, chosen = run_plan(plan, max(1, args.workers), ledger)
     summarise(result, plan, runs, chosen)
     if args.from_ledger:
+        result.wall_s = sum(r["wall_s"] for r in runs)
         result.note(f"A plan under way: this page holds the {len(runs)} runs its ledger has so far "
-                    f"({result.summary['run_cpu_s_total']:.0f} CPU-seconds, one torch thread each); "
-                    f"`--full` goes on from them.")
+                    f"({result.wall_s:.0f} s of runs one after another, {result.summary['run_cpu_s_total']:.0f} "
+                    f"CPU-seconds, one torch thread each); `--full` goes on from them.")
     else:
         result.note(f"{len(runs)} runs on {args.workers} processes of one torch thread each: "
                     f"{time.perf_counter() - started:.0f} s wall, {result.summary['run_cpu_s_total']:.0f} CPU-seconds.")
