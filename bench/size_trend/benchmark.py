@@ -78,8 +78,9 @@ class Ledger:
                 row["group_size"], row["freeze_embedding"], row["steps"], row["inner_steps"])
 
     def run(self, runner: Runner, jobs: list[Job], phase: str) -> list[dict]:
-        known = [self.rows[self.job_key(j)] for j in jobs if self.job_key(j) in self.rows]
-        todo = [j for j in jobs if self.job_key(j) not in self.rows]
+        keys = [self.job_key(j) for j in jobs]
+        known = [self.rows[k] for k in keys if k in self.rows]
+        todo = [j for j, k in zip(jobs, keys) if k not in self.rows]
         if known:
             print(f"{phase}: {len(known)} of {len(jobs)} runs already in {self.path.name}", file=sys.stderr)
         if not todo or self.only_known:
@@ -200,7 +201,7 @@ def m1_rows(runs: list[dict], chosen: dict) -> list[dict]:
         ddp = {r["seed"]: r["val_loss"] for r in mine if r["method"] == "ddp"}
         best = [r for r in mine if r["method"] == "diloco" and r["outer_lr"] == picks["m1_outer_lr"]
                 and r["seed"] in ddp]
-        if picks["m1_outer_lr"] is None or not best:
+        if not best:  # no sweep yet (m1_outer_lr None), or no seed of the best paired with DDP
             continue
         gap, sd = _spread([_gap_pct(r["val_loss"], ddp[r["seed"]]) for r in best])
         sweep = {f"{r['outer_lr']:g}": round(_gap_pct(r["val_loss"], ddp[r["seed"]]), 2) for r in mine
@@ -344,6 +345,8 @@ def _options(parser) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_mode(__doc__.split("\n\n")[0], argv, extra=_options)
+    if args.from_ledger and not args.full:
+        raise SystemExit("--from-ledger reads the --full plan's ledger: add --full")
     plan = FULL if args.full else QUICK
     if args.device == "cuda":
         plan = with_gpu(plan)
@@ -352,8 +355,6 @@ def main(argv: list[str] | None = None) -> int:
     result = Result(NAME, args.mode, args.out_dir)
     started = time.perf_counter()
     ledger = Ledger(args.out_dir / f"{NAME}.runs.jsonl" if args.full else None, only_known=args.from_ledger)
-    if args.from_ledger and not args.full:
-        raise SystemExit("--from-ledger reads the --full plan's ledger: add --full")
     runs, chosen = run_plan(plan, max(1, args.workers), ledger)
     summarise(result, plan, runs, chosen)
     if args.from_ledger:

@@ -6,9 +6,9 @@ same tokens) and prepared into shards with `swarm-node data prepare` in a cache 
 Two corpora. Quick mode: the bundled corpus (stdlib docstrings, about 390k tokens), no
 download. Full mode: that corpus and the documentation sources of two pinned PyPI
 sdists, Django's and SQLAlchemy's (about 3.4M tokens of English technical prose): the
-full runs train 4.1M tokens, which on the bundled corpus alone is ten passes, and a
-5M-parameter model memorises ten passes of 390k tokens; on the larger corpus a run is
-about one pass, the regime the paper's comparison is in. The sdists come through pip
+full runs train 4.1M tokens, which on the bundled corpus alone is ten passes, where a
+5M-parameter model can memorise what it reads (not measured here: avoided); on the
+larger corpus a run is about 1.2 passes, near the paper's single pass. The sdists come through pip
 (whatever index it is set to use) and are checked against their SHA-256 here before a
 byte of them is read."""
 
@@ -59,9 +59,9 @@ class CorpusError(RuntimeError):
 
 
 def bundled_documents() -> list[str]:
-    from swarm_node.data.dataset import _read_corpus
+    from swarm_node.data.dataset import corpus_documents
 
-    return _read_corpus().split("\n\n\n")  # one module's docstrings per part
+    return corpus_documents()
 
 
 def fetch_sdist(sdist: Sdist, folder: Path) -> Path:

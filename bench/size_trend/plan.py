@@ -19,8 +19,6 @@ from swarm_node.config import suggested_lr
 
 GRID = (4, 2)
 M1_H = 20  # DiLoCo's H in the M = 1 rows (the scaling-law paper's runs sync every few dozen steps)
-# M = 1's outer lrs: with Nesterov 0.9 a steady Delta moves phi lr / (1 - 0.9) times over, so
-# 0.1 is the plain inner optimizer's pace; debug's best of 0.2-1.0 was 0.2, the grid's edge.
 LOW_ALPHA = 0.3  # NoLoCo's outer momentum where its steady gain beta / (1 - alpha) is 1 (docs/ALGORITHM.md)
 
 
@@ -57,6 +55,8 @@ ABLATIONS = (("inner lr halved", "inner_lr_factor", 0.5), ("frozen input embeddi
 ABLATION_METHODS = {"inner_lr_factor": ("local", "diloco", "noloco"), "freeze_embedding": ("ddp", "diloco", "noloco")}
 QUICK = SizePlan(sizes=("debug", "tiny"), steps=24, seeds=(0,), h=4, lr_factors=(1.0,), m1_outer_lrs=(0.7,),
                  ablations=ABLATIONS[1:3], corpus="bundled", curve_every=12, eval_batches=2)
+# M = 1's outer lrs: with Nesterov 0.9 a steady Delta moves phi about lr / (1 - 0.9) times
+# over, so 0.1 is the plain inner optimizer's pace; debug's best of 0.2-1.0 was 0.2, the edge.
 FULL = SizePlan(sizes=("debug", "tiny"), steps=1000, seeds=(0, 1, 2), h=10, lr_factors=(0.5, 1.0, 2.0),
                 m1_outer_lrs=(0.1, 0.2, 0.4, 0.7, 1.0), ablations=ABLATIONS, corpus="docs")
 

@@ -135,6 +135,11 @@ def _read_corpus() -> str:
     return gzip.decompress(blob).decode("utf-8")
 
 
+def corpus_documents() -> list[str]:
+    """The bundled corpus as documents: one module's docstrings each."""
+    return _read_corpus().split("\n\n\n")
+
+
 def _read_text(path: Path) -> str:
     return "\n\n".join(f.read_text(encoding="utf-8", errors="replace") for f in _text_files(path))
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from swarm_node.data.dataset import _read_bin, _read_corpus, _read_hf_documents, _text_files
+from swarm_node.data.dataset import _read_bin, _read_hf_documents, _text_files, corpus_documents
 from swarm_node.data.manifest import MANIFEST_FILE, FileEntry, Manifest, file_entry, sha256_hex
 from swarm_node.data.shardfile import DTYPE_CODES, DTYPE_NAMES, dtype_for_vocab, shard_bytes
 from swarm_node.data.spec import DataSpec
@@ -135,7 +135,7 @@ def _tokenizer(config: PrepareConfig, spec: DataSpec, out: Path) -> tuple[FileEn
 
 def _documents(spec: DataSpec, config: PrepareConfig) -> tuple[int, Iterator[str]]:
     if spec.kind == "corpus":
-        parts = _read_corpus().split("\n\n\n")  # the bundled corpus: one module's docstrings per part
+        parts = corpus_documents()
         return len(parts), iter(parts)
     if spec.kind == "text":
         files = _text_files(Path(spec.path))

@@ -32,12 +32,12 @@ def _docs_and_tokenizer(workdir: Path, text_bytes: int = 150_000) -> tuple[Path,
     trained on them (vocabulary 1,000), as a host would make them."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-    from swarm_node.data.dataset import _read_corpus
+    from swarm_node.data.dataset import corpus_documents
 
     docs = workdir / "docs"
     docs.mkdir()
     parts, size = [], 0
-    for part in _read_corpus().split("\n\n\n"):
+    for part in corpus_documents():
         if size > text_bytes:
             break
         parts.append(part[:40_000])

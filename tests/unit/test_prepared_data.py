@@ -126,8 +126,8 @@ def test_prepared_shards_hold_the_source_tokens_in_order(prepared):
     out, manifest, digest = prepared
     assert len(manifest.train) >= 5 and len(manifest.val) == 1 and manifest.tokenizer is None
     tokens = np.concatenate([open_shard(out / e.name, vocab_size=256) for e in manifest.train + manifest.val])
-    from swarm_node.data.dataset import _read_corpus
-    parts = _read_corpus().split("\n\n\n")
+    from swarm_node.data.dataset import corpus_documents
+    parts = corpus_documents()
     expected = b"".join((p + "\n\n").encode() for p in parts)
     assert tokens.tobytes() == np.frombuffer(expected, dtype=np.uint8).astype(np.uint16).tobytes()
     assert all(e.tokens == 200_000 for e in manifest.train)
@@ -173,8 +173,8 @@ def test_a_bpe_tokenizer_sizes_the_vocabulary_and_travels_in_the_manifest(tmp_pa
     assert manifest.tokenizer.sha256 == sha256_hex(bpe_tokenizer.read_bytes())
     assert (tmp_path / "tokenizer.json").read_bytes() == bpe_tokenizer.read_bytes()
     first = open_shard(tmp_path / manifest.train[0].name, vocab_size=2000)
-    from swarm_node.data.dataset import _read_corpus
-    assert first[:40].tolist() == tokenizer.encode(_read_corpus().split("\n\n\n")[0] + "\n\n")[:40]
+    from swarm_node.data.dataset import corpus_documents
+    assert first[:40].tolist() == tokenizer.encode(corpus_documents()[0] + "\n\n")[:40]
     windows = load_windows(DataSpec.parse(f"manifest:{tmp_path}"), seq_len=32)
     assert windows.tokenizer.vocab_size == 2000
 
