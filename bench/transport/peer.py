@@ -2,7 +2,8 @@
 of the test bed). ``serve`` starts a libp2p peer (p2pd, the node's Transport, with
 direct lanes) and a raw TCP sink, prints one JSON line with their addresses, and runs
 until its stdin closes. ``measure`` sends ``--megabytes`` to it ``--repeats`` times
-each way the benchmark compares and prints one JSON line of seconds per transfer.
+each way the benchmark compares, round by round, and prints one JSON line of seconds per
+transfer.
 
     python -m bench.transport.peer serve --host 127.0.0.1
     python -m bench.transport.peer measure --host 127.0.0.1 --to '<the serve line>'"""
@@ -23,6 +24,8 @@ from swarm_node.net.dht import SwarmDHT
 from swarm_node.net.transport import ServeLimits, Transport
 from swarm_node.system import run_on_fast_loop
 
+WAYS = (("raw_tcp", "raw TCP (one Python stream)"), ("libp2p_plain", "libp2p stream"),
+        ("libp2p_paced", "libp2p stream, paced"), ("lane_plain", "direct lane"), ("lane_paced", "direct lane, paced"))
 PLAIN = protocols.FORWARD  # a bulk protocol with plain bodies (activations travel so)
 PACED = protocols.OUTER  # a bulk protocol with paced bodies (outer payloads travel so)
 MAX_BYTES = 1 << 30
@@ -76,41 +79,57 @@ async def serve(host: str) -> None:
     await dht.shutdown()
 
 
-def raw_send(address: tuple[str, int], payload: bytes, repeats: int) -> list[float]:
-    times = []
-    with socket.create_connection(address) as conn:
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        for _ in range(repeats + 1):  # the first warms the connection's window up
-            started = time.perf_counter()
-            conn.sendall(len(payload).to_bytes(8, "big"))
-            conn.sendall(payload)
-            if conn.recv(1) != b"k":
-                raise RuntimeError("the raw sink closed")
-            times.append(time.perf_counter() - started)
-    return times[1:]
+class RawSender:
+    """One TCP connection to the raw sink, blocking, as one Python stream pushes bytes."""
+
+    def __init__(self, address: tuple[str, int]):
+        self._conn = socket.create_connection(address)
+        self._conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def send(self, payload: bytes) -> None:
+        self._conn.sendall(len(payload).to_bytes(8, "big"))
+        self._conn.sendall(payload)
+        if self._conn.recv(1) != b"k":
+            raise RuntimeError("the raw sink closed")
+
+    def close(self) -> None:
+        self._conn.close()
 
 
 async def measure(host: str, to: dict, megabytes: float, repeats: int) -> dict:
+    """Every way is set up first (the DHT, both transports, the raw connection); then each
+    round sends one transfer each way, so every way meets the machine in the same state
+    (on 2 shared cores one way measured a second after another saw a different machine:
+    a daemon settling, the other side's threads placed otherwise). Round 0 opens the
+    connections and lanes and is not counted."""
     payload = os.urandom(int(megabytes * 1e6))
-    out = {"bytes": len(payload), "raw_tcp": await asyncio.to_thread(raw_send, tuple(to["raw"]), payload, repeats)}
+    raw = RawSender(tuple(to["raw"]))
     dht = await SwarmDHT.start(initial_peers=[to["maddr"]], host_maddrs=[f"/ip4/{host}/tcp/0"])
+    libp2p = Transport(await dht.replicate_p2p())
+    lane = Transport(await dht.replicate_p2p())
+    await lane.open_lanes([host], 0)
+    out: dict = {"bytes": len(payload), **{way: [] for way, _ in WAYS}}
+
+    async def one(way: str) -> None:
+        started = time.perf_counter()
+        if way == "raw_tcp":
+            await asyncio.to_thread(raw.send, payload)
+        else:
+            path, body = way.split("_")
+            await (libp2p if path == "libp2p" else lane).request(
+                to["peer_id"], PACED if body == "paced" else PLAIN, payload, timeout_s=600, max_response_bytes=16,
+                paced_request=body == "paced")
+        out[way].append(time.perf_counter() - started)
+
     try:
-        for path in ("libp2p", "lane"):
-            transport = Transport(await dht.replicate_p2p())
-            if path == "lane":
-                await transport.open_lanes([host], 0)
-            for protocol, paced in ((PLAIN, False), (PACED, True)):
-                times = []
-                for _ in range(repeats + 1):  # the first opens the connection (or lane)
-                    started = time.perf_counter()
-                    await transport.request(to["peer_id"], protocol, payload, timeout_s=600, max_response_bytes=16,
-                                            paced_request=paced)
-                    times.append(time.perf_counter() - started)
-                out[f"{path}_{'paced' if paced else 'plain'}"] = times[1:]
-            if path == "lane":
-                out["lanes_opened"] = transport.lanes.lanes_opened
-                await transport.close_lanes()
+        for _ in range(repeats + 1):
+            for way, _ in WAYS:
+                await one(way)
+        out = {way: times[1:] if isinstance(times, list) else times for way, times in out.items()}
+        out["lanes_opened"] = lane.lanes.lanes_opened
     finally:
+        raw.close()
+        await lane.close_lanes()
         await dht.shutdown()
     return out
 

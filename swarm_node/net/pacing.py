@@ -27,10 +27,11 @@ seen; the clocks' offset cancels. A round trip would also count the queue on the
 back, where the partner's own payload is moving at the same time: a window measured by
 round trips was cut by the other direction's traffic and the fetch ran at 60 % of the
 link. The window starts at ``initial_bytes`` and grows by half each round trip while the
-queueing delay stays under half the target; after that it grows by up to an eighth a round trip below the target and
-shrinks (at most once a round trip, to no less than half) above it. In a simulation of
-links from 2 to 1000 Mbit/s and 2 to 300 ms (tests/unit/test_pacing.py) a transfer keeps
-the link busy (within 3 %, 10 % at 300 ms) and what waits behind it waits 0.1-0.15 s. On loopback the sender does not wait for
+queueing delay stays under half the target; after that it grows by up to an eighth a
+round trip below the target and shrinks (at most once a round trip, to no less than half)
+above it. In a simulation of links from 2 to 1000 Mbit/s and 2 to 300 ms
+(tests/unit/test_pacing.py) a transfer keeps the link busy (within 3 %, 10 % at 300 ms)
+and what waits behind it waits 0.1-0.15 s. On loopback the sender does not wait for
 acknowledgements at all: there is no uplink to share, and a busy machine's scheduling
 delays would otherwise read as queueing."""
 
@@ -139,7 +140,8 @@ class BlockingPipe(ABC):
     """A connection served by a thread of its own (a direct lane, net/lane_io.py): a paced
     body runs whole on that thread, with blocking calls. Through the event loop, a trip
     per acknowledgement held a lane to a third of its plain speed on loopback and to 95 MB/s
-    on a 10 Gbit/s link."""
+    on a 10 Gbit/s link. A read sends what was written before it first (so a request and
+    the wait for its answer are one trip to the thread: transport.write_frame)."""
 
     @abstractmethod
     async def run(self, fn: Callable, *args):

@@ -42,7 +42,7 @@ from swarm_node.net.lanes import (
     Offer,
     Tickets,
 )
-from swarm_node.net.pacing import Pacer, read_paced, send_paced
+from swarm_node.net.pacing import BlockingPipe, Pacer, read_paced, send_paced
 
 log = logging.getLogger(__name__)
 
@@ -99,10 +99,14 @@ async def discard_body(reader: asyncio.StreamReader, length: int) -> None:
         raise StreamClosed("stream closed mid-frame") from None
 
 
-async def write_frame(writer: asyncio.StreamWriter, data: bytes) -> None:
+async def write_frame(writer: asyncio.StreamWriter, data: bytes, *, read_next: bool = False) -> None:
+    """``read_next``: the caller reads from the same connection next, and a BlockingPipe's
+    read sends what was written before it, in the same trip to its thread (a trip is
+    0.1-2 ms on 2 busy cores, a few % of a 40 MB body on loopback)."""
     writer.write(len(data).to_bytes(LENGTH_BYTES, "big"))
     writer.write(data)
-    await writer.drain()
+    if not (read_next and isinstance(writer, BlockingPipe)):
+        await writer.drain()
 
 
 @dataclass(frozen=True)
@@ -257,7 +261,7 @@ class Transport:
         if paced_request:
             await send_paced(writer, reader, payload, pacer_for(addr))
         else:
-            await write_frame(writer, payload)
+            await write_frame(writer, payload, read_next=True)
         self.bytes_sent += len(payload) + LENGTH_BYTES
         length = await read_length(reader, max_response_bytes)
         response = await (read_paced(reader, writer, length) if paced_response else read_body(reader, length))
