@@ -30,10 +30,12 @@ from bench.size_trend.plan import (
     ablation_jobs,
     m1_confirming_jobs,
     method_jobs,
+    seed_major,
     tuning_jobs,
     with_gpu,
 )
 from swarm_node.config import suggested_lr
+from swarm_node.model.config import model_config
 from swarm_node.optim.methods import default_method
 
 NAME = "size_trend"
@@ -95,8 +97,9 @@ class Ledger:
 
 
 def run_plan(plan: SizePlan, workers: int, ledger: Ledger) -> tuple[list[dict], dict]:
-    """Phase by phase across the sizes (tuning, the methods, the M = 1 confirmations, the
-    ablations), so a plan stopped part-way holds whole phases of the smaller sizes first."""
+    """Phase by phase across the sizes (tuning, the methods seed by seed, the M = 1
+    confirmations, the ablations at the smallest and the largest size), so a plan stopped
+    part-way holds whole phases, and every size's first seed before any size's second."""
     data = subword_data(plan.corpus)
     ledger.tag = {"data_sha256": data_identity(data), "device": plan.device}
     with Runner(workers) as runner:
@@ -111,7 +114,8 @@ def run_plan(plan: SizePlan, workers: int, ledger: Ledger) -> tuple[list[dict], 
                 tuned[size] += rows
         sizes = [s for s in plan.sizes if s in tuned]  # only_known: the sizes tuned so far
         inner = {size: min(tuned[size], key=lambda r: r["val_loss"])["inner_lr"] for size in sizes}
-        main = _by_size(ledger.run(runner, [j for s in sizes for j in method_jobs(plan, s, data, inner[s])],
+        main = _by_size(ledger.run(runner, seed_major(plan, [j for s in sizes
+                                                             for j in method_jobs(plan, s, data, inner[s])]),
                                    "methods"))
         outer = {}
         for size, rows in main.items():
@@ -119,7 +123,8 @@ def run_plan(plan: SizePlan, workers: int, ledger: Ledger) -> tuple[list[dict], 
             if sweep:
                 outer[size] = min(sweep, key=lambda r: r["val_loss"])["outer_lr"]
         later = [j for s in outer for j in m1_confirming_jobs(plan, s, data, inner[s], outer[s])]
-        later += [j for s in sizes for j in ablation_jobs(plan, s, data, inner[s])]
+        later += [j for s in dict.fromkeys((plan.sizes[0], plan.sizes[-1])) if s in inner
+                  for j in ablation_jobs(plan, s, data, inner[s])]
         rest = _by_size(ledger.run(runner, later, "confirmations and ablations"))
     runs = [r for size in sizes for r in tuned[size] + main.get(size, []) + rest.get(size, [])]
     chosen = {size: {"inner_lr": inner[size], "m1_outer_lr": outer.get(size)} for size in sizes}
@@ -140,6 +145,14 @@ def _beyond_edge(tuned: list[dict]) -> float | None:
     if len(lrs) < 2 or lrs[0] < best < lrs[-1]:
         return None
     return best / 2 if best == lrs[0] else best * 2
+
+
+def body_parameters(size: str) -> int:
+    """Parameters outside the input embedding and the LM head, the size the trend is drawn
+    on (as in Kaplan et al.'s scaling laws): with a 4k vocabulary the two are most of the
+    smaller models' parameters, and they cost next to nothing per token."""
+    config = model_config(size, vocab_size=VOCAB, max_seq_len=64)
+    return config.num_parameters() - 2 * config.vocab_size * config.hidden_size
 
 
 def _gap_pct(value: float, reference: float) -> float:
@@ -164,7 +177,8 @@ def size_rows(runs: list[dict], chosen: dict, train_tokens: int) -> list[dict]:
             runs_of = [r for r in mine if label(r) == name]
             loss, loss_sd = _spread([r["val_loss"] for r in runs_of])
             gap, gap_sd = _spread([_gap_pct(r["val_loss"], ddp[r["seed"]]) for r in runs_of])
-            rows.append({"kind": "size", "model": size, "parameters": params, "method": name,
+            rows.append({"kind": "size", "model": size, "parameters": params,
+                         "body_parameters": body_parameters(size), "method": name,
                          "seeds": len(runs_of), "val_loss": loss, "val_loss_sd": loss_sd,
                          "gap_to_ddp_pct": gap, "gap_to_ddp_pct_sd": gap_sd,
                          "tokens": runs_of[0]["tokens"], "tokens_per_parameter": runs_of[0]["tokens"] / params,
@@ -189,6 +203,7 @@ def trend_rows(runs: list[dict], chosen: dict, h: int) -> list[dict]:
                     continue
                 gap, sd = _spread(gaps)
                 rows.append({"kind": "trend", "model": size, "parameters": mine[0]["num_parameters"],
+                             "body_parameters": body_parameters(size),
                              "noloco": f"noloco {noloco_variant}", "against": what,
                              "noloco_over_diloco_pct": gap, "sd": sd, "seeds": len(gaps), "per_seed": gaps})
     return rows
@@ -227,24 +242,24 @@ def ablation_rows(runs: list[dict], h: int) -> list[dict]:
 
 
 def answer(trend: list[dict]) -> str:
-    """The one-paragraph answer, from the trend rows alone."""
+    """The one-paragraph answer, from the trend rows alone (in size order)."""
     ratio = [r for r in trend if r["against"] == "paper ratio" and "alpha" not in r["noloco"]]
-    low = {r["model"]: r for r in trend if r["against"] == "paper ratio" and "alpha" in r["noloco"]}
+    low = [r for r in trend if r["against"] == "paper ratio" and "alpha" in r["noloco"]]
     if not ratio:
         return "No size has both NoLoCo and DiLoCo runs yet."
 
-    def gap(r: dict) -> str:
-        return f"{r['noloco_over_diloco_pct']:+.2f} % (sd {r['sd']:.2f}, {r['seeds']} seeds)"
+    def at_each(rows: list[dict]) -> str:
+        return ", ".join(f"{r['noloco_over_diloco_pct']:+.2f} % (sd {r['sd']:.2f}, {r['seeds']} seeds) at "
+                         f"{r['body_parameters'] / 1e6:.2f}M" for r in rows)
 
     caveat = ("One seed, so no spread: these numbers smoke-test the benchmark and are no evidence either way. "
               if min(r["seeds"] for r in ratio) < 2 else "")
-    first, last = ratio[0], ratio[-1]
-    low_text = (f"; with outer momentum {LOW_ALPHA:g} NoLoCo is {gap(low[last['model']])} over DiLoCo there"
-                if last["model"] in low else "")
+    low_text = (f"; with outer momentum {LOW_ALPHA:g}, NoLoCo's is {at_each(low)}" if low else "")
+    measured = (f"{caveat}At the paper's H ratio, NoLoCo's loss over DiLoCo's is {at_each(ratio)} parameters "
+                f"outside the embeddings{low_text}.")
     if len(ratio) == 1:
-        return (f"{caveat}One size measured so far ({first['parameters'] / 1e6:.2f}M parameters): at the paper's "
-                f"H ratio NoLoCo's loss is {gap(first)} over DiLoCo's{low_text}. One size shows no trend; the "
-                f"answer needs the larger sizes' runs.")
+        return f"{measured} One size shows no trend; the answer needs the larger sizes' runs."
+    first, last = ratio[0], ratio[-1]
     spread = max(first["sd"], last["sd"])
     shrinks = last["noloco_over_diloco_pct"] < first["noloco_over_diloco_pct"] - spread
     grows = last["noloco_over_diloco_pct"] > first["noloco_over_diloco_pct"] + spread
@@ -252,9 +267,8 @@ def answer(trend: list[dict]) -> str:
                else "does not change beyond the spread over seeds")
     ahead = "behind DiLoCo" if last["noloco_over_diloco_pct"] > last["sd"] else (
         "ahead of DiLoCo" if last["noloco_over_diloco_pct"] < -last["sd"] else "level with DiLoCo, within the spread")
-    return (f"{caveat}At the paper's H ratio, NoLoCo's loss is {gap(first)} over DiLoCo's at "
-            f"{first['parameters'] / 1e6:.2f}M parameters and {gap(last)} at {last['parameters'] / 1e6:.2f}M: the "
-            f"gap {verdict}; at the largest size measured NoLoCo is {ahead}{low_text}.")
+    return (f"{measured} From the smallest size to the largest the gap {verdict}; at the largest NoLoCo at the "
+            f"paper's settings is {ahead}.")
 
 
 def summarise(result: Result, plan: SizePlan, runs: list[dict], chosen: dict) -> None:
@@ -277,12 +291,12 @@ def plot(rows: list[dict], path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.2))
     sizes = [r for r in rows if r["kind"] == "size"]
     for method in sorted({r["method"] for r in sizes if not r["method"].startswith("ddp")}):
-        points = sorted((r for r in sizes if r["method"] == method), key=lambda r: r["parameters"])
-        ax.errorbar([p["parameters"] for p in points], [p["gap_to_ddp_pct"] for p in points],
+        points = sorted((r for r in sizes if r["method"] == method), key=lambda r: r["body_parameters"])
+        ax.errorbar([p["body_parameters"] for p in points], [p["gap_to_ddp_pct"] for p in points],
                     yerr=[p["gap_to_ddp_pct_sd"] for p in points], marker="o", capsize=3, label=method)
     ax.set_xscale("log")
     ax.axhline(0, color="grey", lw=0.8)
-    ax.set_xlabel("parameters per replica")
+    ax.set_xlabel("parameters outside the embeddings, one replica")
     ax.set_ylabel("validation loss over DDP's (%)")
     ax.set_title("gap to DDP by model size (4 x 2, subword text; bars: sd over seeds)")
     ax.legend(fontsize=8)
@@ -301,12 +315,14 @@ def markdown(result: dict) -> str:
              f"momentum 0.5, the default, and {LOW_ALPHA:g}), DiLoCo at H = {s['h']} and {2 * s['h']}; inner lr "
              f"tuned per size for DDP and used by every method.", "",
              f"![{NAME}](bench/results/{NAME}.png)", "",
-             "Parameters are one replica's, all stages (the embedding and head are most of them at these sizes); "
-             "epochs are passes over the training tokens.", "",
-             "| size | parameters | tokens / parameter | epochs | method | seeds | val loss | over DDP (%) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "Parameters are one replica's, all stages, and (the size the plot is drawn on) those outside the input "
+             "embedding and the LM head, which are most of the smaller models' parameters; tokens per parameter "
+             "count all of them; epochs are passes over the training tokens.", "",
+             "| size | parameters: all, outside the embeddings | tokens / parameter | epochs | method | seeds | "
+             "val loss | over DDP (%) |", "|---|---|---|---|---|---|---|---|"]
     for r in (r for r in rows if r["kind"] == "size"):
-        lines.append(f"| {r['model']} | {r['parameters'] / 1e6:.2f}M | {r['tokens_per_parameter']:.1f} | "
+        lines.append(f"| {r['model']} | {r['parameters'] / 1e6:.2f}M, {r['body_parameters'] / 1e6:.2f}M | "
+                     f"{r['tokens_per_parameter']:.1f} | "
                      f"{r['epochs']:.1f} | {r['method']} | {r['seeds']} | "
                      f"{r['val_loss']:.4f} ± {r['val_loss_sd']:.4f} | "
                      f"{r['gap_to_ddp_pct']:+.2f} ± {r['gap_to_ddp_pct_sd']:.2f} |")

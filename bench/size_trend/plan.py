@@ -5,10 +5,14 @@ at H (equal H) and at 2H (the paper's ratio: NoLoCo 50, DiLoCo 100) on every see
 and NoLoCo with outer momentum 0.3 (the candidate default from the byte-level sweep);
 DiLoCo with one replica (M = 1) against DDP on one worker (the same batch and the same
 data order, so the pair differs only in the outer step), its outer lr swept
-(Nesterov 0.9) on the first seed and the best run on every seed. At every size,
-ablations on the first seed: half the tuned inner lr for the methods whose workers step
-alone, the reference code's frozen input embedding, NoLoCo in groups of 3 and 4, and
-NoLoCo's alpha, beta and gamma one at a time."""
+(Nesterov 0.9) on the first seed and the best run on every seed. At the smallest and
+the largest size, ablations on the first seed: half the tuned inner lr for the methods
+whose workers step alone, the reference code's frozen input embedding, NoLoCo in groups
+of 3 and 4, and NoLoCo's alpha, beta and gamma one at a time.
+
+The sizes on a CPU: debug, mini and tiny, 0.11M, 0.85M and 3.4M parameters outside the
+embeddings (32x from first to last; with a 4k vocabulary the embedding and head are most
+of the smaller ones' parameters); `small` (85M) joins on a CUDA card."""
 
 from __future__ import annotations
 
@@ -30,7 +34,7 @@ class SizePlan:
     h: int  # NoLoCo's H; DiLoCo runs at H and at 2H
     lr_factors: tuple[float, ...]  # inner lr candidates: the size's suggested lr times these
     m1_outer_lrs: tuple[float, ...]
-    ablations: tuple[tuple[str, str, object], ...]  # (label, field, value), first seed, every size
+    ablations: tuple[tuple[str, str, object], ...]  # (label, field, value): first seed, smallest and largest size
     corpus: str  # "bundled" or "docs" (data.py)
     global_batch: int = 64
     seq_len: int = 64
@@ -57,12 +61,12 @@ QUICK = SizePlan(sizes=("debug", "tiny"), steps=24, seeds=(0,), h=4, lr_factors=
                  ablations=ABLATIONS[1:3], corpus="bundled", curve_every=12, eval_batches=2)
 # M = 1's outer lrs: with Nesterov 0.9 a steady Delta moves phi about lr / (1 - 0.9) times
 # over, so 0.1 is the plain inner optimizer's pace; debug's best of 0.2-1.0 was 0.2, the edge.
-FULL = SizePlan(sizes=("debug", "tiny"), steps=1000, seeds=(0, 1, 2), h=10, lr_factors=(0.5, 1.0, 2.0),
+FULL = SizePlan(sizes=("debug", "mini", "tiny"), steps=1000, seeds=(0, 1, 2), h=10, lr_factors=(0.5, 1.0, 2.0),
                 m1_outer_lrs=(0.1, 0.2, 0.4, 0.7, 1.0), ablations=ABLATIONS, corpus="docs")
 
 
 def with_gpu(plan: SizePlan) -> SizePlan:
-    """On a CUDA card the `small` model joins the trend (about 30x tiny's parameters)."""
+    """On a CUDA card the `small` model joins the trend (25x tiny's parameters outside the embeddings)."""
     return replace(plan, sizes=(*plan.sizes, "small"), device="cuda")
 
 
@@ -89,6 +93,17 @@ def method_jobs(plan: SizePlan, size: str, data: str, inner_lr: float) -> list[J
     jobs += [Job("m1", 1, 1, "diloco", plan.seeds[0], m1, inner_lr=inner_lr, outer_lr=lr, outer_momentum=0.9,
                  nesterov=True, variant=f"outer lr {lr:g}") for lr in plan.m1_outer_lrs]
     return jobs
+
+
+def seed_major(plan: SizePlan, jobs: list[Job]) -> list[Job]:
+    """Every size's first seed before any size's second, the M = 1 outer-lr sweeps after
+    the last seed (a stable sort: sizes stay smallest first), so a plan stopped part-way
+    has the trend's first points at every size."""
+    def rank(job: Job) -> int:
+        sweep = job.section == "m1" and job.method == "diloco"
+        return len(plan.seeds) if sweep else plan.seeds.index(job.seed)
+
+    return sorted(jobs, key=rank)
 
 
 def m1_confirming_jobs(plan: SizePlan, size: str, data: str, inner_lr: float, outer_lr: float) -> list[Job]:

@@ -44,9 +44,12 @@ class ModelConfig:
 
 
 # hidden, layers, heads, kv heads, feed-forward. Feed-forward follows Llama's
-# round_up(8h/3, 256) for the paper's sizes; debug and tiny are sized for CPUs.
+# round_up(8h/3, 256) for the paper's sizes; debug, mini and tiny are sized for CPUs
+# (mini sits between the two for bench/size_trend: about 8x debug's and a quarter of
+# tiny's parameters outside the embeddings).
 NAMED_SIZES: dict[str, tuple[int, int, int, int, int]] = {
     "debug": (64, 2, 4, 4, 192),
+    "mini": (128, 4, 4, 4, 384),
     "tiny": (256, 4, 4, 4, 768),
     "small": (768, 12, 12, 12, 2048),
     "medium": (2048, 24, 16, 16, 5632),

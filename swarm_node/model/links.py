@@ -37,6 +37,9 @@ def _rate(mbit: float) -> str:
         f"{mbit:.0f} Mbit/s"
 
 
+TEST_SIZES = ("debug", "mini")  # sized for tests and CPU benchmarks, not for a run over links
+
+
 def round_table(*, inner_phase_s: float = 60.0, vocab_size: int = 32_000, seq_len: int = 1024,
                 stage_counts: Sequence[int] = (1, 2, 4)) -> str:
     """Per named size and stage count: what the largest stage's round needs each way
@@ -44,8 +47,8 @@ def round_table(*, inner_phase_s: float = 60.0, vocab_size: int = 32_000, seq_le
     header = "| model | " + " | ".join("one stage" if s == 1 else f"each of {s} stages" for s in stage_counts) + " |"
     lines = [header, "|" + "---|" * (1 + len(stage_counts))]
     for size in NAMED_SIZES:
-        if size == "debug":
-            continue  # a test model
+        if size in TEST_SIZES:
+            continue
         config = model_config(size, vocab_size=vocab_size, max_seq_len=seq_len)
 
         def rate(stages: int) -> str:
@@ -61,7 +64,7 @@ def activation_table(*, tokens_per_microbatch: int = 8 * 1024, microbatches_per_
     """Per named size: what one stage boundary needs each way at one micro-batch a second."""
     lines = ["| model | hidden | fp16 activations | int8 activations |", "|---|---|---|---|"]
     for size, (hidden, *_) in NAMED_SIZES.items():
-        if size == "debug":
+        if size in TEST_SIZES:
             continue
         cells = [_rate(activation_mbit(hidden, tokens_per_microbatch, microbatches_per_s, codec))
                  for codec in ("fp16", "int8")]

@@ -15,6 +15,9 @@ from swarm_node.model.config import model_config
 def test_the_full_plan_spans_sizes_seeds_and_both_h_ratios():
     sizes = [sum(_params(s)) for s in with_gpu(FULL).sizes]
     assert sizes[-1] / sizes[0] >= 30  # with the GPU's small model
+    body = [_params(s)[0] for s in FULL.sizes]
+    assert len(body) >= 3 and body == sorted(body) and body[-1] / body[0] >= 30  # on a CPU: outside the embeddings
+    assert all(0 < bench.body_parameters(s) - _params(s)[0] < 0.01 * _params(s)[0] for s in FULL.sizes)  # norms
     assert len(FULL.seeds) >= 3 and FULL.steps >= 1000
     jobs = method_jobs(FULL, "debug", "corpus", 1e-3)
     grid = [(j.method, j.plan.h_of(j.method), j.seed) for j in jobs if j.section == "size"]
@@ -77,9 +80,10 @@ def test_the_answer_follows_the_numbers():
     assert "does not change" in level and "level with DiLoCo" in level and "no evidence" not in level
     one_seed = [r | {"seeds": 1} for r in bench.trend_rows(_runs({"debug": 5.0, "tiny": 1.0}), CHOSEN, 10)]
     assert bench.answer(one_seed).startswith("One seed, so no spread")
-    assert "with outer momentum 0.3 NoLoCo is +0.50 %" in bench.answer(shrinking)  # the low-alpha row, largest size
+    assert "with outer momentum 0.3, NoLoCo's is +2.50 % (sd 0.00, 3 seeds) at 0.11M, +0.50 %" in bench.answer(
+        shrinking)  # the low-alpha rows, every size
     one_size = bench.answer(bench.trend_rows(_runs({"debug": 4.0}), {"debug": CHOSEN["debug"]}, 10))
-    assert one_size.startswith("One size measured so far") and "+4.00 %" in one_size and "+2.00 %" in one_size
+    assert "One size shows no trend" in one_size and "+4.00 %" in one_size and "+2.00 %" in one_size
     assert bench.answer([]).startswith("No size")
 
 
@@ -165,8 +169,6 @@ def test_a_full_run_stopped_part_way_goes_on_from_its_ledger(tmp_path):
 def test_a_best_inner_lr_on_the_edge_of_the_grid_is_followed_past_it(tmp_path, monkeypatch):
     """DDP's loss falls as the lr falls, down to a quarter of the grid's lowest: the
     tuning steps below the grid twice, and no further."""
-    from bench.size_trend import plan as plan_module
-
     runner = _FakeRunner()
     real_run = runner.run
 
@@ -192,7 +194,7 @@ def test_a_best_inner_lr_on_the_edge_of_the_grid_is_followed_past_it(tmp_path, m
     monkeypatch.setattr(bench, "Runner", Pool)
     monkeypatch.setattr(bench, "subword_data", lambda corpus: "corpus")
     monkeypatch.setattr(bench, "data_identity", lambda spec: "hash")
-    plan = plan_module.replace(FULL, sizes=("debug", "tiny"))
+    plan = FULL
     runs, chosen = bench.run_plan(plan, 1, bench.Ledger(None))
     for size in plan.sizes:
         lowest = suggested_lr(size) * min(FULL.lr_factors)
@@ -202,7 +204,12 @@ def test_a_best_inner_lr_on_the_edge_of_the_grid_is_followed_past_it(tmp_path, m
     first_tiny_method = phases.index(("size", "tiny"))
     assert all(section in ("tune", "size", "m1") for section, _ in phases[:first_tiny_method])
     assert ("ablation", "debug") in phases[first_tiny_method:]  # whole phases of the smaller size first
-    assert {model for section, model in phases if section == "ablation"} == {"debug", "tiny"}
+    assert {model for section, model in phases if section == "ablation"} == {"debug", "tiny"}  # smallest, largest
+    methods = [j for j in runner.ran if j.section in ("size", "m1")]
+    last_first_seed = max(i for i, j in enumerate(methods) if j.seed == FULL.seeds[0] and j.section == "size")
+    first_second_seed = min(i for i, j in enumerate(methods) if j.seed == FULL.seeds[1])
+    assert last_first_seed < first_second_seed  # every size's first seed before any size's second
+    assert {j.plan.model for j in methods[:last_first_seed + 1]} == set(FULL.sizes)
 
 
 def _sdist_archive(folder, name, files):
