@@ -7,9 +7,9 @@ import logging
 import os
 import resource
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -142,14 +142,20 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, data: bytes | str, *, mode: int = 0o644, durable: bool = False) -> None:
+def write_atomic(path: Path, data: bytes | str | Callable[[BinaryIO], object], *, mode: int = 0o644,
+                 durable: bool = False) -> None:
     """``path`` holds the old bytes or the new ones, never half of them: written beside it,
-    then renamed over it. ``durable``: on the disk before this returns (a resumable
-    preparation must not find a renamed file that a power cut emptied)."""
+    then renamed over it. ``data`` may be a function that writes into the open file (a
+    gigabyte pickled straight to disk, not held twice in memory). ``durable``: on the disk
+    before this returns (a resumable preparation must not find a renamed file that a power
+    cut emptied)."""
     staging = path.with_name(path.name + ".tmp")
     fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     with os.fdopen(fd, "wb") as f:
-        f.write(data.encode("utf-8") if isinstance(data, str) else data)
+        if callable(data):
+            data(f)
+        else:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
         if durable:
             f.flush()
             os.fsync(f.fileno())

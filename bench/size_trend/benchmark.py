@@ -21,7 +21,7 @@ from pathlib import Path
 from bench.common.results import Result, parse_mode, pyplot, rerun_command
 from bench.convergence.plan import Job
 from bench.convergence.runs import Runner
-from bench.size_trend.data import VOCAB, data_identity, subword_data
+from bench.size_trend.data import DATA_ROOT, VOCAB, data_identity, subword_data
 from bench.size_trend.plan import (
     FULL,
     LOW_ALPHA,
@@ -102,7 +102,9 @@ def run_plan(plan: SizePlan, workers: int, ledger: Ledger) -> tuple[list[dict], 
     part-way holds whole phases, and every size's first seed before any size's second."""
     data = subword_data(plan.corpus)
     ledger.tag = {"data_sha256": data_identity(data), "device": plan.device}
-    with Runner(workers) as runner:
+    # with a ledger, a run a stopped process left part-way goes on from where it was
+    resume = DATA_ROOT / "partial" / f"{ledger.tag['data_sha256'][:16]}-{plan.device}" if ledger.path else None
+    with Runner(workers, resume_dir=resume) as runner:
         tuned = _by_size(ledger.run(runner, [j for s in plan.sizes for j in tuning_jobs(plan, s, data)], "tune"))
         for _ in range(MAX_LR_EXTENSIONS):  # a best lr at the edge of the grid: look one step beyond it
             beyond = [replace(tuning_jobs(plan, size, data)[0], inner_lr=lr) for size, rows in tuned.items()

@@ -182,8 +182,8 @@ def test_a_best_inner_lr_on_the_edge_of_the_grid_is_followed_past_it(tmp_path, m
     runner.run = run
 
     class Pool:
-        def __init__(self, workers):
-            pass
+        def __init__(self, workers, resume_dir=None):
+            assert resume_dir is None  # a plan without a ledger (quick mode) keeps no part-way runs
 
         def __enter__(self):
             return runner
