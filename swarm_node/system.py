@@ -146,7 +146,7 @@ def write_atomic(path: Path, data: bytes | str | Callable[[BinaryIO], object], *
                  durable: bool = False) -> None:
     """``path`` holds the old bytes or the new ones, never half of them: written beside it,
     then renamed over it. ``data`` may be a function that writes into the open file (a
-    gigabyte pickled straight to disk, not held twice in memory). ``durable``: on the disk
+    simulator of 450 MB pickled straight to disk, not held twice in memory). ``durable``: on the disk
     before this returns (a resumable preparation must not find a renamed file that a power
     cut emptied)."""
     staging = path.with_name(path.name + ".tmp")

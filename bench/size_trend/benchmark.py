@@ -151,8 +151,9 @@ def _beyond_edge(tuned: list[dict]) -> float | None:
 
 def body_parameters(size: str) -> int:
     """Parameters outside the input embedding and the LM head, the size the trend is drawn
-    on (as in Kaplan et al.'s scaling laws): with a 4k vocabulary the two are most of the
-    smaller models' parameters, and they cost next to nothing per token."""
+    on: with a 4k vocabulary the two are most of the smaller models' parameters (Kaplan et
+    al.'s scaling laws leave the vocabulary's parameters out of a model's size too, and
+    find cleaner trends so)."""
     config = model_config(size, vocab_size=VOCAB, max_seq_len=64)
     return config.num_parameters() - 2 * config.vocab_size * config.hidden_size
 

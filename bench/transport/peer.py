@@ -99,9 +99,9 @@ class RawSender:
 async def measure(host: str, to: dict, megabytes: float, repeats: int) -> dict:
     """Every way is set up first (the DHT, both transports, the raw connection); then each
     round sends one transfer each way, so every way meets the machine in the same state
-    (on 2 shared cores one way measured a second after another saw a different machine:
-    a daemon settling, the other side's threads placed otherwise). Round 0 opens the
-    connections and lanes and is not counted."""
+    (raw TCP measured alone, before the daemons had started, moved 2.0-2.5 GB/s here and
+    1.5-1.6 GB/s once they ran, idle; one transfer to the next varies by 2x on these 2
+    cores). Round 0 opens the connections and lanes and is not counted."""
     payload = os.urandom(int(megabytes * 1e6))
     raw = RawSender(tuple(to["raw"]))
     dht = await SwarmDHT.start(initial_peers=[to["maddr"]], host_maddrs=[f"/ip4/{host}/tcp/0"])
