@@ -29,6 +29,7 @@ from bench.size_trend.plan import (
     SizePlan,
     ablation_jobs,
     m1_confirming_jobs,
+    m1_job,
     method_jobs,
     seed_major,
     tuning_jobs,
@@ -41,7 +42,7 @@ from swarm_node.optim.methods import default_method
 NAME = "size_trend"
 CORPUS_TEXT = {"bundled": "the bundled corpus (stdlib docstrings)",
                "docs": "the bundled corpus and the documentation of Django 5.1.4 and SQLAlchemy 2.0.36"}
-MAX_LR_EXTENSIONS = 2  # inner lrs tried past the edge of the grid when the best lies on it
+MAX_LR_EXTENSIONS = 2  # lrs tried past the edge of a grid when the best lies on it (inner, and M = 1's outer)
 METHODS = ("ddp", "local", "noloco", "diloco")
 
 
@@ -108,7 +109,7 @@ def run_plan(plan: SizePlan, workers: int, ledger: Ledger) -> tuple[list[dict], 
         tuned = _by_size(ledger.run(runner, [j for s in plan.sizes for j in tuning_jobs(plan, s, data)], "tune"))
         for _ in range(MAX_LR_EXTENSIONS):  # a best lr at the edge of the grid: look one step beyond it
             beyond = [replace(tuning_jobs(plan, size, data)[0], inner_lr=lr) for size, rows in tuned.items()
-                      if (lr := _beyond_edge(rows)) is not None]
+                      if (lr := _beyond_edge(rows, "inner_lr")) is not None]
             found = _by_size(ledger.run(runner, beyond, "tune beyond the edge"))
             if not found:
                 break
@@ -119,11 +120,16 @@ def run_plan(plan: SizePlan, workers: int, ledger: Ledger) -> tuple[list[dict], 
         main = _by_size(ledger.run(runner, seed_major(plan, [j for s in sizes
                                                              for j in method_jobs(plan, s, data, inner[s])]),
                                    "methods"))
-        outer = {}
-        for size, rows in main.items():
-            sweep = [r for r in rows if r["section"] == "m1" and r["method"] == "diloco"]
-            if sweep:
-                outer[size] = min(sweep, key=lambda r: r["val_loss"])["outer_lr"]
+        for _ in range(MAX_LR_EXTENSIONS):  # M = 1's best outer lr at the edge of its sweep: one step past it
+            beyond = [m1_job(plan, size, data, inner[size], lr) for size, rows in main.items()
+                      if (lr := _beyond_edge(_m1_sweep(rows), "outer_lr")) is not None]
+            found = _by_size(ledger.run(runner, beyond, "M = 1 outer lr beyond the edge"))
+            if not found:
+                break
+            for size, rows in found.items():
+                main[size] += rows
+        outer = {size: min(sweep, key=lambda r: r["val_loss"])["outer_lr"] for size, rows in main.items()
+                 if (sweep := _m1_sweep(rows))}
         later = [j for s in outer for j in m1_confirming_jobs(plan, s, data, inner[s], outer[s])]
         later += [j for s in dict.fromkeys((plan.sizes[0], plan.sizes[-1])) if s in inner
                   for j in ablation_jobs(plan, s, data, inner[s])]
@@ -140,11 +146,18 @@ def _by_size(rows: list[dict]) -> dict[str, list[dict]]:
     return out
 
 
-def _beyond_edge(tuned: list[dict]) -> float | None:
-    """The next inner lr to try when the best so far is the grid's lowest or highest."""
-    best = min(tuned, key=lambda r: r["val_loss"])["inner_lr"]
-    lrs = sorted(r["inner_lr"] for r in tuned)
-    if len(lrs) < 2 or lrs[0] < best < lrs[-1]:
+def _m1_sweep(rows: list[dict]) -> list[dict]:
+    return [r for r in rows if r["section"] == "m1" and r["method"] == "diloco"]
+
+
+def _beyond_edge(tuned: list[dict], lr_key: str) -> float | None:
+    """The next lr (``lr_key`` of the rows) to try when the best so far is the lowest or
+    highest tried."""
+    lrs = sorted(r[lr_key] for r in tuned)
+    if len(lrs) < 2:
+        return None
+    best = min(tuned, key=lambda r: r["val_loss"])[lr_key]
+    if lrs[0] < best < lrs[-1]:
         return None
     return best / 2 if best == lrs[0] else best * 2
 

@@ -5,7 +5,8 @@ at H (equal H) and at 2H (the paper's ratio: NoLoCo 50, DiLoCo 100) on every see
 and NoLoCo with outer momentum 0.3 (the candidate default from the byte-level sweep);
 DiLoCo with one replica (M = 1) against DDP on one worker (the same batch and the same
 data order, so the pair differs only in the outer step), its outer lr swept
-(Nesterov 0.9) on the first seed and the best run on every seed. At the smallest and
+(Nesterov 0.9) on the first seed (0.1-1.0 at the smallest size, 0.1-0.4 at the larger,
+followed past an edge) and the best run on every seed. At the smallest and
 the largest size, ablations on the first seed: half the tuned inner lr for the methods
 whose workers step alone, the reference code's frozen input embedding, NoLoCo in groups
 of 3 and 4, and NoLoCo's alpha, beta and gamma one at a time.
@@ -33,7 +34,10 @@ class SizePlan:
     seeds: tuple[int, ...]
     h: int  # NoLoCo's H; DiLoCo runs at H and at 2H
     lr_factors: tuple[float, ...]  # inner lr candidates: the size's suggested lr times these
-    m1_outer_lrs: tuple[float, ...]
+    m1_outer_lrs: tuple[float, ...]  # the smallest size's sweep
+    # The larger sizes' sweep: around the smallest's best, followed past its edge if the
+    # best lies on one (as the inner lr is).
+    m1_outer_lrs_larger: tuple[float, ...]
     ablations: tuple[tuple[str, str, object], ...]  # (label, field, value): first seed, smallest and largest size
     corpus: str  # "bundled" or "docs" (data.py)
     global_batch: int = 64
@@ -58,11 +62,15 @@ ABLATIONS = (("inner lr halved", "inner_lr_factor", 0.5), ("frozen input embeddi
              ("gamma 1.0", "outer_gamma", 1.0))
 ABLATION_METHODS = {"inner_lr_factor": ("local", "diloco", "noloco"), "freeze_embedding": ("ddp", "diloco", "noloco")}
 QUICK = SizePlan(sizes=("debug", "tiny"), steps=24, seeds=(0,), h=4, lr_factors=(1.0,), m1_outer_lrs=(0.7,),
+                 m1_outer_lrs_larger=(0.7,),
                  ablations=ABLATIONS[1:3], corpus="bundled", curve_every=12, eval_batches=2)
 # M = 1's outer lrs: with Nesterov 0.9 a steady Delta moves phi about lr / (1 - 0.9) times
-# over, so 0.1 is the plain inner optimizer's pace; debug's best of 0.2-1.0 was 0.2, the edge.
+# over, so 0.1 is the plain inner optimizer's pace; debug's best of 0.2-1.0 was 0.2, the
+# edge, and of 0.1-1.0 0.2 (0.7 and 1.0 two and five times 0.4's gap to DDP): the larger
+# sizes sweep 0.1-0.4.
 FULL = SizePlan(sizes=("debug", "mini", "tiny"), steps=1000, seeds=(0, 1, 2), h=10, lr_factors=(0.5, 1.0, 2.0),
-                m1_outer_lrs=(0.1, 0.2, 0.4, 0.7, 1.0), ablations=ABLATIONS, corpus="docs")
+                m1_outer_lrs=(0.1, 0.2, 0.4, 0.7, 1.0), m1_outer_lrs_larger=(0.1, 0.2, 0.4), ablations=ABLATIONS,
+                corpus="docs")
 
 
 def with_gpu(plan: SizePlan) -> SizePlan:
@@ -90,9 +98,15 @@ def method_jobs(plan: SizePlan, size: str, data: str, inner_lr: float) -> list[J
                  Job("size", *GRID, "diloco", seed, base, inner_lr=inner_lr, variant=f"H={plan.h}"),
                  Job("size", *GRID, "diloco", seed, ratio, inner_lr=inner_lr, variant=f"H={2 * plan.h}"),
                  Job("m1", 1, 1, "ddp", seed, m1, inner_lr=inner_lr)]
-    jobs += [Job("m1", 1, 1, "diloco", plan.seeds[0], m1, inner_lr=inner_lr, outer_lr=lr, outer_momentum=0.9,
-                 nesterov=True, variant=f"outer lr {lr:g}") for lr in plan.m1_outer_lrs]
-    return jobs
+    lrs = plan.m1_outer_lrs if size == plan.sizes[0] else plan.m1_outer_lrs_larger
+    return jobs + [m1_job(plan, size, data, inner_lr, lr) for lr in lrs]
+
+
+def m1_job(plan: SizePlan, size: str, data: str, inner_lr: float, outer_lr: float, seed: int | None = None) -> Job:
+    """DiLoCo with one replica at ``outer_lr`` (Nesterov 0.9), the first seed unless told."""
+    m1 = replace(plan.base(size, data), inner_steps=(("diloco", M1_H),))
+    return Job("m1", 1, 1, "diloco", plan.seeds[0] if seed is None else seed, m1, inner_lr=inner_lr,
+               outer_lr=outer_lr, outer_momentum=0.9, nesterov=True, variant=f"outer lr {outer_lr:g}")
 
 
 def seed_major(plan: SizePlan, jobs: list[Job]) -> list[Job]:
@@ -107,9 +121,7 @@ def seed_major(plan: SizePlan, jobs: list[Job]) -> list[Job]:
 
 
 def m1_confirming_jobs(plan: SizePlan, size: str, data: str, inner_lr: float, outer_lr: float) -> list[Job]:
-    m1 = replace(plan.base(size, data), inner_steps=(("diloco", M1_H),))
-    return [Job("m1", 1, 1, "diloco", seed, m1, inner_lr=inner_lr, outer_lr=outer_lr, outer_momentum=0.9,
-                nesterov=True, variant=f"outer lr {outer_lr:g}") for seed in plan.seeds[1:]]
+    return [m1_job(plan, size, data, inner_lr, outer_lr, seed) for seed in plan.seeds[1:]]
 
 
 def ablation_jobs(plan: SizePlan, size: str, data: str, inner_lr: float) -> list[Job]:

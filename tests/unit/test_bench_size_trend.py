@@ -28,6 +28,8 @@ def test_the_full_plan_spans_sizes_seeds_and_both_h_ratios():
         assert [(j.outer_momentum, j.plan.h_of("noloco")) for j in low_alpha] == [(0.3, 10)]
     assert FULL.corpus == "docs" and QUICK.corpus == "bundled"  # the full runs are about one pass, not ten
     assert {j.outer_lr for j in jobs if j.section == "m1" and j.method == "diloco"} == set(FULL.m1_outer_lrs)
+    larger = method_jobs(FULL, "tiny", "corpus", 1e-3)  # around the smallest size's best
+    assert {j.outer_lr for j in larger if j.section == "m1" and j.method == "diloco"} == set(FULL.m1_outer_lrs_larger)
     lr = suggested_lr("tiny")
     assert [j.inner_lr for j in tuning_jobs(FULL, "tiny", "corpus")] == [lr / 2, lr, 2 * lr]
     ablations = ablation_jobs(FULL, "tiny", "corpus", 1e-3)
@@ -175,8 +177,10 @@ def test_a_best_inner_lr_on_the_edge_of_the_grid_is_followed_past_it(tmp_path, m
     def run(jobs, phase, on_row=lambda row: None):
         rows = real_run(jobs, phase, on_row)
         for row in rows:
-            row["val_loss"] = 3.0 + row["inner_lr"] if row["section"] == "tune" else 3.0
             row["outer_lr"] = row["outer_lr_asked"]
+            m1_sweep = row["section"] == "m1" and row["method"] == "diloco"
+            row["val_loss"] = (3.0 + row["inner_lr"] if row["section"] == "tune"
+                               else 3.0 - row["outer_lr"] if m1_sweep else 3.0)
         return rows
 
     runner.run = run
@@ -200,6 +204,11 @@ def test_a_best_inner_lr_on_the_edge_of_the_grid_is_followed_past_it(tmp_path, m
         lowest = suggested_lr(size) * min(FULL.lr_factors)
         tuned = sorted(r["inner_lr"] for r in runs if r["section"] == "tune" and r["model"] == size)
         assert tuned[:3] == [lowest / 4, lowest / 2, lowest] and chosen[size]["inner_lr"] == lowest / 4
+        grid = FULL.m1_outer_lrs if size == FULL.sizes[0] else FULL.m1_outer_lrs_larger
+        swept = sorted(r["outer_lr"] for r in runs if r["section"] == "m1" and r["method"] == "diloco"
+                       and r["seed"] == FULL.seeds[0] and r["model"] == size)
+        assert swept == sorted(grid) + [2 * max(grid), 4 * max(grid)]  # M = 1's best on the edge: followed twice
+        assert chosen[size]["m1_outer_lr"] == 4 * max(grid)
     phases = [(j.section, j.plan.model) for j in runner.ran]
     first_tiny_method = phases.index(("size", "tiny"))
     assert all(section in ("tune", "size", "m1") for section, _ in phases[:first_tiny_method])
