@@ -35,7 +35,7 @@ def _int_list(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
-MODEL_HELP = "debug (2 layers) | tiny (4) | small (12) | medium (24) | large (32); default: %(default)s"
+MODEL_HELP = "debug (2 layers) | mini (4) | tiny (4) | small (12) | medium (24) | large (32); default: %(default)s"
 DATA_HELP = ("synthetic[:alphabet=16,order=2,...] | corpus (the bundled docstrings) | text:PATH | bin:PATH | hf:PATH "
              "| manifest:FOLDER (prepared by `swarm-node data prepare`) | PATH; default: %(default)s")
 THREADS_DEFAULT_HELP = ("default: the cores not already busy (measured over half a second at the start), at least "
