@@ -62,7 +62,7 @@ class Resumable:
     (every worker's weights, optimizer states, outer state, data position and random
     generators: a pickle of it continues bit for bit, tests/unit/test_resumable_runs.py)
     goes to ``folder``, named by the job, and a later run of the same job goes on from it.
-    For plans of many CPU-hours stopped and started again: a tiny-model run is 45
+    For plans of many CPU-hours stopped and started again: a tiny-model run is 40
     CPU-minutes, lost whole without this."""
 
     def __init__(self, folder: Path, job: Job):

@@ -87,7 +87,7 @@ def method_jobs(plan: SizePlan, size: str, data: str, inner_lr: float) -> list[J
     """Every method on every seed, and the M = 1 outer-lr sweep on the first seed."""
     base = plan.base(size, data)
     ratio = replace(base, inner_steps=(("noloco", plan.h), ("diloco", 2 * plan.h)))
-    m1 = replace(base, inner_steps=(("diloco", M1_H),))
+    m1 = _m1_plan(plan, size, data)
     jobs = []
     for seed in plan.seeds:
         jobs += [Job("size", *GRID, "ddp", seed, base, inner_lr=inner_lr),
@@ -104,9 +104,13 @@ def method_jobs(plan: SizePlan, size: str, data: str, inner_lr: float) -> list[J
 
 def m1_job(plan: SizePlan, size: str, data: str, inner_lr: float, outer_lr: float, seed: int | None = None) -> Job:
     """DiLoCo with one replica at ``outer_lr`` (Nesterov 0.9), the first seed unless told."""
-    m1 = replace(plan.base(size, data), inner_steps=(("diloco", M1_H),))
-    return Job("m1", 1, 1, "diloco", plan.seeds[0] if seed is None else seed, m1, inner_lr=inner_lr,
-               outer_lr=outer_lr, outer_momentum=0.9, nesterov=True, variant=f"outer lr {outer_lr:g}")
+    return Job("m1", 1, 1, "diloco", plan.seeds[0] if seed is None else seed, _m1_plan(plan, size, data),
+               inner_lr=inner_lr, outer_lr=outer_lr, outer_momentum=0.9, nesterov=True,
+               variant=f"outer lr {outer_lr:g}")
+
+
+def _m1_plan(plan: SizePlan, size: str, data: str) -> Plan:
+    return replace(plan.base(size, data), inner_steps=(("diloco", M1_H),))
 
 
 def seed_major(plan: SizePlan, jobs: list[Job]) -> list[Job]:
