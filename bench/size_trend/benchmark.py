@@ -28,6 +28,7 @@ from bench.size_trend.plan import (
     QUICK,
     SizePlan,
     ablation_jobs,
+    deferred,
     m1_confirming_jobs,
     m1_job,
     method_jobs,
@@ -98,9 +99,10 @@ class Ledger:
 
 
 def run_plan(plan: SizePlan, workers: int, ledger: Ledger) -> tuple[list[dict], dict]:
-    """Phase by phase across the sizes (tuning, the methods seed by seed, the M = 1
-    confirmations, the ablations at the smallest and the largest size), so a plan stopped
-    part-way holds whole phases, and every size's first seed before any size's second."""
+    """Phase by phase across the sizes (tuning, the methods seed by seed, the M = 1 sweep,
+    its confirmations and the ablations at the smallest and the largest size, then the
+    largest size's other seeds: plan.deferred), so a plan stopped part-way holds whole
+    phases, and every size's first seed before any size's second."""
     data = subword_data(plan.corpus)
     ledger.tag = {"data_sha256": data_identity(data), "device": plan.device}
     # with a ledger, a run a stopped process left part-way goes on from where it was
@@ -117,9 +119,8 @@ def run_plan(plan: SizePlan, workers: int, ledger: Ledger) -> tuple[list[dict], 
                 tuned[size] += rows
         sizes = [s for s in plan.sizes if s in tuned]  # only_known: the sizes tuned so far
         inner = {size: min(tuned[size], key=lambda r: r["val_loss"])["inner_lr"] for size in sizes}
-        main = _by_size(ledger.run(runner, seed_major(plan, [j for s in sizes
-                                                             for j in method_jobs(plan, s, data, inner[s])]),
-                                   "methods"))
+        methods = seed_major(plan, [j for s in sizes for j in method_jobs(plan, s, data, inner[s])])
+        main = _by_size(ledger.run(runner, [j for j in methods if not deferred(plan, j)], "methods"))
         for _ in range(MAX_LR_EXTENSIONS):  # M = 1's best outer lr at the edge of its sweep: one step past it
             beyond = [m1_job(plan, size, data, inner[size], lr) for size, rows in main.items()
                       if (lr := _beyond_edge(_m1_sweep(rows), "outer_lr")) is not None]
@@ -130,10 +131,12 @@ def run_plan(plan: SizePlan, workers: int, ledger: Ledger) -> tuple[list[dict], 
                 main[size] += rows
         outer = {size: min(sweep, key=lambda r: r["val_loss"])["outer_lr"] for size, rows in main.items()
                  if (sweep := _m1_sweep(rows))}
-        later = [j for s in outer for j in m1_confirming_jobs(plan, s, data, inner[s], outer[s])]
+        confirming = [j for s in outer for j in m1_confirming_jobs(plan, s, data, inner[s], outer[s])]
+        later = [j for j in confirming if not deferred(plan, j)]
         later += [j for s in dict.fromkeys((plan.sizes[0], plan.sizes[-1])) if s in inner
                   for j in ablation_jobs(plan, s, data, inner[s])]
-        rest = _by_size(ledger.run(runner, later, "confirmations and ablations"))
+        later += [j for j in methods + confirming if deferred(plan, j)]
+        rest = _by_size(ledger.run(runner, later, "confirmations, ablations, the largest size's other seeds"))
     runs = [r for size in sizes for r in tuned[size] + main.get(size, []) + rest.get(size, [])]
     chosen = {size: {"inner_lr": inner[size], "m1_outer_lr": outer.get(size)} for size in sizes}
     return runs, chosen
