@@ -268,24 +268,34 @@ def answer(trend: list[dict]) -> str:
         return "No size has both NoLoCo and DiLoCo runs yet."
 
     def at_each(rows: list[dict]) -> str:
-        return ", ".join(f"{r['noloco_over_diloco_pct']:+.2f} % (sd {r['sd']:.2f}, {r['seeds']} seeds) at "
-                         f"{r['body_parameters'] / 1e6:.2f}M" for r in rows)
+        def seeds(r: dict) -> str:
+            return f"sd {r['sd']:.2f}, {r['seeds']} seeds" if r["seeds"] > 1 else "one seed"
+
+        return ", ".join(f"{r['noloco_over_diloco_pct']:+.2f} % ({seeds(r)}) at {r['body_parameters'] / 1e6:.2f}M"
+                         for r in rows)
 
     caveat = ("One seed, so no spread: these numbers smoke-test the benchmark and are no evidence either way. "
-              if min(r["seeds"] for r in ratio) < 2 else "")
+              if max(r["seeds"] for r in ratio) < 2 else "")
     low_text = (f"; with outer momentum {LOW_ALPHA:g}, NoLoCo's is {at_each(low)}" if low else "")
     measured = (f"{caveat}At the paper's H ratio, NoLoCo's loss over DiLoCo's is {at_each(ratio)} parameters "
                 f"outside the embeddings{low_text}.")
     if len(ratio) == 1:
         return f"{measured} One size shows no trend; the answer needs the larger sizes' runs."
     first, last = ratio[0], ratio[-1]
-    spread = max(first["sd"], last["sd"])
+    # a size on one seed (the largest, until its other seeds have run: plan.deferred) has
+    # no spread of its own; the seeds of the sizes that have them stand in for it
+    spread = max(r["sd"] for r in ratio if r["seeds"] > 1 or r is first or r is last)
+    borrowed = [r for r in (first, last) if r["seeds"] < 2]
+    if borrowed and not caveat:
+        measured += (f" {', '.join(r['model'] for r in borrowed)} on one seed so far: the spread beside it is the "
+                     f"other sizes' (sd up to {spread:.2f}).")
     shrinks = last["noloco_over_diloco_pct"] < first["noloco_over_diloco_pct"] - spread
     grows = last["noloco_over_diloco_pct"] > first["noloco_over_diloco_pct"] + spread
     verdict = ("shrinks as the model grows" if shrinks else "grows with the model" if grows
                else "does not change beyond the spread over seeds")
-    ahead = "behind DiLoCo" if last["noloco_over_diloco_pct"] > last["sd"] else (
-        "ahead of DiLoCo" if last["noloco_over_diloco_pct"] < -last["sd"] else "level with DiLoCo, within the spread")
+    last_sd = last["sd"] if last["seeds"] > 1 else spread
+    ahead = "behind DiLoCo" if last["noloco_over_diloco_pct"] > last_sd else (
+        "ahead of DiLoCo" if last["noloco_over_diloco_pct"] < -last_sd else "level with DiLoCo, within the spread")
     return (f"{measured} From the smallest size to the largest the gap {verdict}; at the largest NoLoCo at the "
             f"paper's settings is {ahead}.")
 

@@ -218,7 +218,7 @@ class BodyBuffers:
     own and freed with its last view: its transfer dwarfs its page faults)."""
 
     def __init__(self, keep: int = 4, max_kept_bytes: int = 64 << 20):
-        self._keep, self._max_kept_bytes = keep, max_kept_bytes
+        self._keep, self.max_kept_bytes = keep, max_kept_bytes
         self._buffers: list[mmap.mmap] = []
         self._lock = threading.Lock()
         self.reused = 0
@@ -232,7 +232,7 @@ class BodyBuffers:
                     return memoryview(buffer)[:n]
             buffer = _huge_buffer(n)
             view = memoryview(buffer)
-            if n > self._max_kept_bytes:
+            if n > self.max_kept_bytes:
                 return view
             self._buffers.append(buffer)
             if len(self._buffers) > self._keep:  # the oldest goes; its memory with its last view

@@ -82,6 +82,16 @@ def test_the_answer_follows_the_numbers():
     assert "does not change" in level and "level with DiLoCo" in level and "no evidence" not in level
     one_seed = [r | {"seeds": 1} for r in bench.trend_rows(_runs({"debug": 5.0, "tiny": 1.0}), CHOSEN, 10)]
     assert bench.answer(one_seed).startswith("One seed, so no spread")
+    spread_out = _runs({"debug": 5.0, "tiny": 1.0})
+    for r in spread_out:  # debug's seeds spread by 5 points; tiny has only its first seed yet
+        if r["model"] == "debug" and r["method"] == "noloco" and r["variant"] == "H=10":
+            r["val_loss"] *= 1 + 0.05 * (r["seed"] - 1)
+    spread_out = [r for r in spread_out if r["model"] == "debug" or r["seed"] == 0]
+    largest_alone = bench.answer(bench.trend_rows(spread_out, CHOSEN, 10))
+    assert "no evidence" not in largest_alone and "tiny on one seed so far" in largest_alone
+    assert "does not change beyond the spread" in largest_alone  # 5 % to 1 %, within debug's sd of about 5 points
+    assert "+1.00 % (one seed) at" in largest_alone
+    assert "level with DiLoCo" in largest_alone  # +1 % at tiny, inside the borrowed spread
     assert "with outer momentum 0.3, NoLoCo's is +2.50 % (sd 0.00, 3 seeds) at 0.11M, +0.50 %" in bench.answer(
         shrinking)  # the low-alpha rows, every size
     one_size = bench.answer(bench.trend_rows(_runs({"debug": 4.0}), {"debug": CHOSEN["debug"]}, 10))
