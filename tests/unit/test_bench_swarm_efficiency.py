@@ -133,3 +133,39 @@ def test_the_fast_link_section_compares_libp2p_with_lanes():
     text = "\n".join(fast_link_section(result))
     assert "| libp2p streams | 4,000 | 40% |" in text and "| direct lanes | 6,000 | 15% |" in text
     assert "1.50x the tokens/s of libp2p streams" in text and "40 % before, 15 % after" in text
+
+
+def test_the_fast_link_paths_take_turns_and_each_row_is_the_mean_of_its_runs(tmp_path, monkeypatch):
+    """A B B A: a machine that speeds up through the sitting favours neither path."""
+    from types import SimpleNamespace
+
+    from bench.common.results import Result
+    from bench.swarm_efficiency import fast_link
+
+    order = []
+
+    def run_swarm(plan, stages, replicas, work_dir, *, lanes):
+        order.append(lanes)
+        assert work_dir.is_dir() and not any(work_dir.iterdir())  # every run in a folder of its own
+        return SimpleNamespace(summary={"peers": [{"bytes_sent": 1e6}], "wall_s": 1.0},
+                               tokens_per_s=1000.0 * len(order))  # each run faster than the one before
+
+    def analyse_swarm(swarm, plan):
+        machine = {k: 0.1 for k in ("p2pd", "event_loops", "useful", "recompute", "serialisation", "outer",
+                                    "other", "idle", "other_processes")}
+        return SimpleNamespace(machine=machine, stages=[{"stage": 0, "idle": 0.2}],
+                               throughput={"tokens_per_s": swarm.tokens_per_s, "step_time_mean_s": 0.1,
+                                           "microbatches_lost": 1})
+
+    monkeypatch.setattr(fast_link, "run_swarm", run_swarm)
+    monkeypatch.setattr(fast_link, "analyse_swarm", analyse_swarm)
+    result = Result("swarm_efficiency", "quick", tmp_path)
+    fast_link.run_fast_link(fast_link.FAST_LINK_QUICK, result, tmp_path)
+    assert order == [False, True, True, False]
+    rows = {r["path"]: r for r in result.rows}
+    assert rows["libp2p streams"]["tokens_per_s"] == 2500.0 and rows["direct lanes"]["tokens_per_s"] == 2500.0
+    assert rows["direct lanes"]["tokens_per_s_each"] == [2000.0, 3000.0]
+    assert rows["direct lanes"]["microbatches_lost"] == 2 and rows["direct lanes"]["runs"] == 2
+    assert result.summary["fast_link"]["speedup"] == 1.0 and result.summary["fast_link"]["runs_each"] == 2
+    page = "\n".join(fast_link.fast_link_section({"rows": result.rows, "summary": result.summary}))
+    assert "1.00x the tokens/s of libp2p streams (one path's runs differ by up to 300 % between them)" in page
