@@ -127,9 +127,9 @@ def seed_major(plan: SizePlan, jobs: list[Job]) -> list[Job]:
 
 def deferred(plan: SizePlan, job: Job) -> bool:
     """Whether ``job`` waits until after the ablations: the largest size's seeds after the
-    first (with its M = 1 confirmations). A tiny run is 40 CPU-minutes, so its seeds 1-2
-    cost as much as everything the issue asks for at that size; the two smaller sizes'
-    three seeds give the spread first, and the largest size's own spread comes last."""
+    first (with its M = 1 confirmations). A tiny run is 40 CPU-minutes, and its seeds 1-2
+    are 16 runs, 11 CPU-hours; the two smaller sizes' three seeds give the spread first,
+    and the largest size's own spread comes last."""
     return len(plan.sizes) > 1 and job.plan.model == plan.sizes[-1] and job.seed != plan.seeds[0]
 
 

@@ -4,9 +4,9 @@ least compute per byte they send that the model presets allow: the `debug` model
 wide, one layer a stage) on 16 x 512-token micro-batches, about 1 MB of activations
 forward and 1 MB of gradients back each. A CPU still computes a thousand times slower
 than a GPU, so the bytes stay a few MB/s and transport a small share here; on a GPU the
-same swarm is transport-bound. Run four times, the same way but for the path bulk bytes take, in turns:
-libp2p streams through both p2pd daemons (``--no-lanes``, how every node sent them before
-direct lanes) and direct lanes.
+same swarm is transport-bound. Run four times, the same way but for the path bulk bytes
+take, in turns: libp2p streams through both p2pd daemons (``--no-lanes``, how every node
+sent them before direct lanes) and direct lanes.
 
 Transport's share of the machine: the CPU time of the p2pd daemons and of the nodes'
 threads other than compute (event loops, lane threads, the wire thread that encodes and
@@ -26,9 +26,9 @@ FAST_LINK_QUICK = Plan(model="debug", seq_len=512, batch_size=16, steps=66, inne
 FAST_LINK_FULL = Plan(model="debug", seq_len=512, batch_size=16, steps=240, inner_steps=50, window=(15, 215),
                       plain_warmup_steps=0, plain_steps=0, swarm_timeout_s=900, layouts=((2, 2),))
 PATHS = (("libp2p streams", False), ("direct lanes", True))
-# One run to the next of the same swarm varies by a quarter on these 2 cores (the plain
-# model's own tokens/s moved 1,827 -> 2,073 between two sittings), more than transport's
-# whole share: so the two paths take turns, A B B A, and each row is the mean of its two.
+# The same swarm's tokens/s moved by a third between two sittings on these 2 cores
+# (20,630 -> 28,324 over libp2p), far more than transport's whole share: so the two paths
+# take turns, A B B A, and each row is the mean of its two.
 TURNS = (0, 1, 1, 0)
 
 
