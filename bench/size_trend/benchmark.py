@@ -81,10 +81,19 @@ class Ledger:
                 row["method"], row["seed"], row["variant"], round(row["inner_lr"], 12), row["outer_lr_asked"],
                 row["group_size"], row["freeze_embedding"], row["steps"], row["inner_steps"])
 
+    def known(self, key: tuple) -> dict | None:
+        """The row of the run ``key`` names. A methods-phase run that trains exactly what a
+        tuning run did (DDP, first seed, the chosen lr: the keys differ only in the section)
+        is that run: a tiny one is 40 CPU-minutes."""
+        if key in self.rows:
+            return self.rows[key]
+        tuned = self.rows.get((*key[:2], "tune", *key[3:])) if key[2] == "size" else None
+        return None if tuned is None else {**tuned, "section": "size"}
+
     def run(self, runner: Runner, jobs: list[Job], phase: str) -> list[dict]:
-        keys = [self.job_key(j) for j in jobs]
-        known = [self.rows[k] for k in keys if k in self.rows]
-        todo = [j for j, k in zip(jobs, keys) if k not in self.rows]
+        found = [self.known(self.job_key(j)) for j in jobs]
+        known = [row for row in found if row is not None]
+        todo = [j for j, row in zip(jobs, found) if row is None]
         if known:
             print(f"{phase}: {len(known)} of {len(jobs)} runs already in {self.path.name}", file=sys.stderr)
         if not todo or self.only_known:

@@ -7,7 +7,7 @@ import json
 from dataclasses import replace
 
 from bench.size_trend import benchmark as bench
-from bench.size_trend.plan import FULL, QUICK, ablation_jobs, method_jobs, tuning_jobs, with_gpu
+from bench.size_trend.plan import FULL, GRID, QUICK, ablation_jobs, method_jobs, tuning_jobs, with_gpu
 from swarm_node.config import suggested_lr
 from swarm_node.model.config import model_config
 
@@ -176,6 +176,25 @@ def test_a_full_run_stopped_part_way_goes_on_from_its_ledger(tmp_path):
     unknown = replace(jobs[0], seed=99)
     assert len(bench.Ledger(path, only_known=True).run(page_only, jobs + [unknown], "page")) == len(jobs)
     assert page_only.ran == []  # --from-ledger runs nothing
+
+
+def test_the_methods_ddp_run_at_the_tuned_lr_is_the_tuning_run(tmp_path):
+    """DDP on the first seed at the chosen lr trains exactly what its tuning run did: the
+    methods phase takes that row rather than run it again; no other job borrows it."""
+    path = tmp_path / "size_trend.runs.jsonl"
+    tune = tuning_jobs(FULL, "debug", "corpus")
+    bench.Ledger(path).run(_FakeRunner(), tune, "tune")
+    chosen = tune[1].inner_lr
+    methods = method_jobs(FULL, "debug", "corpus", chosen)
+    runner = _FakeRunner()
+    rows = bench.Ledger(path).run(runner, methods, "methods")
+    borrowed = [j for j in methods if j not in runner.ran]
+    assert [(j.section, j.method, j.seed, j.dp) for j in borrowed] == [("size", "ddp", FULL.seeds[0], GRID[0])]
+    assert len(rows) == len(methods) and sum(r["section"] == "tune" for r in rows) == 0
+    assert len(path.read_text().splitlines()) == len(tune) + len(methods) - 1
+    elsewhere = _FakeRunner()  # at an lr no tuning run used, every job runs
+    bench.Ledger(path).run(elsewhere, method_jobs(FULL, "debug", "corpus", chosen * 3), "methods")
+    assert len(elsewhere.ran) == len(methods)
 
 
 def test_a_best_inner_lr_on_the_edge_of_the_grid_is_followed_past_it(tmp_path, monkeypatch):
