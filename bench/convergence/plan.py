@@ -9,8 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from bench.convergence.stats import METHOD_ORDER
+from swarm_node.optim.methods import PAPER_NOLOCO
+from swarm_node.optim.outer import OuterHyper
 
-NOLOCO_DEFAULT = "default"  # the sweep's label for the project's NoLoCo defaults
+NOLOCO_DEFAULT = "default"  # the sweep's label for the plan's NoLoCo settings (Plan.noloco_outer)
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,9 @@ class Plan:
     device: str = "cpu"
     curve_every: int = 50  # steps between the points of the validation-loss curve
     curve_batches: int = 2  # validation batches per point (the final evaluation takes eval_batches)
+    # NoLoCo's outer settings where a job names none: the paper's, so a plan reproduces its
+    # comparisons (and its ledger's rows) whatever the node's default becomes.
+    noloco_outer: OuterHyper = PAPER_NOLOCO
     notes: tuple[str, ...] = field(default=())
 
     @property

@@ -31,16 +31,26 @@ def sim_config(job: Job):
         raise ValueError(f"global batch {plan.global_batch} does not split over {job.dp} replicas")
     inner = InnerHyper(lr=job.inner_lr or suggested_lr(plan.model), warmup_steps=default_warmup_steps(plan.steps),
                        total_steps=plan.steps)
-    method = default_method(job.method, inner_steps=plan.h_of(job.method), beta=job.outer_lr,
-                            alpha=job.outer_momentum, gamma=job.outer_gamma, nesterov=job.nesterov,
-                            group_size=job.group_size)
-    return SimConfig(method=method, inner=inner, data=DataSpec.parse(plan.data), device=plan.device,
+    return SimConfig(method=job_method(job), inner=inner, data=DataSpec.parse(plan.data), device=plan.device,
                      freeze_input_embedding=job.freeze_embedding,
                      replicas=job.dp, stages=job.pp, model_size=plan.model, seq_len=plan.seq_len,
                      batch_size=plan.global_batch // job.dp, steps=plan.steps, seed=job.seed,
                      eval_batches=plan.eval_batches, eval_batch_size=64, outer_codec=job.outer_codec,
                      activation_codec=job.activation_codec, outer_latency_steps=job.outer_latency_steps,
                      overlap_start=job.overlap_start, outer_landing=job.outer_landing)
+
+
+def job_method(job: Job):
+    """The method ``job`` trains with: its own outer settings, else its plan's NoLoCo
+    settings (Plan.noloco_outer), else the method's defaults."""
+    base = job.plan.noloco_outer if job.method == "noloco" else None
+
+    def pick(asked: float | None, field: str) -> float | None:
+        return asked if asked is not None or base is None else getattr(base, field)
+
+    return default_method(job.method, inner_steps=job.plan.h_of(job.method), beta=pick(job.outer_lr, "beta"),
+                          alpha=pick(job.outer_momentum, "alpha"), gamma=pick(job.outer_gamma, "gamma"),
+                          nesterov=job.nesterov, group_size=job.group_size)
 
 
 def _train(sim, every: int, curve_batches: int, curve: list, start: int, on_step=lambda step: None) -> list:

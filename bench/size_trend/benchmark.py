@@ -20,7 +20,7 @@ from pathlib import Path
 
 from bench.common.results import Result, parse_mode, pyplot, rerun_command
 from bench.convergence.plan import Job
-from bench.convergence.runs import Runner
+from bench.convergence.runs import Runner, job_method
 from bench.size_trend.data import DATA_ROOT, VOCAB, data_identity, subword_data
 from bench.size_trend.plan import (
     FULL,
@@ -38,7 +38,6 @@ from bench.size_trend.plan import (
 )
 from swarm_node.config import suggested_lr
 from swarm_node.model.config import model_config
-from swarm_node.optim.methods import default_method
 
 NAME = "size_trend"
 CORPUS_TEXT = {"bundled": "the bundled corpus (stdlib docstrings)",
@@ -69,17 +68,20 @@ class Ledger:
                 self.rows[self.row_key(row)] = row
 
     def job_key(self, job: Job) -> tuple:
-        method = default_method(job.method, inner_steps=job.plan.h_of(job.method))
+        method = job_method(job)
         inner_lr = job.inner_lr if job.inner_lr is not None else suggested_lr(job.plan.model)
+        outer = method.outer
         return (self.tag.get("data_sha256"), self.tag.get("device"), job.section, job.plan.model, job.dp, job.pp,
                 job.method, job.seed, job.variant, round(inner_lr, 12), job.outer_lr, job.group_size,
-                job.freeze_embedding, job.plan.steps, method.inner_steps)
+                job.freeze_embedding, job.plan.steps, method.inner_steps,
+                *(_outer_key(outer.alpha, outer.beta, outer.gamma, outer.nesterov) if outer else _outer_key()))
 
     @staticmethod
     def row_key(row: dict) -> tuple:
         return (row.get("data_sha256"), row.get("device"), row["section"], row["model"], row["dp"], row["pp"],
                 row["method"], row["seed"], row["variant"], round(row["inner_lr"], 12), row["outer_lr_asked"],
-                row["group_size"], row["freeze_embedding"], row["steps"], row["inner_steps"])
+                row["group_size"], row["freeze_embedding"], row["steps"], row["inner_steps"],
+                *_outer_key(row["outer_momentum"], row["outer_lr"], row["outer_gamma"], row["nesterov"]))
 
     def known(self, key: tuple) -> dict | None:
         """The row of the run ``key`` names. A methods-phase run that trains exactly what a
@@ -105,6 +107,12 @@ class Ledger:
         if self.path is not None:
             with open(self.path, "a") as f:
                 f.write(json.dumps(row) + "\n")
+
+
+def _outer_key(alpha=None, beta=None, gamma=None, nesterov=None) -> tuple:
+    """The outer settings a run trained with, resolved: a row answers a job only if they
+    match, so a change of the node's defaults never passes an old run off as a new one."""
+    return (*(None if v is None else round(v, 12) for v in (alpha, beta, gamma)), nesterov)
 
 
 def run_plan(plan: SizePlan, workers: int, ledger: Ledger) -> tuple[list[dict], dict]:

@@ -6,10 +6,14 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+from bench.convergence.runs import job_method
 from bench.size_trend import benchmark as bench
 from bench.size_trend.plan import FULL, GRID, QUICK, ablation_jobs, method_jobs, tuning_jobs, with_gpu
 from swarm_node.config import suggested_lr
 from swarm_node.model.config import model_config
+from swarm_node.optim import methods
+from swarm_node.optim.methods import PAPER_NOLOCO
+from swarm_node.optim.outer import OuterHyper
 
 
 def test_the_full_plan_spans_sizes_seeds_and_both_h_ratios():
@@ -145,6 +149,9 @@ class _FakeRunner:
                    "seed": job.seed, "variant": job.variant, "inner_lr": job.inner_lr, "outer_lr_asked": job.outer_lr,
                    "group_size": job.group_size, "freeze_embedding": job.freeze_embedding, "steps": job.plan.steps,
                    "inner_steps": h if job.method in ("noloco", "diloco") else 1, "val_loss": 3.0}
+            outer = job_method(job).outer
+            row.update(outer_momentum=outer and outer.alpha, outer_lr=outer and outer.beta,
+                       outer_gamma=outer and outer.gamma, nesterov=outer and outer.nesterov)
             on_row(row)
             rows.append(row)
         return rows
@@ -195,6 +202,26 @@ def test_the_methods_ddp_run_at_the_tuned_lr_is_the_tuning_run(tmp_path):
     elsewhere = _FakeRunner()  # at an lr no tuning run used, every job runs
     bench.Ledger(path).run(elsewhere, method_jobs(FULL, "debug", "corpus", chosen * 3), "methods")
     assert len(elsewhere.ran) == len(methods)
+
+
+def test_the_plan_trains_the_papers_noloco_whatever_the_nodes_default(tmp_path, monkeypatch):
+    """The trend's NoLoCo rows are the paper's settings (and one named variant): a change
+    of the node's default changes none of its runs, and a row trained with other outer
+    settings than a job's never answers it."""
+    jobs = method_jobs(FULL, "debug", "corpus", 1e-3) + ablation_jobs(FULL, "debug", "corpus", 1e-3)
+    trained = [job_method(j) for j in jobs]
+    unset = [m.outer for j, m in zip(jobs, trained) if j.method == "noloco" and
+             (j.outer_momentum, j.outer_lr, j.outer_gamma) == (None, None, None)]
+    assert len(unset) > 3 and set(unset) == {PAPER_NOLOCO}
+    monkeypatch.setattr(methods, "NOLOCO_OUTER", OuterHyper(alpha=0.1, beta=0.3, gamma=0.2))
+    assert [job_method(j) for j in jobs] == trained
+    path = tmp_path / "size_trend.runs.jsonl"
+    bench.Ledger(path).run(_FakeRunner(), jobs, "first")
+    other = [replace(j, plan=replace(j.plan, noloco_outer=OuterHyper(alpha=0.1, beta=0.3, gamma=0.2)))
+             for j in jobs]
+    runner = _FakeRunner()
+    bench.Ledger(path).run(runner, other, "the node's settings")
+    assert runner.ran == [j for j in other if j.method == "noloco"]  # every other run still answered
 
 
 def test_a_best_inner_lr_on_the_edge_of_the_grid_is_followed_past_it(tmp_path, monkeypatch):
