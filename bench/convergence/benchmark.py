@@ -78,7 +78,7 @@ def summarise(result: Result, plan: Plan, runs: list[dict], chosen: dict, home_l
     first = plan.seeds[0]
     grids = grid_rows(runs)
     scaling = scaling_rows(_chosen_scaling_runs(runs, chosen["scaling_outer_lr"]), plan.scaling_reference)
-    to_target = steps_to_target_rows(runs)
+    to_target = steps_to_target_rows(runs, None if chosen["noloco"] == NOLOCO_DEFAULT else chosen["noloco"])
     home = link_from_home_link(home_link) if home_link else None
     walls = [r | {"link": "fast"} for r in wall_rows(to_target, FAST_LINK)]
     if home is not None:
@@ -106,10 +106,10 @@ def summarise(result: Result, plan: Plan, runs: list[dict], chosen: dict, home_l
         # issue 16's bar, beside the paper's shape (not part of it)
         "wire_within_1pct": None if not wire else {
             "holds": all(r["within_bar"] for r in wire), "gaps_pct": {r["variant"]: round(r["gap_pct"], 3) for r in wire}},
-        "home_link": None if home is None else {"payload_steps": round(home.payload_steps, 1),
-                                                "exchange_steps": round(home.overlapped_exchange_steps, 1),
-                                                "utilisation": home.overlapped_utilisation,
-                                                "rate_mbit": home_link.get("rate_mbit")},
+        "home_link": None if home is None else {
+            "payload_steps": round(home.payload_steps, 1), "rate_mbit": home_link.get("rate_mbit"),
+            "rounds_as_run_here": {m: {"round_steps": round(r.round_steps, 1), "utilisation": r.utilisation,
+                                       "peers": r.peers} for m, r in home.here}},
     }
 
 

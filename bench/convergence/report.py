@@ -208,9 +208,13 @@ def _wall_table(result: dict) -> str:
     home = s.get("home_link")
     links = {"fast": "a fast link (a 16-bit copy of a stage's weights crosses it in one inner step)"}
     if home:
+        here = "; ".join(f"{m}'s round {r['round_steps']:g} inner steps beside compute at utilisation "
+                         f"{r['utilisation']:.2f}" for m, r in home["rounds_as_run_here"].items())
+        peers = {r["peers"] for r in home["rounds_as_run_here"].values()}
         links["home"] = (f"the home link measured by bench.home_link ({home['rate_mbit']} Mbit/s: a 16-bit copy "
-                         f"takes {home['payload_steps']:g} inner steps; this project's compressed round "
-                         f"{home['exchange_steps']:g} steps beside compute at utilisation {home['utilisation']})")
+                         f"takes {home['payload_steps']:g} inner steps; this project's overlapped, compressed "
+                         f"rounds among {', '.join(map(str, sorted(peers)))} volunteers: {here}; DiLoCo's "
+                         "round scaled to a grid's DP by the payloads it gathers)")
     target = {r["grid"]: r["target_loss"] for r in _rows(result["rows"], "to_target")}
     lines = ["**Time to a target loss** (the highest final point of NoLoCo's and DiLoCo's validation-loss curves "
              "(random paths, the first validation batches) over the seeds, per "
@@ -222,28 +226,37 @@ def _wall_table(result: dict) -> str:
              "vs DiLoCo |", "|---|---|---|---|---|---|---|---|"]
     for link in links:
         for r in (w for w in walls if w["link"] == link):
-            lines.append(f"| {link} | {r['grid']} | {r['method']} | {r['round'] or '-'} | {_num(r['steps'], 0)} | "
+            method = f"{r['method']} ({r['setting']})" if r.get("setting") else r["method"]
+            lines.append(f"| {link} | {r['grid']} | {method} | {r['round'] or '-'} | {_num(r['steps'], 0)} | "
                          f"{r['step_cost']:.2f} | {_num(r['wall_steps'], 0)} | {_num(r['vs_diloco'], 2)} |")
     return ("\n".join(lines) + "\n\n" + "Links: " + "; ".join(f"{k}: {v}" for k, v in links.items()) + ".\n\n"
             + _wall_reading(walls, links))
 
 
 def _wall_reading(walls: list[dict], links: dict) -> str:
-    """NoLoCo's wall time to the target against DiLoCo's, per link and kind of round."""
+    """NoLoCo's wall time to the target against DiLoCo's with the same kind of round, per link."""
     parts = []
+    noloco = [w for w in walls if w["method"] == "noloco"]
     for link in links:
-        for round_kind in dict.fromkeys(w["round"] for w in walls if w["method"] == "noloco" and w["link"] == link):
-            ratios = [w["vs_diloco"] for w in walls if w["link"] == link and w["method"] == "noloco"
+        for setting, round_kind in dict.fromkeys((w.get("setting", ""), w["round"]) for w in noloco
+                                                 if w["link"] == link):
+            ratios = [w["vs_diloco"] for w in noloco if w["link"] == link and w.get("setting", "") == setting
                       and w["round"] == round_kind and w["vs_diloco"] is not None]
+            at = f", NoLoCo at {setting}" if setting else ""
             if ratios:
-                parts.append(f"{link} link, {round_kind} round: {min(ratios):.2f}-{max(ratios):.2f}x")
+                parts.append(f"{link} link, {round_kind} round{at}: {_span(ratios)}")
     if not parts:
         return ""
-    return ("NoLoCo's wall time to the target against DiLoCo's (below 1: NoLoCo first): " + "; ".join(parts)
-            + ". Under the paper's latency model NoLoCo's cheaper round does not make up for the extra steps it "
-            "needs here wherever the ratio is above 1; the 'as run here' rows credit this project's overlapped, "
-            "compressed round, against DiLoCo costed as a blocking all-reduce, so they compare engineering, not "
-            "the two update rules.")
+    return ("NoLoCo's wall time to the target against DiLoCo's, both with the same kind of round (below 1: "
+            "NoLoCo first): " + "; ".join(parts) + ". Where the ratio is above 1, NoLoCo's cheaper round does not "
+            "make up for the extra steps it needs here; the 'as run here' rows cost both methods' rounds as this "
+            "project's node runs them (overlapped, compressed, measured), where NoLoCo's moves one partner's "
+            "payload and DiLoCo's every other peer's.")
+
+
+def _span(ratios: list[float]) -> str:
+    low, high = min(ratios), max(ratios)
+    return f"{low:.2f}x" if f"{low:.2f}" == f"{high:.2f}" else f"{low:.2f}-{high:.2f}x"
 
 
 def _checks(result: dict) -> str:

@@ -271,20 +271,25 @@ def target_loss(runs: Sequence[dict], methods: Sequence[str] = ("noloco", "diloc
     return max(r["loss_curve"][-1][1] for r in runs if r["method"] in methods)
 
 
-def steps_to_target_rows(runs: Sequence[dict]) -> list[dict]:
+def steps_to_target_rows(runs: Sequence[dict], choice: str | None = None) -> list[dict]:
     """Per grid and method: the inner steps until the validation loss reaches the grid's
-    target (mean over seeds; None where a seed never reaches it)."""
+    target (mean over seeds; None where a seed never reaches it); with ``choice``, the
+    NoLoCo sweep's chosen setting too, on the sweep's grid (its runs on every seed),
+    against the same target."""
     grid_runs = _select(runs, section="grid")
+    chosen = _select(runs, section="sweep", variant=choice) if choice else []
     rows = []
     for dp, pp in sorted({(r["dp"], r["pp"]) for r in grid_runs}, key=lambda g: (g[1], g[0])):
         mine = _select(grid_runs, dp=dp, pp=pp)
         target = target_loss(mine)
-        for method in METHOD_ORDER:
-            steps = [steps_to_target(r["loss_curve"], target) for r in _select(mine, method=method)]
-            if not steps:
+        kinds = [(method, "", _select(mine, method=method)) for method in METHOD_ORDER]
+        kinds.insert(METHOD_ORDER.index("noloco") + 1, ("noloco", choice, _select(chosen, dp=dp, pp=pp)))
+        for method, setting, of_kind in kinds:
+            if not of_kind:
                 continue
+            steps = [steps_to_target(r["loss_curve"], target) for r in of_kind]
             rows.append({"kind": "to_target", "dp": dp, "pp": pp, "grid": f"{dp} x {pp}", "method": method,
-                         "target_loss": target, "inner_steps": _select(mine, method=method)[0]["inner_steps"],
+                         "setting": setting or "", "target_loss": target, "inner_steps": of_kind[0]["inner_steps"],
                          "steps": None if None in steps else statistics.fmean(steps)})
     return rows
 

@@ -14,6 +14,9 @@ number of inner steps in every scenario:
   overlapped + compressed swarm (they sometimes average every step here): the target of
   the time-to-loss comparison is its final validation loss;
 - overlapped + compressed at 2 Mbit/s: the slowest link we claim to work on;
+- NoLoCo and DiLoCo, both overlapped + compressed as the node runs them, among 4
+  volunteers (a DiLoCo round with 2 is a pair's): each method's round cost as run here,
+  for the convergence benchmark's time to a target loss;
 
 and 2 stages x 2 volunteers, activations and their gradients in fp16 against int8
 (the run spec's ``activation_codec``), at the same rate (quick) and at 4x and 16x it
@@ -93,13 +96,24 @@ class Scenario:
     blocking: bool = False  # --blocking-rounds --one-payload-at-a-time: the round before issue 16
     hivemind: bool = False
     rate_mbit: float | None = None  # None: the benchmark's chosen link rate
+    method: str = "noloco"
+    volunteers: int | None = None  # None: the plan's
+
+
+METHOD_VOLUNTEERS = 4  # the methods' rounds side by side: DiLoCo's gathers 3 payloads a round, NoLoCo's 1
+
+
+def method_scenario(method: str) -> str:
+    return f"{'DiLoCo' if method == 'diloco' else 'NoLoCo'}, overlapped + compressed, {METHOD_VOLUNTEERS} volunteers"
 
 
 def scenarios(full: bool) -> list[Scenario]:
     compressed = RunSpec().outer_codec
     return [Scenario("blocking fp16", blocking=True), *([Scenario("overlapped fp16")] if full else []),
             Scenario("overlapped + compressed", compressed), Scenario("hivemind.Optimizer", hivemind=True),
-            Scenario(f"overlapped + compressed at {SLOW_RATE_MBIT:g} Mbit/s", compressed, rate_mbit=SLOW_RATE_MBIT)]
+            Scenario(f"overlapped + compressed at {SLOW_RATE_MBIT:g} Mbit/s", compressed, rate_mbit=SLOW_RATE_MBIT),
+            *(Scenario(method_scenario(m), compressed, method=m, volunteers=METHOD_VOLUNTEERS)
+              for m in ("noloco", "diloco"))]
 
 
 @dataclass(frozen=True)
@@ -113,12 +127,13 @@ def staged_scenarios(full: bool) -> list[StagedScenario]:
             for codec in ("fp16", "int8")]
 
 
-def run_spec(plan: Plan, codec: str, stages: int = 1, activation_codec: str = "fp16") -> RunSpec:
+def run_spec(plan: Plan, codec: str, stages: int = 1, activation_codec: str = "fp16",
+             method: str = "noloco") -> RunSpec:
     steps = plan.rounds * plan.inner_steps
-    return RunSpec(run_id=f"home-{codec}-{stages}-{activation_codec}", model_size=plan.model, num_stages=stages,
-                   seq_len=plan.seq_len, batch_size=plan.batch_size, samples_per_step=plan.batch_size,
-                   total_steps=steps, data=DataSpec.parse(DATA), outer_codec=codec,
-                   activation_codec=activation_codec, method=default_method("noloco", inner_steps=plan.inner_steps),
+    return RunSpec(run_id=f"home-{method}-{codec}-{stages}-{activation_codec}", model_size=plan.model,
+                   num_stages=stages, seq_len=plan.seq_len, batch_size=plan.batch_size,
+                   samples_per_step=plan.batch_size, total_steps=steps, data=DataSpec.parse(DATA), outer_codec=codec,
+                   activation_codec=activation_codec, method=default_method(method, inner_steps=plan.inner_steps),
                    inner=InnerHyper(lr=plan.lr, warmup_steps=plan.inner_steps, total_steps=steps))
 
 
@@ -185,19 +200,23 @@ def one_stage_row(plan: Plan, scenario: Scenario, rate: float, workdir: Path, al
     rate = scenario.rate_mbit or rate
     named = "" if scenario.rate_mbit else f" at {rate} Mbit/s"  # a scenario of its own rate names it
     print(f"bench.{NAME}: {scenario.name}{named}", file=sys.stderr, flush=True)
-    spec = run_spec(plan, scenario.codec)
+    spec = run_spec(plan, scenario.codec, method=scenario.method)
     if scenario.hivemind:
         ran = run_hivemind(spec, plan.volunteers, rate, workdir, DATA, time_limit_s)
         return hivemind_row(plan, scenario, rate, ran, alone_tokens_per_s, evaluator)
-    ran = run_one_stage(spec, plan.volunteers, rate, workdir, blocking=scenario.blocking,
+    volunteers = scenario.volunteers or plan.volunteers
+    ran = run_one_stage(spec, volunteers, rate, workdir, blocking=scenario.blocking,
                         param_names=evaluator.param_names, params=sum(p.numel() for p in evaluator.stage.parameters()))
     nodes = ran.nodes
     rounds = [max(1, n["outer_rounds"]) for n in nodes]
     partnered = [max(1, n["rounds_with_partner"]) for n in nodes]
-    logs = [(workdir / f"v{i}" / "join.log").read_text(errors="replace") for i in range(plan.volunteers)]
-    curve = evaluator.curve(ran, plan.volunteers, plan.inner_steps)
+    logs = [(workdir / f"v{i}" / "join.log").read_text(errors="replace") for i in range(volunteers)]
+    curve = evaluator.curve(ran, volunteers, plan.inner_steps)
+    tokens_per_step = spec.batch_size * spec.seq_len
     return dict(
-        scenario=scenario.name, codec=scenario.codec, rate_mbit=rate,
+        scenario=scenario.name, method=scenario.method, volunteers=volunteers, codec=scenario.codec, rate_mbit=rate,
+        # a volunteer's inner step here, compute only (the volunteers share the machine's cores)
+        step_s=round(statistics.mean(n["training_s"] / max(1, n["tokens"] // tokens_per_step) for n in nodes), 4),
         compute_utilisation=[round(n["training_s"] / n["training_wall_s"], 3) for n in nodes],
         held_s_per_round=[round(n["round_held_s"] / r, 1) for n, r in zip(nodes, rounds)],
         critical_path_s=[_critical_path(n, r, p) for n, r, p in zip(nodes, rounds, partnered)],
@@ -353,7 +372,21 @@ def summary(rows: list[dict], rate: float, plan: Plan, full: bool) -> dict:
         "int8_activations_tokens_per_s_gain": {
             f"{factor:g}x": round(by_name[f"2x2 int8 activations at {factor:g}x"]["swarm_tokens_per_s"]
                                   / by_name[f"2x2 fp16 activations at {factor:g}x"]["swarm_tokens_per_s"], 3)
-            for factor in sorted({s.rate_factor for s in staged_scenarios(full)})}}
+            for factor in sorted({s.rate_factor for s in staged_scenarios(full)})},
+        "rounds_as_run_here": {m: round_as_run(by_name[method_scenario(m)], plan.inner_steps)
+                               for m in ("noloco", "diloco") if method_scenario(m) in by_name}}
+
+
+def round_as_run(row: dict, inner_steps: int) -> dict:
+    """One method's round as the node ran it, what the convergence benchmark's wall-clock
+    model charges it: the round (boundary to outer step: the steps go on beside all of
+    it, and wait at the next boundary only if it is not over), the inner phase beside
+    it, and the compute utilisation."""
+    return {"volunteers": row["volunteers"], "inner_steps": inner_steps,
+            "round_s": round(statistics.mean(c["round"] for c in row["critical_path_s"]), 2),
+            "inner_phase_s": round(row["step_s"] * inner_steps, 1), "utilisation": min(row["compute_utilisation"]),
+            "held_s_per_round": round(statistics.mean(row["held_s_per_round"]), 1),
+            "bytes_per_partner_round": round(statistics.mean(row["bytes_per_partner_round"]))}
 
 
 def plot(result: Result) -> None:
@@ -362,7 +395,7 @@ def plot(result: Result) -> None:
     ours = [r for r in result.rows if "compute_utilisation" in r]
     values = [statistics.mean(r["compute_utilisation"]) for r in ours]
     bars.bar([r["scenario"].replace(" at ", "\nat ") for r in ours], values,
-             color=["#999999", "#6699cc", "#336699", "#223366"][:len(ours)])
+             color=["#999999", "#6699cc", "#336699", "#223366", "#66aa66", "#aa6633"][:len(ours)])
     bars.set_ylim(0, 1)
     bars.set_ylabel("compute utilisation")
     bars.set_title(f"home links: {result.summary['rate_mbit']} Mbit/s, {RTT_MS:.0f} ms RTT")
@@ -443,6 +476,7 @@ def markdown(result: dict) -> str:
         "peer in the stage: alone, a node takes the local-only step at once, as at the end of a run) and "
         f"{s['slow_link_partners_backed_off_for_late_proposal_answers']} partners were backed off for a late "
         "proposal answer.", "",
+        *_rounds_as_run(s.get("rounds_as_run_here") or {}),
         "### Two stages x two volunteers: activations in fp16 against int8", "",
         f"The same links, the default outer codec, stage 0 stopping after {2 * s['inner_steps']} inner steps "
         f"(H = {s['inner_steps']}). "
@@ -458,6 +492,22 @@ def markdown(result: dict) -> str:
     if result["notes"]:
         lines += ["", "Notes:", "", *[f"- {n}" for n in result["notes"]]]
     return "\n".join(lines) + "\n"
+
+
+def _rounds_as_run(rounds: dict) -> list[str]:
+    if not rounds:
+        return []
+    names = {"noloco": "NoLoCo (one random partner)", "diloco": "DiLoCo (every peer of the stage)"}
+    lines = [f"### One round of each method as the node runs it, {METHOD_VOLUNTEERS} volunteers", "",
+             "Both overlapped and compressed, on the same links, H = "
+             f"{next(iter(rounds.values()))['inner_steps']}: what the convergence benchmark's time to a target "
+             "loss charges each method's round on a home link.", "",
+             "| method | round (boundary to outer step) | inner phase beside it | bytes sent per round with a "
+             "partner | held per round | compute utilisation (lowest node) |", "|---|---|---|---|---|---|"]
+    lines += [f"| {names[m]} | {r['round_s']:.1f} s | {r['inner_phase_s']:.1f} s | "
+              f"{r['bytes_per_partner_round'] / 1e6:.2f} MB | {r['held_s_per_round']:.1f} s | {r['utilisation']:.0%} |"
+              for m, r in rounds.items()]
+    return [*lines, ""]
 
 
 def _seconds(value: float | None) -> str:

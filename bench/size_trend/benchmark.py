@@ -301,20 +301,30 @@ def answer(trend: list[dict]) -> str:
     first, last = ratio[0], ratio[-1]
     # a size on one seed (the largest, until its other seeds have run: plan.deferred) has
     # no spread of its own; the seeds of the sizes that have them stand in for it
-    spread = max(r["sd"] for r in ratio if r["seeds"] > 1 or r is first or r is last)
+    spread = max(r["sd"] for r in ratio + low if r["seeds"] > 1 or r["model"] in (first["model"], last["model"]))
     borrowed = [r for r in (first, last) if r["seeds"] < 2]
     if borrowed and not caveat:
         measured += (f" {', '.join(r['model'] for r in borrowed)} on one seed so far: the spread beside it is the "
                      f"other sizes' (sd up to {spread:.2f}).")
-    shrinks = last["noloco_over_diloco_pct"] < first["noloco_over_diloco_pct"] - spread
-    grows = last["noloco_over_diloco_pct"] > first["noloco_over_diloco_pct"] + spread
-    verdict = ("shrinks as the model grows" if shrinks else "grows with the model" if grows
-               else "does not change beyond the spread over seeds")
-    last_sd = last["sd"] if last["seeds"] > 1 else spread
-    ahead = "behind DiLoCo" if last["noloco_over_diloco_pct"] > last_sd else (
-        "ahead of DiLoCo" if last["noloco_over_diloco_pct"] < -last_sd else "level with DiLoCo, within the spread")
-    return (f"{measured} From the smallest size to the largest the gap {verdict}; at the largest NoLoCo at the "
-            f"paper's settings is {ahead}.")
+    paper_verdict, paper_ahead = _trend(ratio, spread)
+    text = (f"{measured} From the smallest size to the largest the gap at the paper's settings {paper_verdict}; "
+            f"at the largest size NoLoCo with them is {paper_ahead}.")
+    if len(low) > 1:
+        low_verdict, low_ahead = _trend(low, spread)
+        text += f" With outer momentum {LOW_ALPHA:g} the gap {low_verdict}; at the largest size NoLoCo is {low_ahead}."
+    return text
+
+
+def _trend(rows: list[dict], spread: float) -> tuple[str, str]:
+    """Whether NoLoCo's gap to DiLoCo (``rows`` in size order) moves from the first size
+    to the last by more than ``spread``, and where the last stands."""
+    first, last = rows[0]["noloco_over_diloco_pct"], rows[-1]["noloco_over_diloco_pct"]
+    verdict = ("shrinks as the model grows" if last < first - spread else "grows with the model"
+               if last > first + spread else "does not change beyond the spread over seeds")
+    last_sd = rows[-1]["sd"] if rows[-1]["seeds"] > 1 else spread
+    ahead = ("behind DiLoCo" if last > last_sd else "ahead of DiLoCo" if last < -last_sd
+             else "level with DiLoCo, within the spread")
+    return verdict, ahead
 
 
 def summarise(result: Result, plan: SizePlan, runs: list[dict], chosen: dict) -> None:

@@ -118,13 +118,17 @@ class OuterExchange:
         self.check = PartnerCheck(max_update_ratio)
         self.pairing: PairingCoordinator | GroupRound
         if method == "diloco":  # every live peer of the stage
-            self.pairing = GroupRound(round_timeout_s=times.round_timeout_s, request_timeout_s=times.exchange_s)
+            self.pairing = GroupRound(round_timeout_s=times.round_timeout_s, request_timeout_s=times.exchange_s,
+                                      own_id=own_id)
         else:  # NoLoCo: one random partner
             self.pairing = PairingCoordinator(round_timeout_s=times.round_timeout_s,
                                               request_timeout_s=times.exchange_s,
                                               propose_timeout_s=PROPOSE_TIMEOUT_S, own_id=own_id)
+        # a group member's link carries several exchanges at once: each may take that much longer
+        sharing = self.pairing.most_sharing if isinstance(self.pairing, GroupRound) else 1
         self.payloads = PayloadSwap(spec_hash=spec_hash, state=state, services=services, pairing=self.pairing,
-                                    check=self.check, exchange_s=times.exchange_s, both_at_once=times.both_at_once,
+                                    check=self.check, exchange_s=times.exchange_s * sharing,
+                                    both_at_once=times.both_at_once,
                                     round_early=self.maybe_round_early, on_delta=self._delta_landed)
         self.own_id = own_id
         self.seekers = Seekers(now)  # peers heard seeking lately: whom we try first, and name in refusals
@@ -187,6 +191,8 @@ class OuterExchange:
         resuming = (asyncio.create_task(self._resume_steps(opened_at + wait_first_s, outcome))
                     if wait_first_s > 0 else None)
         self.payloads.offer = reply
+        if isinstance(self.pairing, GroupRound):
+            outcome.partner_at = now()  # a group agrees on no partner: its exchange starts as it gathers
         try:
             others = await self._gather(round_no, reply, expect_request=self.gate.requested or callers)
         finally:

@@ -99,7 +99,7 @@ class PayloadSwap:
         self.compute, self.transport, self.guard = services.compute, services.transport, services.guard
         self.pairing = pairing  # its rule says whose payload we take and who may fetch ours
         self.check = check
-        self.exchange_s = exchange_s  # one payload exchange, both ways
+        self.exchange_s = exchange_s  # one payload exchange, both ways (a group member's: beside the others)
         self.both_at_once = both_at_once  # False: the partner's payload only after ours is in (for comparison)
         self.round_early = round_early  # (wait_s) a group member's payload may pull our round forward
         self.on_delta = on_delta  # a partner's Delta is in, checked and landed (True: one we fetched)

@@ -228,7 +228,7 @@ async def run_group(n: int, seed: int, dead: set[str] = frozenset()):
     rng = random.Random(seed)
     names = [f"peer{i}" for i in range(n)]
     nodes = {name: GroupRound(round_timeout_s=1.0, request_timeout_s=0.3, backoff_s=(0.001, 0.01),
-                              rng=random.Random(rng.random())) for name in names}
+                              rng=random.Random(rng.random()), own_id=name) for name in names}
 
     async def send_from(sender, peer, payload, timeout):
         await asyncio.sleep(rng.uniform(0, 0.003))
@@ -260,6 +260,78 @@ def test_group_round_gathers_every_members_contribution(n):
 def test_group_round_goes_on_without_a_dead_member():
     results = vclock.run(run_group(4, seed=9, dead={"peer0"}))
     assert all(set(g) == {p for p in results if p != name} for name, g in results.items())
+
+
+async def run_group_on_links(n: int, exchange_s: float, own_ids: bool = True):
+    """Members on links of their own: an exchange takes ``exchange_s`` times the most
+    exchanges either end's link carries while it runs (they share its rate), and a call
+    past its deadline fails. Returns each member's contributions and the exchanges made."""
+    from swarm_node.gossip.group import GroupRound
+
+    names = [f"peer{i}" for i in range(n)]
+    nodes = {name: GroupRound(round_timeout_s=2 * exchange_s, request_timeout_s=1.5 * exchange_s,
+                              backoff_s=(0.001, 0.01), rng=random.Random(i), own_id=name if own_ids else "")
+             for i, name in enumerate(names)}
+    on_link = dict.fromkeys(names, 0)
+    exchanges = []
+
+    async def send_from(sender, peer, payload, timeout):
+        on_link[sender] += 1
+        on_link[peer] += 1
+        try:
+            took = exchange_s * max(on_link[sender], on_link[peer])
+            if took > timeout:
+                await asyncio.sleep(timeout)
+                raise PeerTimeout("the link is shared")
+            await asyncio.sleep(took)
+            nodes[peer].on_request(sender, payload)
+            exchanges.append((sender, peer))
+            return f"payload-of-{peer}"
+        finally:
+            on_link[sender] -= 1
+            on_link[peer] -= 1
+
+    async def one(name):
+        return await nodes[name].run_round(0, f"payload-of-{name}", members=lambda: [p for p in names if p != name],
+                                           send=lambda peer, payload, t: send_from(name, peer, payload, t))
+
+    return dict(zip(names, await asyncio.gather(*(one(name) for name in names)))), exchanges
+
+
+def test_a_group_round_on_shared_links_gathers_everyone_each_pair_exchanging_once():
+    """Four members whose exchanges share their links: calls sized for one exchange each
+    timed out, and rounds went local-only (bench.home_link, 4 Mbit/s). Sized for the
+    exchanges beside them, every member gathers every other's payload, and of each pair
+    one calls: every payload crosses each link once."""
+    results, exchanges = vclock.run(run_group_on_links(4, exchange_s=1.0))
+    assert all(set(gathered) == {p for p in results if p != name} for name, gathered in results.items())
+    assert sorted(exchanges) == [(a, b) for a in sorted(results) for b in sorted(results) if a < b]
+    # without the tie-break both ends of each pair call at once: twice the exchanges share
+    # each link, calls time out, and members miss payloads
+    results, _ = vclock.run(run_group_on_links(4, exchange_s=1.0, own_ids=False))
+    assert any(len(gathered) < 3 for gathered in results.values())
+
+
+def test_a_higher_member_calls_a_lower_one_whose_call_never_comes():
+    """The lower id calls; a lower member that does not (it counts only some members, or
+    is late) is called by the higher one after a call's time, within the round."""
+    from swarm_node.gossip.group import GroupRound
+
+    async def scenario():
+        high = GroupRound(round_timeout_s=5.0, request_timeout_s=1.0, own_id="peerB", backoff_s=(0.001, 0.01))
+        calls = []
+
+        async def send(peer, payload, timeout):
+            calls.append((peer, asyncio.get_running_loop().time()))
+            return "payload-of-peerA"
+
+        started = asyncio.get_running_loop().time()
+        gathered = await high.run_round(0, "payload-of-peerB", members=lambda: ["peerA"], send=send)
+        return gathered, [(peer, at - started) for peer, at in calls]
+
+    gathered, calls = vclock.run(scenario())
+    assert gathered == {"peerA": "payload-of-peerA"}
+    assert len(calls) == 1 and calls[0][0] == "peerA" and 1.0 <= calls[0][1] < 1.1
 
 
 def test_a_cancelled_round_ends_even_when_cancelled_as_it_wakes():

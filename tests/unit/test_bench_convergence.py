@@ -33,7 +33,7 @@ from bench.convergence.stats import (
     sweep_rows,
     wire_rows,
 )
-from bench.convergence.wallclock import Link, allreduce_messages, step_cost, wall_rows
+from bench.convergence.wallclock import Link, RoundHere, allreduce_messages, step_cost, wall_rows
 
 
 def _run(section, dp, pp, method, seed, loss, outer_lr=None, variant=""):
@@ -125,8 +125,9 @@ def test_plan_phases_and_markdown_render_from_json_alone():
     assert confirming_jobs(QUICK, None, {}, NOLOCO_DEFAULT) == []  # the grids ran the defaults on every seed
 
     result = Result("convergence", "quick")
-    home = {"payload_s_fp16": 6.0, "volunteer_step_s": 0.12, "overlapped_compressed_exchange_s": 3.6,
-            "utilisation_overlapped_compressed": 0.96, "rate_mbit": 8.9}
+    home = {"payload_s_fp16": 6.0, "volunteer_step_s": 0.12, "rate_mbit": 8.9, "rounds_as_run_here": {
+        "noloco": {"volunteers": 4, "round_s": 3.6, "utilisation": 0.96},
+        "diloco": {"volunteers": 4, "round_s": 10.8, "utilisation": 0.9}}}
     summarise(result, QUICK, _paper_like_runs(), CHOSEN, home)
     text = markdown({"mode": "quick", "wall_s": 1.0, "machine": {"cpu_count": 2}, "rows": result.rows,
                      "summary": result.summary, "notes": []})
@@ -135,6 +136,7 @@ def test_plan_phases_and_markdown_render_from_json_alone():
     assert text.count("**yes**") == 6 and "All checks hold" in text
     assert "Nesterov momentum 0.9" in text and "0.1 -> 1.1" in text and "(best)" in text
     assert "| gamma = 0.0 | 1.40 | 1.0250 | 1 |" in text and "| home | 8 x 1 | noloco | as run here |" in text
+    assert "| home | 8 x 1 | diloco | as run here |" in text and "diloco's round 90 inner steps" in text
 
 
 def test_the_wire_section_at_the_sweeps_choice_pairs_with_the_blocking_round_at_that_choice():
@@ -177,20 +179,35 @@ def test_steps_to_target_and_the_wall_clock_model():
     # the target is the highest final point of NoLoCo and DiLoCo: both reach it, DDP sooner
     assert row["4 x 2", "diloco"]["target_loss"] == pytest.approx(1.031 + 1 / 80)
     assert row["4 x 2", "ddp"]["steps"] <= row["4 x 2", "noloco"]["steps"] <= row["4 x 2", "diloco"]["steps"]
+    assert all(r["setting"] == "" for r in to_target)
+    # the sweep's choice, on the sweep's grid only, against the grid's own target
+    chosen = [r for r in steps_to_target_rows(_paper_like_runs(), "gamma = 0.0") if r["setting"]]
+    assert [(r["grid"], r["method"], r["setting"]) for r in chosen] == [("4 x 2", "noloco", "gamma = 0.0")]
+    assert chosen[0]["target_loss"] == row["4 x 2", "diloco"]["target_loss"]
+    assert row["4 x 2", "noloco"]["steps"] < chosen[0]["steps"] < row["4 x 2", "diloco"]["steps"]
 
     assert allreduce_messages(1, 0.5) == 0.0
     # with equal message times a tree all-reduce is 2 log2(N) messages (the paper's model)
     assert allreduce_messages(8, 0.0) == pytest.approx(6.0)
-    link = Link(payload_steps=100.0, cv=0.0, overlapped_exchange_steps=30.0, overlapped_utilisation=0.95)
+    link = Link(payload_steps=100.0, cv=0.0, here=(("noloco", RoundHere(30.0, 0.95, peers=4)),
+                                                    ("diloco", RoundHere(60.0, 0.9, peers=4))))
     assert step_cost("ddp", 8, 10, link) == pytest.approx(601.0)
     assert step_cost("diloco", 8, 10, link) == pytest.approx(61.0)
     assert step_cost("noloco", 8, 10, link) == pytest.approx(41.0)  # phi and Delta, 2 messages each way
     assert step_cost("noloco", 8, 10, link, as_run_here=True) == pytest.approx(3.0)  # waits for the exchange
     assert step_cost("noloco", 8, 100, link, as_run_here=True) == pytest.approx(1 / 0.95)  # hidden behind compute
+    # DiLoCo's round gathers every other peer's payload: measured among 4, 7 others at DP 8
+    assert step_cost("diloco", 4, 10, link, as_run_here=True) == pytest.approx(6.0)
+    assert step_cost("diloco", 8, 10, link, as_run_here=True) == pytest.approx(60.0 * 7 / 3 / 10)
+    assert step_cost("diloco", 4, 1000, link, as_run_here=True) == pytest.approx(1 / 0.9)
     walls = wall_rows([{"grid": "8 x 1", "dp": 8, "method": m, "inner_steps": 10, "steps": 100.0}
-                       for m in ("diloco", "noloco")], link)
-    assert [(w["round"], w["vs_diloco"]) for w in walls] == [("", 1.0), ("paper", pytest.approx(41 / 61)),
-                                                              ("as run here", pytest.approx(3 / 61))]
+                       for m in ("diloco", "noloco", "local")], link)
+    assert [(w["method"], w["round"], w["vs_diloco"]) for w in walls] == [
+        ("diloco", "paper", 1.0), ("diloco", "as run here", 1.0), ("noloco", "paper", pytest.approx(41 / 61)),
+        ("noloco", "as run here", pytest.approx(3 / 14)), ("local", "", pytest.approx(1 / 61))]
+    unmeasured = wall_rows([{"grid": "8 x 1", "dp": 8, "method": "noloco", "inner_steps": 10, "steps": 100.0}],
+                           Link(payload_steps=100.0, cv=0.0))
+    assert [w["round"] for w in unmeasured] == ["paper"]  # no "as run here" without a measured round
 
 
 def test_where_noloco_trails_is_said_per_grid_with_its_seeds():

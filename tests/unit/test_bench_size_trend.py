@@ -98,6 +98,8 @@ def test_the_answer_follows_the_numbers():
     assert "level with DiLoCo" in largest_alone  # +1 % at tiny, inside the borrowed spread
     assert "with outer momentum 0.3, NoLoCo's is +2.50 % (sd 0.00, 3 seeds) at 0.11M, +0.50 %" in bench.answer(
         shrinking)  # the low-alpha rows, every size
+    assert "With outer momentum 0.3 the gap shrinks as the model grows; at the largest size NoLoCo is behind" in (
+        bench.answer(shrinking))  # 2.5 % to 0.5 %, the seeds 0.01 points apart
     one_size = bench.answer(bench.trend_rows(_runs({"debug": 4.0}), {"debug": CHOSEN["debug"]}, 10))
     assert "One size shows no trend" in one_size and "+4.00 %" in one_size and "+2.00 %" in one_size
     assert bench.answer([]).startswith("No size")
