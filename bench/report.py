@@ -25,7 +25,7 @@ comparison is measured side by side in the same run on the same machine; absolut
 times on shared 2-core machines are noisy, so read the ratios.
 
 ```bash
-make bench          # quick versions of all of them, about 20 minutes on 2 cores
+make bench          # quick versions of all of them, about 26 minutes on 2 cores
 make bench-full     # the long versions
 .venv/bin/python -m bench.<name> [--full]   # one of them
 ```

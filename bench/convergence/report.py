@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 
 from bench.common.results import rerun_command
+from bench.convergence.plan import NOLOCO_DEFAULT
 from bench.convergence.stats import METHOD_ORDER
 
 NAME = "convergence"
@@ -163,14 +164,15 @@ def _sweep_table(result: dict) -> str:
     s = result["summary"]
     rows = _rows(result["rows"], "sweep")
     lines = [f"**NoLoCo's open settings** on grid {s['sweep_grid']} (pipeline stages, random routing), one at a "
-             f"time from the defaults (alpha = momentum, beta = outer lr, gamma = pull towards the pair's mean); "
+             f"time from the paper's settings (alpha = momentum, beta = outer lr, gamma = pull towards the pair's mean); "
              f"chosen on seed {s['seeds'][0]}: **{s['noloco_choice']}**.", "",
-             "| setting | outer gain beta/(1-alpha) | eval loss, first seed | seeds | gap to the defaults (paired) | "
+             "| setting | outer gain beta/(1-alpha) | eval loss, first seed | seeds | gap to the paper's (paired) | "
              "eval-loss gap to DiLoCo (min..max) | weight spread |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         to_diloco = "-" if r["gap_to_diloco_pct"] is None else (
             f"{r['gap_to_diloco_pct']:+.2f} % ({r['gap_to_diloco_min_pct']:+.2f}..{r['gap_to_diloco_max_pct']:+.2f})")
-        lines.append(f"| {r['variant']} | {_num(r.get('outer_gain'), 2)} | {_num(r['first_seed_val_loss'], 4)} | "
+        setting = "the paper's" if r["variant"] == NOLOCO_DEFAULT else r["variant"]
+        lines.append(f"| {setting} | {_num(r.get('outer_gain'), 2)} | {_num(r['first_seed_val_loss'], 4)} | "
                      f"{r['seeds']} | "
                      f"{_pct(r['gap_to_default_pct'], 2)} | {to_diloco} | {r['weight_std_mean']:.2e} |")
     return "\n".join(lines)
@@ -183,7 +185,7 @@ def _wire_table(result: dict) -> str:
     choice = next((r["variant"].split("; ", 1)[1] for r in rows if "; " in r["variant"]), None)
     at_choice = (f"; then the main variants again at the setting the NoLoCo sweep chose ({choice}), each against "
                  "the blocking round at that setting" if choice else "")
-    lines = [f"**How a round moves** (issue 16) on grid {rows[0]['grid']}, NoLoCo with the defaults{at_choice}, "
+    lines = [f"**How a round moves** (issue 16) on grid {rows[0]['grid']}, NoLoCo at the paper's settings{at_choice}, "
              "every seed: "
              "the overlapped round (ALGORITHM.md 3.1) landing half a round to two rounds late, the outer payload in "
              "near4-3 (3.2), activations and their gradients in int8, each against the blocking round with "
@@ -350,20 +352,20 @@ def _gain_evidence(result: dict) -> str:
     listed = "; ".join(f"{r['variant']}: gain {r['outer_gain']:.2f}, loss {r['first_seed_val_loss']:.4f}"
                        for r in same_pull)
     text = (f" Second, the outer step's gain: NoLoCo's Delta is the mean of a pair, not of all DP workers, so it "
-            f"is noisier, and the defaults apply a steady Delta beta / (1 - alpha) = {default['outer_gain']:.2f} "
+            f"is noisier, and the paper's settings apply a steady Delta beta / (1 - alpha) = {default['outer_gain']:.2f} "
             f"times per round against DiLoCo's {outer_gain(diloco):.2f}. In the sweep on {sweep[0]['grid']} "
             f"(first seed, gamma {default['outer_gamma']:g}) the loss rises with the gain: {listed}.")
     no_pull = next((r for r in sweep if r["outer_gamma"] == 0.0), None)
     if no_pull is not None:
         text += (f" Without the pull towards the pair's mean ({no_pull['variant']}) the workers drift apart "
                  f"(weight spread {no_pull['weight_std_mean']:.1e} against {default['weight_std_mean']:.1e}) and the "
-                 f"loss is {no_pull['gap_to_default_pct']:+.2f} % off the defaults'.")
+                 f"loss is {no_pull['gap_to_default_pct']:+.2f} % off that at the paper's settings.")
     if best["gap_to_diloco_pct"] is not None:
         text += (f" With {best['variant']} (gain {best['outer_gain']:.2f}) NoLoCo trails DiLoCo by "
                  f"{best['gap_to_diloco_pct']:+.2f} % in eval loss ({best['gap_to_diloco_min_pct']:+.2f}.."
                  f"{best['gap_to_diloco_max_pct']:+.2f} over {best['seeds']} seeds) instead of "
-                 f"{default['gap_to_diloco_pct']:+.2f} % with the "
-                 "defaults: most of the gap is the defaults' gain, the rest the pair's noisier Delta and the "
+                 f"{default['gap_to_diloco_pct']:+.2f} % at the "
+                 "paper's settings: most of the gap is their gain, the rest the pair's noisier Delta and the "
                  "spread between workers.")
     return text
 

@@ -223,7 +223,7 @@ def size_rows(runs: list[dict], chosen: dict, train_tokens: int) -> list[dict]:
 
 
 def trend_rows(runs: list[dict], chosen: dict, h: int) -> list[dict]:
-    """NoLoCo (its defaults, and outer momentum 0.3) against DiLoCo per size, paired by
+    """NoLoCo (the paper's settings, and outer momentum 0.3) against DiLoCo per size, paired by
     seed: at the paper's H ratio and at equal H."""
     rows = []
     for size in chosen:
@@ -368,8 +368,8 @@ def markdown(result: dict) -> str:
              f"{s['runs']} simulator runs, {s['steps']} inner steps each, global batch {s['global_batch']} x "
              f"{s['seq_len']} tokens, grid {s['grid']}, seeds {s['seeds']}; {CORPUS_TEXT[s['corpus']]} in "
              f"BPE-{s['vocab']} tokens ({s['train_tokens']:,} training tokens); NoLoCo at H = {s['h']} (outer "
-             f"momentum 0.5, the default, and {LOW_ALPHA:g}), DiLoCo at H = {s['h']} and {2 * s['h']}; inner lr "
-             f"tuned per size for DDP and used by every method.", "",
+             f"momentum 0.5, the paper's, and {LOW_ALPHA:g}, the node's default), DiLoCo at H = {s['h']} and "
+             f"{2 * s['h']}; inner lr tuned per size for DDP and used by every method.", "",
              f"![{NAME}](bench/results/{NAME}.png)", "",
              "Parameters are one replica's, all stages, and (the size the plot is drawn on) those outside the input "
              "embedding and the LM head, which are most of the smaller models' parameters; tokens per parameter "

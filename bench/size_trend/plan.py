@@ -25,7 +25,7 @@ from swarm_node.config import suggested_lr
 
 GRID = (4, 2)
 M1_H = 20  # DiLoCo's H in the M = 1 rows (the scaling-law paper's runs sync every few dozen steps)
-LOW_ALPHA = 0.3  # NoLoCo's outer momentum where its steady gain beta / (1 - alpha) is 1 (docs/ALGORITHM.md)
+LOW_ALPHA = 0.3  # where NoLoCo's steady gain beta / (1 - alpha) is 1: the node's default (docs/ALGORITHM.md 3.4)
 
 
 @dataclass(frozen=True)

@@ -69,7 +69,8 @@ def _add_sim_parser(sub) -> None:
                    help="peak inner learning rate (default: by --model, from 3e-3 for debug to 1.2e-4 for large)")
     p.add_argument("--warmup-steps", type=int, default=None, help="learning-rate warm-up (default: 4%% of --steps)")
     p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay; default: %(default)s")
-    p.add_argument("--alpha", type=float, default=None, help="outer momentum (default: 0.5 noloco, 0.3 diloco)")
+    p.add_argument("--alpha", type=float, default=None,
+                   help="outer momentum (default: 0.3; the NoLoCo paper ran 0.5: docs/ALGORITHM.md 3.4)")
     p.add_argument("--beta", type=float, default=None, help="outer learning rate (default: 0.7)")
     p.add_argument("--gamma", type=float, default=None,
                    help="NoLoCo pull towards the group mean (default: 0.7)")
