@@ -72,6 +72,7 @@ class OuterState(PayloadState, Protocol):
 class ExchangeTimes:
     round_timeout_s: float  # how long to seek a partner before the local-only step
     exchange_s: float  # one payload exchange, both ways
+    link_s: float | None = None  # the slowest link's share of exchange_s (without its floor); None: all of it
     overlapped: bool = True  # inner steps go on while the exchange runs (ALGORITHM.md section 3.1)
     both_at_once: bool = True  # our payload goes out while the partner's comes in (False: one after the other)
 
@@ -119,15 +120,16 @@ class OuterExchange:
         self.pairing: PairingCoordinator | GroupRound
         if method == "diloco":  # every live peer of the stage
             self.pairing = GroupRound(round_timeout_s=times.round_timeout_s, request_timeout_s=times.exchange_s,
-                                      own_id=own_id)
+                                      link_s=times.link_s, own_id=own_id)
         else:  # NoLoCo: one random partner
             self.pairing = PairingCoordinator(round_timeout_s=times.round_timeout_s,
                                               request_timeout_s=times.exchange_s,
                                               propose_timeout_s=PROPOSE_TIMEOUT_S, own_id=own_id)
-        # a group member's link carries several exchanges at once: each may take that much longer
-        sharing = self.pairing.most_sharing if isinstance(self.pairing, GroupRound) else 1
+        # a group member's link carries several exchanges at once: an answer may take that much longer
+        served_s = self.pairing.call_s(self.pairing.most_sharing) if isinstance(self.pairing, GroupRound) else (
+            times.exchange_s)
         self.payloads = PayloadSwap(spec_hash=spec_hash, state=state, services=services, pairing=self.pairing,
-                                    check=self.check, exchange_s=times.exchange_s * sharing,
+                                    check=self.check, exchange_s=served_s,
                                     both_at_once=times.both_at_once,
                                     round_early=self.maybe_round_early, on_delta=self._delta_landed)
         self.own_id = own_id

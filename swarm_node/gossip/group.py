@@ -4,8 +4,8 @@ contributes (phi, Delta) and every node averages over all contributions it holds
 Each exchange is symmetric (the caller sends its payload and fetches the receiver's,
 both at once), so one successful exchange between two nodes gives both of them each
 other's contribution, and of each pair the lower peer id calls: the higher calls a
-lower one only when its call has not come within a call's time (it may be late, gone,
-or not count us among the members). Both calling, every payload crossed every link
+lower one only when its call has not come in the time the link needs for it (it may be
+late, gone, or not count us among the members). Both calling, every payload crossed every link
 twice. A node keeps calling the live peers whose contribution it lacks until it
 holds everyone's or the round deadline passes; peers that are not at their boundary
 yet answer ``not-ready`` and are asked again. This is the all-reduce's global barrier
@@ -28,9 +28,12 @@ log = logging.getLogger(__name__)
 
 class GroupRound:
     def __init__(self, *, round_timeout_s: float, request_timeout_s: float, max_parallel: int = 4,
-                 backoff_s: tuple[float, float] = (0.05, 0.3), rng: random.Random | None = None, own_id: str = ""):
+                 backoff_s: tuple[float, float] = (0.05, 0.3), rng: random.Random | None = None, own_id: str = "",
+                 link_s: float | None = None):
         self.round_timeout_s = round_timeout_s
         self.request_timeout_s = request_timeout_s  # one exchange with the link to itself
+        # what of it the link takes (the rest is a floor): the part that grows when exchanges share the link
+        self.link_s = request_timeout_s if link_s is None else link_s
         self.max_parallel = max_parallel
         self.own_id = own_id  # "": call every member (no tie-break)
         self.backoff_s = backoff_s
@@ -56,15 +59,21 @@ class GroupRound:
         served (the payload protocols admit 4 at once)."""
         return 2 * self.max_parallel
 
-    def deadlines(self, others: int) -> tuple[float, float]:
-        """(the whole gather's, one call's) among ``others`` peers. A member's exchanges
-        share its link: a call may take as long as the exchanges beside it, and the gather
-        moves every other member's payload over it. Sized for one exchange, calls among 4
-        members on a 4 Mbit/s uplink timed out and half the rounds went local-only
-        (bench.home_link)."""
+    def call_s(self, sharing: int) -> float:
+        """One exchange's deadline while ``sharing`` exchanges share the link."""
+        return max(self.request_timeout_s, self.link_s * sharing)
+
+    def deadlines(self, others: int) -> tuple[float, float, float]:
+        """(the whole gather's, one call's, the wait for a lower member's call) among
+        ``others`` peers. A member's exchanges share its link: a call may take as long as
+        the exchanges beside it (a lower member's is in by then, or will not come), and
+        the gather moves every other member's payload over the link, and leaves time for
+        the calls that did not come. Sized for one exchange, calls among 4 members on a
+        4 Mbit/s uplink timed out and half the rounds went local-only (bench.home_link)."""
         others = max(1, others)
-        return (max(self.round_timeout_s, self.request_timeout_s * others),
-                self.request_timeout_s * min(others, self.most_sharing))
+        sharing = min(others, self.most_sharing)
+        wait_s = self.link_s * sharing
+        return max(self.round_timeout_s, self.link_s * others + wait_s), self.call_s(sharing), wait_s
 
     async def run_round(self, round_no: int, own_payload: Any, members: Callable[[], list[str]],
                         send: Callable[[str, Any, float], Awaitable[Any]],
@@ -75,12 +84,12 @@ class GroupRound:
         self.state = PairState.SEEKING
         self.seeking.set()
         started = now()
-        gather_s, call_s = self.deadlines(len(members()))
+        gather_s, call_s, wait_s = self.deadlines(len(members()))
         deadline = started + gather_s
         gate = asyncio.Semaphore(self.max_parallel)
 
         def ours_to_call(peer: str) -> bool:
-            return not self.own_id or peer > self.own_id or now() - started >= call_s
+            return not self.own_id or peer > self.own_id or now() - started >= wait_s
 
         async def ask(peer: str) -> None:
             async with gate:

@@ -290,9 +290,10 @@ class Node:
         self.pipeline = Pipeline(spec=spec, config=cfg, worker=self.worker, gate=self.gate,
                                  next_peers=membership.next_stage_peers, stopping=self.stopping, services=services)
         numel = sum(p.numel() for p in self.worker.params)
-        times = ExchangeTimes(cfg.round_timeout_s, cfg.exchange_timeout_for(
-            int(numel * self.worker.codec.bytes_per_parameter())), overlapped=not cfg.blocking_rounds,
-            both_at_once=not cfg.one_payload_at_a_time)
+        payload_bytes = int(numel * self.worker.codec.bytes_per_parameter())
+        times = ExchangeTimes(cfg.round_timeout_s, cfg.exchange_timeout_for(payload_bytes),
+                              link_s=cfg.exchange_link_s(payload_bytes), overlapped=not cfg.blocking_rounds,
+                              both_at_once=not cfg.one_payload_at_a_time)
         self.exchange = OuterExchange(
             spec_hash=self.spec_hash, method=spec.method.name, times=times, state=self.worker, gate=self.gate,
             candidates=membership.partner_candidates,

@@ -102,12 +102,15 @@ class NodeConfig:
     progress: bool = True
     command_line: tuple[str, ...] = ()  # how the node was started: the resume hint repeats it
 
+    def exchange_link_s(self, payload_bytes: int) -> float:
+        """What the slowest link allows one outer exchange whose payload is ``payload_bytes``
+        each way: both payloads' time, one after the other, and half again (three times
+        the time they take at once)."""
+        return 1.5 * 2 * payload_bytes * 8 / (self.slowest_link_mbit_s * 1e6)
+
     def exchange_timeout_for(self, payload_bytes: int) -> float:
-        """The deadline of one outer exchange whose payload is ``payload_bytes`` each way:
-        both payloads' time, one after the other, and half again (three times the time
-        they take at once)."""
-        both_ways_s = 2 * payload_bytes * 8 / (self.slowest_link_mbit_s * 1e6)
-        return max(self.exchange_timeout_s, 1.5 * both_ways_s)
+        """The deadline of one outer exchange: the link's time, at least the floor."""
+        return max(self.exchange_timeout_s, self.exchange_link_s(payload_bytes))
 
     def __post_init__(self) -> None:
         check_compute_share(self.compute_share)

@@ -142,7 +142,8 @@ class SimPeer:
         if donor is not None:
             self.worker.take_state_of(donor.worker)
         services = NodeServices(self.compute, self.transport, self.guard, self.stats)
-        times = ExchangeTimes(self.config.round_timeout_s, self.config.exchange_timeout_for(self.payload_bytes))
+        times = ExchangeTimes(self.config.round_timeout_s, self.config.exchange_timeout_for(self.payload_bytes),
+                              link_s=self.config.exchange_link_s(self.payload_bytes))
         self.exchange = OuterExchange(
             spec_hash=self.membership.spec_hash, method=self.spec.method.name, times=times, state=self.worker,
             services=services, gate=self.gate, candidates=self.membership.partner_candidates,

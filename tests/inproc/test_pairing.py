@@ -273,9 +273,10 @@ async def run_group_on_links(n: int, exchange_s: float, own_ids: bool = True):
                               backoff_s=(0.001, 0.01), rng=random.Random(i), own_id=name if own_ids else "")
              for i, name in enumerate(names)}
     on_link = dict.fromkeys(names, 0)
-    exchanges = []
+    exchanges, calls = [], []
 
     async def send_from(sender, peer, payload, timeout):
+        calls.append((sender, peer))
         on_link[sender] += 1
         on_link[peer] += 1
         try:
@@ -295,7 +296,7 @@ async def run_group_on_links(n: int, exchange_s: float, own_ids: bool = True):
         return await nodes[name].run_round(0, f"payload-of-{name}", members=lambda: [p for p in names if p != name],
                                            send=lambda peer, payload, t: send_from(name, peer, payload, t))
 
-    return dict(zip(names, await asyncio.gather(*(one(name) for name in names)))), exchanges
+    return dict(zip(names, await asyncio.gather(*(one(name) for name in names)))), exchanges, calls
 
 
 def test_a_group_round_on_shared_links_gathers_everyone_each_pair_exchanging_once():
@@ -303,13 +304,27 @@ def test_a_group_round_on_shared_links_gathers_everyone_each_pair_exchanging_onc
     timed out, and rounds went local-only (bench.home_link, 4 Mbit/s). Sized for the
     exchanges beside them, every member gathers every other's payload, and of each pair
     one calls: every payload crosses each link once."""
-    results, exchanges = vclock.run(run_group_on_links(4, exchange_s=1.0))
+    results, exchanges, calls = vclock.run(run_group_on_links(4, exchange_s=1.0))
     assert all(set(gathered) == {p for p in results if p != name} for name, gathered in results.items())
-    assert sorted(exchanges) == [(a, b) for a in sorted(results) for b in sorted(results) if a < b]
+    assert sorted(exchanges) == sorted(calls) == [(a, b) for a in sorted(results) for b in sorted(results) if a < b]
     # without the tie-break both ends of each pair call at once: twice the exchanges share
-    # each link, calls time out, and members miss payloads
-    results, _ = vclock.run(run_group_on_links(4, exchange_s=1.0, own_ids=False))
-    assert any(len(gathered) < 3 for gathered in results.values())
+    # each link, and calls time out and go again
+    _, _, both_calling = vclock.run(run_group_on_links(4, exchange_s=1.0, own_ids=False))
+    assert len(both_calling) > 2 * len(calls)
+
+
+def test_a_groups_deadlines_grow_with_the_link_not_with_the_floor():
+    """Only the link's part of an exchange's deadline grows with the exchanges sharing it:
+    on a fast link (the 30 s floor above the link's 3 s) a gather among 4 keeps the
+    round's deadline, and a member that never answers costs what it did; on a 4 Mbit/s
+    link (18.5 s of payload) calls and the gather stretch to what the shared link needs."""
+    from swarm_node.gossip.group import GroupRound
+
+    fast = GroupRound(round_timeout_s=20.0, request_timeout_s=30.0, link_s=3.0)
+    assert fast.deadlines(3) == (20.0, 30.0, 9.0)
+    home = GroupRound(round_timeout_s=20.0, request_timeout_s=30.0, link_s=18.5)
+    assert home.deadlines(3) == pytest.approx((111.0, 55.5, 55.5))
+    assert home.deadlines(20)[1] == pytest.approx(18.5 * home.most_sharing)  # a call shares with 8 at most
 
 
 def test_a_higher_member_calls_a_lower_one_whose_call_never_comes():
