@@ -5,8 +5,8 @@ Each exchange is symmetric (the caller sends its payload and fetches the receive
 both at once), so one successful exchange between two nodes gives both of them each
 other's contribution, and of each pair the lower peer id calls: the higher calls a
 lower one only when its call has not come in the time the link needs for it (it may be
-late, gone, or not count us among the members). Both calling, every payload crossed every link
-twice. A node keeps calling the live peers whose contribution it lacks until it
+late, gone, or not count us among the members); when both called, every payload crossed
+each link twice. A node keeps calling the live peers whose contribution it lacks until it
 holds everyone's or the round deadline passes; peers that are not at their boundary
 yet answer ``not-ready`` and are asked again. This is the all-reduce's global barrier
 that NoLoCo avoids: the round lasts as long as its slowest member, and every member's
