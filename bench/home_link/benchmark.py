@@ -44,7 +44,6 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -53,12 +52,26 @@ from bench.common.curves import CurvePoint, Point, swarm_curve, time_to_target
 from bench.common.procs import unwind_on_sigterm
 from bench.common.results import Result, parse_mode, pyplot, rerun_command
 from bench.common.snapshots import load_snapshots
+from bench.home_link.plan import (
+    DATA,
+    FULL,
+    HIVEMIND_TIME_FACTOR,
+    METHOD_VOLUNTEERS,
+    QUICK,
+    RATIO,
+    SLOW_RATE_MBIT,
+    Plan,
+    Scenario,
+    StagedScenario,
+    method_scenario,
+    run_spec,
+    scenarios,
+    staged_scenarios,
+)
 from bench.home_link.swarms import RTT_MS, Ran, run_hivemind, run_one_stage, run_two_stages
 from swarm_node.data.dataset import load_windows
-from swarm_node.data.spec import DataSpec
 from swarm_node.model.config import model_config
 from swarm_node.model.stages import build_stage
-from swarm_node.optim import InnerHyper, default_method
 from swarm_node.spec import RunSpec
 from swarm_node.train.evaluate import path_val_loss
 from swarm_node.train.worker import StageWorker
@@ -68,73 +81,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from netbed import unavailable
 
 NAME = "home_link"
-RATIO = 5.0  # the blocking 16-bit round this many times the H inner steps (at least 4, with room for the
-# machine: under load the inner steps take longer than when measured alone)
-SLOW_RATE_MBIT = 2.0
-DATA = "synthetic:alphabet=16,order=2"
 EVAL_BATCHES = 4  # batches of 64 validation windows, the same for every scenario; 8 cost a minute of the quick budget
-HIVEMIND_TIME_FACTOR = 2.5
 LATE_PROPOSAL = "failed to answer a proposal"  # what the node logs when it backs a partner off for it
-
-
-@dataclass(frozen=True)
-class Plan:
-    volunteers: int
-    rounds: int
-    model: str = "tiny"
-    inner_steps: int = 50
-    staged_steps: int = 100  # stage 0's steps in the 2 x 2 scenarios
-    seq_len: int = 64
-    batch_size: int = 8
-    lr: float = 3e-3
-
-
-@dataclass(frozen=True)
-class Scenario:
-    name: str
-    codec: str = "fp16"
-    blocking: bool = False  # --blocking-rounds --one-payload-at-a-time: the round before issue 16
-    hivemind: bool = False
-    rate_mbit: float | None = None  # None: the benchmark's chosen link rate
-    method: str = "noloco"
-    volunteers: int | None = None  # None: the plan's
-
-
-METHOD_VOLUNTEERS = 4  # the methods' rounds side by side: DiLoCo's gathers 3 payloads a round, NoLoCo's 1
-
-
-def method_scenario(method: str) -> str:
-    return f"{'DiLoCo' if method == 'diloco' else 'NoLoCo'}, overlapped + compressed, {METHOD_VOLUNTEERS} volunteers"
-
-
-def scenarios(full: bool) -> list[Scenario]:
-    compressed = RunSpec().outer_codec
-    return [Scenario("blocking fp16", blocking=True), *([Scenario("overlapped fp16")] if full else []),
-            Scenario("overlapped + compressed", compressed), Scenario("hivemind.Optimizer", hivemind=True),
-            Scenario(f"overlapped + compressed at {SLOW_RATE_MBIT:g} Mbit/s", compressed, rate_mbit=SLOW_RATE_MBIT),
-            *(Scenario(method_scenario(m), compressed, method=m, volunteers=METHOD_VOLUNTEERS)
-              for m in ("noloco", "diloco"))]
-
-
-@dataclass(frozen=True)
-class StagedScenario:
-    activation_codec: str
-    rate_factor: float  # times the 1-stage scenarios' rate
-
-
-def staged_scenarios(full: bool) -> list[StagedScenario]:
-    return [StagedScenario(codec, factor) for factor in ((1.0, 4.0, 16.0) if full else (1.0,))
-            for codec in ("fp16", "int8")]
-
-
-def run_spec(plan: Plan, codec: str, stages: int = 1, activation_codec: str = "fp16",
-             method: str = "noloco") -> RunSpec:
-    steps = plan.rounds * plan.inner_steps
-    return RunSpec(run_id=f"home-{method}-{codec}-{stages}-{activation_codec}", model_size=plan.model,
-                   num_stages=stages, seq_len=plan.seq_len, batch_size=plan.batch_size,
-                   samples_per_step=plan.batch_size, total_steps=steps, data=DataSpec.parse(DATA), outer_codec=codec,
-                   activation_codec=activation_codec, method=default_method(method, inner_steps=plan.inner_steps),
-                   inner=InnerHyper(lr=plan.lr, warmup_steps=plan.inner_steps, total_steps=steps))
 
 
 def alone(spec: RunSpec, steps: int) -> float:
@@ -302,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench.{NAME}: {why}", file=sys.stderr)
         return 2
     unwind_on_sigterm()  # the test beds remove their hosts, and the nodes in them
-    plan = Plan(volunteers=4, rounds=8, staged_steps=100) if args.full else Plan(volunteers=2, rounds=4, staged_steps=50)
+    plan = FULL if args.full else QUICK
     result = Result(NAME, args.mode, args.out_dir)
     base = run_spec(plan, "fp16")
     step_s = alone(base, 20)
