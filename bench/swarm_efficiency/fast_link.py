@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.common.results import Result
-from bench.swarm_efficiency.benchmark import Plan, _rows, _table, analyse_swarm, run_swarm
+from bench.swarm_efficiency.swarm import Plan, analyse_swarm, run_swarm
 
 FAST_LINK_QUICK = Plan(model="debug", seq_len=512, batch_size=16, steps=66, inner_steps=20, window=(6, 60),
                        plain_warmup_steps=0, plain_steps=0, swarm_timeout_s=300, layouts=((2, 2),))
@@ -64,35 +64,3 @@ def run_fast_link(plan: Plan, result: Result, work: Path) -> None:
         "tokens_per_s": {path: row["tokens_per_s"] for path, row in rows.items()},
         "transport_share": {path: row["transport_share"] for path, row in rows.items()},
         "speedup": after["tokens_per_s"] / before["tokens_per_s"]}
-
-
-def fast_link_section(result: dict) -> list[str]:
-    f = result["summary"]["fast_link"]
-    before, after = f["transport_share"]["libp2p streams"], f["transport_share"]["direct lanes"]
-    return [
-        "### Fast link: libp2p streams against direct lanes", "",
-        f"A 2 x 2 swarm of the `{f['model']}` model, {f['batch_size']} x {f['seq_len']} tokens a micro-batch, on "
-        "loopback: the least compute per byte sent the CPU presets allow, still far more than a GPU's, so the bytes "
-        "stay a few MB/s (bench/swarm_efficiency/fast_link.py). Transport: the "
-        "p2pd daemons and the nodes' threads other than compute (event loops, lanes, the wire thread), as a share "
-        "of all the cores' time in the steady window; MB/s: every byte the nodes sent over the whole run. Each "
-        f"path ran {f.get('runs_each', 1)} times, the two taking turns (A B B A); a row is the mean of its runs, "
-        "micro-batches lost their sum.", "",
-        *_table(_rows(result, "fast_link"), [
-            ("path", "bulk bytes over", "s"), ("tokens_per_s", "tokens/s", "int"),
-            ("transport_share", "transport", "pct"), ("p2pd_share", "of it p2pd", "pct"),
-            ("node_io_share", "of it the nodes' I/O threads", "pct"), ("compute_share", "compute threads", "pct"),
-            ("idle_share", "idle cores", "pct"), ("stage0_blocked", "stage 0 blocked", "pct"),
-            ("mb_per_s_whole_run", "MB/s sent", "f2"), ("step_time_mean_s", "step time (s)", "f3"),
-            ("microbatches_lost", "micro-batches lost", "int"), ("other_processes", "others", "pct")]),
-        "",
-        f"Direct lanes: {f['speedup']:.2f}x the tokens/s of libp2p streams{_within(result)}; transport's share "
-        f"of the machine {100 * before:.0f} % before, {100 * after:.0f} % after.",
-    ]
-
-
-def _within(result: dict) -> str:
-    """How far one path's own runs lie apart: a speedup inside it is the machine, not the path."""
-    spreads = [(max(each) - min(each)) / min(each) for r in _rows(result, "fast_link")
-               if len(each := r.get("tokens_per_s_each", [])) > 1]
-    return f" (one path's runs differ by up to {100 * max(spreads):.0f} % between them)" if spreads else ""

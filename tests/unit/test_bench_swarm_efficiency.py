@@ -120,7 +120,7 @@ def test_markdown_is_rendered_from_the_result_alone():
 
 
 def test_the_fast_link_section_compares_libp2p_with_lanes():
-    from bench.swarm_efficiency.fast_link import fast_link_section
+    from bench.swarm_efficiency.report import fast_link_section
 
     rows = [{"table": "fast_link", "path": path, "tokens_per_s": tps, "transport_share": share, "p2pd_share": 0.1,
              "node_io_share": share - 0.1, "compute_share": 0.5, "idle_share": 0.1, "stage0_blocked": 0.2,
@@ -141,6 +141,7 @@ def test_the_fast_link_paths_take_turns_and_each_row_is_the_mean_of_its_runs(tmp
 
     from bench.common.results import Result
     from bench.swarm_efficiency import fast_link
+    from bench.swarm_efficiency.report import fast_link_section
 
     order = []
 
@@ -167,5 +168,5 @@ def test_the_fast_link_paths_take_turns_and_each_row_is_the_mean_of_its_runs(tmp
     assert rows["direct lanes"]["tokens_per_s_each"] == [2000.0, 3000.0]
     assert rows["direct lanes"]["microbatches_lost"] == 2 and rows["direct lanes"]["runs"] == 2
     assert result.summary["fast_link"]["speedup"] == 1.0 and result.summary["fast_link"]["runs_each"] == 2
-    page = "\n".join(fast_link.fast_link_section({"rows": result.rows, "summary": result.summary}))
+    page = "\n".join(fast_link_section({"rows": result.rows, "summary": result.summary}))
     assert "1.00x the tokens/s of libp2p streams (one path's runs differ by up to 300 % between them)" in page
