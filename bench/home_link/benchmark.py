@@ -310,7 +310,6 @@ def summary(rows: list[dict], rate: float, plan: Plan, full: bool) -> dict:
         "bytes_per_round_vs_blocking_fp16": round(statistics.mean(best["bytes_per_partner_round"])
                                                    / statistics.mean(blocking["bytes_per_partner_round"]), 3),
         "final_loss_vs_blocking_fp16": round(best["final_val_loss"] / blocking["final_val_loss"] - 1, 4),
-        "overlapped_compressed_exchange_s": round(statistics.mean(c["exchange"] for c in best["critical_path_s"]), 2),
         "time_to_hivemind_final_loss": to_loss,
         "time_to_hivemind_final_loss_ratio": None if to_loss["ours_s"] is None or not to_loss["theirs_s"]
         else round(to_loss["ours_s"] / to_loss["theirs_s"], 3),

@@ -26,7 +26,7 @@ from swarm_node.errors import PeerError, PeerTimeout, ProtocolError, StreamClose
 from swarm_node.gossip.group import GroupRound
 from swarm_node.gossip.pairing import HINTED, SEEKING_NOW, PairingCoordinator, PairResult, Refused, now
 from swarm_node.gossip.partner_check import PartnerCheck
-from swarm_node.gossip.payloads import Payload, PayloadState, PayloadSwap, Tensors
+from swarm_node.gossip.payloads import SERVED_AT_ONCE, Payload, PayloadState, PayloadSwap, Tensors
 from swarm_node.gossip.seekers import Seekers
 from swarm_node.net import protocols
 from swarm_node.net.transport import ServeLimits, short_id
@@ -120,17 +120,16 @@ class OuterExchange:
         self.pairing: PairingCoordinator | GroupRound
         if method == "diloco":  # every live peer of the stage
             self.pairing = GroupRound(round_timeout_s=times.round_timeout_s, request_timeout_s=times.exchange_s,
-                                      link_s=times.link_s, own_id=own_id)
+                                      link_s=times.link_s, own_id=own_id, served_at_once=SERVED_AT_ONCE)
         else:  # NoLoCo: one random partner
             self.pairing = PairingCoordinator(round_timeout_s=times.round_timeout_s,
                                               request_timeout_s=times.exchange_s,
                                               propose_timeout_s=PROPOSE_TIMEOUT_S, own_id=own_id)
         # a group member's link carries several exchanges at once: an answer may take that much longer
-        served_s = self.pairing.call_s(self.pairing.most_sharing) if isinstance(self.pairing, GroupRound) else (
-            times.exchange_s)
+        group = isinstance(self.pairing, GroupRound)
+        served_s = self.pairing.call_s(self.pairing.most_sharing) if group else times.exchange_s
         self.payloads = PayloadSwap(spec_hash=spec_hash, state=state, services=services, pairing=self.pairing,
-                                    check=self.check, exchange_s=served_s,
-                                    both_at_once=times.both_at_once,
+                                    check=self.check, exchange_s=served_s, both_at_once=times.both_at_once,
                                     round_early=self.maybe_round_early, on_delta=self._delta_landed)
         self.own_id = own_id
         self.seekers = Seekers(now)  # peers heard seeking lately: whom we try first, and name in refusals

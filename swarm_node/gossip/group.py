@@ -29,12 +29,13 @@ log = logging.getLogger(__name__)
 class GroupRound:
     def __init__(self, *, round_timeout_s: float, request_timeout_s: float, max_parallel: int = 4,
                  backoff_s: tuple[float, float] = (0.05, 0.3), rng: random.Random | None = None, own_id: str = "",
-                 link_s: float | None = None):
+                 link_s: float | None = None, served_at_once: int = 4):
         self.round_timeout_s = round_timeout_s
         self.request_timeout_s = request_timeout_s  # one exchange with the link to itself
         # what of it the link takes (the rest is a floor): the part that grows when exchanges share the link
         self.link_s = request_timeout_s if link_s is None else link_s
         self.max_parallel = max_parallel
+        self.served_at_once = served_at_once  # calls into us at once: the payload protocols' serve limit
         self.own_id = own_id  # "": call every member (no tie-break)
         self.backoff_s = backoff_s
         self.rng = rng or random.Random()
@@ -55,9 +56,8 @@ class GroupRound:
 
     @property
     def most_sharing(self) -> int:
-        """The most exchanges a member's link carries at once: its own calls and as many
-        served (the payload protocols admit 4 at once)."""
-        return 2 * self.max_parallel
+        """The most exchanges a member's link carries at once: its own calls and those served."""
+        return self.max_parallel + self.served_at_once
 
     def call_s(self, sharing: int) -> float:
         """One exchange's deadline while ``sharing`` exchanges share the link."""

@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 DECLINES_BEFORE_BACKOFF = 3  # rounds-apart declines of one peer in a row
 MAX_DECLINED_TRACKED = 4096
 PARTS_A_PEER = 2  # concurrent outer and outer-fetch streams a peer may hold (serve: the two parts)
+SERVED_AT_ONCE = 4  # outer (and outer-fetch) streams served at once, from all peers
 VERDICT_YES = encode_frame({"kind": "outer", "ok": True})
 Tensors = list[torch.Tensor]
 
@@ -125,12 +126,12 @@ class PayloadSwap:
         # was at times told "busy" on a loaded machine, and the pair was lost (the caller's
         # partner failed; the callee had paired). Two slots a peer let the parts overlap.
         await transport.serve(protocols.OUTER, self.handle_outer,
-                              ServeLimits(max_request_bytes=self.limits.max_payload_bytes, max_concurrent=4,
+                              ServeLimits(max_request_bytes=self.limits.max_payload_bytes, max_concurrent=SERVED_AT_ONCE,
                                           max_per_peer=PARTS_A_PEER, handler_timeout_s=self.exchange_s,
                                           paced_request=True),
                               authorize=authorize)
         await transport.serve(protocols.OUTER_FETCH, self.handle_fetch,
-                              ServeLimits(max_request_bytes=CONTROL_MAX_BYTES, max_concurrent=4,
+                              ServeLimits(max_request_bytes=CONTROL_MAX_BYTES, max_concurrent=SERVED_AT_ONCE,
                                           max_per_peer=PARTS_A_PEER, handler_timeout_s=self.exchange_s,
                                           paced_response=True),
                               authorize=authorize)
