@@ -156,7 +156,7 @@ def _install_driver_shim() -> None:
         eval_batch_size: int = 8
 
     swarm_node.local.swarm.subprocess = _SubprocessForDriver()
-    swarm_node.local.swarm.LocalConfig = SmallEvaluation  # what cli._run_local builds the driver's config from
+    swarm_node.local.swarm.LocalConfig = SmallEvaluation  # what cli/local.py builds the driver's config from
 
 
 def main(argv: list[str]) -> int:

@@ -46,7 +46,7 @@ class Plan:
     round_timeout_s: float = 15.0  # swarm-node local's default: how long a node seeks a partner
 
     def spec(self, num_stages: int):
-        """The run spec ``swarm-node local`` builds from the same flags (cli._run_local)."""
+        """The run spec ``swarm-node local`` builds from the same flags (cli/local.py)."""
         from swarm_node.config import default_warmup_steps, suggested_lr
         from swarm_node.data.spec import DataSpec
         from swarm_node.optim import InnerHyper, default_method

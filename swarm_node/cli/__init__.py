@@ -1,4 +1,4 @@
-"""The ``swarm-node`` command line (``swarm_node.cli.main:main``): ``main.py`` parses every
-command and starts what it names (join, local, sim, memory advice); ``export.py`` and
-``probe.py`` hold the export, generate and probe commands' parsers. Parsing only: the
-work is in the packages."""
+"""The ``swarm-node`` command line (``swarm_node.cli.main:main``): ``main.py`` builds the
+parser and runs the command named; each command's flags and handler are in the file of
+its name (sim, join, local, data, export with generate, probe), the argument types and
+help texts they share in ``args.py``. Parsing only: the work is in the packages."""

@@ -10,7 +10,13 @@ each link twice. A node keeps calling the live peers whose contribution it lacks
 holds everyone's or the round deadline passes; peers that are not at their boundary
 yet answer ``not-ready`` and are asked again. This is the all-reduce's global barrier
 that NoLoCo avoids: the round lasts as long as its slowest member, and every member's
-link carries every other member's payload."""
+link carries every other member's payload.
+
+Why gather rather than all-reduce (a butterfly moves about two payloads a member, here
+M - 1 cross each link): in a public swarm every contribution is untrusted, and a node
+that averages what it received checks each one itself (partner_check.py), so a bad peer
+spoils only its own share; with an all-reduce each member's part of the average is
+summed by one peer that nobody can check."""
 
 from __future__ import annotations
 

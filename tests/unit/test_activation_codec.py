@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from swarm_node.cli.main import ACTIVATION_CODEC_NAMES
+from swarm_node.cli.args import ACTIVATION_CODEC_NAMES
 from swarm_node.errors import ConfigError, ProtocolError
 from swarm_node.spec import RunSpec
 from swarm_node.wire.activations import ACTIVATION_CODECS, decode_activations, encode_activations

@@ -43,6 +43,9 @@ def test_the_full_plan_spans_sizes_seeds_and_both_h_ratios():
     halved = [j for j in ablations if j.variant == "inner lr halved"]
     assert {j.method for j in halved} == {"local", "diloco", "noloco"} and {j.inner_lr for j in halved} == {5e-4}
     assert all(j.seed == FULL.seeds[0] and j.plan.model == "tiny" for j in ablations)
+    # NoLoCo's alpha, beta and gamma (the issue's, at the largest size) before the rest
+    outer = [j.variant.split()[0] for j in ablations[:5]]
+    assert outer == ["alpha", "beta", "beta", "gamma", "gamma"] and all(j.method == "noloco" for j in ablations[:5])
 
 
 def _params(size: str) -> tuple[int, int]:

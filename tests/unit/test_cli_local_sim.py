@@ -9,6 +9,7 @@ import torch
 
 from swarm_node import system
 from swarm_node.cli import main as cli
+from swarm_node.cli.args import MODEL_HELP
 from swarm_node.local import swarm as local
 from swarm_node.model.config import NAMED_SIZES
 from swarm_node.state.checkpoint import save_checkpoint
@@ -30,7 +31,7 @@ def test_every_flag_has_help(command):
 
 def test_model_help_lists_the_layers_of_every_size():
     for name, (_, layers, *_) in NAMED_SIZES.items():
-        assert re.search(rf"\b{name} \({layers}\b", cli.MODEL_HELP), name
+        assert re.search(rf"\b{name} \({layers}\b", MODEL_HELP), name
 
 
 def test_threads_help_says_what_the_default_is():

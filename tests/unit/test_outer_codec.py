@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from swarm_node.cli.main import OUTER_CODEC_NAMES
+from swarm_node.cli.args import OUTER_CODEC_NAMES
 from swarm_node.errors import ConfigError, ProtocolError
 from swarm_node.spec import RunSpec
 from swarm_node.wire.frames import WIRE_PRECISIONS
@@ -144,7 +144,7 @@ def test_deltas_share_of_a_round_is_what_its_codec_sends_of_it():
 
 
 def test_the_simulators_landings_are_the_clis():
-    from swarm_node.cli.main import OUTER_LANDING_NAMES
+    from swarm_node.cli.args import OUTER_LANDING_NAMES
     from swarm_node.sim.config import OUTER_LANDINGS
 
     assert OUTER_LANDING_NAMES == OUTER_LANDINGS
