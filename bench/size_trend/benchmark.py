@@ -277,8 +277,9 @@ def ablation_rows(runs: list[dict], h: int) -> list[dict]:
     return rows
 
 
-def answer(trend: list[dict]) -> str:
-    """The one-paragraph answer, from the trend rows alone (in size order)."""
+def answer(trend: list[dict], sizes: list[dict] = ()) -> str:
+    """The one-paragraph answer, from the trend rows (in size order) and, for what every
+    size trains on, the size rows."""
     ratio = [r for r in trend if r["against"] == "paper ratio" and "alpha" not in r["noloco"]]
     low = [r for r in trend if r["against"] == "paper ratio" and "alpha" in r["noloco"]]
     if not ratio:
@@ -312,7 +313,18 @@ def answer(trend: list[dict]) -> str:
     if len(low) > 1:
         low_verdict, low_ahead = _trend(low, spread)
         text += f" With outer momentum {LOW_ALPHA:g} the gap {low_verdict}; at the largest size NoLoCo is {low_ahead}."
-    return text
+    return text + _budget(sizes, [first["model"], last["model"]])
+
+
+def _budget(sizes: list[dict], ends: list[str]) -> str:
+    """Every size trains on the same tokens, so the larger ones on fewer per parameter:
+    the trend is the model's size and its training length together."""
+    per_param = {r["model"]: r["tokens_per_parameter"] for r in sizes}
+    if not all(m in per_param for m in ends):
+        return ""
+    return (f" Every size trains on the same {sizes[0]['tokens'] / 1e6:.1f}M tokens, {per_param[ends[0]]:.1f} a "
+            f"parameter at the smallest and {per_param[ends[1]]:.1f} at the largest: the trend is of size and "
+            f"training length together.")
 
 
 def _trend(rows: list[dict], spread: float) -> tuple[str, str]:
@@ -338,7 +350,7 @@ def summarise(result: Result, plan: SizePlan, runs: list[dict], chosen: dict) ->
     result.summary = {"sizes": list(plan.sizes), "corpus": plan.corpus, "steps": plan.steps,
                       "seeds": list(plan.seeds), "grid": "4 x 2",
                       "h": plan.h, "global_batch": plan.global_batch, "seq_len": plan.seq_len, "vocab": VOCAB,
-                      "train_tokens": train_tokens, "chosen": chosen, "answer": answer(trend),
+                      "train_tokens": train_tokens, "chosen": chosen, "answer": answer(trend, sizes),
                       "run_cpu_s_total": sum(r["cpu_s"] for r in runs), "runs": len(runs), "device": plan.device}
 
 

@@ -106,6 +106,10 @@ def test_the_answer_follows_the_numbers():
     one_size = bench.answer(bench.trend_rows(_runs({"debug": 4.0}), {"debug": CHOSEN["debug"]}, 10))
     assert "One size shows no trend" in one_size and "+4.00 %" in one_size and "+2.00 %" in one_size
     assert bench.answer([]).startswith("No size")
+    sizes = bench.size_rows(_runs({"debug": 5.0, "tiny": 1.0}), CHOSEN, 64_000)
+    budget = bench.answer(shrinking, sizes)
+    assert budget.endswith("the same 0.1M tokens, 0.2 a parameter at the smallest and 0.0 at the largest: the trend "
+                           "is of size and training length together.")
 
 
 def test_size_rows_pair_gaps_by_seed_and_state_tokens_per_parameter():
