@@ -277,9 +277,9 @@ def ablation_rows(runs: list[dict], h: int) -> list[dict]:
     return rows
 
 
-def answer(trend: list[dict], sizes: list[dict] = ()) -> str:
-    """The one-paragraph answer, from the trend rows (in size order) and, for what every
-    size trains on, the size rows."""
+def answer(trend: list[dict], sizes: list[dict] = (), ablations: list[dict] = ()) -> str:
+    """The one-paragraph answer, from the trend rows (in size order); the size rows say
+    what every size trains on, the ablation rows what moves NoLoCo."""
     ratio = [r for r in trend if r["against"] == "paper ratio" and "alpha" not in r["noloco"]]
     low = [r for r in trend if r["against"] == "paper ratio" and "alpha" in r["noloco"]]
     if not ratio:
@@ -313,7 +313,35 @@ def answer(trend: list[dict], sizes: list[dict] = ()) -> str:
     if len(low) > 1:
         low_verdict, low_ahead = _trend(low, spread)
         text += f" With outer momentum {LOW_ALPHA:g} the gap {low_verdict}; at the largest size NoLoCo is {low_ahead}."
-    return text + _budget(sizes, [first["model"], last["model"]])
+    return text + _budget(sizes, [first["model"], last["model"]]) + _what_moves_noloco(ablations, spread)
+
+
+def _what_moves_noloco(ablations: list[dict], spread: float) -> str:
+    """At the largest size with ablations: NoLoCo's own settings that move it beyond the
+    spread over seeds (the largest change first), and the ablations run on several
+    methods with each method's change, so one that moves every method alike is not read
+    as NoLoCo's gap."""
+    mine = [r for r in ablations if r["method"] == "noloco"]
+    if not mine:
+        return ""
+    size = mine[-1]["model"]  # ablation rows come smallest size first
+    at_size = [r for r in ablations if r["model"] == size]
+    shared = {r["ablation"] for r in at_size if r["method"] != "noloco"}
+    moved = sorted((r for r in mine if r["model"] == size and r["ablation"] not in shared
+                    and abs(r["change_pct"]) > spread), key=lambda r: -abs(r["change_pct"]))
+    text = (f" What moves NoLoCo at {size} (first seed, against its run at the paper's settings, beyond the "
+            f"spread): {_changes(moved, 'ablation')}." if moved else
+            f" None of NoLoCo's settings moves it at {size} beyond the spread over seeds.")
+    if shared:
+        labels = dict.fromkeys(r["ablation"] for r in at_size if r["ablation"] in shared)
+        each = "; ".join(f"{label} {_changes([r for r in at_size if r['ablation'] == label], 'method')}"
+                         for label in labels)
+        text += f" Run on every method it concerns: {each}."
+    return text
+
+
+def _changes(rows: list[dict], name: str) -> str:
+    return ", ".join(f"{r[name]} {r['change_pct']:+.2f} %" for r in rows)
 
 
 def _budget(sizes: list[dict], ends: list[str]) -> str:
@@ -346,11 +374,12 @@ def summarise(result: Result, plan: SizePlan, runs: list[dict], chosen: dict) ->
     windows = load_windows(DataSpec.parse(subword_data(plan.corpus)), plan.seq_len)
     train_tokens = windows.num_train_windows * (plan.seq_len + 1)
     sizes, trend = size_rows(runs, chosen, train_tokens), trend_rows(runs, chosen, plan.h)
-    result.rows = sizes + trend + m1_rows(runs, chosen) + ablation_rows(runs, plan.h) + runs
+    ablations = ablation_rows(runs, plan.h)
+    result.rows = sizes + trend + m1_rows(runs, chosen) + ablations + runs
     result.summary = {"sizes": list(plan.sizes), "corpus": plan.corpus, "steps": plan.steps,
                       "seeds": list(plan.seeds), "grid": "4 x 2",
                       "h": plan.h, "global_batch": plan.global_batch, "seq_len": plan.seq_len, "vocab": VOCAB,
-                      "train_tokens": train_tokens, "chosen": chosen, "answer": answer(trend, sizes),
+                      "train_tokens": train_tokens, "chosen": chosen, "answer": answer(trend, sizes, ablations),
                       "run_cpu_s_total": sum(r["cpu_s"] for r in runs), "runs": len(runs), "device": plan.device}
 
 

@@ -110,6 +110,20 @@ def test_the_answer_follows_the_numbers():
     budget = bench.answer(shrinking, sizes)
     assert budget.endswith("the same 0.1M tokens, 0.2 a parameter at the smallest and 0.0 at the largest: the trend "
                            "is of size and training length together.")
+    ablations = [{"model": model, "method": method, "ablation": label, "change_pct": change}
+                 for model, method, label, change in [("debug", "noloco", "beta 0.5", -9.0),
+                                                      ("tiny", "noloco", "beta 0.5", -4.0),
+                                                      ("tiny", "noloco", "groups of 3", 0.0),
+                                                      ("tiny", "noloco", "alpha 0.7", 6.0),
+                                                      ("tiny", "diloco", "frozen input embedding", 9.0)]]
+    assert bench.answer(shrinking, sizes, ablations[:-1]).endswith(
+        " What moves NoLoCo at tiny (first seed, against its run at the paper's settings, beyond the spread): "
+        "alpha 0.7 +6.00 %, beta 0.5 -4.00 %.")  # the largest size's, beyond the seeds' spread, largest first
+    frozen = [{"model": "tiny", "method": "noloco", "ablation": "frozen input embedding", "change_pct": 10.0}]
+    assert bench.answer(shrinking, sizes, ablations + frozen).endswith(
+        "beta 0.5 -4.00 %. Run on every method it concerns: frozen input embedding diloco +9.00 %, noloco +10.00 %.")
+    assert bench.answer(shrinking, sizes, ablations[2:3]).endswith("None of NoLoCo's settings moves it at tiny "
+                                                                   "beyond the spread over seeds.")
 
 
 def test_size_rows_pair_gaps_by_seed_and_state_tokens_per_parameter():
