@@ -303,10 +303,11 @@ def answer(trend: list[dict], sizes: list[dict] = (), ablations: list[dict] = ()
     # a size on one seed (the largest, until its other seeds have run: plan.deferred) has
     # no spread of its own; the seeds of the sizes that have them stand in for it
     spread = max(r["sd"] for r in ratio + low if r["seeds"] > 1 or r["model"] in (first["model"], last["model"]))
-    borrowed = [r for r in (first, last) if r["seeds"] < 2]
+    borrowed = [r for r in ratio if r["seeds"] < 2]
     if borrowed and not caveat:
-        measured += (f" {', '.join(r['model'] for r in borrowed)} on one seed so far: the spread beside it is the "
-                     f"other sizes' (sd up to {spread:.2f}).")
+        them = "them" if len(borrowed) > 1 else "it"
+        measured += (f" {' and '.join(r['model'] for r in borrowed)} on one seed so far: the spread beside {them} is "
+                     f"the other sizes' (sd up to {spread:.2f}).")
     paper_verdict, paper_ahead = _trend(ratio, spread)
     text = (f"{measured} From the smallest size to the largest the gap at the paper's settings {paper_verdict}; "
             f"at the largest size NoLoCo with them is {paper_ahead}.")
