@@ -25,6 +25,7 @@ from bench.size_trend.data import DATA_ROOT, VOCAB, data_identity, subword_data
 from bench.size_trend.plan import (
     FULL,
     LOW_ALPHA,
+    M1_H,
     QUICK,
     SizePlan,
     ablation_jobs,
@@ -434,6 +435,10 @@ def markdown(result: dict) -> str:
                   "", "| size | outer lr | seeds | over DDP (%) | sweep (first seed) |", "|---|---|---|---|---|"]
         lines += [f"| {r['model']} | {r['outer_lr']:g} | {r['seeds']} | {r['gap_to_ddp_pct']:+.2f} ± {r['sd']:.2f} | "
                   f"{', '.join(f'{k}: {v:+.2f}' for k, v in r['sweep_first_seed'].items())} |" for r in m1]
+        lines += ["", "The round itself costs M = 1 nothing: an outer step of lr 1 without momentum trains "
+                      "exactly as DDP does (tests/sim/test_simulator.py), so a gap here is the outer step's "
+                      f"momentum and lr over this plan's rounds ({s['steps']} steps at H = {M1_H}: "
+                      f"{s['steps'] // M1_H} of them)."]
     ablations = [r for r in rows if r["kind"] == "ablation"]
     if ablations:
         lines += ["", "Ablations (first seed), against the same method's run at its defaults:", "",

@@ -232,3 +232,16 @@ def test_ddp_averages_around_a_frozen_embedding():
     before = sim.workers[0][0].stage.model.embed_tokens.weight.detach().clone()
     sim.advance(1)
     assert torch.equal(sim.workers[0][0].stage.model.embed_tokens.weight, before)
+
+
+@pytest.mark.parametrize("method", ["diloco", "noloco"])
+def test_an_outer_step_of_lr_1_without_momentum_is_plain_training(method):
+    """phi <- phi - 1 * (phi - theta) is theta: with beta 1, alpha 0 (and gamma 0) an
+    outer round changes nothing, so one replica trains as DDP does (the inner optimizer's
+    state and lr schedule carry on through the rounds). Anything a round resets or skips
+    shows here; the M = 1 rows of bench.size_trend rest on it."""
+    plain = small_config("ddp", steps=20, replicas=1, eval_every_steps=20)
+    identity = default_method(method, inner_steps=5, alpha=0.0, beta=1.0, gamma=0.0)
+    rounds = Simulator(dataclasses.replace(plain, method=identity)).run()
+    assert rounds.outer_rounds == 4
+    assert rounds.final_val_loss == pytest.approx(Simulator(plain).run().final_val_loss, rel=1e-5)
