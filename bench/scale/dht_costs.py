@@ -94,7 +94,8 @@ class Swarm:
         return cls(nodes)
 
     async def snapshot(self):
-        futures = [n.dht.run_coroutine(partial(child_counters, list(self.keys)), return_future=True) for n in self.nodes]
+        futures = [n.dht.run_coroutine(partial(child_counters, list(self.keys)), return_future=True)
+                   for n in self.nodes]
         return await asyncio.gather(*futures)
 
     @staticmethod

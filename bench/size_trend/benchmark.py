@@ -328,16 +328,15 @@ def _what_moves_noloco(ablations: list[dict], spread: float) -> str:
         return ""
     size = mine[-1]["model"]  # ablation rows come smallest size first
     at_size = [r for r in ablations if r["model"] == size]
-    shared = {r["ablation"] for r in at_size if r["method"] != "noloco"}
+    shared = dict.fromkeys(r["ablation"] for r in at_size if r["method"] != "noloco")  # in plan order
     moved = sorted((r for r in mine if r["model"] == size and r["ablation"] not in shared
                     and abs(r["change_pct"]) > spread), key=lambda r: -abs(r["change_pct"]))
     text = (f" What moves NoLoCo at {size} (first seed, against its run at the paper's settings, beyond the "
             f"spread): {_changes(moved, 'ablation')}." if moved else
             f" None of NoLoCo's settings moves it at {size} beyond the spread over seeds.")
     if shared:
-        labels = dict.fromkeys(r["ablation"] for r in at_size if r["ablation"] in shared)
         each = "; ".join(f"{label} {_changes([r for r in at_size if r['ablation'] == label], 'method')}"
-                         for label in labels)
+                         for label in shared)
         text += f" Run on every method it concerns: {each}."
     return text
 

@@ -126,9 +126,9 @@ class PayloadSwap:
         # was at times told "busy" on a loaded machine, and the pair was lost (the caller's
         # partner failed; the callee had paired). Two slots a peer let the parts overlap.
         await transport.serve(protocols.OUTER, self.handle_outer,
-                              ServeLimits(max_request_bytes=self.limits.max_payload_bytes, max_concurrent=SERVED_AT_ONCE,
-                                          max_per_peer=PARTS_A_PEER, handler_timeout_s=self.exchange_s,
-                                          paced_request=True),
+                              ServeLimits(max_request_bytes=self.limits.max_payload_bytes,
+                                          max_concurrent=SERVED_AT_ONCE, max_per_peer=PARTS_A_PEER,
+                                          handler_timeout_s=self.exchange_s, paced_request=True),
                               authorize=authorize)
         await transport.serve(protocols.OUTER_FETCH, self.handle_fetch,
                               ServeLimits(max_request_bytes=CONTROL_MAX_BYTES, max_concurrent=SERVED_AT_ONCE,

@@ -11,13 +11,19 @@ import vclock
 from swarm_node.errors import PeerTimeout
 from swarm_node.gossip.group import GroupRound
 from swarm_node.gossip.pairing import Refused
+from swarm_node.gossip.payloads import SERVED_AT_ONCE
+
+
+def group_round(**settings) -> GroupRound:
+    """A member that serves as many calls at once as the node's payload protocols do."""
+    return GroupRound(served_at_once=SERVED_AT_ONCE, **settings)
 
 
 async def run_group(n: int, seed: int, dead: set[str] = frozenset()):
     rng = random.Random(seed)
     names = [f"peer{i}" for i in range(n)]
-    nodes = {name: GroupRound(round_timeout_s=1.0, request_timeout_s=0.3, backoff_s=(0.001, 0.01),
-                              rng=random.Random(rng.random()), own_id=name) for name in names}
+    nodes = {name: group_round(round_timeout_s=1.0, request_timeout_s=0.3, backoff_s=(0.001, 0.01),
+                               rng=random.Random(rng.random()), own_id=name) for name in names}
 
     async def send_from(sender, peer, payload, timeout):
         await asyncio.sleep(rng.uniform(0, 0.003))
@@ -56,8 +62,8 @@ async def run_group_on_links(n: int, exchange_s: float, own_ids: bool = True):
     exchanges either end's link carries while it runs (they share its rate), and a call
     past its deadline fails. Returns each member's contributions and the exchanges made."""
     names = [f"peer{i}" for i in range(n)]
-    nodes = {name: GroupRound(round_timeout_s=2 * exchange_s, request_timeout_s=1.5 * exchange_s,
-                              backoff_s=(0.001, 0.01), rng=random.Random(i), own_id=name if own_ids else "")
+    nodes = {name: group_round(round_timeout_s=2 * exchange_s, request_timeout_s=1.5 * exchange_s,
+                               backoff_s=(0.001, 0.01), rng=random.Random(i), own_id=name if own_ids else "")
              for i, name in enumerate(names)}
     on_link = dict.fromkeys(names, 0)
     exchanges, calls = [], []
@@ -105,9 +111,9 @@ def test_a_groups_deadlines_grow_with_the_link_not_with_the_floor():
     on a fast link (the 30 s floor above the link's 3 s) a gather among 4 keeps the
     round's deadline, and a member that never answers costs what it did; on a 4 Mbit/s
     link (18.5 s of payload) calls and the gather stretch to what the shared link needs."""
-    fast = GroupRound(round_timeout_s=20.0, request_timeout_s=30.0, link_s=3.0)
+    fast = group_round(round_timeout_s=20.0, request_timeout_s=30.0, link_s=3.0)
     assert fast.deadlines(3) == (20.0, 30.0, 9.0)
-    home = GroupRound(round_timeout_s=20.0, request_timeout_s=30.0, link_s=18.5)
+    home = group_round(round_timeout_s=20.0, request_timeout_s=30.0, link_s=18.5)
     assert home.deadlines(3) == pytest.approx((111.0, 55.5, 55.5))
     assert home.deadlines(20)[1] == pytest.approx(18.5 * home.most_sharing)  # a call shares with 8 at most
 
@@ -116,7 +122,7 @@ def test_a_higher_member_calls_a_lower_one_whose_call_never_comes():
     """The lower id calls; a lower member that does not (it counts only some members, or
     is late) is called by the higher one after a call's time, within the round."""
     async def scenario():
-        high = GroupRound(round_timeout_s=5.0, request_timeout_s=1.0, own_id="peerB", backoff_s=(0.001, 0.01))
+        high = group_round(round_timeout_s=5.0, request_timeout_s=1.0, own_id="peerB", backoff_s=(0.001, 0.01))
         calls = []
 
         async def send(peer, payload, timeout):

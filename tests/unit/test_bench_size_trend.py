@@ -100,7 +100,8 @@ def test_the_answer_follows_the_numbers():
     assert "+1.00 % (one seed) at" in largest_alone
     assert "level with DiLoCo" in largest_alone  # +1 % at tiny, inside the borrowed spread
     middle = [r for r in _runs({"mini": 3.0}) if r["seed"] == 0]
-    three = bench.answer(bench.trend_rows(spread_out + middle, {"debug": CHOSEN["debug"], "mini": CHOSEN["tiny"], "tiny": CHOSEN["tiny"]}, 10))
+    in_size_order = {"debug": CHOSEN["debug"], "mini": CHOSEN["tiny"], "tiny": CHOSEN["tiny"]}
+    three = bench.answer(bench.trend_rows(spread_out + middle, in_size_order, 10))
     assert "mini and tiny on one seed so far: the spread beside them" in three  # any size short of seeds, not the ends
     assert "with outer momentum 0.3, NoLoCo's is +2.50 % (sd 0.00, 3 seeds) at 0.11M, +0.50 %" in bench.answer(
         shrinking)  # the low-alpha rows, every size
