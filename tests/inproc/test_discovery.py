@@ -132,65 +132,50 @@ def test_rebootstrap_reconnects_to_a_restarted_peer(tmp_path):
     assert spec == SPEC
 
 
-def test_a_node_alone_rebootstraps_from_initial_and_known_peers():
-    redialled = asyncio.Event()  # the scenario ends at the first dial
+class ScriptedDHT:
+    """Answers connected_peers from a script (the last answer repeats) and records each dial."""
 
-    class LonelyDHT:
-        peer_id = "QmSelf"
+    peer_id = "QmSelf"
 
-        def __init__(self):
-            self.calls = []
-            self.answers = [{"QmKnown": ["/ip4/10.0.0.2/tcp/5"], "QmBoot": ["/ip4/127.0.0.1/tcp/9"]}, {}, {}]
+    def __init__(self, *answers):
+        self.answers = list(answers)
+        self.calls = []
+        self.redialled = asyncio.Event()
 
-        async def connected_peers(self):
-            return self.answers.pop(0) if self.answers else {}
+    async def connected_peers(self):
+        return self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
 
-        async def rebootstrap(self, maddrs, timeout_s=10.0):
-            self.calls.append(list(maddrs))
-            redialled.set()
-            return 1
+    async def rebootstrap(self, maddrs, timeout_s=10.0):
+        self.calls.append(list(maddrs))
+        self.redialled.set()
+        return 1
 
-    dht = LonelyDHT()
+
+def first_dial(dht: ScriptedDHT) -> list[str]:
+    """What the reconnector dials first (the scenario ends there)."""
     reconnector = Reconnector(dht, ("/ip4/127.0.0.1/tcp/9/p2p/QmBoot",), check_s=0.01)
 
     async def scenario():
         task = asyncio.create_task(reconnector.run())
-        await redialled.wait()
+        await dht.redialled.wait()
         task.cancel()
 
     vclock.run(scenario())
-    assert dht.calls == [["/ip4/127.0.0.1/tcp/9/p2p/QmBoot", "/ip4/10.0.0.2/tcp/5/p2p/QmKnown"]]
+    return dht.calls[0]
+
+
+def test_a_node_alone_rebootstraps_from_initial_and_known_peers():
+    dht = ScriptedDHT({"QmKnown": ["/ip4/10.0.0.2/tcp/5"], "QmBoot": ["/ip4/127.0.0.1/tcp/9"]}, {})
+    assert first_dial(dht) == ["/ip4/127.0.0.1/tcp/9/p2p/QmBoot", "/ip4/10.0.0.2/tcp/5/p2p/QmKnown"]
+    assert len(dht.calls) == 1
 
 
 def test_a_node_dials_an_initial_peer_it_lost_again_even_when_connected_to_others():
     """A restarted bootstrap has forgotten the swarm, and the nodes' DHTs forgot the
     bootstrap when their calls to it failed: unless the nodes dial it, it stays empty."""
-    redialled = asyncio.Event()  # the scenario ends at the first dial
-
-    class CompanionableDHT:
-        peer_id = "QmSelf"
-
-        def __init__(self):
-            self.calls = []
-
-        async def connected_peers(self):
-            return {"QmOther": ["/ip4/10.0.0.2/tcp/5"]}
-
-        async def rebootstrap(self, maddrs, timeout_s=10.0):
-            self.calls.append(list(maddrs))
-            redialled.set()
-            return 1
-
-    dht = CompanionableDHT()
-    reconnector = Reconnector(dht, ("/ip4/127.0.0.1/tcp/9/p2p/QmBoot",), check_s=0.01)
-
-    async def scenario():
-        task = asyncio.create_task(reconnector.run())
-        await redialled.wait()
-        task.cancel()
-
-    vclock.run(scenario())
-    assert dht.calls == [["/ip4/127.0.0.1/tcp/9/p2p/QmBoot"]]
+    dht = ScriptedDHT({"QmOther": ["/ip4/10.0.0.2/tcp/5"]})
+    assert first_dial(dht) == ["/ip4/127.0.0.1/tcp/9/p2p/QmBoot"]
+    assert len(dht.calls) == 1
 
 
 def test_redials_back_off_while_they_fail_and_reset_once_one_succeeds():
