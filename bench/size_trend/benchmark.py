@@ -6,7 +6,8 @@ one replica against DDP; ablations per size.
     .venv/bin/python -m bench.size_trend [--full] [--workers N] [--device cuda] [--sizes debug,tiny]
 
 Every run is the project's simulator through bench/convergence/runs.py (the real inner
-and outer optimizers, random routing between stages). Jobs: plan.py; data: data.py."""
+and outer optimizers, random routing between stages). Jobs: plan.py; data: data.py; the
+answer paragraph: answer.py."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from pathlib import Path
 from bench.common.results import Result, parse_mode, pyplot, rerun_command
 from bench.convergence.plan import Job
 from bench.convergence.runs import Runner, job_method
+from bench.size_trend.answer import answer
 from bench.size_trend.data import DATA_ROOT, VOCAB, data_identity, subword_data
 from bench.size_trend.plan import (
     FULL,
@@ -276,96 +278,6 @@ def ablation_rows(runs: list[dict], h: int) -> list[dict]:
                      "val_loss": r["val_loss"], "baseline": base["val_loss"],
                      "change_pct": _gap_pct(r["val_loss"], base["val_loss"])})
     return rows
-
-
-def answer(trend: list[dict], sizes: list[dict] = (), ablations: list[dict] = ()) -> str:
-    """The one-paragraph answer, from the trend rows (in size order); the size rows say
-    what every size trains on, the ablation rows what moves NoLoCo."""
-    ratio = [r for r in trend if r["against"] == "paper ratio" and "alpha" not in r["noloco"]]
-    low = [r for r in trend if r["against"] == "paper ratio" and "alpha" in r["noloco"]]
-    if not ratio:
-        return "No size has both NoLoCo and DiLoCo runs yet."
-
-    def at_each(rows: list[dict]) -> str:
-        def seeds(r: dict) -> str:
-            return f"sd {r['sd']:.2f}, {r['seeds']} seeds" if r["seeds"] > 1 else "one seed"
-
-        return ", ".join(f"{r['noloco_over_diloco_pct']:+.2f} % ({seeds(r)}) at {r['body_parameters'] / 1e6:.2f}M"
-                         for r in rows)
-
-    caveat = ("One seed, so no spread: these numbers smoke-test the benchmark and are no evidence either way. "
-              if max(r["seeds"] for r in ratio) < 2 else "")
-    low_text = (f"; with outer momentum {LOW_ALPHA:g}, NoLoCo's is {at_each(low)}" if low else "")
-    measured = (f"{caveat}At the paper's H ratio, NoLoCo's loss over DiLoCo's is {at_each(ratio)} parameters "
-                f"outside the embeddings{low_text}.")
-    if len(ratio) == 1:
-        return f"{measured} One size shows no trend; the answer needs the larger sizes' runs."
-    first, last = ratio[0], ratio[-1]
-    # a size on one seed (the largest, until its other seeds have run: plan.deferred) has
-    # no spread of its own; the seeds of the sizes that have them stand in for it
-    spread = max(r["sd"] for r in ratio + low if r["seeds"] > 1 or r["model"] in (first["model"], last["model"]))
-    borrowed = [r for r in ratio if r["seeds"] < 2]
-    if borrowed and not caveat:
-        them = "them" if len(borrowed) > 1 else "it"
-        measured += (f" {' and '.join(r['model'] for r in borrowed)} on one seed so far: the spread beside {them} is "
-                     f"the other sizes' (sd up to {spread:.2f}).")
-    paper_verdict, paper_ahead = _trend(ratio, spread)
-    text = (f"{measured} From the smallest size to the largest the gap at the paper's settings {paper_verdict}; "
-            f"at the largest size NoLoCo with them is {paper_ahead}.")
-    if len(low) > 1:
-        low_verdict, low_ahead = _trend(low, spread)
-        text += f" With outer momentum {LOW_ALPHA:g} the gap {low_verdict}; at the largest size NoLoCo is {low_ahead}."
-    return text + _budget(sizes, [first["model"], last["model"]]) + _what_moves_noloco(ablations, spread)
-
-
-def _what_moves_noloco(ablations: list[dict], spread: float) -> str:
-    """At the largest size with ablations: NoLoCo's own settings that move it beyond the
-    spread over seeds (the largest change first), and the ablations run on several
-    methods with each method's change, so one that moves every method alike is not read
-    as NoLoCo's gap."""
-    mine = [r for r in ablations if r["method"] == "noloco"]
-    if not mine:
-        return ""
-    size = mine[-1]["model"]  # ablation rows come smallest size first
-    at_size = [r for r in ablations if r["model"] == size]
-    shared = dict.fromkeys(r["ablation"] for r in at_size if r["method"] != "noloco")  # in plan order
-    moved = sorted((r for r in mine if r["model"] == size and r["ablation"] not in shared
-                    and abs(r["change_pct"]) > spread), key=lambda r: -abs(r["change_pct"]))
-    text = (f" What moves NoLoCo at {size} (first seed, against its run at the paper's settings, beyond the "
-            f"spread): {_changes(moved, 'ablation')}." if moved else
-            f" None of NoLoCo's settings moves it at {size} beyond the spread over seeds.")
-    if shared:
-        each = "; ".join(f"{label} {_changes([r for r in at_size if r['ablation'] == label], 'method')}"
-                         for label in shared)
-        text += f" Run on every method it concerns: {each}."
-    return text
-
-
-def _changes(rows: list[dict], name: str) -> str:
-    return ", ".join(f"{r[name]} {r['change_pct']:+.2f} %" for r in rows)
-
-
-def _budget(sizes: list[dict], ends: list[str]) -> str:
-    """Every size trains on the same tokens, so the larger ones on fewer per parameter:
-    the trend is the model's size and its training length together."""
-    per_param = {r["model"]: r["tokens_per_parameter"] for r in sizes}
-    if not all(m in per_param for m in ends):
-        return ""
-    return (f" Every size trains on the same {sizes[0]['tokens'] / 1e6:.1f}M tokens, {per_param[ends[0]]:.1f} a "
-            f"parameter at the smallest and {per_param[ends[1]]:.1f} at the largest: the trend is of size and "
-            f"training length together.")
-
-
-def _trend(rows: list[dict], spread: float) -> tuple[str, str]:
-    """Whether NoLoCo's gap to DiLoCo (``rows`` in size order) moves from the first size
-    to the last by more than ``spread``, and where the last stands."""
-    first, last = rows[0]["noloco_over_diloco_pct"], rows[-1]["noloco_over_diloco_pct"]
-    verdict = ("shrinks as the model grows" if last < first - spread else "grows with the model"
-               if last > first + spread else "does not change beyond the spread over seeds")
-    last_sd = rows[-1]["sd"] if rows[-1]["seeds"] > 1 else spread
-    ahead = ("behind DiLoCo" if last > last_sd else "ahead of DiLoCo" if last < -last_sd
-             else "level with DiLoCo, within the spread")
-    return verdict, ahead
 
 
 def summarise(result: Result, plan: SizePlan, runs: list[dict], chosen: dict) -> None:

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 from bench.convergence.runs import job_method
 from bench.size_trend import benchmark as bench
+from bench.size_trend.answer import answer
 from bench.size_trend.plan import FULL, GRID, QUICK, ablation_jobs, method_jobs, tuning_jobs, with_gpu
 from swarm_node.config import suggested_lr
 from swarm_node.model.config import model_config
@@ -83,35 +84,35 @@ def test_the_answer_follows_the_numbers():
     shrinking = bench.trend_rows(_runs({"debug": 5.0, "tiny": 1.0}), CHOSEN, 10)
     ratio = [round(r["noloco_over_diloco_pct"], 3) for r in shrinking if r["against"] == "paper ratio"]
     assert ratio == [5.0, 2.5, 1.0, 0.5]
-    assert "shrinks as the model grows" in bench.answer(shrinking)
-    assert "grows with the model" in bench.answer(bench.trend_rows(_runs({"debug": 1.0, "tiny": 5.0}), CHOSEN, 10))
-    level = bench.answer(bench.trend_rows(_runs({"debug": 0.0, "tiny": 0.0}), CHOSEN, 10))
+    assert "shrinks as the model grows" in answer(shrinking)
+    assert "grows with the model" in answer(bench.trend_rows(_runs({"debug": 1.0, "tiny": 5.0}), CHOSEN, 10))
+    level = answer(bench.trend_rows(_runs({"debug": 0.0, "tiny": 0.0}), CHOSEN, 10))
     assert "does not change" in level and "level with DiLoCo" in level and "no evidence" not in level
     one_seed = [r | {"seeds": 1} for r in bench.trend_rows(_runs({"debug": 5.0, "tiny": 1.0}), CHOSEN, 10)]
-    assert bench.answer(one_seed).startswith("One seed, so no spread")
+    assert answer(one_seed).startswith("One seed, so no spread")
     spread_out = _runs({"debug": 5.0, "tiny": 1.0})
     for r in spread_out:  # debug's seeds spread by 5 points; tiny has only its first seed yet
         if r["model"] == "debug" and r["method"] == "noloco" and r["variant"] == "H=10":
             r["val_loss"] *= 1 + 0.05 * (r["seed"] - 1)
     spread_out = [r for r in spread_out if r["model"] == "debug" or r["seed"] == 0]
-    largest_alone = bench.answer(bench.trend_rows(spread_out, CHOSEN, 10))
+    largest_alone = answer(bench.trend_rows(spread_out, CHOSEN, 10))
     assert "no evidence" not in largest_alone and "tiny on one seed so far" in largest_alone
     assert "does not change beyond the spread" in largest_alone  # 5 % to 1 %, within debug's sd of about 5 points
     assert "+1.00 % (one seed) at" in largest_alone
     assert "level with DiLoCo" in largest_alone  # +1 % at tiny, inside the borrowed spread
     middle = [r for r in _runs({"mini": 3.0}) if r["seed"] == 0]
     in_size_order = {"debug": CHOSEN["debug"], "mini": CHOSEN["tiny"], "tiny": CHOSEN["tiny"]}
-    three = bench.answer(bench.trend_rows(spread_out + middle, in_size_order, 10))
+    three = answer(bench.trend_rows(spread_out + middle, in_size_order, 10))
     assert "mini and tiny on one seed so far: the spread beside them" in three  # any size short of seeds, not the ends
-    assert "with outer momentum 0.3, NoLoCo's is +2.50 % (sd 0.00, 3 seeds) at 0.11M, +0.50 %" in bench.answer(
+    assert "with outer momentum 0.3, NoLoCo's is +2.50 % (sd 0.00, 3 seeds) at 0.11M, +0.50 %" in answer(
         shrinking)  # the low-alpha rows, every size
     assert "With outer momentum 0.3 the gap shrinks as the model grows; at the largest size NoLoCo is behind" in (
-        bench.answer(shrinking))  # 2.5 % to 0.5 %, the seeds 0.01 points apart
-    one_size = bench.answer(bench.trend_rows(_runs({"debug": 4.0}), {"debug": CHOSEN["debug"]}, 10))
+        answer(shrinking))  # 2.5 % to 0.5 %, the seeds 0.01 points apart
+    one_size = answer(bench.trend_rows(_runs({"debug": 4.0}), {"debug": CHOSEN["debug"]}, 10))
     assert "One size shows no trend" in one_size and "+4.00 %" in one_size and "+2.00 %" in one_size
-    assert bench.answer([]).startswith("No size")
+    assert answer([]).startswith("No size")
     sizes = bench.size_rows(_runs({"debug": 5.0, "tiny": 1.0}), CHOSEN, 64_000)
-    budget = bench.answer(shrinking, sizes)
+    budget = answer(shrinking, sizes)
     assert budget.endswith("the same 0.1M tokens, 0.2 a parameter at the smallest and 0.0 at the largest: the trend "
                            "is of size and training length together.")
     ablations = [{"model": model, "method": method, "ablation": label, "change_pct": change}
@@ -120,14 +121,24 @@ def test_the_answer_follows_the_numbers():
                                                       ("tiny", "noloco", "groups of 3", 0.0),
                                                       ("tiny", "noloco", "alpha 0.7", 6.0),
                                                       ("tiny", "diloco", "frozen input embedding", 9.0)]]
-    assert bench.answer(shrinking, sizes, ablations[:-1]).endswith(
+    assert answer(shrinking, sizes, ablations[:-1]).endswith(
         " What moves NoLoCo at tiny (first seed, against its run at the paper's settings, beyond the spread): "
         "alpha 0.7 +6.00 %, beta 0.5 -4.00 %.")  # the largest size's, beyond the seeds' spread, largest first
     frozen = [{"model": "tiny", "method": "noloco", "ablation": "frozen input embedding", "change_pct": 10.0}]
-    assert bench.answer(shrinking, sizes, ablations + frozen).endswith(
+    assert answer(shrinking, sizes, ablations + frozen).endswith(
         "beta 0.5 -4.00 %. Run on every method it concerns: frozen input embedding diloco +9.00 %, noloco +10.00 %.")
-    assert bench.answer(shrinking, sizes, ablations[2:3]).endswith("None of NoLoCo's settings moves it at tiny "
-                                                                   "beyond the spread over seeds.")
+    assert answer(shrinking, sizes, ablations[2:3]).endswith("None of NoLoCo's settings moves it at tiny "
+                                                              "beyond the spread over seeds.")
+    # until the largest size has run an ablation, the smaller size's figure stands, named
+    only_debug = [{"model": "debug", "method": method, "ablation": label, "change_pct": change}
+                  for method, label, change in [("noloco", "groups of 3", 3.0), ("noloco", "alpha 0.7", 7.0),
+                                                ("ddp", "frozen input embedding", 11.0),
+                                                ("noloco", "frozen input embedding", 12.0)]]
+    assert answer(shrinking, sizes, only_debug + ablations[1:2]).endswith(
+        " What moves NoLoCo (first seed, against its run at the paper's settings, beyond the spread; each setting at "
+        "the largest size that has run it): at tiny beta 0.5 -4.00 %; at debug alpha 0.7 +7.00 %, groups of 3 "
+        "+3.00 %. Run on every method it concerns: frozen input embedding at debug ddp +11.00 %, noloco +12.00 %.")
+    assert "debug alpha 0.7" not in answer(shrinking, sizes, only_debug + ablations[1:4])  # tiny has run it
 
 
 def test_size_rows_pair_gaps_by_seed_and_state_tokens_per_parameter():
@@ -150,7 +161,7 @@ def test_the_page_renders_from_the_result_alone():
     result = {"mode": "full", "rows": rows, "notes": [], "summary": {
         "runs": len(runs), "steps": 1000, "global_batch": 64, "seq_len": 64, "grid": "4 x 2", "seeds": [0, 1, 2],
         "vocab": 4096, "train_tokens": 32_000, "h": 10, "corpus": "docs",
-        "answer": bench.answer(bench.trend_rows(runs, CHOSEN, 10))}}
+        "answer": answer(bench.trend_rows(runs, CHOSEN, 10))}}
     page = bench.markdown(result)
     assert "| tiny | noloco H=10 | paper ratio | +1.00" in page and "| tiny | frozen input embedding | noloco" in page
     assert "| tiny | noloco H=10 alpha 0.3 | paper ratio | +0.50" in page and "Django" in page
