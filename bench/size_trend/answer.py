@@ -49,17 +49,21 @@ def answer(trend: list[dict], sizes: list[dict] = (), ablations: list[dict] = ()
 
 
 def _what_moves_noloco(ablations: list[dict], spread: float, size_order: list[str]) -> str:
-    """Each ablation at the largest size that has run it (the plan runs the largest size's
-    ablations last, so until it has, a smaller size's figure stands): NoLoCo's own settings
-    that move it beyond the spread over seeds (the largest size first, then the largest
-    change), and the ablations run on several methods with each method's change, so one
-    that moves every method alike is not read as NoLoCo's gap."""
+    """Each ablation at the largest size that has run it on every method it concerns (the
+    plan runs the largest size's ablations last; until then a smaller size's figures
+    stand, not a mix of sizes): NoLoCo's own settings that move it beyond the spread over
+    seeds (the largest size first, then the largest change), and the ablations run on
+    several methods with each method's change, so one that moves every method alike is
+    not read as NoLoCo's gap."""
     sizes = list(dict.fromkeys([*size_order, *(r["model"] for r in ablations)]))
-    at: dict[str, str] = {}  # ablation -> the largest size that ran it, in plan order
-    for r in ablations:
-        known = at.get(r["ablation"])
-        if known is None or sizes.index(r["model"]) > sizes.index(known):
-            at[r["ablation"]] = r["model"]
+    at: dict[str, str] = {}  # ablation -> the size its figures are read at, in plan order
+    for label in dict.fromkeys(r["ablation"] for r in ablations):
+        ran: dict[str, set[str]] = {}  # size -> the methods that have run it there
+        for r in ablations:
+            if r["ablation"] == label:
+                ran.setdefault(r["model"], set()).add(r["method"])
+        every = set().union(*ran.values())
+        at[label] = max(ran, key=lambda size: (ran[size] == every, sizes.index(size)))
     kept = [r for r in ablations if at[r["ablation"]] == r["model"]]
     shared = dict.fromkeys(r["ablation"] for r in kept if r["method"] != "noloco")
     own = [r for r in kept if r["method"] == "noloco" and r["ablation"] not in shared]

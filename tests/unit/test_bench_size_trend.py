@@ -134,7 +134,8 @@ def test_the_answer_follows_the_numbers():
                   for method, label, change in [("noloco", "groups of 3", 3.0), ("noloco", "alpha 0.7", 7.0),
                                                 ("ddp", "frozen input embedding", 11.0),
                                                 ("noloco", "frozen input embedding", 12.0)]]
-    assert answer(shrinking, sizes, only_debug + ablations[1:2]).endswith(
+    tiny_ddp_only = [{"model": "tiny", "method": "ddp", "ablation": "frozen input embedding", "change_pct": 2.0}]
+    assert answer(shrinking, sizes, only_debug + ablations[1:2] + tiny_ddp_only).endswith(
         " What moves NoLoCo (first seed, against its run at the paper's settings, beyond the spread; each setting at "
         "the largest size that has run it): at tiny beta 0.5 -4.00 %; at debug alpha 0.7 +7.00 %, groups of 3 "
         "+3.00 %. Run on every method it concerns: frozen input embedding at debug ddp +11.00 %, noloco +12.00 %.")
