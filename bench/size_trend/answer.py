@@ -1,6 +1,6 @@
 """The size trend's one-paragraph answer, from the benchmark's rows: how NoLoCo's gap to
 DiLoCo moves with the model's size, against the spread over seeds, and what moves NoLoCo
-(the ablations, each at the largest size that has run it)."""
+(the ablations, each at the largest size that has run it on every method it concerns)."""
 
 from __future__ import annotations
 
