@@ -56,14 +56,11 @@ def _what_moves_noloco(ablations: list[dict], spread: float, size_order: list[st
     several methods with each method's change, so one that moves every method alike is
     not read as NoLoCo's gap."""
     sizes = list(dict.fromkeys([*size_order, *(r["model"] for r in ablations)]))
-    at: dict[str, str] = {}  # ablation -> the size its figures are read at, in plan order
-    for label in dict.fromkeys(r["ablation"] for r in ablations):
-        ran: dict[str, set[str]] = {}  # size -> the methods that have run it there
-        for r in ablations:
-            if r["ablation"] == label:
-                ran.setdefault(r["model"], set()).add(r["method"])
-        every = set().union(*ran.values())
-        at[label] = max(ran, key=lambda size: (ran[size] == every, sizes.index(size)))
+    ran: dict[str, dict[str, set[str]]] = {}  # ablation -> size -> the methods that ran it there, in plan order
+    for r in ablations:
+        ran.setdefault(r["ablation"], {}).setdefault(r["model"], set()).add(r["method"])
+    at = {label: max(by_size, key=lambda size: (by_size[size] == set().union(*by_size.values()), sizes.index(size)))
+          for label, by_size in ran.items()}  # ablation -> the size its figures are read at
     kept = [r for r in ablations if at[r["ablation"]] == r["model"]]
     shared = dict.fromkeys(r["ablation"] for r in kept if r["method"] != "noloco")
     own = [r for r in kept if r["method"] == "noloco" and r["ablation"] not in shared]
