@@ -17,6 +17,7 @@ STATUS = "/swarm-node/status/1.0.0"  # run id, stage, version, peer counts: for 
 # chunks of them, each checked against the manifest by the caller
 DATA = "/swarm-node/data/1.0.0"
 # a direct lane's offer (net/lanes.py): its port, certificate hash and a ticket for the caller
-LANE = "/swarm-node/lane/1.0.0"
+# (2.0: the ticket opens a lane with proofs both ways, net/lane_auth.py)
+LANE = "/swarm-node/lane/2.0.0"
 # what may travel on a direct lane: the protocols whose bodies are model-sized
 BULK = frozenset({FORWARD, OUTER, OUTER_FETCH, STATE})

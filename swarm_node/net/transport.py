@@ -31,6 +31,7 @@ from hivemind.p2p import P2P, P2PDaemonError, P2PHandlerError, PeerID
 
 from swarm_node.errors import PeerError, PeerRefused, PeerTimeout, ProtocolError, StreamClosed
 from swarm_node.net import protocols
+from swarm_node.net.addresses import LOOPBACK, address_key
 from swarm_node.net.identity import short_id  # components import it from here too
 from swarm_node.net.lanes import (
     OFFER_BYTES,
@@ -140,6 +141,7 @@ class ServeLimits:
         return self.first_bytes_timeout_s + length / self.min_request_bytes_per_s
 
 
+MAX_REFUSED_LOGGED = 4096  # peers remembered as logged "refusing": identities are free
 # A lane offer is a few bytes: one a second per caller is plenty (it opens lanes for minutes).
 LANE_OFFER_LIMITS = ServeLimits(max_request_bytes=1024, max_concurrent=8, max_per_peer=1, handler_timeout_s=5.0)
 
@@ -156,7 +158,7 @@ class Transport:
         self.streams_served = 0  # inbound streams answered (a node nobody can dial answers none)
         self._active_per_peer: dict[tuple[str, str], int] = defaultdict(int)
         self._active_per_address: dict[tuple[str, str], int] = defaultdict(int)
-        self._refused: set[str] = set()  # peers already logged as refused (once each)
+        self._refused: set[str] = set()  # peers already logged as refused (once each, bounded)
         self._answering = 0  # streams being answered or waiting for their caller to close
         self._answered = asyncio.Event()  # set while none is
         self._answered.set()
@@ -166,12 +168,16 @@ class Transport:
         self._tickets = Tickets()
         self.lanes: LanePool | None = None
 
-    async def open_lanes(self, hosts: Sequence[str], port: int, *, encrypt_loopback: bool = False) -> int:
+    async def open_lanes(self, hosts: Sequence[str], port: int, *, encrypt_loopback: bool = False,
+                         authorize: Authorize = lambda remote: True) -> int:
         """Accept direct lanes on ``hosts`` at ``port`` (0: any free port) and use other
-        peers' lanes for our bulk requests; returns the port."""
-        self._lane_server = LaneServer(LaneIdentity(), self._tickets, self._lane_answers.get, self.on_fault)
+        peers' lanes for our bulk requests; returns the port. Only peers ``authorize``
+        admits get offers, and a ticket opens no lane once its holder is refused."""
+        self._tickets = Tickets()  # a new server's: an old one's tickets open nothing here
+        self._lane_server = LaneServer(LaneIdentity(), self._tickets, self._lane_answers.get, self.on_fault,
+                                       admit=authorize)
         port = await self._lane_server.start(hosts, port)
-        await self.serve(protocols.LANE, self._offer_lane, LANE_OFFER_LIMITS)
+        await self.serve(protocols.LANE, self._offer_lane, LANE_OFFER_LIMITS, authorize, with_address=True)
         self.lanes = LanePool(self._ask_lane_offer, encrypt_loopback=encrypt_loopback)
         return port
 
@@ -182,11 +188,12 @@ class Transport:
             await self.stop_serving(protocols.LANE)
             await self._lane_server.close()
 
-    async def _offer_lane(self, remote: str, request: bytes) -> bytes:
+    async def _offer_lane(self, remote: str, request: bytes, addr: object) -> bytes:
         server = self._lane_server
         if server is None or not server.port:
             return b""
-        return Offer("", server.port, server.identity.cert_sha256, self._tickets.issue(remote), 0.0).to_wire()
+        ticket = self._tickets.issue(remote, address_key(_ip_of(addr)))
+        return Offer("", server.port, server.identity.cert_sha256, ticket, 0.0).to_wire()
 
     async def _ask_lane_offer(self, peer_id: str, timeout_s: float) -> tuple[bytes, str | None]:
         """The peer's lane offer, and the IP our libp2p connection to it goes to (None
@@ -287,6 +294,8 @@ class Transport:
             key = (protocol, remote)
             if not authorize(remote):
                 if remote not in self._refused:
+                    if len(self._refused) >= MAX_REFUSED_LOGGED:
+                        self._refused.clear()  # at worst a refused peer is logged again
                     self._refused.add(remote)
                     log.warning("refusing %s from %s: not admitted to this run", protocol, short_id(remote))
                 return False
@@ -406,10 +415,12 @@ async def _linger(reader: asyncio.StreamReader, timeout_s: float) -> None:
 
 
 def caller_address(addr: object) -> str | None:
-    """The IP a stream came from, from the connection's multiaddr; None for loopback or
-    an address we cannot read (then only the other caps apply)."""
-    ip = _ip_of(addr)
-    return None if ip is None or ip.is_loopback else str(ip)
+    """What per-address caps count a stream under, from the connection's multiaddr: its
+    IPv4 address or IPv6 /64 (net/addresses.py); None for loopback (a swarm on one
+    machine, and callers behind a local tunnel: only the other caps apply) or an address
+    we cannot read."""
+    key = address_key(_ip_of(addr))
+    return None if key == LOOPBACK else key
 
 
 def pacer_for(addr: object) -> Pacer | None:

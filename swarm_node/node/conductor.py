@@ -331,7 +331,8 @@ class Node:
         hosts = lane_hosts(self.config.host_maddrs)
         if self.config.lane_port is not None and hosts:
             try:
-                port = await self.transport.open_lanes(hosts, self.config.lane_port)
+                port = await self.transport.open_lanes(hosts, self.config.lane_port,
+                                                       authorize=self.guard.admit)
             except OSError as exc:
                 raise ConfigError(f"cannot listen for direct lanes on TCP port {self.config.lane_port} ({exc}): "
                                   "pass --lane-port with a free port, or --no-lanes") from None

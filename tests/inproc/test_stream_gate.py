@@ -90,7 +90,7 @@ def test_loopback_is_not_capped_by_address():
 
 def test_the_callers_address_is_read_from_its_multiaddr():
     assert caller_address("/ip4/10.201.0.5/tcp/31338") == "10.201.0.5"
-    assert caller_address("/ip6/2001:db8::1/tcp/1") == "2001:db8::1"
+    assert caller_address("/ip6/2001:db8::1/tcp/1") == "2001:db8::/64"  # a host's prefix: net/addresses.py
     assert caller_address("/ip4/127.0.0.1/tcp/1") is None and caller_address("/ip6/::1/tcp/1") is None
     assert caller_address("/dns4/example.org/tcp/1") is None and caller_address("garbage") is None
     assert caller_address(None) is None
