@@ -17,6 +17,13 @@ def prepare_identity(path: Path) -> str:
     """Create the identity on first use (refusing inside a git work tree, where it could
     be committed), check it otherwise; returns the peer id."""
     path = path.expanduser()
+    if path.is_dir():
+        raise ConfigError(f"--identity {path} is a folder: give the path of the key file in it (created "
+                          f"on first run), e.g. {path / 'bootstrap.key'}")
+    file_above = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    if file_above is not None:
+        raise ConfigError(f"--identity {path}: {file_above} is a file, not a folder; give a path whose "
+                          "folders are folders (missing ones are created)")
     if not path.exists():
         repo = _git_work_tree(path.parent)
         if repo is not None:

@@ -20,6 +20,7 @@ from swarm_node.errors import ConfigError
 from swarm_node.optim.inner import InnerHyper
 from swarm_node.optim.methods import MethodSpec, default_method
 from swarm_node.optim.outer import OuterHyper
+from swarm_node.spec_tables import TOP_LEVEL, check_table
 from swarm_node.wire.activations import ACTIVATION_CODECS
 from swarm_node.wire.outer_codec import OUTER_CODECS
 
@@ -108,8 +109,10 @@ class RunSpec:
     registry_shards: int = 1
 
     def __post_init__(self) -> None:
-        if self.num_stages < 1 or self.seq_len < 2 or self.batch_size < 1 or self.samples_per_step < 1:
-            raise ConfigError("num_stages, seq_len, batch_size and samples_per_step must be positive")
+        for key, least in (("num_stages", 1), ("seq_len", 2), ("batch_size", 1), ("samples_per_step", 1),
+                           ("total_steps", 1)):
+            if getattr(self, key) < least:
+                raise ConfigError(f"{key} must be at least {least}, got {getattr(self, key)!r}")
         if (type(self.registry_shards) is not int or not 1 <= self.registry_shards <= MAX_REGISTRY_SHARDS
                 or self.registry_shards & (self.registry_shards - 1)):
             raise ConfigError(f"registry_shards must be a power of two from 1 to {MAX_REGISTRY_SHARDS}, "
@@ -142,11 +145,13 @@ class RunSpec:
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()[:16]
 
     @classmethod
-    def from_dict(cls, raw: dict) -> RunSpec:
+    def from_dict(cls, raw: dict, source: str | Path | None = None) -> RunSpec:
+        """``source``: the file ``raw`` was read from, for the messages."""
         if not isinstance(raw, dict):  # a peer's published spec is JSON of any shape
             raise ConfigError(f"a run spec is a table of settings, not {type(raw).__name__}")
         raw = dict(raw)
         try:
+            _check_tables(raw)
             data = DataSpec(**raw.pop("data", {}))
             method_raw = dict(raw.pop("method", {}))
             outer_raw = method_raw.pop("outer", None)
@@ -171,28 +176,25 @@ class RunSpec:
             inner_raw.setdefault("total_steps", total)
             return cls(data=data, method=method, inner=InnerHyper(**inner_raw), **raw)
         except (TypeError, ValueError) as exc:
-            raise ConfigError(f"invalid run spec: {exc}") from None
+            raise ConfigError(f"invalid run spec{f' {source}' if source else ''}: {exc}") from None
 
     @classmethod
     def from_toml(cls, path: str | Path) -> RunSpec:
         try:
-            raw = tomllib.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"run spec file not found: {path}") from None
+            raw = tomllib.loads(_read_spec_file(path))
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path} is not valid TOML: {exc}") from None
-        return cls.from_dict(raw)
+        return cls.from_dict(raw, path)
 
     @classmethod
     def from_file(cls, path: str | Path) -> RunSpec:
         """A run spec from ``.toml`` or ``.json``."""
         if str(path).endswith(".json"):
             try:
-                return cls.from_dict(json.loads(Path(path).read_text()))
-            except FileNotFoundError:
-                raise ConfigError(f"run spec file not found: {path}") from None
+                raw = json.loads(_read_spec_file(path))
             except json.JSONDecodeError as exc:
                 raise ConfigError(f"{path} is not valid JSON: {exc}") from None
+            return cls.from_dict(raw, path)
         return cls.from_toml(path)
 
     def write_json(self, path: str | Path) -> None:
@@ -200,6 +202,29 @@ class RunSpec:
 
     def compatible_version(self, version: str = __version__) -> bool:
         return version_at_least(self.min_version, version)
+
+
+def _read_spec_file(path: str | Path) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"run spec file not found: {path}") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read the run spec {path}: {exc.strerror or exc}; give a .toml or .json "
+                          "file") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"the run spec {path} is not text (UTF-8): give a .toml or .json file") from None
+
+
+def _check_tables(raw: dict) -> None:
+    """Every key of a spec file known and of its setting's type (spec_tables.py)."""
+    check_table(raw, RunSpec, TOP_LEVEL)
+    check_table(raw.get("data", {}), DataSpec, "[data]")
+    method = raw.get("method", {})
+    check_table(method, MethodSpec, "[method]")
+    if method.get("outer") is not None:
+        check_table(method["outer"], OuterHyper, "[method.outer]")
+    check_table(raw.get("inner", {}), InnerHyper, "[inner]")
 
 
 def version_at_least(minimum: str, version: str = __version__) -> bool:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
+from swarm_node.errors import ConfigError
 from swarm_node.node.config import check_compute_share
 
 # wire/outer_codec.py's table and wire/messages.py's (a test keeps them equal): the parser
@@ -62,3 +64,16 @@ def above_one(text: str) -> float:
     if not value > 1:
         raise argparse.ArgumentTypeError(f"must be above 1, got {text}")
     return value
+
+
+def check_folder(path: Path | None, flag: str) -> None:
+    """A folder flag whose path, or a folder above it, is a file: say so before anything
+    is started (creating it would fail with the OS's bare errno text)."""
+    if path is None:
+        return
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            if not candidate.is_dir():
+                where = "is a file" if candidate == path else f"is inside {candidate}, which is a file"
+                raise ConfigError(f"{flag} {path} {where}: give a folder (it is created if missing)")
+            return

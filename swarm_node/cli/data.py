@@ -5,9 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from swarm_node.cli.args import check_folder
+
 
 def add_data_parser(sub) -> None:
-    data = sub.add_parser("data", help="prepare a dataset that a run's volunteers fetch from peers")
+    data = sub.add_parser("data", help="prepare a dataset that a run's volunteers fetch from peers",
+                          description="Work with the prepared datasets a run trains on: `swarm-node data "
+                                      "prepare --help` says how to make one.")
     actions = data.add_subparsers(dest="data_command", required=True, metavar="ACTION")
     p = actions.add_parser(
         "prepare", help="tokenize a source into verified shards and a manifest",
@@ -16,9 +20,12 @@ def add_data_parser(sub) -> None:
                     "printed [data] table in the run spec, and start the bootstrap with --data OUT: volunteers "
                     "then fetch the manifest, the tokenizer and the shards they train from peers, checking every "
                     "chunk. Interrupted, it resumes where it stopped when run again with the same options.")
-    p.add_argument("source", help="text:PATH (a file or a folder of .txt/.md/.rst) | hf:PATH (a saved Hugging Face "
-                                  "dataset or .json/.jsonl/.parquet files) | bin:PATH (token ids) | corpus")
-    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="folder for the shards and the manifest")
+    p.add_argument("source", help="text:PATH (a file or a folder of .txt/.md/.rst in UTF-8; a file holding "
+                                  "NUL bytes, or over 1%% of characters that are not UTF-8, is refused as "
+                                  "binary) | hf:PATH (a saved Hugging Face dataset or .json/.jsonl/.parquet "
+                                  "files) | bin:PATH (token ids) | corpus")
+    p.add_argument("--out", type=Path, required=True, metavar="DIR",
+                   help="folder for the shards and the manifest (created if missing)")
     p.add_argument("--tokenizer", type=Path, default=None, metavar="TOKENIZER_JSON",
                    help="a Hugging Face tokenizer.json (default: UTF-8 bytes, vocabulary 256)")
     p.add_argument("--shard-tokens", type=int, default=8 << 20,
@@ -38,11 +45,18 @@ def add_data_parser(sub) -> None:
 def _run_prepare(args) -> int:
     from swarm_node.data.prepare import PrepareConfig, prepare
 
+    check_folder(args.out, "--out")
     config = PrepareConfig(source=args.source, out_dir=args.out, tokenizer_path=args.tokenizer,
                            shard_tokens=args.shard_tokens, chunk_bytes=args.chunk_kb * 1024,
                            val_fraction=args.val_fraction, text_field=args.text_field, sources=tuple(args.mirror),
                            progress=not args.no_progress)
-    manifest, digest = prepare(config)
+    created = not args.out.exists()
+    try:
+        manifest, digest = prepare(config)
+    except BaseException:
+        if created and args.out.is_dir() and not any(args.out.iterdir()):
+            args.out.rmdir()  # a failed first attempt leaves no empty --out behind
+        raise
     size = sum(e.bytes for e in manifest.train + manifest.val)
     print(f"prepared {len(manifest.train)} training and {len(manifest.val)} validation shards in {args.out}: "
           f"{manifest.train_tokens() / 1e6:.1f} M training tokens, vocabulary {manifest.vocab_size}, "

@@ -7,6 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from swarm_node.cli.args import check_folder
 from swarm_node.export.replicas import SPREAD_RULE
 
 
@@ -35,7 +36,8 @@ def add_generate_parser(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=200, help="tokens to sample (default: %(default)s)")
     p.add_argument("--temperature", type=float, default=0.8,
                    help="softmax temperature; 0: greedy, always the likeliest token (default: %(default)s)")
-    p.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest tokens (0: all)")
+    p.add_argument("--top-k", type=int, default=0,
+                   help="sample among the k likeliest tokens (0: all; default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampling (default: %(default)s)")
     p.set_defaults(handler=_run_generate)
 
@@ -66,9 +68,13 @@ def _tokenizer_path(args: argparse.Namespace, assembled) -> Path | None:
 
 
 def _run_export(args: argparse.Namespace) -> int:
+    from swarm_node.data.tokenizer import HFTokenizer
     from swarm_node.export.assemble import assemble
     from swarm_node.export.hf import write_hf_checkpoint
 
+    check_folder(args.out, "--out")
+    if args.tokenizer is not None:
+        HFTokenizer(args.tokenizer, "--tokenizer")  # refused before the checkpoints are read
     assembled = assemble(args.checkpoint, force=args.force)
     written = write_hf_checkpoint(assembled, args.out, _tokenizer_path(args, assembled))
     params = sum(t.numel() for t in assembled.state_dict.values())
@@ -90,7 +96,8 @@ def _run_generate(args: argparse.Namespace) -> int:
     if assembled.spec.data.kind == "synthetic":  # symbols shown as letters
         tokenizer = AlphabetTokenizer(assembled.config.vocab_size)
     else:
-        tokenizer = load_tokenizer(_tokenizer_path(args, assembled))
+        tokenizer = load_tokenizer(_tokenizer_path(args, assembled),
+                                   "--tokenizer" if args.tokenizer else "the run's tokenizer")
     model = load_model(assembled)
     ids = sample(model, tokenizer.encode(args.prompt), max_new_tokens=args.max_new_tokens,
                  temperature=args.temperature, top_k=args.top_k, seed=args.seed)

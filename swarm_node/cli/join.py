@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from swarm_node.cli.args import above_one, port_number, positive_float, positive_int, unit_share
+from swarm_node.cli.args import above_one, check_folder, port_number, positive_float, positive_int, unit_share
 from swarm_node.errors import ConfigError
+from swarm_node.net.maddr import check_ip, check_maddrs
 from swarm_node.node.config import DEFAULT_STARTUP_TIMEOUT_S
 from swarm_node.obs.sinks import SINKS
 
@@ -50,7 +51,8 @@ def add_join_parser(sub) -> None:
     p.add_argument("--stage", type=_stage, default=None,
                    help="auto (default: the stage with the fewest peers; stage 0 for a node others cannot reach) "
                         "or a stage index")
-    p.add_argument("--device", default="auto", help="auto (CUDA, else Apple MPS, else CPU) | cpu | cuda[:N] | mps")
+    p.add_argument("--device", default="auto",
+                   help="auto (CUDA, else Apple MPS, else CPU) | cpu | cuda[:N] | mps; default: %(default)s")
     p.add_argument("--compile", action="store_true",
                    help="run the stage through torch.compile, compiled at start-up (seconds to minutes, logged): "
                         "faster steps on a GPU, the same math")
@@ -72,8 +74,10 @@ def add_join_parser(sub) -> None:
     p.add_argument("--identity", default=None,
                    help="private key file, created on first use; keeps the peer id across restarts (default: a "
                         "new identity each start)")
-    p.add_argument("--max-steps", type=positive_int, default=None, help="stop after this many inner steps")
-    p.add_argument("--run-dir", type=Path, default=None, help="write the summary and final weights here")
+    p.add_argument("--max-steps", type=positive_int, default=None,
+                   help="stop after this many inner steps (default: train until stopped)")
+    p.add_argument("--run-dir", type=Path, default=None,
+                   help="write the summary and final weights here (default: none are written)")
     p.add_argument("--data-shard", type=_shard, default=None, metavar="SHARD/COUNT",
                    help="stage 0: read this shard of the data (default: derived from the peer id)")
     p.add_argument("--data-cache", type=Path, default=None, metavar="DIR",
@@ -125,9 +129,12 @@ def add_join_parser(sub) -> None:
                         "with `wandb sync`), or none")
     p.add_argument("--metrics-dir", type=Path, default=None,
                    help="directory of the metrics (default: --run-dir, else ./runs/RUN_ID)")
-    p.add_argument("--http-port", type=int, default=None, metavar="PORT",
-                   help="serve /healthz, /metrics (Prometheus) and /api/status on this port (0: any free port)")
-    p.add_argument("--http-host", default="127.0.0.1", help="interface for --http-port (0.0.0.0 in containers)")
+    p.add_argument("--http-port", type=port_number, default=None, metavar="PORT",
+                   help="serve /healthz, /metrics (Prometheus) and /api/status on this port (0: any free "
+                        "port; default: no status server)")
+    p.add_argument("--http-host", default="127.0.0.1",
+                   help="interface for --http-port (default %(default)s: this machine only; containers give "
+                        "0.0.0.0)")
     p.add_argument("--no-progress", action="store_true",
                    help="no live progress line: a plain log line per minute instead (for services and log files)")
     p.set_defaults(handler=run_join)
@@ -135,6 +142,10 @@ def add_join_parser(sub) -> None:
 
 def _listen_addresses(args: argparse.Namespace) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(host maddrs, announce maddrs) from --port/--public-ip or the explicit multiaddrs."""
+    check_maddrs(args.host_maddrs or (), "--host-maddrs")
+    check_maddrs(args.announce_maddrs, "--announce-maddrs")
+    if args.public_ip:
+        check_ip(args.public_ip, "--public-ip")
     if args.host_maddrs:
         host = tuple(args.host_maddrs)
     else:
@@ -167,12 +178,18 @@ def run_join(args: argparse.Namespace) -> int:
     from swarm_node.spec import RunSpec
     from swarm_node.system import node_threads, run_on_fast_loop
 
+    check_maddrs(args.initial_peers, "--initial-peers", peer_id=True)
     if args.initial_peers_file is not None:
-        args.initial_peers = [*args.initial_peers, *_read_maddrs(args.initial_peers_file)]
+        from_file = _read_maddrs(args.initial_peers_file)
+        check_maddrs(from_file, f"--initial-peers-file {args.initial_peers_file}:", peer_id=True)
+        args.initial_peers = [*args.initial_peers, *from_file]
     if args.config is None and not args.initial_peers:
         raise ConfigError("give --initial-peers MADDR (the run's bootstrap, as it prints it) or --config RUN_SPEC")
-    spec = RunSpec.from_file(args.config) if args.config else None
     host_maddrs, announce_maddrs = _listen_addresses(args)
+    for flag, folder in (("--run-dir", args.run_dir), ("--checkpoint-dir", args.checkpoint_dir),
+                         ("--metrics-dir", args.metrics_dir), ("--data-cache", args.data_cache)):
+        check_folder(folder, flag)
+    spec = RunSpec.from_file(args.config) if args.config else None
     config = NodeConfig(initial_peers=tuple(args.initial_peers), run_id=args.run_id,
                         host_maddrs=host_maddrs, announce_maddrs=announce_maddrs, identity_path=args.identity,
                         lane_port=None if args.no_lanes else args.lane_port,

@@ -10,7 +10,9 @@ from swarm_node.cli.args import (
     DATA_HELP,
     MODEL_HELP,
     OUTER_CODEC_NAMES,
+    check_folder,
     int_list,
+    positive_float,
     positive_int,
     unit_share,
 )
@@ -37,7 +39,7 @@ def add_local_parser(sub) -> None:
                         "exchange: the baseline)")
     p.add_argument("--inner-steps", type=positive_int, default=None, metavar="H",
                    help="inner steps between outer rounds (default: 50 noloco, 100 diloco)")
-    p.add_argument("--lr", type=float, default=None,
+    p.add_argument("--lr", type=positive_float, default=None,
                    help="peak inner learning rate (default: by --model, from 3e-3 for debug to 1.2e-4 for large)")
     p.add_argument("--seed", type=int, default=0, help="initial weights and data order; default: %(default)s")
     p.add_argument("--outer-codec", choices=OUTER_CODEC_NAMES, default=None,
@@ -100,6 +102,9 @@ def run_local(args: argparse.Namespace) -> int:
     from swarm_node.optim import InnerHyper, default_method
     from swarm_node.spec import CLI_NAMES, RunSpec, check_model_split
 
+    for flag, folder in (("--run-dir", args.run_dir), ("--checkpoint-dir", args.checkpoint_dir),
+                         ("--json-out", args.json_out and args.json_out.parent)):
+        check_folder(folder, flag)
     # First, with the flags' names; RunSpec checks the same again with its keys' names.
     check_model_split(args.model, args.stages, args.layers_per_stage, CLI_NAMES)
     method = default_method(args.method, inner_steps=args.inner_steps)

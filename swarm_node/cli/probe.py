@@ -14,6 +14,7 @@ import sys
 import venv
 from pathlib import Path
 
+from swarm_node.net.maddr import check_maddrs
 from swarm_node.probe import SCRIPT
 
 # The probe is written against py-libp2p 0.8 (its host, Noise/TLS, yamux and stream APIs
@@ -40,9 +41,11 @@ def add_probe_parser(sub) -> None:
                                    "--setup`.")
     p.add_argument("maddr", nargs="?", metavar="MADDR",
                    help="the node's multiaddr, ending in /p2p/<peer id> (as its log prints it)")
-    p.add_argument("--timeout", type=float, default=20.0, metavar="S", help="seconds for the whole check")
+    p.add_argument("--timeout", type=float, default=20.0, metavar="S",
+                   help="seconds for the whole check (default %(default)s)")
     p.add_argument("--json", action="store_true", help="print the full report as JSON")
-    p.add_argument("--security", choices=("noise", "tls"), default="noise", help="secure channel to use")
+    p.add_argument("--security", choices=("noise", "tls"), default="noise",
+                   help="secure channel to use (default %(default)s)")
     p.add_argument("--probe-python", type=Path, default=None, metavar="PATH",
                    help="a Python with py-libp2p installed (default: the --setup environment's)")
     p.add_argument("--setup", action="store_true",
@@ -55,6 +58,7 @@ def _run_probe(args: argparse.Namespace) -> int:
         return setup_probe_venv(probe_venv())
     if not args.maddr:
         raise ValueError("give the node's multiaddr (MADDR), or --setup to create the probe's environment")
+    check_maddrs([args.maddr], "MADDR", peer_id=True)
     python = args.probe_python or venv_python(probe_venv())
     if not python.exists():
         print(f"swarm-node probe: py-libp2p is not set up ({python} is missing): run `swarm-node probe --setup`",

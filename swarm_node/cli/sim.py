@@ -13,6 +13,7 @@ from swarm_node.cli.args import (
     OUTER_LANDING_NAMES,
     THREADS_DEFAULT_HELP,
     int_list,
+    positive_float,
     positive_int,
 )
 
@@ -40,7 +41,7 @@ def add_sim_parser(sub) -> None:
                    help="inner optimizer steps per worker; default: %(default)s")
     p.add_argument("--inner-steps", type=positive_int, default=None, metavar="H",
                    help="inner steps between outer rounds (default: 50 noloco, 100 diloco)")
-    p.add_argument("--lr", type=float, default=None,
+    p.add_argument("--lr", type=positive_float, default=None,
                    help="peak inner learning rate (default: by --model, from 3e-3 for debug to 1.2e-4 for large)")
     p.add_argument("--warmup-steps", type=int, default=None, help="learning-rate warm-up (default: 4%% of --steps)")
     p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay; default: %(default)s")
@@ -90,6 +91,7 @@ def run_sim(args: argparse.Namespace) -> int:
 
     from swarm_node.config import default_warmup_steps, resolve_device, suggested_lr
     from swarm_node.data.spec import DataSpec
+    from swarm_node.data.tokenizer import HFTokenizer
     from swarm_node.optim import InnerHyper, default_method
     from swarm_node.sim.config import SimConfig
     from swarm_node.sim.run import run_simulation
@@ -97,6 +99,8 @@ def run_sim(args: argparse.Namespace) -> int:
     from swarm_node.system import default_threads
 
     check_model_split(args.model, args.stages, args.layers_per_stage, CLI_NAMES)
+    if args.tokenizer:
+        HFTokenizer(args.tokenizer, "--tokenizer")  # refused before the data is read
     threads = args.threads or default_threads()
     torch.set_num_threads(threads)
     if args.threads is None:

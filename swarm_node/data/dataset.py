@@ -18,7 +18,7 @@ import torch
 from swarm_node.data.markov import MarkovChain, MarkovSpec
 from swarm_node.data.spec import DataSpec
 from swarm_node.data.tokenizer import AlphabetTokenizer, Tokenizer, load_tokenizer
-from swarm_node.errors import DataError
+from swarm_node.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,26 @@ def corpus_documents() -> list[str]:
 
 
 def _read_text(path: Path) -> str:
-    return "\n\n".join(f.read_text(encoding="utf-8", errors="replace") for f in _text_files(path))
+    return "\n\n".join(read_text_file(f) for f in _text_files(path))
+
+
+MAX_UNDECODED_SHARE = 0.01
+
+
+def read_text_file(path: Path) -> str:
+    """A text source's file as UTF-8. A file holding a NUL byte, or whose bytes do not
+    decode as UTF-8 for more than 1 % of its characters, is binary (or another encoding)
+    and refused: it would become tokens of replacement characters. A few stray bytes
+    are replaced."""
+    raw = path.read_bytes()
+    text = raw.decode("utf-8", errors="replace")
+    undecoded = text.count("\ufffd") - raw.count("\ufffd".encode())
+    if b"\0" in raw or undecoded > MAX_UNDECODED_SHARE * len(text):
+        what = ("holds NUL bytes" if b"\0" in raw
+                else f"has {undecoded} of {len(text)} characters that are not UTF-8")
+        raise ConfigError(f"{path} {what}: it is binary data or not UTF-8 text; remove it from the text "
+                          "source or convert it to UTF-8")
+    return text
 
 
 def _text_files(path: Path) -> list[Path]:

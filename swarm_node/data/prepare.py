@@ -20,6 +20,7 @@ import numpy as np
 from tqdm import tqdm
 
 from swarm_node.data.dataset import _read_bin, _read_hf_documents, _text_files, corpus_documents
+from swarm_node.data.dataset import read_text_file as _read_text_file
 from swarm_node.data.manifest import MANIFEST_FILE, FileEntry, Manifest, file_entry, sha256_hex
 from swarm_node.data.shardfile import DTYPE_CODES, DTYPE_NAMES, dtype_for_vocab, shard_bytes
 from swarm_node.data.spec import DataSpec
@@ -123,8 +124,8 @@ def prepare(config: PrepareConfig) -> tuple[Manifest, str]:
 def _tokenizer(config: PrepareConfig, spec: DataSpec, out: Path) -> tuple[FileEntry | None, HFTokenizer | None]:
     if config.tokenizer_path is None:
         return None, None
+    tokenizer = HFTokenizer(config.tokenizer_path, "--tokenizer")
     data = Path(config.tokenizer_path).read_bytes()
-    tokenizer = HFTokenizer(config.tokenizer_path)
     dtype_for_vocab(tokenizer.vocab_size)  # refuses a vocabulary no token id can carry
     name = "tokenizer.json"
     target = out / name
@@ -139,7 +140,7 @@ def _documents(spec: DataSpec, config: PrepareConfig) -> tuple[int, Iterator[str
         return len(parts), iter(parts)
     if spec.kind == "text":
         files = _text_files(Path(spec.path))
-        return len(files), (f.read_text(encoding="utf-8", errors="replace") for f in files)
+        return len(files), (_read_text_file(f) for f in files)
     count, docs = _read_hf_documents(Path(spec.path), config.text_field)
     return count, docs
 

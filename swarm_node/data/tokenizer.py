@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
+from swarm_node.errors import ConfigError
+
 
 class Tokenizer(Protocol):
     vocab_size: int
@@ -28,18 +30,27 @@ class ByteTokenizer:
 
 
 class HFTokenizer:
-    """A ``tokenizer.json`` from a local path (needs the optional ``tokenizers`` extra)."""
+    """A ``tokenizer.json`` from a local path (needs the optional ``tokenizers`` extra).
+    ``setting``: what the user calls the path (a flag or a spec key), for the messages."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, setting: str = "the tokenizer"):
         try:
             from tokenizers import Tokenizer as _Tokenizer
         except ImportError:
             raise ImportError("a tokenizer.json needs the 'tokenizers' package: "
                               "pip install 'swarm-node[hf-tokenizer]'") from None
         self.path = Path(path)
+        if self.path.is_dir():
+            raise ConfigError(f"{setting} {self.path} is a folder: give its tokenizer.json file")
         if not self.path.is_file():
-            raise FileNotFoundError(f"tokenizer file not found: {self.path}")
-        self._tokenizer = _Tokenizer.from_file(str(self.path))
+            raise FileNotFoundError(f"{setting} {self.path}: tokenizer file not found; give a Hugging Face "
+                                    "tokenizer.json")
+        try:
+            self._tokenizer = _Tokenizer.from_file(str(self.path))
+        except Exception as exc:  # the Rust library raises a bare Exception for every kind of bad file
+            why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise ConfigError(f"{setting} {self.path} is not a Hugging Face tokenizer.json ({why}): give "
+                              "the model's tokenizer.json (tokenizer.save(PATH) writes one)") from None
         self.vocab_size = self._tokenizer.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str) -> list[int]:
@@ -64,5 +75,5 @@ class AlphabetTokenizer:
         return "".join(self.SYMBOLS[i] if i < len(self.SYMBOLS) else "?" for i in ids)
 
 
-def load_tokenizer(path: str | Path | None) -> Tokenizer:
-    return ByteTokenizer() if path is None else HFTokenizer(path)
+def load_tokenizer(path: str | Path | None, setting: str = "the tokenizer") -> Tokenizer:
+    return ByteTokenizer() if path is None else HFTokenizer(path, setting)

@@ -35,6 +35,10 @@ class AssembledModel:
 def read_stage_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
     """A ``ckpt-*`` directory, or a node's --checkpoint-dir (its newest intact checkpoint)."""
     path = Path(path)
+    if not path.is_dir():
+        what = "is a file, not a folder" if path.exists() else "does not exist"
+        raise ConfigError(f"--checkpoint {path} {what}: give a node's --checkpoint-dir or one ckpt-* "
+                          "directory in it")
     if path.name.startswith(PREFIX):
         return load_checkpoint(path)
     found = latest_checkpoint(path)

@@ -32,6 +32,7 @@ from hivemind.utils.multiaddr import Multiaddr
 from swarm_node.errors import ConfigError, PeerError, SwarmError
 from swarm_node.net.identity import ensure_identity, owner_subkey, peer_id_of_owner, record_validator
 from swarm_node.net.logs import quiet_streams_reset_before_their_header, route_hivemind_logs
+from swarm_node.net.maddr import unresolved_hosts
 from swarm_node.net.near import BUCKET_SIZE, NUM_REPLICAS, NUM_WORKERS, read_near, store_near
 from swarm_node.net.ports import PortClaim, claim_ports
 
@@ -359,8 +360,12 @@ async def _start_dht_patiently(kwargs: dict, client_mode: bool, initial_peers: S
     while True:
         try:
             return await _start_dht(kwargs, client_mode, initial_peers, timeout_s)
-        except _InitialPeersSilent:
+        except _InitialPeersSilent as exc:
             if loop.time() + wait_s > deadline or not await asyncio.to_thread(_any_port_listening, initial_peers):
+                names = await asyncio.to_thread(unresolved_hosts, initial_peers)
+                if names:
+                    raise _InitialPeersSilent(f"{exc}; {', '.join(names)} does not resolve here: check "
+                                              "the host name, or give the bootstrap's IP address") from None
                 raise
             log.warning("the initial peers did not answer in time although one accepts connections (busy?); "
                         "trying again in %.0f s", wait_s)

@@ -42,6 +42,9 @@ def ensure_identity(path: str | Path) -> bool:
     """Create the identity file (owner read-only) if missing; True when created. An
     existing file that others can read is reported, not changed."""
     path = Path(path).expanduser()
+    if path.is_dir():
+        raise ConfigError(f"the identity file {path} is a folder: give the path of a key file (created on "
+                          "first use)")
     if path.exists():
         mode = stat.S_IMODE(path.stat().st_mode)
         if mode & 0o077:
@@ -50,7 +53,8 @@ def ensure_identity(path: str | Path) -> bool:
         load_private_key(path)  # refuse a corrupt file now, with its path in the message
         return False
     if not path.parent.is_dir():
-        raise ConfigError(f"cannot create the identity file {path}: directory {path.parent} does not exist")
+        what = "is a file, not a folder" if path.parent.exists() else "does not exist"
+        raise ConfigError(f"cannot create the identity file {path}: {path.parent} {what}")
     P2P.generate_identity(str(path))  # writes mode 0400
     return True
 

@@ -62,6 +62,8 @@ def _tcp_listen_addresses(host_maddrs: Sequence[str]) -> list[tuple[str, str, st
     for text in host_maddrs:
         parts = text.strip("/").split("/")
         if len(parts) >= 4 and parts[0] in ("ip4", "ip6") and parts[2] == "tcp" and parts[3].isdigit():
+            if int(parts[3]) >= 65536:  # bind() would raise OverflowError
+                raise ConfigError(f"cannot listen on {text}: {parts[3]} is not a TCP port (0-65535)")
             found.append((text, parts[0], parts[1], int(parts[3])))
     return found
 

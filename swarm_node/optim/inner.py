@@ -25,8 +25,10 @@ class InnerHyper:
     def __post_init__(self) -> None:
         if self.lr <= 0:
             raise ValueError(f"lr must be positive, got {self.lr}")
-        if self.warmup_steps < 0 or self.total_steps < 1:
-            raise ValueError("warmup_steps must be >= 0 and total_steps >= 1")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.total_steps < 1:
+            raise ValueError(f"total_steps must be >= 1, got {self.total_steps}")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
 
