@@ -5,11 +5,14 @@ more slots than shards). Each pass over the data deals the units out in an order
 from (seed, pass): slot k takes every num_slots-th unit, so within a pass the slots'
 units are disjoint and each node derives its own without talking. A node claims a slot
 in its registry record (``data_slot``); two that claim the same keep it for the smaller
-peer id, and the other moves to the lowest free slot (choose_slot)."""
+peer id, and the other moves to a free slot (choose_slot), where it goes on from where
+it left that slot in this pass, if it trained there before (SlotBatches.switch_slot).
+Whose claims are believed is data/claims.py's rule."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import math
 from collections.abc import Callable
@@ -29,18 +32,37 @@ log = logging.getLogger(__name__)
 PREFETCH_UNITS = 2  # units fetched ahead of the one being trained
 
 
-def choose_slot(own: str, claims: dict[str, int], num_slots: int, current: int | None) -> int:
-    """The slot ``own`` should train: its current one unless a peer with a smaller id
-    claims it too, else the lowest slot nobody claims (when all are taken, the one its
-    id hashes to: shared, the best there is)."""
+def choose_slot(own: str, claims: dict[str, int], num_slots: int, current: int | None,
+                unconfirmed: dict[str, int] | None = None) -> int:
+    """The slot ``own`` should train: its current one unless a peer of ``claims`` (the
+    claims believed, peer -> slot) with a smaller id claims it too; else the first slot,
+    counting on from the one its id hashes to, that nobody claims (``unconfirmed``
+    claims, of peers not yet known to exist, too, where that leaves one); when all are
+    taken, the one its id hashes to (shared, the best there is). Starting where the id
+    hashes, rather than at slot 0, keeps peers that do not see each other's claims (the
+    view of a sharded registry holds part of the stage) off each other's slots."""
     others = {peer: slot for peer, slot in claims.items() if peer != own}
     if current is not None and 0 <= current < num_slots and not any(
-            slot == current and peer < own for peer, slot in others.items()):
+            slot == current and precedes(peer, own) for peer, slot in others.items()):
         return current
-    free = [s for s in range(num_slots) if s not in set(others.values())]
-    if free:
-        return free[0]
-    return int.from_bytes(own.encode()[-8:], "little") % num_slots
+    start = slot_start(own, num_slots)
+    taken = set(others.values())
+    unsure = taken | {slot for peer, slot in (unconfirmed or {}).items() if peer != own}
+    for avoid in (unsure, taken):
+        free = next((s for i in range(num_slots) if (s := (start + i) % num_slots) not in avoid), None)
+        if free is not None:
+            return free
+    return start
+
+
+def precedes(peer: str, own: str) -> bool:
+    """Of two peers that claim one slot, ``peer`` keeps it rather than ``own``."""
+    return peer < own
+
+
+def slot_start(own: str, num_slots: int) -> int:
+    """The slot ``own``'s id hashes to: where it starts looking for a free one."""
+    return int.from_bytes(hashlib.sha256(own.encode()).digest()[:8], "big") % num_slots
 
 
 def default_slots(manifest: Manifest, configured: int) -> int:
@@ -82,6 +104,7 @@ class SlotBatches:
         self.shard_id, self.num_shards = slot, num_slots
         self.on_shard = on_shard  # (shard name, pass) when a shard starts being trained
         self.position = SlotPosition()
+        self._left: dict[int, SlotPosition] = {}  # slot -> where we left it in this pass
         self._units: list[Unit] = []
         self._windows: np.ndarray | None = None  # window starts of the current unit, in order
         self._tokens: np.ndarray | None = None
@@ -89,10 +112,15 @@ class SlotBatches:
         self.check_slot: Callable[[], None] = lambda: None  # may call switch_slot
 
     def switch_slot(self, slot: int) -> None:
-        """Another peer claims our slot: go on at the start of ``slot`` in this pass."""
-        log.info("data: slot %d is another peer's; moving to slot %d of %d", self.shard_id, slot, self.num_shards)
+        """Another peer claims our slot: go on in ``slot`` from where we left it in this
+        pass (its start if we never trained there), so a node moved back and forth
+        never trains a window twice in a pass."""
+        self._left[self.shard_id] = self.position
+        left, data_pass = self._left.pop(slot, None), self.position.data_pass
+        self.position = left if left is not None and left.data_pass == data_pass else SlotPosition(data_pass)
+        log.info("data: slot %d is another peer's; moving to slot %d of %d (unit %d of this pass)",
+                 self.shard_id, slot, self.num_shards, self.position.unit)
         self.shard_id = slot
-        self.position = SlotPosition(self.position.data_pass, 0, 0)
         self._units, self._windows, self._tokens = [], None, None
 
     def _entry(self, unit: Unit) -> FileEntry:
@@ -116,7 +144,7 @@ class SlotBatches:
                                 "the run fewer data slots")
             if self.position.unit >= len(units):
                 self.position = SlotPosition(self.position.data_pass + 1, 0, 0)
-                self._units = []
+                self._units, self._left = [], {}
                 continue
             unit = units[self.position.unit]
             if self._windows is None:
@@ -184,4 +212,4 @@ class SlotBatches:
 
     def load_state_dict(self, state: dict) -> None:
         self.position = SlotPosition(int(state["pass"]), int(state["unit"]), int(state["offset"]))
-        self._units, self._windows, self._tokens = [], None, None
+        self._units, self._windows, self._tokens, self._left = [], None, None, {}

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
 from swarm_node.data.cache import ShardCache
+from swarm_node.data.claims import SlotClaims
 from swarm_node.data.dataset import TokenWindows, load_windows
 from swarm_node.data.fetch import DataFetcher
 from swarm_node.data.serve import DataServer
@@ -21,16 +23,21 @@ from swarm_node.data.shards import ShardedBatches
 from swarm_node.data.slots import SlotBatches, choose_slot, default_slots
 from swarm_node.data.spec import DataSpec
 from swarm_node.errors import DataError
+from swarm_node.net.guard import PeerGuard
 from swarm_node.spec import RunSpec
 
 log = logging.getLogger(__name__)
 
 SLOT_CHECK_S = 5.0  # how often stage 0 looks for another peer claiming its slot
+SLOT_MOVE_EVERY_S = 30.0  # at most one move to another slot this often, whoever claims ours
 
 
 class RunData:
     def __init__(self, spec: RunSpec, *, cache_dir: Path, cache_gb: float | None, initial_peers: list[str],
-                 peers: Callable[[], list[str]], on_fault: Callable[[str, str], None], progress: bool):
+                 peers: Callable[[], list[str]], on_fault: Callable[[str, str], None], progress: bool,
+                 guard: PeerGuard | None = None):
+        """``guard``: who is known to exist, for slot claims (data/claims.py); by default a
+        guard of our own, whose peers are only those our probes reach."""
         self.spec = spec
         self.windows: TokenWindows | None = None
         self.cache: ShardCache | None = None
@@ -44,8 +51,12 @@ class RunData:
             root = Path(data.path) if held else cache_dir / data.manifest_sha256[:16]
             self.cache = ShardCache(root, data.manifest_sha256, trust_whole_files=held,
                                     budget_bytes=None if held or cache_gb is None else int(cache_gb * 1e9))
-        self._claims: Callable[[], dict[str, int]] = dict
-        self._checked_at = 0.0
+        self.guard = guard if guard is not None else PeerGuard()
+        self.clock: Callable[[], float] = time.monotonic
+        self._transport = None
+        self._claims = SlotClaims(dict, self.guard, None)
+        self._peer_id = ""
+        self._checked_at = self._moved_at = -math.inf
         self.trained_shards: deque[str] = deque(maxlen=256)  # the latest begun, oldest first
 
     @classmethod
@@ -65,6 +76,7 @@ class RunData:
         if self.cache is None:
             self.windows = await run_in_thread(load_windows, self.spec.data, self.spec.seq_len)
             return self.windows.vocab_size
+        self._transport = transport
         self.fetcher = DataFetcher(self.cache, transport, peers=self._peers, initial=self._initial,
                                    on_fault=self._on_fault, progress=self._progress)
         manifest = await self.fetcher.fetch_manifest(manifest_timeout_s)
@@ -79,7 +91,8 @@ class RunData:
     def open_loader(self, *, peer_id: str, batch_size: int, shard: tuple[int, int], resumed: dict | None,
                     claims: Callable[[], dict[str, int]]) -> SlotBatches | ShardedBatches:
         """Stage 0's batches: ``shard`` (id, count) for in-memory windows; a prepared
-        dataset takes a slot nobody in ``claims`` (peer -> slot) holds instead."""
+        dataset takes a slot nobody in ``claims`` (peer -> slot, as the live stage-0
+        records say) holds instead."""
         spec = self.spec
         if self.cache is None:
             shard_id, num_shards = shard
@@ -87,13 +100,14 @@ class RunData:
             loader = ShardedBatches(self.windows, batch_size=batch_size, seed=spec.seed,
                                     shard_id=shard_id % num_shards, num_shards=num_shards)
         else:
-            self._claims = claims
+            self._claims, self._peer_id = SlotClaims(claims, self.guard, self._transport), peer_id
             num_slots = default_slots(self.fetcher.manifest, spec.data.slots)
             wanted = resumed["shard"][0] if resumed and resumed["shard"][1] == num_slots else None
-            slot = choose_slot(peer_id, claims(), num_slots, wanted)
+            believed, unconfirmed = self._claims.split()
+            slot = choose_slot(peer_id, believed, num_slots, wanted, unconfirmed)
             loader = SlotBatches(self.fetcher, seq_len=spec.seq_len, batch_size=batch_size, seed=spec.seed,
                                  slot=slot, num_slots=num_slots, on_shard=self._training_shard)
-            loader.check_slot = lambda: self._check_slot(peer_id)
+            loader.check_slot = self._check_slot
             log.info("data: slot %d of %d", slot, num_slots)
         if resumed is not None and [loader.shard_id, loader.num_shards] == list(resumed["shard"]):
             loader.load_state_dict(resumed)
@@ -113,14 +127,19 @@ class RunData:
     def claimed_slot(self) -> int:
         return self.loader.shard_id if isinstance(self.loader, SlotBatches) else -1
 
-    def _check_slot(self, peer_id: str) -> None:
-        now = time.monotonic()
+    def _check_slot(self) -> None:
+        """Every SLOT_CHECK_S: leave our slot to a believed claim with precedence (at most
+        once in SLOT_MOVE_EVERY_S), and ask unverified claimants whether they exist."""
+        now, loader = self.clock(), self.loader
         if now - self._checked_at < SLOT_CHECK_S:
             return
         self._checked_at = now
-        slot = choose_slot(peer_id, self._claims(), self.loader.num_shards, self.loader.shard_id)
-        if slot != self.loader.shard_id:
-            self.loader.switch_slot(slot)
+        believed, unconfirmed = self._claims.split()
+        slot = choose_slot(self._peer_id, believed, loader.num_shards, loader.shard_id, unconfirmed)
+        if slot != loader.shard_id and now - self._moved_at >= SLOT_MOVE_EVERY_S:
+            self._moved_at = now
+            loader.switch_slot(slot)
+        self._claims.verify_soon(self._peer_id, loader.shard_id)
 
     def _training_shard(self, name: str, data_pass: int) -> None:
         self.trained_shards.append(name)
@@ -129,12 +148,15 @@ class RunData:
 
     async def settle_slot(self, wait_s: float) -> None:
         """Before stage 0's first batch of a prepared dataset: give peers that claimed a
-        slot at the same moment time to see our claim and we theirs, then look again."""
+        slot at the same moment time to see our claim and we theirs, ask those that
+        contest ours whether they exist, then look again."""
         if isinstance(self.loader, SlotBatches):
             await asyncio.sleep(wait_s)
-            self._checked_at = 0.0
+            await self._claims.verify(self._peer_id, self.loader.shard_id)
+            self._checked_at = -math.inf
 
     async def close(self) -> None:
+        await self._claims.close()
         if self.loader is not None:
             await self.loader.close()
         if self.fetcher is not None:

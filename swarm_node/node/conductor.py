@@ -193,7 +193,7 @@ class Node:
         # from peers that hold them, the bootstrap only when none does
         self.data = RunData(self.spec, cache_dir=cfg.data_cache_dir, cache_gb=cfg.data_cache_gb,
                             initial_peers=peer_ids_of(cfg.initial_peers), peers=self._all_live_peers,
-                            on_fault=self.guard.fault, progress=cfg.progress)
+                            on_fault=self.guard.fault, progress=cfg.progress, guard=self.guard)
         vocab_size = await self.data.open(self.transport, self.compute.unthrottled,
                                           manifest_timeout_s=max(cfg.startup_timeout_s, 300.0))
         self.checkpoints = Checkpoints(cfg.checkpoint_dir, spec=self.spec, compute=self.compute,

@@ -75,6 +75,12 @@ def liar(honest: DataServer):
     return handle
 
 
+async def answering_status(remote, request) -> bytes:
+    """A running node's answer to a status request (the only kind a test sends it)."""
+    assert decode_frame(request)[0]["kind"] == "status"
+    return encode_frame({"kind": "status", "ok": True})
+
+
 def fetcher(tmp_path, digest, net, *, peers=(), initial=("QmBoot",), faults=None, budget=None) -> DataFetcher:
     cache = ShardCache(tmp_path / "cache", digest, budget_bytes=budget)
     return DataFetcher(cache, net, peers=lambda: list(peers), initial=list(initial), progress=False,
@@ -258,6 +264,7 @@ def test_two_stage_0_nodes_that_join_together_train_disjoint_shards(tmp_path, ho
     claims: dict[str, int] = {}
     nodes = {peer: RunData(spec, cache_dir=tmp_path / peer, cache_gb=None, initial_peers=["QmBoot"],
                            peers=lambda: [], on_fault=lambda p, w: None, progress=False) for peer in ("QmA", "QmB")}
+    net.handlers |= {peer: answering_status for peer in nodes}  # both run: their claims are believed
 
     async def run():
         for peer, data in nodes.items():
