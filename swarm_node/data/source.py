@@ -30,7 +30,8 @@ SLOT_CHECK_S = 5.0  # how often stage 0 looks for another peer claiming its slot
 
 class RunData:
     def __init__(self, spec: RunSpec, *, cache_dir: Path, cache_gb: float | None, initial_peers: list[str],
-                 peers: Callable[[], list[str]], on_fault: Callable[[str, str], None], progress: bool):
+                 peers: Callable[[], list[str]], on_fault: Callable[[str, str], None], progress: bool,
+                 verified: Callable[[str], bool] = lambda peer: False, private_mirrors: bool = False):
         self.spec = spec
         self.windows: TokenWindows | None = None
         self.cache: ShardCache | None = None
@@ -38,6 +39,7 @@ class RunData:
         self.loader: SlotBatches | ShardedBatches | None = None
         self.server = DataServer(lambda: self.cache, on_fault=on_fault)
         self._initial, self._peers, self._on_fault, self._progress = initial_peers, peers, on_fault, progress
+        self._verified, self._private_mirrors = verified, private_mirrors
         data = spec.data
         if data.kind == "manifest":
             held = data.path is not None  # the host's own folder: everything is there
@@ -66,7 +68,8 @@ class RunData:
             self.windows = await run_in_thread(load_windows, self.spec.data, self.spec.seq_len)
             return self.windows.vocab_size
         self.fetcher = DataFetcher(self.cache, transport, peers=self._peers, initial=self._initial,
-                                   on_fault=self._on_fault, progress=self._progress)
+                                   on_fault=self._on_fault, progress=self._progress, verified=self._verified,
+                                   private_mirrors=self._private_mirrors)
         manifest = await self.fetcher.fetch_manifest(manifest_timeout_s)
         if manifest.tokenizer is not None:
             await self.fetcher.fetch(manifest.tokenizer)
