@@ -5,8 +5,8 @@ The manifest comes from the initial peers (the bootstrap) first, all asked at on
 always hold it. Only when none serves it are verified peers asked (and one peer nobody
 verified), all at once, the first good answer taken.
 
-A file comes from peers that hold it (asked which files they hold, remembered for a
-minute; verified peers first, at most one peer nobody verified asked per round), else
+A file comes from peers that hold it (data/holders.py: asked which files they hold,
+remembered for a minute; verified peers first, at most one peer nobody verified), else
 from the initial peers, else from the manifest's HTTP(S) mirrors. The initial peers
 stay a source whatever others claim: when no chunk has come for HEDGE_S, or every
 source of a file let it down, they join the file. Once no chunk is left to hand out,
@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,9 +27,10 @@ import torch
 from tqdm import tqdm
 
 from swarm_node.data.cache import ShardCache
-from swarm_node.data.manifest import MAX_MANIFEST_BYTES, MAX_SHARDS, FileEntry, Manifest, sha256_hex
+from swarm_node.data.holders import MAX_PROBES, Holders
+from swarm_node.data.manifest import MAX_MANIFEST_BYTES, FileEntry, Manifest, sha256_hex
 from swarm_node.data.mirror import MirrorRefused, http_range
-from swarm_node.data.serve import data_request, holdings_of
+from swarm_node.data.serve import data_request
 from swarm_node.data.sources import FetchStats, SourceBook, is_mirror, short_source
 from swarm_node.errors import DataError, PeerError, PeerRefused, PeerTimeout, ProtocolError, SwarmError
 from swarm_node.net import protocols
@@ -38,17 +39,11 @@ from swarm_node.wire.frames import FrameLimits, decode_frame
 
 log = logging.getLogger(__name__)
 
-HOLDINGS_TTL_S = 60.0
-HAVE_WAIT_S = 5.0  # a round of `have` questions waits no longer for its slowest answer
-MAX_ASKED = 16  # verified peers asked at once which files they hold
-MAX_PROBES = 1  # peers nobody verified asked per round (forged records cost one question each)
 MAX_MANIFEST_PEERS = 4  # verified peers asked at once for the manifest when no initial peer serves it
 MAX_SOURCES = 4  # sources one file is fetched from at once
 HEDGE_S = 10.0  # no chunk of a file for this long: one more source joins it
 RETRY_S = (1.0, 15.0)  # pause before asking again when no source had a file: first, most
 LOCK_POLL_S = 0.5  # how often a file another process is fetching into a shared cache is looked at
-MAX_HOLDINGS = 4096
-HAVE_BYTES = MAX_SHARDS // 8 + 4096
 
 
 @dataclass
@@ -93,8 +88,9 @@ class DataFetcher:
         self.private_mirrors = private_mirrors
         self.rng = rng or random.Random()
         self.book = SourceBook(self.initial, on_fault, clock=_now)
-        self._holdings: OrderedDict[str, tuple[float, frozenset[str]]] = OrderedDict()
-        self._answered: OrderedDict[str, None] = OrderedDict()  # peers that gave a good answer
+        self.holders = Holders(call=self._call, bytes_of=_bytes_of, book=self.book, manifest=lambda: self.manifest,
+                               manifest_sha256=cache.manifest_sha256, peers=peers, initial=self.initial,
+                               verified=verified, rng=self.rng, clock=_now)
         self._have_lock = asyncio.Lock()
         self._downloads: dict[str, asyncio.Task] = {}
 
@@ -133,10 +129,10 @@ class DataFetcher:
             pause = min(RETRY_S[1], pause * 2)
 
     def _manifest_peers(self) -> list[str]:
-        others = [p for p in self._candidates() if p not in self.initial]
+        others = [p for p in self.holders.candidates() if p not in self.initial]
         self.rng.shuffle(others)
-        verified = [p for p in others if self._is_verified(p)][:MAX_MANIFEST_PEERS]
-        unverified = [p for p in others if not self._is_verified(p)]
+        verified = [p for p in others if self.holders.is_verified(p)][:MAX_MANIFEST_PEERS]
+        unverified = [p for p in others if not self.holders.is_verified(p)]
         return verified + unverified[:MAX_PROBES]
 
     async def _manifest_from(self, peers: list[str], deadline: float) -> tuple[str, Manifest, bytes] | None:
@@ -298,7 +294,7 @@ class DataFetcher:
                 if index in job.have:  # another source owed it too, and was first
                     continue
                 await asyncio.to_thread(self.cache.put_chunk, entry, index, data, job.have)
-            self._note_answered(source)
+            self.holders.answered(source)
             self.book.delivered(source, len(data))
             bar.update(len(data))
 
@@ -332,85 +328,26 @@ class DataFetcher:
         """Peers holding ``entry`` (verified first); the initial peers only when no
         other peer does, since the host's uplink is what every volunteer shares; the
         HTTP mirrors when no peer at all does."""
-        await self._ask_holdings()
-        holders = self._holders(entry, initial=False)
+        await self.holders.refresh()
+        holders = self.holders.of(entry, initial=False)
         if holders:
             return holders[:MAX_SOURCES]
-        hosts = self._holders(entry, initial=True)
+        hosts = self.holders.of(entry, initial=True)
         if hosts:
             return hosts[:MAX_SOURCES]
-        return [url for url in self.manifest.sources if self.book.usable(url, entry.name)][:MAX_SOURCES]
+        return self._mirrors(entry)[:MAX_SOURCES]
 
     async def _standby(self, entry: FileEntry, running: set[str]) -> str | None:
         """One more source for a file whose sources stall: an initial peer first."""
-        await self._ask_holdings()
-        for source in self._holders(entry, initial=True) + self._holders(entry, initial=False) + [
-                url for url in self.manifest.sources if self.book.usable(url, entry.name)]:
+        await self.holders.refresh()
+        for source in (self.holders.of(entry, initial=True) + self.holders.of(entry, initial=False)
+                       + self._mirrors(entry)):
             if source not in running:
                 return source
         return None
 
-    def _holders(self, entry: FileEntry, *, initial: bool) -> list[str]:
-        found = [p for p, (_, files) in self._holdings.items() if entry.name in files
-                 and (p in self.initial) == initial and self.book.usable(p, entry.name)]
-        self.rng.shuffle(found)
-        found.sort(key=lambda p: not self._is_verified(p))
-        return found
-
-    async def _ask_holdings(self) -> None:
-        """Ask the peers whose answer is older than HOLDINGS_TTL_S which files they hold:
-        the initial peers, verified peers, and at most MAX_PROBES others, all at once,
-        waiting HAVE_WAIT_S at most."""
-        now = _now()
-        candidates = self._candidates()
-        due = [p for p in candidates if now - self._holdings.get(p, (-1e18, None))[0] > HOLDINGS_TTL_S]
-        self.rng.shuffle(due)
-        asked = ([p for p in due if p in self.initial]
-                 + [p for p in due if p not in self.initial and self._is_verified(p)][:MAX_ASKED]
-                 + [p for p in due if p not in self.initial and not self._is_verified(p)][:MAX_PROBES])
-        for peer in asked:  # asked now, whatever comes of it: not due again for a while
-            self._holdings[peer] = (now, self._holdings.get(peer, (now, frozenset()))[1])
-        if asked:
-            tasks = [asyncio.create_task(self._ask_have(p)) for p in asked]
-            _, late = await asyncio.wait(tasks, timeout=HAVE_WAIT_S)
-            for task in late:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-        listed = set(candidates)
-        for peer in [p for p in self._holdings if p not in listed]:
-            del self._holdings[peer]
-        while len(self._holdings) > MAX_HOLDINGS:
-            self._holdings.popitem(last=False)
-
-    async def _ask_have(self, peer: str) -> None:
-        try:
-            header, tensors = await self._call(peer, data_request(self.cache.manifest_sha256, "have"), HAVE_BYTES)
-            files = frozenset()
-            if header.get("ok"):
-                files = holdings_of(_bytes_of(tensors), header.get("count"), self.manifest)
-        except (ProtocolError, TypeError, ValueError, RuntimeError) as exc:
-            self.book.refuse(peer, f"answered 'have' with something that is not a holdings bitmap ({exc})")
-            files = frozenset()
-        except PeerError:
-            if peer in self.initial:
-                return  # what the host held a minute ago it holds still
-            files = frozenset()
-        else:
-            self._note_answered(peer)
-        self._holdings[peer] = (self._holdings.get(peer, (_now(), None))[0], files)
-
-    def _candidates(self) -> list[str]:
-        return [p for p in dict.fromkeys(self.initial + self.peers()) if not self.book.is_refused(p)]
-
-    def _is_verified(self, peer: str) -> bool:
-        return peer in self._answered or self.verified(peer)
-
-    def _note_answered(self, peer: str) -> None:
-        if not is_mirror(peer):
-            self._answered.pop(peer, None)
-            self._answered[peer] = None
-            while len(self._answered) > MAX_HOLDINGS:
-                self._answered.popitem(last=False)
+    def _mirrors(self, entry: FileEntry) -> list[str]:
+        return [url for url in self.manifest.sources if self.book.usable(url, entry.name)]
 
     # -- one call --------------------------------------------------------------------
     async def _ask_bytes(self, peer: str, request: bytes, *, max_bytes: int,

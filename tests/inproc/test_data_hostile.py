@@ -17,6 +17,7 @@ import vclock
 from data_parts import CHUNK, FakeNet, claims_everything, fetcher, liar, prepared_host, serving
 
 from swarm_node.data import fetch as fetch_module
+from swarm_node.data import holders as holders_module
 from swarm_node.data import sources as sources_module
 from swarm_node.data.manifest import MANIFEST_FILE, Manifest, file_entry
 from swarm_node.data.serve import bytes_frame
@@ -102,7 +103,7 @@ def test_a_holder_that_stalls_holds_up_each_file_for_seconds_then_is_refused(tmp
 
     with caplog.at_level(logging.INFO):
         took = vclock.run(run())
-    assert took < strikes * (fetch_module.HEDGE_S + fetch_module.HAVE_WAIT_S) + 10  # virtual seconds
+    assert took < strikes * (fetch_module.HEDGE_S + holders_module.HAVE_WAIT_S) + 10  # virtual seconds
     for entry in manifest.train[:strikes + 1]:
         assert (tmp_path / "cache" / entry.name).read_bytes() == (folder / entry.name).read_bytes()
     assert f.stats.refused == {"QmStealth"} and _refusals(caplog, "QmStealth") == 1
@@ -188,8 +189,8 @@ def test_the_largest_holdings_answer_fits_what_the_fetcher_accepts():
     from swarm_node.wire.frames import FrameLimits, decode_frame
 
     answer = bytes_frame({"ok": True, "count": MAX_SHARDS}, b"\xff" * (MAX_SHARDS // 8))
-    assert len(answer) <= fetch_module.HAVE_BYTES
-    decode_frame(answer, FrameLimits(max_payload_bytes=fetch_module.HAVE_BYTES, max_tensors=1))
+    assert len(answer) <= holders_module.HAVE_BYTES
+    decode_frame(answer, FrameLimits(max_payload_bytes=holders_module.HAVE_BYTES, max_tensors=1))
 
 
 def test_peers_nobody_verified_hold_up_neither_the_manifest_nor_the_holdings(tmp_path, host_folder):
@@ -216,8 +217,8 @@ def test_peers_nobody_verified_hold_up_neither_the_manifest_nor_the_holdings(tmp
 
     manifest_s, shard_s = vclock.run(run())
     assert manifest_s < 1.0 and not [p for p, h in net.calls if p in slow and h["what"] == "manifest"]
-    assert shard_s <= fetch_module.HAVE_WAIT_S + 1.0
-    assert len([p for p, h in net.calls if p in slow and h["what"] == "have"]) <= fetch_module.MAX_PROBES
+    assert shard_s <= holders_module.HAVE_WAIT_S + 1.0
+    assert len([p for p, h in net.calls if p in slow and h["what"] == "have"]) <= holders_module.MAX_PROBES
 
 
 def test_one_damaged_file_of_the_host_costs_that_file_only(tmp_path, host_folder, caplog):
@@ -276,7 +277,7 @@ def test_one_damaged_file_of_the_host_costs_that_file_only(tmp_path, host_folder
 def test_the_fetchers_tables_stay_bounded_whatever_number_of_peers(tmp_path, host_folder, monkeypatch):
     monkeypatch.setattr(sources_module, "MAX_TRACKED", 8)
     monkeypatch.setattr(sources_module, "MAX_BY_SOURCE", 4)
-    monkeypatch.setattr(fetch_module, "MAX_HOLDINGS", 8)
+    monkeypatch.setattr(holders_module, "MAX_HOLDINGS", 8)
     folder, manifest, digest = host_folder
     net = FakeNet()
     honest = serving(folder, digest)
@@ -293,10 +294,10 @@ def test_the_fetchers_tables_stay_bounded_whatever_number_of_peers(tmp_path, hos
         await f.fetch_manifest()
         for entry in manifest.train[:3]:
             await f.fetch(entry)
-        await f._ask_holdings()
+        await f.holders.refresh()
 
     asyncio.run(run())
-    assert len(f.stats.refused) <= 8 and len(f._holdings) <= 8
+    assert len(f.stats.refused) <= 8 and len(f.holders.holdings) <= 8
     assert len(f.stats.by_source) <= 5  # four sources apart and "others"
     book = f.book
     for i in range(100):  # a flood of let-downs and refusals
