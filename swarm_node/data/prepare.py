@@ -32,6 +32,7 @@ from swarm_node.data.manifest import (
     file_entry,
     file_sha256,
 )
+from swarm_node.data.mirror import MirrorRefused, check_mirror_url
 from swarm_node.data.shardfile import DTYPE_CODES, DTYPE_NAMES, dtype_for_vocab, shard_bytes
 from swarm_node.data.spec import DataSpec
 from swarm_node.data.tokenizer import ByteTokenizer, HFTokenizer
@@ -64,8 +65,10 @@ class PrepareConfig:
         if not 0 <= self.val_fraction < 0.5:
             raise ConfigError(f"--val-fraction must be in [0, 0.5), got {self.val_fraction}")
         for url in self.sources:
-            if not url.startswith(("http://", "https://")):
-                raise ConfigError(f"--mirror {url!r}: give an http:// or https:// URL")
+            try:
+                check_mirror_url(url)
+            except MirrorRefused as exc:
+                raise ConfigError(f"--mirror {url!r}: give an http:// or https:// folder URL ({exc})") from None
 
 
 def prepare(config: PrepareConfig) -> tuple[Manifest, str]:

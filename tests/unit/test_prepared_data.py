@@ -296,3 +296,18 @@ def test_a_dataset_the_protocol_cannot_carry_is_refused_while_it_is_prepared(tmp
         small_prepare(tmp_path, shard_tokens=4096, chunk_bytes=4096)
     assert len(list(tmp_path.glob("shard-*.tok"))) <= 40  # refused early, not after all ~400 shards
     assert not (tmp_path / MANIFEST_FILE).exists()
+
+
+@pytest.mark.parametrize("name", ["shard-00000.tok.part", "x.have", "tokenizer.json.tmp", "a.lock", ".hidden"])
+def test_a_manifest_naming_a_file_like_a_cache_sidecar_is_refused(prepared, name):
+    """A cache keeps NAME.part, NAME.have, staging and lock files beside its files: no
+    file of a manifest may be named like one."""
+    data = json.loads((prepared[0] / MANIFEST_FILE).read_bytes())
+    data["train"][0]["name"] = name
+    with pytest.raises(DataError, match="bad file name"):
+        Manifest.from_bytes(json.dumps(data).encode())
+
+
+def test_a_mirror_url_with_a_query_is_refused_at_prepare(tmp_path):
+    with pytest.raises(ConfigError, match="--mirror"):
+        small_prepare(tmp_path, sources=("https://example.org/data?token=x",))
