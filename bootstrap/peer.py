@@ -21,13 +21,14 @@ from swarm_bootstrap.view import SwarmView, prometheus_text
 
 from swarm_node import __version__
 from swarm_node.data.cache import ShardCache
-from swarm_node.data.serve import DataServer
+from swarm_node.data.serve import BudgetConfig, ByteBudget, DataServer
 from swarm_node.errors import ConfigError, PeerError, SwarmError, known_failure
 from swarm_node.membership.discovery import SPEC_REPUBLISH_S, find_run_spec, publish_spec, spec_key
 from swarm_node.membership.registry import read_registry
 from swarm_node.net.dht import SwarmDHT
 from swarm_node.net.dialback import address_scope, dial_check, ordered_for_others, serve_dialback
 from swarm_node.net.exists import answers_status
+from swarm_node.net.guard import PeerGuard
 from swarm_node.net.transport import Transport, short_id
 from swarm_node.obs.http import Response, StatusServer
 from swarm_node.spec import RunSpec
@@ -82,6 +83,7 @@ class BootstrapPeer:
         self.reachability: dict[str, str | None] = {}
         self.transport: Transport | None = None
         self.data_server: DataServer | None = None
+        self.data_guard: PeerGuard | None = None
         self._probed: dict[str, tuple[float, float]] = {}  # peer that did not answer -> (ask again at, pause)
         self.known = KnownPeers(peers_file_for(config.identity_path))
         self._stop = asyncio.Event()
@@ -175,11 +177,14 @@ class BootstrapPeer:
         missing = [e.name for e in manifest.files().values() if not (folder / e.name).is_file()]
         if missing:
             raise ConfigError(f"--data {folder} lacks {len(missing)} of the manifest's files ({missing[0]}, ...)")
-        self.data_server = DataServer(lambda: cache, on_fault=lambda peer, why: log.warning(
-            "data request from %s refused: %s", short_id(peer), why))
-        await self.data_server.serve(self.transport, self.spec.admits)
+        self.data_server, self.data_guard = data_service(cache, self.spec, self._verified_live)
+        await self.data_server.serve(self.transport, self.data_guard.admit)
         log.info("serving the prepared dataset in %s: %d shards, %.1f M training tokens", folder,
                  len(manifest.train) + len(manifest.val), manifest.train_tokens() / 1e6)
+
+    def _verified_live(self, peer: str) -> bool:
+        row = self.view.peers.get(peer) if self.view is not None else None
+        return row is not None and row.verified
 
     # -- loops ---------------------------------------------------------------------
     async def _publish_loop(self) -> None:
@@ -321,6 +326,16 @@ class BootstrapPeer:
                               "uptime_s": round(time.time() - self.view.started_s, 1),
                               "reachability": self.reachability},
                 "data_served_bytes": self.data_server.served_bytes if self.data_server else 0}
+
+
+def data_service(cache: ShardCache, spec: RunSpec, verified: Callable[[str], bool],
+                 budget: BudgetConfig | None = None) -> tuple[DataServer, PeerGuard]:
+    """The host's dataset service and its gate: a malformed request is a fault of its
+    caller (logged once a minute at most; after repeated ones its streams are closed
+    unread for a while), each caller's answers stay within a byte budget, and callers
+    that are not verified live peers share one budget, so they cannot crowd those out."""
+    guard = PeerGuard(admits=spec.admits)
+    return DataServer(lambda: cache, on_fault=guard.fault, budget=ByteBudget(budget or BudgetConfig(), verified)), guard
 
 
 def _json(data) -> Response:

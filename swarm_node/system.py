@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import resource
+import tempfile
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -148,17 +149,24 @@ def write_atomic(path: Path, data: bytes | str | Callable[[BinaryIO], object], *
     then renamed over it. ``data`` may be a function that writes into the open file (a
     simulator of 450 MB pickled straight to disk, not held twice in memory). ``durable``: on the disk
     before this returns (a resumable preparation must not find a renamed file that a power
-    cut emptied)."""
-    staging = path.with_name(path.name + ".tmp")
-    fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "wb") as f:
-        if callable(data):
-            data(f)
-        else:
-            f.write(data.encode("utf-8") if isinstance(data, str) else data)
-        if durable:
-            f.flush()
-            os.fsync(f.fileno())
-    staging.replace(path)
+    cut emptied). The staging file has a name of its own in each call, created exclusively
+    (two processes writing one path never rename each other's staging file, and a link
+    planted at a predictable name is never followed)."""
+    fd, staging_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    staging = Path(staging_name)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), mode)
+            if callable(data):
+                data(f)
+            else:
+                f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        staging.replace(path)
+    except BaseException:
+        staging.unlink(missing_ok=True)
+        raise
     if durable:
         fsync_dir(path.parent)

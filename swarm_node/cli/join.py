@@ -85,6 +85,9 @@ def add_join_parser(sub) -> None:
     p.add_argument("--data-cache-gb", type=float, default=None, metavar="GB",
                    help="keep the fetched dataset within this many GB, evicting shards already trained "
                         "(default: no bound; stage 0 needs room for about three shards)")
+    p.add_argument("--data-private-mirrors", action="store_true",
+                   help="let the dataset's HTTP(S) mirrors be at loopback or private addresses (a mirror on "
+                        "your own network); by default only public ones are read")
     p.add_argument("--round-timeout", type=float, default=20.0,
                    help="seconds to seek a partner per outer round before the local-only step (default %(default)s)")
     p.add_argument("--startup-timeout", type=float, default=DEFAULT_STARTUP_TIMEOUT_S,
@@ -195,7 +198,7 @@ def run_join(args: argparse.Namespace) -> int:
                         lane_port=None if args.no_lanes else args.lane_port,
                         stage=args.stage, device=resolve_device(args.device), max_steps=args.max_steps,
                         run_dir=args.run_dir, data_shard=args.data_shard, round_timeout_s=args.round_timeout,
-                        data_cache_gb=args.data_cache_gb,
+                        data_cache_gb=args.data_cache_gb, data_private_mirrors=args.data_private_mirrors,
                         **({"data_cache_dir": args.data_cache} if args.data_cache else {}),
                         startup_timeout_s=args.startup_timeout, slowest_link_mbit_s=args.slowest_link_mbit,
                         wait_for_peers_per_stage=args.wait_for_peers,

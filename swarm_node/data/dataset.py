@@ -148,11 +148,15 @@ MAX_UNDECODED_SHARE = 0.01
 
 
 def read_text_file(path: Path) -> str:
-    """A text source's file as UTF-8. A file holding a NUL byte, or whose bytes do not
-    decode as UTF-8 for more than 1 % of its characters, is binary (or another encoding)
-    and refused: it would become tokens of replacement characters. A few stray bytes
-    are replaced."""
-    raw = path.read_bytes()
+    """A text source's file as UTF-8 (:func:`decode_text`)."""
+    return decode_text(path.read_bytes(), path)
+
+
+def decode_text(raw: bytes, path: Path) -> str:
+    """Bytes of a text source's file as UTF-8. Bytes holding a NUL, or that do not decode
+    as UTF-8 for more than 1 % of their characters, are binary (or another encoding) and
+    refused: they would become tokens of replacement characters. A few stray bytes are
+    replaced."""
     text = raw.decode("utf-8", errors="replace")
     undecoded = text.count("\ufffd") - raw.count("\ufffd".encode())
     if b"\0" in raw or undecoded > MAX_UNDECODED_SHARE * len(text):

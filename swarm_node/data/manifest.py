@@ -20,14 +20,29 @@ FORMAT = "swarm-node-data/1"
 MANIFEST_FILE = "manifest.json"
 MAX_MANIFEST_BYTES = 64 << 20
 MAX_CHUNK_BYTES = 8 << 20
-MAX_SHARDS = 1 << 20
+# Files of a manifest, all lists together: what the protocol carries. A `have` answer is
+# one bit per file (32 KiB at most), and a manifest of this many one-chunk files (about
+# 210 bytes each) still fits MAX_MANIFEST_BYTES; `prepare` refuses a dataset past either.
+MAX_SHARDS = 1 << 18
 MAX_SOURCES = 16
 HEX64 = re.compile(r"[0-9a-f]{64}")
 NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")
+# a cache keeps these beside a file: no file of the manifest may be named like them
+SIDECAR_SUFFIXES = (".part", ".have", ".tmp", ".lock")
+HASH_BLOCK_BYTES = 1 << 20
 
 
 def sha256_hex(data: bytes | memoryview) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a file, read a block at a time (a shard may not fit in memory)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(HASH_BLOCK_BYTES):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -51,9 +66,9 @@ class FileEntry:
         try:
             if not path.is_file() or path.stat().st_size != self.bytes:
                 return False
-        except FileNotFoundError:  # removed between the two looks
+            return not hash_it or file_sha256(path) == self.sha256
+        except FileNotFoundError:  # removed between the looks (another process's cache eviction)
             return False
-        return not hash_it or sha256_hex(path.read_bytes()) == self.sha256
 
 
 @dataclass(frozen=True)
@@ -125,6 +140,8 @@ class Manifest:
             raise DataError("manifest sources must be a short list of http(s) URLs")
         manifest = cls(vocab, dtype, chunk_bytes, tokenizer, train, val, tuple(sources))
         names = [e.name for e in train + val] + ([tokenizer.name] if tokenizer else [])
+        if len(names) > MAX_SHARDS:
+            raise DataError(f"manifest lists {len(names)} files, over the {MAX_SHARDS} the data protocol carries")
         if len(set(names)) != len(names) or MANIFEST_FILE in names:
             raise DataError("manifest names a file twice")
         return manifest
@@ -152,7 +169,8 @@ def _entry(raw: object, chunk_bytes: int) -> FileEntry:
     if not isinstance(raw, dict):
         raise DataError("manifest entry is not a map")
     name = raw.get("name")
-    if not isinstance(name, str) or not NAME.fullmatch(name) or name in (".", ".."):
+    if (not isinstance(name, str) or not NAME.fullmatch(name) or name.startswith(".")
+            or name.endswith(SIDECAR_SUFFIXES)):
         raise DataError(f"bad file name {str(name)[:40]!r} in the manifest")
     size = _int(raw.get("bytes"), 0, 1 << 40, "bytes")
     tokens = _int(raw.get("tokens", 0), 0, 1 << 40, "tokens")

@@ -35,9 +35,10 @@ SLOT_MOVE_EVERY_S = 30.0  # at most one move to another slot this often, whoever
 class RunData:
     def __init__(self, spec: RunSpec, *, cache_dir: Path, cache_gb: float | None, initial_peers: list[str],
                  peers: Callable[[], list[str]], on_fault: Callable[[str, str], None], progress: bool,
-                 guard: PeerGuard | None = None):
-        """``guard``: who is known to exist, for slot claims (data/claims.py); by default a
-        guard of our own, whose peers are only those our probes reach."""
+                 guard: PeerGuard | None = None, private_mirrors: bool = False):
+        """``guard``: who is known to exist, for slot claims (data/claims.py) and for the
+        sources of data we prefer; by default a guard of our own, whose peers are only
+        those our probes reach."""
         self.spec = spec
         self.windows: TokenWindows | None = None
         self.cache: ShardCache | None = None
@@ -45,6 +46,7 @@ class RunData:
         self.loader: SlotBatches | ShardedBatches | None = None
         self.server = DataServer(lambda: self.cache, on_fault=on_fault)
         self._initial, self._peers, self._on_fault, self._progress = initial_peers, peers, on_fault, progress
+        self._private_mirrors = private_mirrors
         data = spec.data
         if data.kind == "manifest":
             held = data.path is not None  # the host's own folder: everything is there
@@ -78,7 +80,8 @@ class RunData:
             return self.windows.vocab_size
         self._transport = transport
         self.fetcher = DataFetcher(self.cache, transport, peers=self._peers, initial=self._initial,
-                                   on_fault=self._on_fault, progress=self._progress)
+                                   on_fault=self._on_fault, progress=self._progress,
+                                   verified=self.guard.is_verified, private_mirrors=self._private_mirrors)
         manifest = await self.fetcher.fetch_manifest(manifest_timeout_s)
         if manifest.tokenizer is not None:
             await self.fetcher.fetch(manifest.tokenizer)

@@ -14,8 +14,8 @@ STATE = "/swarm-node/state/2.0.0"  # chunked snapshot of theta, phi, momentum, A
 STATE_SKETCH = "/swarm-node/state-sketch/1.0.0"
 STATUS = "/swarm-node/status/1.0.0"  # run id, stage, version, peer counts: for probes and other implementations
 # a prepared dataset (data/serve.py): its manifest, which of its files a peer holds, and
-# chunks of them, each checked against the manifest by the caller
-DATA = "/swarm-node/data/1.0.0"
+# chunks of them, each checked against the manifest by the caller (data 2.0: `have` is a bitmap)
+DATA = "/swarm-node/data/2.0.0"
 # a direct lane's offer (net/lanes.py): its port, certificate hash and a ticket for the caller
 # (2.0: the ticket opens a lane with proofs both ways, net/lane_auth.py)
 LANE = "/swarm-node/lane/2.0.0"

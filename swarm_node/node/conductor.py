@@ -189,11 +189,13 @@ class Node:
             await self.transport.close_lanes()
             await self._new_transport()
             await membership.refresh(all_stages=True)
-        # after the first registry read: a prepared dataset's manifest and tokenizer come
-        # from peers that hold them, the bootstrap only when none does
+        # after the first registry read: a prepared dataset's manifest comes from the
+        # bootstrap (verified peers when it does not serve it), its tokenizer from peers
+        # that hold it, the bootstrap only when none does
         self.data = RunData(self.spec, cache_dir=cfg.data_cache_dir, cache_gb=cfg.data_cache_gb,
                             initial_peers=peer_ids_of(cfg.initial_peers), peers=self._all_live_peers,
-                            on_fault=self.guard.fault, progress=cfg.progress, guard=self.guard)
+                            on_fault=self.guard.fault, progress=cfg.progress, guard=self.guard,
+                            private_mirrors=cfg.data_private_mirrors)
         vocab_size = await self.data.open(self.transport, self.compute.unthrottled,
                                           manifest_timeout_s=max(cfg.startup_timeout_s, 300.0))
         self.checkpoints = Checkpoints(cfg.checkpoint_dir, spec=self.spec, compute=self.compute,

@@ -44,6 +44,7 @@ class NodeConfig:
     # hash>, kept within data_cache_gb (None: unbounded) by evicting shards trained.
     data_cache_dir: Path = field(default_factory=lambda: default_data_cache_dir())
     data_cache_gb: float | None = None
+    data_private_mirrors: bool = False  # the dataset's mirrors may be at loopback or private addresses
     max_steps: int | None = None  # stop after this many inner steps (stage 0 drives the run)
     run_dir: Path | None = None  # where the summary and final weights are written
     # Outer rounds that stop the inner steps until the outer step is done (the paper's

@@ -11,80 +11,27 @@ import functools
 import http.server
 import logging
 import os
+import re
 import shutil
 import threading
 from pathlib import Path
 
 import pytest
+from data_parts import CHUNK, FakeNet, answering_status, fetcher, liar, prepared_host, serving
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from swarm_node.data.cache import ShardCache
 from swarm_node.data.fetch import DataFetcher
-from swarm_node.data.prepare import PrepareConfig, prepare
-from swarm_node.data.serve import DataServer, bytes_frame
+from swarm_node.data.serve import DataServer
 from swarm_node.data.slots import SlotBatches
-from swarm_node.errors import DiskFull, StreamClosed
+from swarm_node.errors import DiskFull
 from swarm_node.wire.frames import decode_frame, encode_frame
-
-CHUNK = 16 << 10
 
 
 @pytest.fixture(scope="module")
 def host_folder(tmp_path_factory):
-    out = tmp_path_factory.mktemp("host")
-    manifest, digest = prepare(PrepareConfig(source="corpus", out_dir=out, shard_tokens=100_000, chunk_bytes=CHUNK,
-                                             progress=False, sources=("http://127.0.0.1:1/none",)))
-    return out, manifest, digest
-
-
-class FakeNet:
-    """request() as the transport has it, answered by in-process handlers; counts calls."""
-
-    def __init__(self):
-        self.handlers: dict[str, object] = {}
-        self.calls: list[tuple[str, dict]] = []
-
-    async def request(self, peer, protocol, payload, *, timeout_s, max_response_bytes, paced_request=False,
-                      paced_response=False):
-        if peer not in self.handlers:
-            raise StreamClosed(f"no peer {peer}")
-        self.calls.append((peer, decode_frame(payload)[0]))
-        answer = await self.handlers[peer]("QmMe", payload)
-        assert len(answer) <= max_response_bytes
-        return answer
-
-
-def serving(folder: Path, digest: str) -> DataServer:
-    cache = ShardCache(folder, digest, trust_whole_files=True)
-    cache.load_manifest()
-    return DataServer(lambda: cache, on_fault=lambda peer, why: None)
-
-
-def liar(honest: DataServer):
-    """Holds everything and answers every chunk with altered bytes."""
-    async def handle(remote, request):
-        header = decode_frame(request)[0]
-        answer = await honest.handle(remote, request)
-        if header["what"] != "chunk":
-            return answer
-        meta, tensors = decode_frame(answer)
-        data = bytearray(tensors[0].numpy().tobytes())
-        data[len(data) // 2] ^= 0xFF
-        return bytes_frame({"ok": meta["ok"]}, bytes(data))
-    return handle
-
-
-async def answering_status(remote, request) -> bytes:
-    """A running node's answer to a status request (the only kind a test sends it)."""
-    assert decode_frame(request)[0]["kind"] == "status"
-    return encode_frame({"kind": "status", "ok": True})
-
-
-def fetcher(tmp_path, digest, net, *, peers=(), initial=("QmBoot",), faults=None, budget=None) -> DataFetcher:
-    cache = ShardCache(tmp_path / "cache", digest, budget_bytes=budget)
-    return DataFetcher(cache, net, peers=lambda: list(peers), initial=list(initial), progress=False,
-                       on_fault=lambda peer, why: (faults if faults is not None else []).append((peer, why)))
+    return prepared_host(tmp_path_factory)
 
 
 def test_a_liar_is_refused_once_and_the_shard_still_verifies(tmp_path, host_folder, caplog):
@@ -112,7 +59,12 @@ def test_a_liar_is_refused_once_and_the_shard_still_verifies(tmp_path, host_fold
     assert f.stats.by_source.get("QmPeer", 0) >= sum(e.bytes for e in manifest.train[:3]) - 4 * CHUNK
 
 
-def test_a_manifest_that_is_not_the_runs_is_refused(tmp_path, host_folder):
+def test_a_manifest_that_is_not_the_runs_is_refused(tmp_path, host_folder, monkeypatch):
+    """The bootstrap is asked first; while it serves nothing yet, a verified peer is asked,
+    and the manifest it serves under the run's name but with other bytes is refused."""
+    from swarm_node.data import fetch as fetch_module
+
+    monkeypatch.setattr(fetch_module, "RETRY_S", (0.01, 0.02))
     folder, manifest, digest = host_folder
     other = tmp_path / "other"
     shutil.copytree(folder, other)
@@ -121,11 +73,21 @@ def test_a_manifest_that_is_not_the_runs_is_refused(tmp_path, host_folder):
     net = FakeNet()
     fake = ShardCache(other, digest, trust_whole_files=True)
     fake.manifest = manifest  # serves under the right name, with other bytes
+    boot = serving(folder, digest)
+    asked = []
+
+    async def boot_not_ready_at_first(remote, request):
+        asked.append(remote)
+        if len(asked) == 1:
+            return encode_frame({"ok": False, "error": "not serving that dataset"})
+        return await boot.handle(remote, request)
+
     net.handlers |= {"QmFake": DataServer(lambda: fake, on_fault=lambda p, w: None).handle,
-                     "QmBoot": serving(folder, digest).handle}
+                     "QmBoot": boot_not_ready_at_first}
     f = fetcher(tmp_path, digest, net, peers=["QmFake"])
     got = asyncio.run(f.fetch_manifest())
     assert got == manifest and f.stats.refused == {"QmFake"}
+    assert [p for p, _ in net.calls] == ["QmBoot", "QmFake", "QmBoot"]
 
 
 def from_the_bootstrap(tmp_path, host_folder) -> tuple[FakeNet, DataFetcher]:
@@ -211,8 +173,8 @@ def test_a_full_disk_keeps_what_verified_and_says_how_much_room_it_needs(tmp_pat
 
 @pytest.fixture
 def mirror(host_folder, tmp_path):
-    """The host folder over HTTP (ranges honoured by a plain file server? no: it sends
-    whole files, which the fetcher slices), and an altered copy beside it."""
+    """The host folder over HTTP (a file server that honours ranges), and an altered
+    copy beside it."""
     folder = host_folder[0]
     altered = tmp_path / "altered"
     shutil.copytree(folder, altered)
@@ -220,7 +182,7 @@ def mirror(host_folder, tmp_path):
         data = bytearray(shard.read_bytes())
         data[100] ^= 1
         shard.write_bytes(bytes(data))
-    handler = functools.partial(_QuietHandler, directory=str(tmp_path.parent))
+    handler = functools.partial(_RangeHandler, directory=str(tmp_path.parent))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -235,12 +197,29 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+class _RangeHandler(_QuietHandler):
+    """Answers `Range: bytes=A-B` with 206 and its Content-Range, as mirrors must."""
+
+    def do_GET(self):
+        found = re.fullmatch(r"bytes=(\d+)-(\d+)", self.headers.get("Range", ""))
+        path = Path(self.translate_path(self.path))
+        if found is None or not path.is_file():
+            return super().do_GET()
+        data = path.read_bytes()
+        start, end = int(found.group(1)), min(int(found.group(2)), len(data) - 1)
+        self.send_response(206)
+        self.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
+        self.send_header("Content-Length", str(end - start + 1))
+        self.end_headers()
+        self.wfile.write(data[start:end + 1])
+
+
 def test_mirrors_are_tried_after_peers_and_a_lying_mirror_is_refused(tmp_path, host_folder, mirror):
     good_url, bad_url, folder = mirror
     _, manifest, digest = host_folder
     net = FakeNet()
     net.handlers["QmBoot"] = serving(folder, digest).handle
-    f = fetcher(tmp_path, digest, net)
+    f = fetcher(tmp_path, digest, net, private_mirrors=True)  # the test's mirror is on loopback
     asyncio.run(f.fetch_manifest())
     # The mirrors are those of the manifest; point them at the test server (same files).
     object.__setattr__(f.cache.manifest, "sources", (bad_url, good_url))
@@ -263,7 +242,7 @@ def test_two_stage_0_nodes_that_join_together_train_disjoint_shards(tmp_path, ho
     net.handlers["QmBoot"] = serving(folder, digest).handle
     claims: dict[str, int] = {}
     nodes = {peer: RunData(spec, cache_dir=tmp_path / peer, cache_gb=None, initial_peers=["QmBoot"],
-                           peers=lambda: [], on_fault=lambda p, w: None, progress=False) for peer in ("QmA", "QmB")}
+                           peers=list, on_fault=lambda p, w: None, progress=False) for peer in ("QmA", "QmB")}
     net.handlers |= {peer: answering_status for peer in nodes}  # both run: their claims are believed
 
     async def run():

@@ -11,7 +11,8 @@ import hashlib
 import itertools
 import math
 
-from test_data_fetch import FakeNet, answering_status, host_folder, serving  # noqa: F401 (a fixture)
+from data_parts import FakeNet, answering_status, serving
+from test_data_fetch import host_folder  # noqa: F401 (a fixture)
 
 from swarm_node.data import source
 from swarm_node.data.source import RunData

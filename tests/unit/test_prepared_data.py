@@ -254,3 +254,60 @@ def test_export_finds_the_prepared_tokenizer_in_the_folder_or_the_cache(tmp_path
     (cache / "tokenizer.json").write_text("{}")  # altered: not the run's
     with pytest.raises(DataError, match="--tokenizer"):
         prepared_tokenizer(fetched, tmp_path / "cache")
+
+
+def test_one_long_document_is_written_down_in_linear_time(tmp_path, monkeypatch):
+    """The tokens carried into the next shard are written down once per document, and
+    fewer than a shard's: a document of 40 shards does not rewrite its rest 40 times."""
+    text = tmp_path / "long.txt"
+    text.write_text("".join(f"line {i} of one long document\n" for i in range(1500)))  # about 40 KB
+    saved = []
+    real = prepare_module._save_state
+    monkeypatch.setattr(prepare_module, "_save_state",
+                        lambda out, settings, shards, done, carry: (saved.append(len(carry)),
+                                                                    real(out, settings, shards, done, carry))[1])
+    manifest, _ = small_prepare(tmp_path / "out", source=f"text:{text}", shard_tokens=1024)
+    assert len(manifest.train) >= 30
+    assert sum(saved) < 2 * 1024 and all(carry < 1024 for carry in saved)
+
+
+def test_a_text_file_is_read_in_blocks_with_the_same_tokens(tmp_path, monkeypatch):
+    text = tmp_path / "big.txt"
+    text.write_text("".join(f"paragraph {i}: {'é' * (i % 7)} words\n" for i in range(3000)))
+    _, whole = small_prepare(tmp_path / "whole", source=f"text:{text}", shard_tokens=4096)
+    lengths = []
+    real = prepare_module.ByteTokenizer.encode
+    monkeypatch.setattr(prepare_module.ByteTokenizer, "encode",
+                        lambda self, t: (lengths.append(len(t.encode())), real(self, t))[1])
+    monkeypatch.setattr(prepare_module, "TEXT_BLOCK_BYTES", 4096)
+    _, blocks = small_prepare(tmp_path / "blocks", source=f"text:{text}", shard_tokens=4096)
+    assert blocks == whole and len(lengths) > 10 and max(lengths) < 2 * 4096
+
+
+def test_prepare_refuses_a_prepared_dataset_as_its_source(tmp_path, prepared):
+    with pytest.raises(ConfigError, match="prepared dataset already"):
+        small_prepare(tmp_path / "again", source=f"manifest:{prepared[0]}")
+
+
+@pytest.mark.parametrize(("limit", "value"), [("MAX_SHARDS", 5), ("MAX_MANIFEST_BYTES", 12_000)])
+def test_a_dataset_the_protocol_cannot_carry_is_refused_while_it_is_prepared(tmp_path, monkeypatch, limit, value):
+    monkeypatch.setattr(prepare_module, limit, value)
+    with pytest.raises(DataError, match="more than the data protocol carries"):
+        small_prepare(tmp_path, shard_tokens=4096, chunk_bytes=4096)
+    assert len(list(tmp_path.glob("shard-*.tok"))) <= 40  # refused early, not after all ~400 shards
+    assert not (tmp_path / MANIFEST_FILE).exists()
+
+
+@pytest.mark.parametrize("name", ["shard-00000.tok.part", "x.have", "tokenizer.json.tmp", "a.lock", ".hidden"])
+def test_a_manifest_naming_a_file_like_a_cache_sidecar_is_refused(prepared, name):
+    """A cache keeps NAME.part, NAME.have, staging and lock files beside its files: no
+    file of a manifest may be named like one."""
+    data = json.loads((prepared[0] / MANIFEST_FILE).read_bytes())
+    data["train"][0]["name"] = name
+    with pytest.raises(DataError, match="bad file name"):
+        Manifest.from_bytes(json.dumps(data).encode())
+
+
+def test_a_mirror_url_with_a_query_is_refused_at_prepare(tmp_path):
+    with pytest.raises(ConfigError, match="--mirror"):
+        small_prepare(tmp_path, sources=("https://example.org/data?token=x",))
