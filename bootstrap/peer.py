@@ -105,7 +105,7 @@ class BootstrapPeer:
                                             startup_timeout_s=cfg.startup_timeout_s)
             if self.dht.client_mode:
                 raise SwarmError("the initial peers cannot reach this bootstrap, so it cannot serve volunteers; "
-                                 "fix the announce address or the firewall (see the README, 'Host a bootstrap peer')")
+                                 "fix the announce address or the firewall (docs/HOSTS.md, 'Ports and addresses')")
             self.spec = await self._resolve_spec()
             # joining nodes ask us to dial them back: can others reach them?
             self.transport = Transport(await self.dht.replicate_p2p())

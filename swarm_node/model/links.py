@@ -1,4 +1,4 @@
-"""What a volunteer's link needs so that the network never holds its GPU up: the README's
+"""What a volunteer's link needs so that the network never holds its GPU up: docs/VOLUNTEERS.md's
 tables come from here (``python -m swarm_node.model.links``).
 
 - The outer round: every H inner steps a node swaps (phi, Delta) of its stage with one

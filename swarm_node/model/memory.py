@@ -303,7 +303,7 @@ batch_size (the micro-batch) and samples_per_step are run-spec settings every pe
   tuned to samples_per_step x seq_len tokens a step)."""
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def build_parser():
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m swarm_node.model.memory",
@@ -313,7 +313,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=8, help="micro-batch of the peak table (default %(default)s)")
     parser.add_argument("--card-gib", type=float, default=None, metavar="GIB",
                         help="also: the largest micro-batch a card of this many GiB holds, and advice")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     print(f"Peak memory of the largest stage, {args.batch_size} x {args.seq_len}-token micro-batches, "
           f"vocabulary {args.vocab:,}:\n")
     print(memory_table(vocab_size=args.vocab, batch_size=args.batch_size, seq_len=args.seq_len))

@@ -1,6 +1,6 @@
 """The per-stage memory estimate against what training really allocates, measured on
-the CPU, so the estimate (and the README table made from it) cannot drift from the
-model and the worker."""
+the CPU, so the estimate (and the volunteers' guide's table made from it) cannot drift
+from the model and the worker."""
 
 import weakref
 
@@ -251,15 +251,17 @@ def test_table_covers_every_size_and_marks_impossible_splits():
     assert "GiB" in large and "n/a" not in large
 
 
-def test_the_readme_link_tables_are_what_the_code_computes():
-    """The README's link figures come from swarm_node/model/links.py, not by hand."""
+def test_the_volunteers_guide_tables_are_what_the_code_computes():
+    """The volunteers' guide's memory and link figures come from swarm_node/model/memory.py
+    and links.py (`python -m swarm_node.model.memory`, `python -m swarm_node.model.links`),
+    not by hand: a change to the estimate must be pasted into the guide."""
     from pathlib import Path
 
     from swarm_node.model.links import activation_table, round_table
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    for table in (round_table(), activation_table()):
-        assert table in readme, table
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "VOLUNTEERS.md").read_text()
+    for table in (memory_table(), round_table(), activation_table()):
+        assert table in guide, table
 
 
 def test_the_largest_micro_batch_a_card_holds_fits_and_twice_it_does_not(capsys):
