@@ -19,25 +19,28 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from swarm_node.data.bpe import check_vocab, trained_tokenizer
 from swarm_node.data.dataset import _read_bin, _read_hf_documents, _text_files, corpus_documents
 from swarm_node.data.dataset import read_text_file as _read_text_file
 from swarm_node.data.manifest import MANIFEST_FILE, FileEntry, Manifest, file_entry, sha256_hex
 from swarm_node.data.shardfile import DTYPE_CODES, DTYPE_NAMES, dtype_for_vocab, shard_bytes
 from swarm_node.data.spec import DataSpec
-from swarm_node.data.tokenizer import ByteTokenizer, HFTokenizer
+from swarm_node.data.tokenizer import ByteTokenizer, HFTokenizer, tokenizer_file
 from swarm_node.errors import ConfigError, DataError
 from swarm_node.system import write_atomic
 
 STATE_FILE = "prepare.state.json"
 CARRY_FILE = "prepare.carry.npy"
-DOC_SEPARATOR = "\n\n"  # between documents, as the in-memory sources join them
 
 
 @dataclass(frozen=True)
 class PrepareConfig:
     source: str  # text:PATH, hf:PATH, bin:PATH, corpus, or a bare path
     out_dir: Path
-    tokenizer_path: Path | None = None  # byte-level tokens when None (and for bin: sources)
+    # A tokenizer.json, or a model's name in the local Hugging Face cache (data/tokenizer.py);
+    # byte-level tokens when None and nothing is trained (and for bin: sources).
+    tokenizer_path: Path | str | None = None
+    train_vocab: int | None = None  # train a byte-level BPE of this many tokens on the source (data/bpe.py)
     shard_tokens: int = 8 << 20
     chunk_bytes: int = 1 << 20
     val_fraction: float = 0.02
@@ -52,6 +55,11 @@ class PrepareConfig:
             raise ConfigError("--chunk-kb must be between 4 and 8192")
         if not 0 <= self.val_fraction < 0.5:
             raise ConfigError(f"--val-fraction must be in [0, 0.5), got {self.val_fraction}")
+        if self.train_vocab is not None:
+            check_vocab(self.train_vocab)
+            if self.tokenizer_path is not None:
+                raise ConfigError("give --tokenizer (a tokenizer to use) or --train-tokenizer (train one), "
+                                  "not both")
         for url in self.sources:
             if not url.startswith(("http://", "https://")):
                 raise ConfigError(f"--mirror {url!r}: give an http:// or https:// URL")
@@ -122,10 +130,18 @@ def prepare(config: PrepareConfig) -> tuple[Manifest, str]:
 
 
 def _tokenizer(config: PrepareConfig, spec: DataSpec, out: Path) -> tuple[FileEntry | None, HFTokenizer | None]:
-    if config.tokenizer_path is None:
+    path = None if config.tokenizer_path is None else tokenizer_file(config.tokenizer_path, "--tokenizer")
+    if config.train_vocab is not None:
+        if spec.kind == "bin":
+            raise ConfigError(f"--train-tokenizer: {spec.describe()} holds token ids, not text to train on")
+        path = trained_tokenizer(out, config.train_vocab, source=config.source,
+                                 source_path=Path(spec.path) if spec.path else None,
+                                 options={"text_field": config.text_field} if spec.kind == "hf" else {},
+                                 documents=lambda: _documents(spec, config), progress=config.progress)
+    if path is None:
         return None, None
-    tokenizer = HFTokenizer(config.tokenizer_path, "--tokenizer")
-    data = Path(config.tokenizer_path).read_bytes()
+    tokenizer = HFTokenizer(path, "--tokenizer")
+    data = tokenizer.path.read_bytes()
     dtype_for_vocab(tokenizer.vocab_size)  # refuses a vocabulary no token id can carry
     name = "tokenizer.json"
     target = out / name
@@ -155,12 +171,12 @@ def _token_stream(spec: DataSpec, docs, tokenizer, *, skip: int) -> Iterator[tup
             if index >= skip:
                 yield index, np.asarray(tokens[start:start + block])
         return
-    encode = (tokenizer or ByteTokenizer()).encode
+    encode = (tokenizer or ByteTokenizer()).encode_document
     _, texts = docs
     for index, text in enumerate(texts):
         if index >= skip:
             if text is not None:
-                yield index, np.asarray(encode(text + DOC_SEPARATOR), dtype=np.int64)
+                yield index, np.asarray(encode(text), dtype=np.int64)
 
 
 def _write_shard(out: Path, index: int, tokens: np.ndarray, vocab_size: int, config: PrepareConfig) -> FileEntry:
