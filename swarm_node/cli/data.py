@@ -16,18 +16,29 @@ def add_data_parser(sub) -> None:
     p = actions.add_parser(
         "prepare", help="tokenize a source into verified shards and a manifest",
         description="Tokenize text files, a local Hugging Face dataset or a token file with the run's tokenizer "
-                    "into fixed-size token shards, and write a manifest of their sizes and SHA-256 hashes. Put the "
-                    "printed [data] table in the run spec, and start the bootstrap with --data OUT: volunteers "
-                    "then fetch the manifest, the tokenizer and the shards they train from peers, checking every "
-                    "chunk. Interrupted, it resumes where it stopped when run again with the same options.")
+                    "(given, or trained on the text first with --train-tokenizer) into fixed-size token "
+                    "shards, and write a manifest of their sizes and SHA-256 hashes. Put the printed [data] "
+                    "table in the run spec, and start the bootstrap with --data OUT: volunteers then fetch "
+                    "the manifest, the tokenizer and the shards they train from peers, checking every chunk. "
+                    "Interrupted, it resumes where it stopped when run again with the same options.")
     p.add_argument("source", help="text:PATH (a file or a folder of .txt/.md/.rst in UTF-8; a file holding "
                                   "NUL bytes, or over 1%% of characters that are not UTF-8, is refused as "
                                   "binary) | hf:PATH (a saved Hugging Face dataset or .json/.jsonl/.parquet "
                                   "files) | bin:PATH (token ids) | corpus")
     p.add_argument("--out", type=Path, required=True, metavar="DIR",
                    help="folder for the shards and the manifest (created if missing)")
-    p.add_argument("--tokenizer", type=Path, default=None, metavar="TOKENIZER_JSON",
-                   help="a Hugging Face tokenizer.json (default: UTF-8 bytes, vocabulary 256)")
+    p.add_argument("--tokenizer", default=None, metavar="FILE_OR_NAME",
+                   help="the run's tokenizer: a Hugging Face tokenizer.json, or a model's name (gpt2, "
+                        "ORG/NAME, NAME@REVISION) whose tokenizer.json is in this machine's Hugging Face "
+                        "cache ($HF_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub; nothing is "
+                        "downloaded). Default: none, so UTF-8 bytes (vocabulary 256) unless --train-tokenizer")
+    p.add_argument("--train-tokenizer", type=int, default=None, metavar="VOCAB",
+                   help="first train a byte-level BPE of VOCAB tokens (the 256 bytes and <|endoftext|> among "
+                        "them; 257 to 2^32, 8192 to 50257 usual) on the source, and write it as "
+                        "OUT/tokenizer.json: the same source and options train the same tokenizer, and a rerun "
+                        "reuses it. Default: no training. Either way, each document ends with the tokenizer's "
+                        "end-of-text token (<|endoftext|>, <|end_of_text|> or </s>) where it has one, else "
+                        "with a blank line")
     p.add_argument("--shard-tokens", type=int, default=8 << 20,
                    help="tokens per shard (default %(default)s: 16 MB of 16-bit ids); a volunteer fetches whole "
                         "shards, so smaller shards start training sooner")
@@ -47,6 +58,7 @@ def _run_prepare(args) -> int:
 
     check_folder(args.out, "--out")
     config = PrepareConfig(source=args.source, out_dir=args.out, tokenizer_path=args.tokenizer,
+                           train_vocab=args.train_tokenizer,
                            shard_tokens=args.shard_tokens, chunk_bytes=args.chunk_kb * 1024,
                            val_fraction=args.val_fraction, text_field=args.text_field, sources=tuple(args.mirror),
                            progress=not args.no_progress)

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from swarm_node.data.bpe import check_vocab, trained_tokenizer
 from swarm_node.data.dataset import _read_bin, _read_hf_documents, _text_files, corpus_documents, decode_text
 from swarm_node.data.manifest import (
     MANIFEST_FILE,
@@ -35,13 +36,12 @@ from swarm_node.data.manifest import (
 from swarm_node.data.mirror import MirrorRefused, check_mirror_url
 from swarm_node.data.shardfile import DTYPE_CODES, DTYPE_NAMES, dtype_for_vocab, shard_bytes
 from swarm_node.data.spec import DataSpec
-from swarm_node.data.tokenizer import ByteTokenizer, HFTokenizer
+from swarm_node.data.tokenizer import ByteTokenizer, HFTokenizer, tokenizer_file
 from swarm_node.errors import ConfigError, DataError
 from swarm_node.system import write_atomic
 
 STATE_FILE = "prepare.state.json"
 CARRY_FILE = "prepare.carry.npy"
-DOC_SEPARATOR = "\n\n"  # between documents, as the in-memory sources join them
 TEXT_BLOCK_BYTES = 4 << 20  # a text file is read this much at a time
 
 
@@ -49,7 +49,10 @@ TEXT_BLOCK_BYTES = 4 << 20  # a text file is read this much at a time
 class PrepareConfig:
     source: str  # text:PATH, hf:PATH, bin:PATH, corpus, or a bare path
     out_dir: Path
-    tokenizer_path: Path | None = None  # byte-level tokens when None (and for bin: sources)
+    # A tokenizer.json, or a model's name in the local Hugging Face cache (data/tokenizer.py);
+    # byte-level tokens when None and nothing is trained (and for bin: sources).
+    tokenizer_path: Path | str | None = None
+    train_vocab: int | None = None  # train a byte-level BPE of this many tokens on the source (data/bpe.py)
     shard_tokens: int = 8 << 20
     chunk_bytes: int = 1 << 20
     val_fraction: float = 0.02
@@ -64,6 +67,11 @@ class PrepareConfig:
             raise ConfigError("--chunk-kb must be between 4 and 8192")
         if not 0 <= self.val_fraction < 0.5:
             raise ConfigError(f"--val-fraction must be in [0, 0.5), got {self.val_fraction}")
+        if self.train_vocab is not None:
+            check_vocab(self.train_vocab)
+            if self.tokenizer_path is not None:
+                raise ConfigError("give --tokenizer (a tokenizer to use) or --train-tokenizer (train one), "
+                                  "not both")
         for url in self.sources:
             try:
                 check_mirror_url(url)
@@ -170,10 +178,18 @@ class _Room:
 
 
 def _tokenizer(config: PrepareConfig, spec: DataSpec, out: Path) -> tuple[FileEntry | None, HFTokenizer | None]:
-    if config.tokenizer_path is None:
+    path = None if config.tokenizer_path is None else tokenizer_file(config.tokenizer_path, "--tokenizer")
+    if config.train_vocab is not None:
+        if spec.kind == "bin":
+            raise ConfigError(f"--train-tokenizer: {spec.describe()} holds token ids, not text to train on")
+        path = trained_tokenizer(out, config.train_vocab, source=config.source,
+                                 source_path=Path(spec.path) if spec.path else None,
+                                 options={"text_field": config.text_field} if spec.kind == "hf" else {},
+                                 documents=lambda: _documents(spec, config), progress=config.progress)
+    if path is None:
         return None, None
-    tokenizer = HFTokenizer(config.tokenizer_path, "--tokenizer")
-    data = Path(config.tokenizer_path).read_bytes()
+    tokenizer = HFTokenizer(path, "--tokenizer")
+    data = tokenizer.path.read_bytes()
     dtype_for_vocab(tokenizer.vocab_size)  # refuses a vocabulary no token id can carry
     name = "tokenizer.json"
     target = out / name
@@ -192,10 +208,14 @@ def _documents(spec: DataSpec, config: PrepareConfig) -> tuple[int, Iterator[str
     return count, docs
 
 
+class LastBlock(str):
+    """A text file's last block: where its document ends."""
+
+
 def _text_blocks(files: list[Path]) -> Iterator[str]:
     """Each file's text in blocks of about TEXT_BLOCK_BYTES cut after a line end (a
     newline byte is never inside a UTF-8 character; a file smaller than a block is one
-    block); a file's last block ends with DOC_SEPARATOR, as if the file were one document."""
+    block); a file's last block is a LastBlock: the file is one document."""
     for path in files:
         with open(path, "rb") as f:
             held = b""
@@ -205,7 +225,7 @@ def _text_blocks(files: list[Path]) -> Iterator[str]:
                 if cut:
                     yield decode_text(held[:cut], path)
                     held = held[cut:]
-            yield decode_text(held, path) + DOC_SEPARATOR
+            yield LastBlock(decode_text(held, path))
 
 
 def _token_stream(spec: DataSpec, docs, tokenizer, *, skip: int) -> Iterator[tuple[int, np.ndarray]]:
@@ -218,13 +238,15 @@ def _token_stream(spec: DataSpec, docs, tokenizer, *, skip: int) -> Iterator[tup
             if index >= skip:
                 yield index, np.asarray(tokens[start:start + block])
         return
-    encode = (tokenizer or ByteTokenizer()).encode
+    tokenizer = tokenizer or ByteTokenizer()
     _, texts = docs
-    separator = "" if spec.kind == "text" else DOC_SEPARATOR  # text blocks carry their own
     for index, text in enumerate(texts):
         if index >= skip:
             if text is not None:
-                yield index, np.asarray(encode(text + separator), dtype=np.int64)
+                # a text file's blocks but its last are parts of one document: no end there
+                encode = tokenizer.encode if spec.kind == "text" and not isinstance(text, LastBlock) \
+                    else tokenizer.encode_document
+                yield index, np.asarray(encode(text), dtype=np.int64)
 
 
 def _write_shard(out: Path, index: int, tokens: np.ndarray, vocab_size: int, config: PrepareConfig) -> FileEntry:

@@ -255,6 +255,34 @@ def memory_table(*, vocab_size: int = 32_000, batch_size: int = 8, seq_len: int 
     return "\n".join(lines)
 
 
+# Vocabularies a host picks from: bytes, a BPE trained by `data prepare` (8k), Llama 2's
+# (32k), GPT-2's (50k), Llama 3's (128k).
+VOCABULARIES = (256, 8192, 32_000, 50_257, 128_256)
+
+
+def vocab_table(*, vocabularies: Sequence[int] = VOCABULARIES, num_stages: int = 2, batch_size: int = 8,
+                seq_len: int = 1024) -> str:
+    """A Markdown table: per named size, the largest stage's peak on a GPU (bf16 autocast)
+    for each vocabulary. The vocabulary sizes the embedding (stage 0) and the head and
+    its loss (the last stage): vocabulary x hidden parameters each, at 40 bytes of
+    resident state apiece, and the logits of a micro-batch."""
+    header = "| model | " + " | ".join(f"{v:,}" for v in vocabularies) + " |"
+    lines = [header, "|" + "---|" * (1 + len(vocabularies))]
+    for size in NAMED_SIZES:
+        cells = []
+        for vocab in vocabularies:
+            config = model_config(size, vocab_size=vocab, max_seq_len=seq_len)
+
+            def peak(stages: int) -> str:
+                _, need = largest_stage_memory(config, num_stages=stages, batch_size=batch_size,
+                                               seq_len=seq_len, autocast_bf16=True)
+                return format_bytes(need.peak_bytes)
+
+            cells += per_stage_count(config, [num_stages], peak)
+        lines.append(f"| {size} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 # What a card holds besides the stage: the CUDA context, the allocator's slack, torch's
 # kernels' workspaces.
 CARD_RESERVE_BYTES = 2 << 30
@@ -313,6 +341,8 @@ def build_parser():
     parser.add_argument("--batch-size", type=int, default=8, help="micro-batch of the peak table (default %(default)s)")
     parser.add_argument("--card-gib", type=float, default=None, metavar="GIB",
                         help="also: the largest micro-batch a card of this many GiB holds, and advice")
+    parser.add_argument("--vocab-costs", action="store_true",
+                        help="also: the largest of 2 stages' GPU peak at vocabularies from 256 to 128,256")
     return parser
 
 
@@ -326,6 +356,10 @@ def main(argv: Sequence[str] | None = None) -> None:
               f"for the CUDA context), bf16 autocast, {args.seq_len}-token sequences:\n")
         print(micro_batch_table(card_gib=args.card_gib, vocab_size=args.vocab, seq_len=args.seq_len))
         print("\n" + MICRO_BATCH_ADVICE)
+    if args.vocab_costs:
+        print(f"\nWhat the vocabulary costs: the GPU peak (bf16 autocast) of the largest of 2 stages, "
+              f"{args.batch_size} x {args.seq_len}-token micro-batches:\n")
+        print(vocab_table(batch_size=args.batch_size, seq_len=args.seq_len))
 
 
 if __name__ == "__main__":

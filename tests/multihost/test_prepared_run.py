@@ -1,7 +1,7 @@
-"""A public run on real text (issue 35). The host trains a BPE tokenizer, prepares the
-bundled docstrings into shards with `swarm-node data prepare` and starts the bootstrap
-with `--data`, behind a slow uplink; volunteers on hosts of their own, holding no data,
-type the printed line and train. A peer that serves altered bytes joins midway. What
+"""A public run on real text (issue 35). The host prepares the bundled docstrings into
+shards with `swarm-node data prepare`, which trains a BPE tokenizer on them first, and
+starts the bootstrap with `--data`, behind a slow uplink; volunteers on hosts of their
+own, holding no data, type the printed line and train. A peer that serves altered bytes joins midway. What
 must hold: stage-0 volunteers train disjoint shards in each pass, everything trained
 matches the host's bytes, the liar is refused and logged once by each volunteer that
 met it, and peers serve each other: the host uploads less than the volunteers fetched."""
@@ -27,11 +27,8 @@ SLOTS = 3  # stage-0 volunteers expected: each takes a slot of its own
 PASSES = 2  # passes over its slot each stage-0 volunteer completes before the checks
 
 
-def _docs_and_tokenizer(workdir: Path, text_bytes: int = 150_000) -> tuple[Path, Path]:
-    """About ``text_bytes`` of the bundled docstrings as text files, and a BPE tokenizer
-    trained on them (vocabulary 1,000), as a host would make them."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-
+def _docs(workdir: Path, text_bytes: int = 150_000) -> Path:
+    """About ``text_bytes`` of the bundled docstrings as text files, as a host has them."""
     from swarm_node.data.dataset import corpus_documents
 
     docs = workdir / "docs"
@@ -44,13 +41,7 @@ def _docs_and_tokenizer(workdir: Path, text_bytes: int = 150_000) -> tuple[Path,
         size += len(parts[-1])
     for i, part in enumerate(parts):
         (docs / f"module-{i:03d}.txt").write_text(part)
-    tokenizer = Tokenizer(models.BPE(unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.train_from_iterator(parts, trainers.BpeTrainer(vocab_size=1000, special_tokens=["[UNK]"],
-                                                             show_progress=False))
-    path = workdir / "tokenizer.json"
-    tokenizer.save(str(path))
-    return docs, path
+    return docs
 
 
 def _pass_shards(volunteer: Volunteer, data_pass: int) -> set[str]:
@@ -180,11 +171,12 @@ def test_a_volunteer_killed_mid_download_resumes_with_what_it_verified(bed, tmp_
 
 def _prepare_on(bed, host, workdir: Path, *, shard_tokens: int, chunk_kb: int, slots: int,
                 text_bytes: int = 150_000, num_stages: int = 2) -> tuple[str, Path]:
-    """`swarm-node data prepare` on the host, and a run spec naming its manifest."""
-    docs, tokenizer = _docs_and_tokenizer(workdir, text_bytes)
+    """`swarm-node data prepare` on the host, training a BPE tokenizer of 1,000 tokens on the
+    text as it goes, and a run spec naming its manifest."""
+    docs = _docs(workdir, text_bytes)
     log = workdir / "prepare.log"
     prepared = bed.popen(host, [str(VENV_BIN / "swarm-node"), "data", "prepare", f"text:{docs}", "--out",
-                                str(workdir / "data"), "--tokenizer", str(tokenizer), "--shard-tokens",
+                                str(workdir / "data"), "--train-tokenizer", "1000", "--shard-tokens",
                                 str(shard_tokens), "--chunk-kb", str(chunk_kb), "--no-progress"], cwd=workdir,
                          env=volunteer_env(), log=log)
     assert prepared.wait(timeout=300) == 0, log.read_text()

@@ -280,3 +280,27 @@ def test_the_largest_micro_batch_a_card_holds_fits_and_twice_it_does_not(capsys)
     main(["--card-gib", "24", "--vocab", "256"])
     out = capsys.readouterr().out
     assert "largest micro-batch a 24 GiB card holds" in out and "samples_per_step" in out
+
+
+def test_the_vocabulary_table_grows_with_the_vocabulary_and_is_the_readme_s(capsys):
+    """What a vocabulary costs a stage (issue 56): each column the largest of 2 stages at
+    one vocabulary, the data guide's table made by the same code."""
+    from pathlib import Path
+
+    from swarm_node.model.memory import VOCABULARIES, vocab_table
+
+    units = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+    table = vocab_table()
+    rows = table.splitlines()[2:]
+    assert [r.split(" | ")[0].removeprefix("| ") for r in rows] == list(NAMED_SIZES)
+    for row in rows:
+        cells = [c.strip() for c in row.strip("| ").split(" | ")[1:]]
+        assert len(cells) == len(VOCABULARIES)
+        peaks = [float(c.split()[0]) * units[c.split()[1]] for c in cells]
+        assert peaks == sorted(peaks) and peaks[0] < peaks[-1], row
+    small = model_config("small", vocab_size=50_257, max_seq_len=1024)
+    _, need = largest_stage_memory(small, num_stages=2, batch_size=8, seq_len=1024, autocast_bf16=True)
+    assert next(r for r in rows if r.startswith("| small")).split(" | ")[4] == f"{need.peak_bytes / 2**30:.1f} GiB"
+    assert table in (Path(__file__).resolve().parents[2] / "docs" / "DATA.md").read_text()
+    main(["--vocab-costs"])
+    assert table in capsys.readouterr().out
