@@ -65,7 +65,7 @@ class SlotClaims:
         peers = self.contesting(own, slot)
         self.rng.shuffle(peers)
         peers.sort(key=lambda peer: peer in self._failed)
-        await asyncio.gather(*(self._probe(peer) for peer in peers[:MAX_PROBES]))
+        await asyncio.gather(*(self._probe(peer, slot) for peer in peers[:MAX_PROBES]))
 
     def verify_soon(self, own: str, slot: int) -> None:
         """verify() in the background, one at a time: a claimant slow to answer (or a
@@ -74,12 +74,14 @@ class SlotClaims:
                 and self.contesting(own, slot):
             self._probing = asyncio.get_running_loop().create_task(self.verify(own, slot))
 
-    async def _probe(self, peer: str) -> None:
+    async def _probe(self, peer: str, slot: int) -> None:
         if await answers_status(self.requester, peer, PROBE_TIMEOUT_S):
             self.guard.succeeded(peer)
             self._failed.pop(peer, None)
             return
         self.guard.failed(peer)
+        self.guard.ignore(peer, f"it claims our data slot {slot} and does not answer: its slot claims count "
+                                "for nothing until it does")
         self._failed[peer] = None
         while len(self._failed) > MAX_REMEMBERED:
             del self._failed[next(iter(self._failed))]

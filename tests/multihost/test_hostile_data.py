@@ -2,12 +2,16 @@
 path). Before any volunteer, peers join that claim to hold every file: one serves
 altered bytes (data_liar.py), one stalls or says "not held" (hostile_holder.py stall),
 one answers with a bfloat16 tensor (hostile_holder.py bf16). Then four honest volunteers
-join, holding no data. What must hold: all four train; no shard is trained twice in a
-pass; every byte in their caches is the host's; each attacker is refused, and logged
-once, by every stage-0 volunteer. Another attacker is one more entry in ATTACKERS."""
+join, holding no data, and once they train a slot forger (slot_forger.py) claims each
+stage-0 volunteer's data slot under a peer id that sorts first, with nobody behind the
+record. What must hold: all four train; no shard is trained twice in a pass; every byte
+in their caches is the host's; each holder is refused, and logged once, by every
+stage-0 volunteer; no forged claim moves a volunteer off its slot, and each victim logs
+its forger once. Another holder is one more entry in ATTACKERS."""
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from dataclasses import dataclass
@@ -22,6 +26,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 HERE = Path(__file__).parent
 HONEST = 4
+FORGER = HERE / "slot_forger.py"
 
 
 @dataclass(frozen=True)
@@ -66,11 +71,25 @@ def test_hostile_holders_starve_no_volunteer_and_are_refused_once_each(bed, tmp_
         wait_for(training, 600, f"{HONEST} of {HONEST} honest volunteers to train", tmp_path)
         first = [v for v in volunteers if _stage(v) == 0]
         assert first, [(_stage(v), v.host.name) for v in volunteers]
+        forger_logs = {}
+        for i, victim in enumerate(first):
+            forger_logs[victim] = tmp_path / f"forger{i}.log"
+            argv = [sys.executable, str(FORGER), "--initial-peers", boot.maddr, "--run-id", "real-text",
+                    "--spec-hash", boot.status()["spec_hash"], "--victim", victim.peer_id(), "--seconds", "3600"]
+            attackers.append(bed.popen(bed.add_host(f"forger{i}"), argv, env=volunteer_env(),
+                                       log=forger_logs[victim]))
+        for log in forger_logs.values():
+            wait_for(lambda log=log: '"ready"' in log.read_text(), 300, "each forger's first claim", tmp_path)
+        forged = {v: json.loads(log.read_text().splitlines()[0])["forger"] for v, log in forger_logs.items()}
+        before = {v: len(v.text()) for v in first}
         refused = [a for a in ATTACKERS if a.refused]
         wait_for(lambda: all(_passes_done(v) >= 1 for v in first), 900,
                  "every stage-0 volunteer to finish a pass over its slot", tmp_path)
         wait_for(lambda: all(f"data: refusing {ids[a.name]}" in v.text() for v in first for a in refused), 600,
                  "every stage-0 volunteer to refuse every attacker", tmp_path)
+        wait_for(lambda: all(f"ignoring peer {forger[-6:]}: it claims our data slot" in victim.text()
+                             for victim, forger in forged.items()), 300,
+                 "every stage-0 volunteer to ask its forger and ignore its claims", tmp_path)
 
         # No shard trained twice in a pass.
         trained = [_pass_shards(v, 0) for v in first]
@@ -91,7 +110,13 @@ def test_hostile_holders_starve_no_volunteer_and_are_refused_once_each(bed, tmp_
                 assert v.text().count(f"data: refusing {ids[attacker.name]}") <= 1, (attacker.name, v.host.name)
             for v in first:
                 assert v.text().count(f"data: refusing {ids[attacker.name]}") == 1, (attacker.name, v.host.name)
-        print(f"{len(first)} stage-0 volunteers; attackers {ids} refused by each")
+        # No forged claim moved a volunteer; each victim logged its forger once.
+        for victim, forger in forged.items():
+            assert "is another peer's; moving" not in victim.text()[before[victim]:], victim.host.name
+            about = [line for line in victim.text().splitlines() if forger[-6:] in line]
+            assert sum(f"ignoring peer {forger[-6:]}: it claims our data slot" in line for line in about) == 1, \
+                (victim.host.name, about[:20])
+        print(f"{len(first)} stage-0 volunteers; attackers {ids} refused by each; forgers {forged} moved nobody")
     finally:
         for process in attackers:
             stop(process)
