@@ -7,7 +7,8 @@
   a row (about one call in a thousand loses its answer to a reset inside the p2pd
   daemons, between healthy peers); the caller bans from the second.
 - A caller sends something malformed: :meth:`PeerGuard.fault` logs it once, and after
-  ``max_faults`` such requests its streams are closed unread for ``caller_ban_s``
+  ``max_faults`` such requests, each within ``caller_ban_s`` of the one before, its
+  streams are closed unread for ``caller_ban_s``
   (:meth:`PeerGuard.admit`, the gate of every stream handler).
 - A registry record we cannot use: :meth:`PeerGuard.ignore` logs it once.
 - What a record claims is not proof that its peer exists: anyone can sign records
@@ -50,7 +51,7 @@ class PeerGuard:
         self.clock = clock
         self._bans: dict[str, _Ban] = {}  # peers we call: failed calls
         self._caller_bans: dict[str, float] = {}  # peers that call us: time their ban ends
-        self._faults: dict[str, int] = {}  # bad requests per caller since its last ban
+        self._faults: dict[str, tuple[int, float]] = {}  # per caller since its last ban: (count, the last's time)
         self._streams_closed: dict[str, int] = {}  # streams ended unanswered in a row
         self._ignored: set[str] = set()
         self._noted: dict[str, float] = {}  # peer -> when we last logged a note about it
@@ -126,21 +127,26 @@ class PeerGuard:
     # -- peers that call us ----------------------------------------------------------
     def fault(self, peer: str, why: str) -> None:
         """``peer`` sent something malformed: log it once, and after repeated faults stop
-        serving it for a while."""
+        serving it for a while. A fault ``caller_ban_s`` after the caller's last one starts
+        the count anew: an offender repeats within seconds, while an honest caller on a
+        bad link may, once in a long while, look like one (net/stalls.py)."""
         self.ignore(peer, why)
-        count = self._faults.pop(peer, 0) + 1
+        count = self.faults(peer) + 1
+        self._faults.pop(peer, None)
         if count >= self.max_faults:
             self._caller_bans[peer] = self.clock() + self.caller_ban_s
             _bound(self._caller_bans)
             self.note(peer, f"banning peer {short_id(peer)} for {self.caller_ban_s:.0f} s after {count} bad requests",
                       logging.WARNING)
             count = 0
-        self._faults[peer] = count
+        self._faults[peer] = (count, self.clock())
         _bound(self._faults)
 
     def faults(self, peer: str) -> int:
-        """Bad requests from ``peer`` since its last ban."""
-        return self._faults.get(peer, 0)
+        """Bad requests from ``peer`` since its last ban, each within ``caller_ban_s`` of
+        the one before."""
+        count, last = self._faults.get(peer, (0, 0.0))
+        return count if self.clock() - last < self.caller_ban_s else 0
 
     def admit(self, peer: str) -> bool:
         """Stream handlers' gate: on a closed run's list, and not banned for faults."""

@@ -114,7 +114,9 @@ class LaneIO(BlockingPipe):
             view[:n] = self._buffer[:n]
             del self._buffer[:n]
             return n
-        return self._sock.recv_into(view, min(len(view), BIG_RECV_BYTES))
+        got = self._sock.recv_into(view, min(len(view), BIG_RECV_BYTES))
+        self.received += got
+        return got
 
     def readable_within(self, timeout_s: float) -> bool:
         if self._buffer or (isinstance(self._sock, ssl.SSLSocket) and self._sock.pending()):
@@ -178,6 +180,7 @@ class LaneIO(BlockingPipe):
             part = self._sock.recv(max(RECV_BYTES, n - len(self._buffer)))
             if not part:
                 return False
+            self.received += len(part)
             self._buffer += part
             self._pull_waiting(RECV_BYTES - len(self._buffer))
         return True
@@ -198,6 +201,7 @@ class LaneIO(BlockingPipe):
                 part = self._sock.recv(min(limit, RECV_BYTES))
                 if not part:
                     return
+                self.received += len(part)
                 self._buffer += part
                 limit -= len(part)
         except (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError):

@@ -98,12 +98,21 @@ class Pacer:
         self.window_bytes = min(c.max_bytes, max(c.min_bytes, self.window_bytes))
 
 
+class Meter:
+    """The bytes a body has moved so far, set by whoever moves them (net/stalls.py)."""
+
+    __slots__ = ("bytes",)
+
+    def __init__(self):
+        self.bytes = 0
+
+
 class _Window:
     """A paced sender's bookkeeping: what it has sent and what was acknowledged, the
     window it may have outstanding, and each acknowledgement checked and fed to the pacer."""
 
-    def __init__(self, length: int, pacer: Pacer | None):
-        self.length, self.pacer = length, pacer
+    def __init__(self, length: int, pacer: Pacer | None, meter: Meter | None = None):
+        self.length, self.pacer, self.meter = length, pacer, meter
         self.clock = pacer.clock if pacer is not None else time.monotonic
         self.sent = self.acked = 0
         self._in_flight: deque[tuple[int, float]] = deque()  # (end offset of a piece, when it was written)
@@ -134,6 +143,8 @@ class _Window:
         if self.pacer is not None and written_at is not None:
             self.pacer.on_ack(ack - self.acked, read_at_s - written_at, self.clock() - written_at)
         self.acked = ack
+        if self.meter is not None:
+            self.meter.bytes = ack
 
 
 class BlockingPipe(ABC):
@@ -142,6 +153,8 @@ class BlockingPipe(ABC):
     per acknowledgement held a lane to a third of its plain speed on loopback and to 95 MB/s
     on a 10 Gbit/s link. A read sends what was written before it first (so a request and
     the wait for its answer are one trip to the thread: transport.write_frame)."""
+
+    received = 0  # bytes read from the connection so far (counted on the pipe's thread)
 
     @abstractmethod
     async def run(self, fn: Callable, *args):
@@ -180,12 +193,13 @@ ACK_PAUSE_S = 0.001
 
 
 async def send_paced(writer: asyncio.StreamWriter, reader: asyncio.StreamReader, data: bytes,
-                     pacer: Pacer | None) -> None:
+                     pacer: Pacer | None, meter: Meter | None = None) -> None:
     """Write ``data`` as a paced body and read its acknowledgements to the last one.
-    ``pacer`` None: write it all at once (loopback), still reading the acknowledgements."""
+    ``pacer`` None: write it all at once (loopback), still reading the acknowledgements.
+    ``meter``: counts the bytes acknowledged (a server watches a paced answer stall by it)."""
     if isinstance(writer, BlockingPipe):
-        return await writer.run(send_paced_blocking, data, pacer)
-    window = _Window(len(data), pacer)
+        return await writer.run(send_paced_blocking, data, pacer, meter)
+    window = _Window(len(data), pacer, meter)
     writer.write(len(data).to_bytes(LENGTH_BYTES, "big"))
     view = memoryview(data)
     piece = pacer.config.chunk_bytes if pacer is not None else len(data)
@@ -197,9 +211,10 @@ async def send_paced(writer: asyncio.StreamWriter, reader: asyncio.StreamReader,
         window.on_ack(*await _read_ack(reader))
 
 
-def send_paced_blocking(pipe: BlockingPipe, data: bytes | memoryview, pacer: Pacer | None) -> None:
+def send_paced_blocking(pipe: BlockingPipe, data: bytes | memoryview, pacer: Pacer | None,
+                        meter: Meter | None = None) -> None:
     """``send_paced`` on the pipe's thread."""
-    window = _Window(len(data), pacer)
+    window = _Window(len(data), pacer, meter)
     pipe.send_now(len(data).to_bytes(LENGTH_BYTES, "big"))
     view = byte_view(data)
     ack = bytearray(LENGTH_BYTES + CLOCK_BYTES)
@@ -218,10 +233,12 @@ def send_paced_blocking(pipe: BlockingPipe, data: bytes | memoryview, pacer: Pac
 
 
 async def read_paced(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, length: int,
-                     keep: bool = True, clock: Callable[[], float] = time.monotonic) -> bytes:
+                     keep: bool = True, clock: Callable[[], float] = time.monotonic,
+                     meter: Meter | None = None) -> bytes:
     """Read a paced body of ``length`` bytes (its length prefix already read and checked
     against the cap), acknowledging as it comes; ``keep`` False reads it and throws it
-    away (a busy answer to a caller that is sending anyway)."""
+    away (a busy answer to a caller that is sending anyway). ``meter`` counts what came
+    (a pipe counts for itself: BlockingPipe.received)."""
     if isinstance(reader, BlockingPipe):
         return await reader.run(read_paced_blocking, length, keep, clock)
     parts: list[bytes] = []
@@ -231,6 +248,8 @@ async def read_paced(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
         if not part:
             raise StreamClosed("stream closed mid-frame")
         received += len(part)
+        if meter is not None:
+            meter.bytes = received
         if keep:
             parts.append(part)
         if received - last_ack >= ACK_EVERY_BYTES or received == length:

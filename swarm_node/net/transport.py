@@ -11,7 +11,8 @@ busy frame, turning a polite refusal into "stream closed mid-frame" at the calle
 
 The caller owns the deadline of every call; the server caps the request size before
 reading it, the number of concurrent streams overall and per peer, and the time a
-handler may take. Peer ids passed around are base58 strings (authenticated by the
+handler may take, and frees a slot whose caller stalls its request or its answer
+(net/stalls.py). Peer ids passed around are base58 strings (authenticated by the
 libp2p handshake)."""
 
 from __future__ import annotations
@@ -43,19 +44,16 @@ from swarm_node.net.lanes import (
     Offer,
     Tickets,
 )
-from swarm_node.net.pacing import BlockingPipe, Pacer, read_paced, send_paced
+from swarm_node.net.pacing import BlockingPipe, Meter, Pacer, read_paced, send_paced
+from swarm_node.net.stalls import Flows, StallRule, Stalled, discard_counted, moved, read_counted
 
 log = logging.getLogger(__name__)
 
 LENGTH_BYTES = 8
-DISCARD_CHUNK_BYTES = 64 << 10
 LINGER_S = 2.0  # after answering, how long we wait for the caller to close first (plus the answer's transit)
 # An answer handed to the daemon may still be on its way: a slow uplink moves a big one
 # at no less than this (1 Mbit/s), and the caller closes only once it has read it all.
 MIN_ANSWER_BYTES_PER_S = 125_000.0
-# A caller told "busy" must start its request as fast as one given a slot (a silent stream
-# is a stall either way); the rest of a big body may come slowly, and is cut off after this.
-BUSY_DRAIN_TIMEOUT_S = 5.0
 Handler = Callable[[str, bytes], Awaitable[bytes]]  # (caller's peer id, request) -> response
 # The same, also given the remote address of the caller's connection (a Multiaddr).
 AddressedHandler = Callable[[str, bytes, object], Awaitable[bytes]]
@@ -91,15 +89,6 @@ async def read_body(reader: asyncio.StreamReader, length: int) -> bytes:
         raise StreamClosed("stream closed mid-frame") from None
 
 
-async def discard_body(reader: asyncio.StreamReader, length: int) -> None:
-    """Read a frame's body and throw it away, holding at most a chunk of it in memory."""
-    try:
-        while length:
-            length -= len(await reader.readexactly(min(length, DISCARD_CHUNK_BYTES)))
-    except asyncio.IncompleteReadError:
-        raise StreamClosed("stream closed mid-frame") from None
-
-
 async def write_frame(writer: asyncio.StreamWriter, data: bytes, *, read_next: bool = False) -> None:
     """``read_next``: the caller reads from the same connection next, and a BlockingPipe's
     read sends what was written before it, in the same trip to its thread (a trip is
@@ -116,10 +105,16 @@ class ServeLimits:
     max_concurrent: int = 16
     max_per_peer: int = 4
     handler_timeout_s: float = 60.0  # the handler's work and the answer, once the request is in
-    # A caller must start its request this soon and send its body at least this fast:
-    # a slot held by a silent or trickling stream is freed, and the caller counted as a fault.
+    # A caller's requests, and the paced answers it acknowledges, must not stall
+    # (net/stalls.py): a request starts within first_bytes_timeout_s (unless the caller's
+    # other requests are moving), the caller moves something every stall_s and pays
+    # min_bytes_per_s for each body it holds open. A slot held by a silent, trickling or
+    # unread stream is freed and the caller counted as a fault; one still moving after
+    # handler_timeout_s is freed without a fault.
     first_bytes_timeout_s: float = 5.0
-    min_request_bytes_per_s: float = 125_000.0  # 1 Mbit/s, far below any volunteer's uplink
+    stall_s: float = 30.0
+    # 32 kbit/s: a fifth of one stream's share when six share a full 1 Mbit/s uplink
+    min_bytes_per_s: float = 4_000.0
     # Bulk bodies yield to other traffic (net/pacing.py): the protocol's request, or its
     # answer, is a paced body the receiver acknowledges. Caller and server must agree.
     paced_request: bool = False
@@ -136,9 +131,10 @@ class ServeLimits:
             return self.max_per_address
         return max(self.max_per_peer, self.max_concurrent // 2)
 
-    def request_deadline_s(self, length: int) -> float:
-        """How long the body of a ``length``-byte request may take to arrive."""
-        return self.first_bytes_timeout_s + length / self.min_request_bytes_per_s
+    def stall_rule(self, max_s: float | None = None) -> StallRule:
+        """When a body stalls (net/stalls.py); ``max_s``: its longest (default: the handler's)."""
+        return StallRule(self.stall_s, self.min_bytes_per_s,
+                         self.handler_timeout_s if max_s is None else max_s, self.first_bytes_timeout_s)
 
 
 MAX_REFUSED_LOGGED = 4096  # peers remembered as logged "refusing": identities are free
@@ -162,6 +158,7 @@ class Transport:
         self._answering = 0  # streams being answered or waiting for their caller to close
         self._answered = asyncio.Event()  # set while none is
         self._answered.set()
+        self._flows = Flows()  # what each caller's open bodies move, together (net/stalls.py)
         # direct lanes (net/lanes.py), once open_lanes has run: bulk protocols bypass p2pd
         self._lane_answers: dict[str, LaneAnswer] = {}
         self._lane_server: LaneServer | None = None
@@ -309,28 +306,19 @@ class Transport:
                         or (where[1] is not None and self._active_per_address[where] >= limits.address_cap)):
                     if refusing.locked():
                         return False
-                    async with refusing:
-                        length = await self._request_length(reader, protocol, remote, limits)
-                        async with asyncio.timeout(BUSY_DRAIN_TIMEOUT_S):
-                            if limits.paced_request:  # the caller waits for acknowledgements as it sends
-                                await read_paced(reader, writer, length, keep=False)
-                            else:
-                                await discard_body(reader, length)
-                            await write_frame(writer, b"")  # busy: see the module docstring
+                    async with refusing:  # read and thrown away: see the module docstring
+                        await self._read_request(reader, writer, protocol, remote, limits, keep=False)
+                        async with asyncio.timeout(limits.stall_s):
+                            await write_frame(writer, b"")
                     return True
                 self._active_per_peer[key] += 1
                 self._active_per_address[where] += 1
                 try:
                     async with gate:
                         request = await self._read_request(reader, writer, protocol, remote, limits)
-                        async with asyncio.timeout(limits.handler_timeout_s):
-                            response = await (handler(remote, request, addr) if with_address
-                                              else handler(remote, request))
-                            if limits.paced_response and response:  # busy (empty) is a plain frame
-                                await send_paced(writer, reader, response, pacer_for(addr))
-                            else:
-                                await write_frame(writer, response)
-                        self.bytes_sent += len(response) + LENGTH_BYTES
+                        call = partial(handler, remote, request, addr) if with_address else partial(
+                            handler, remote, request)
+                        response = await self._respond(call, reader, writer, addr, protocol, remote, limits)
                 finally:
                     for table, k in ((self._active_per_peer, key), (self._active_per_address, where)):
                         table[k] -= 1
@@ -369,31 +357,56 @@ class Transport:
         await self._answered.wait()
 
     async def _read_request(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, protocol: str,
-                            remote: str, limits: ServeLimits) -> bytes:
-        """The request, started within ``first_bytes_timeout_s`` and sent at the minimum
-        rate; a caller that stalls is a fault (it held a slot others could have used)."""
-        length = await self._request_length(reader, protocol, remote, limits)
+                            remote: str, limits: ServeLimits, keep: bool = True) -> bytes:
+        """The request, kept or (``keep`` False: told busy) thrown away, read unless it
+        stalls (net/stalls.py: a silent stream, whether it got a slot or is told busy, is
+        cut after ``first_bytes_timeout_s``); a caller that stalls is a fault (it held a
+        slot others could have used)."""
+        meter, length = Meter(), None
         try:
-            async with asyncio.timeout(limits.request_deadline_s(length)):
-                request = await (read_paced(reader, writer, length) if limits.paced_request
-                                 else read_body(reader, length))
-        except TimeoutError:
+            async with self._flows.watch((remote, "in"), limits.stall_rule(), moved(reader, meter),
+                                         begun=lambda: length is not None):
+                length = await read_length(reader, limits.max_request_bytes)
+                if limits.paced_request:  # the caller waits for acknowledgements as it sends
+                    request = await read_paced(reader, writer, length, keep=keep, meter=meter)
+                else:
+                    request = await (read_counted if keep else discard_counted)(reader, length, meter)
+        except Stalled:
             self.on_fault(remote, f"stalled its {protocol} request")
             raise
-        self.streams_served += 1
-        self.bytes_received += len(request) + LENGTH_BYTES
+        if keep:
+            self.streams_served += 1
+            self.bytes_received += len(request) + LENGTH_BYTES
         return request
 
-    async def _request_length(self, reader: asyncio.StreamReader, protocol: str, remote: str,
-                              limits: ServeLimits) -> int:
-        """The request's length prefix, due within ``first_bytes_timeout_s`` whether the
-        caller got a slot or is being told busy: a silent stream is a stall either way."""
+    async def _respond(self, handle: Callable[[], Awaitable[bytes]], reader: asyncio.StreamReader,
+                       writer: asyncio.StreamWriter, addr: object, protocol: str, remote: str,
+                       limits: ServeLimits) -> bytes:
+        """The handler's answer, written within ``handler_timeout_s`` of the request (or
+        ``stall_s`` of the answer, when the handler left less); a caller that stops taking
+        it (a paced answer it stalls by net/stalls.py's rule, or a plain answer still being
+        written at that deadline: an honest caller gave up and closed by then) is a fault,
+        as a stalled request is."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + limits.handler_timeout_s
+        async with asyncio.timeout_at(until):
+            response = await handle()
+        until = max(until, loop.time() + limits.stall_s)
         try:
-            async with asyncio.timeout(limits.first_bytes_timeout_s):
-                return await read_length(reader, limits.max_request_bytes)
-        except TimeoutError:
-            self.on_fault(remote, f"stalled its {protocol} request")
+            if limits.paced_response and response:  # busy (empty) is a plain frame
+                meter = Meter()
+                async with self._flows.watch((remote, "out"), limits.stall_rule(max_s=until - loop.time()),
+                                             moved(None, meter)):
+                    await send_paced(writer, reader, response, pacer_for(addr), meter)
+            else:  # shows no progress: not taken by the deadline is a stall
+                async with asyncio.timeout_at(until):
+                    await write_frame(writer, response)
+        except TimeoutError as exc:
+            if isinstance(exc, Stalled) or not (limits.paced_response and response):
+                self.on_fault(remote, f"stalled reading its {protocol} answer")
             raise
+        self.bytes_sent += len(response) + LENGTH_BYTES
+        return response
 
     async def stop_serving(self, protocol: str) -> None:
         self._lane_answers.pop(protocol, None)

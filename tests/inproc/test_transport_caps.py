@@ -171,3 +171,65 @@ def test_a_silent_stream_told_busy_is_a_stall_too():
     answer, faults = asyncio.run(asyncio.wait_for(scenario(), 120))
     assert answer == b"mine"
     assert [why for _, why in faults] == [f"stalled its {PROTOCOL} request"]
+
+
+def test_a_caller_that_never_reads_its_paced_answer_frees_its_slot_and_is_counted_as_a_fault():
+    """A paced answer waits for the caller's acknowledgements: streams that ask and then
+    read nothing held every slot of a paced protocol (the data service, outer fetches)
+    until the handler deadline, 60 s, and the time-out was nobody's fault. Now the answer
+    stalls by the same rule as a request (net/stalls.py: stall_s without an
+    acknowledgement, 3 s here): the slots are freed, the caller charged, and an honest
+    caller is served meanwhile."""
+    from hivemind.p2p import PeerID
+
+    async def scenario():
+        server, stalling, polite = [await SwarmDHT.start() for _ in range(3)]
+        faults = []
+        try:
+            serving = Transport(await server.replicate_p2p(),
+                                on_fault=lambda peer, why: faults.append((peer, why)))
+
+            async def give(remote: str, request: bytes) -> bytes:
+                return bytes(64 << 10)
+
+            limits = ServeLimits(max_request_bytes=1024, max_concurrent=4, max_per_peer=4, handler_timeout_s=60.0,
+                                 stall_s=3.0, paced_response=True)
+            await serving.serve(PROTOCOL, give, limits)
+            for client in (stalling, polite):
+                await client.rebootstrap(server.visible_maddrs())
+            stalling_p2p = await stalling.replicate_p2p()
+            polite_t = Transport(await polite.replicate_p2p())
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            unread = []
+            for _ in range(4):  # every slot: a request each, then not a byte read
+                _, _, writer = await stalling_p2p.call_binary_stream_handler(
+                    PeerID.from_base58(server.peer_id), PROTOCOL)
+                writer.write((4).to_bytes(8, "big") + b"give")
+                await writer.drain()
+                unread.append(writer)
+            async with asyncio.timeout(10):  # until the server has taken all four
+                while sum(serving._active_per_peer.values()) < 4:
+                    await asyncio.sleep(0.05)
+            async with asyncio.timeout(30):  # told "busy" while the unread answers hold every slot
+                while True:
+                    try:
+                        answer = await polite_t.request(server.peer_id, PROTOCOL, b"give", timeout_s=30.0,
+                                                        max_response_bytes=1 << 20, paced_response=True)
+                        break
+                    except PeerRefused:
+                        await asyncio.sleep(0.2)
+            served_after_s = loop.time() - started
+            async with asyncio.timeout(10):
+                while len(faults) < 4:
+                    await asyncio.sleep(0.05)
+            for w in unread:
+                w.close()
+            return answer, served_after_s, faults, stalling.peer_id
+        finally:
+            for d in (server, stalling, polite):
+                await d.shutdown()
+
+    answer, served_after_s, faults, stalling_id = asyncio.run(asyncio.wait_for(scenario(), 120))
+    assert answer == bytes(64 << 10) and served_after_s < 20.0  # not the 60 s handler deadline
+    assert faults == [(str(stalling_id), f"stalled reading its {PROTOCOL} answer")] * 4

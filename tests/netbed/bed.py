@@ -34,6 +34,7 @@ from .netns import call_in
 PREFIX = "snb"
 WAN_SUBNET = "10.201.0"
 LAN_SUBNET = "192.168.1"
+QUEUE_MS = 50.0  # a shaped link's queue, unless a host asks for another
 JUMBO_MTU = 9000  # fewer, larger frames for the userspace delay stage; the same on every link
 DELAY_PROGRAM = Path(__file__).with_name("delay.py")
 LEFTOVER = re.compile(rf"^{PREFIX}-(\d+)-")
@@ -142,10 +143,11 @@ class TestBed(ClosedOnFailure):
         _ip(self.wan, "link", "set", "br0", "mtu", str(self.mtu), "up")
 
     def add_host(self, name: str, *, rate_mbit: float | None = None, rtt_ms: float = 0.0,
-                 behind_nat: bool = False) -> Host:
+                 behind_nat: bool = False, queue_ms: float = QUEUE_MS) -> Host:
         """A host on the internet (or behind a home router with ``behind_nat``) whose access
-        link has ``rate_mbit`` each way and adds ``rtt_ms`` to every round trip through it
-        (so two hosts with 20 ms each see 40 ms between them)."""
+        link has ``rate_mbit`` each way, queueing up to ``queue_ms`` (a home router's
+        buffer holds hundreds), and adds ``rtt_ms`` to every round trip through it (so two
+        hosts with 20 ms each see 40 ms between them)."""
         if name in self.hosts or not re.fullmatch(r"[a-z0-9]{1,8}", name):
             raise ValueError(f"host names are unique, 1-8 lowercase letters or digits: {name!r}")
         if behind_nat and (reason := ensure_iptables()):
@@ -167,7 +169,7 @@ class TestBed(ClosedOnFailure):
             if behind_nat:
                 self._home_router(host)
             if rate_mbit is not None:
-                self.shape(host, rate_mbit)
+                self.shape(host, rate_mbit, queue_ms)
         except BaseException:
             self.close()
             raise
@@ -182,11 +184,12 @@ class TestBed(ClosedOnFailure):
                                text=True, check=True, timeout=30).stdout
         return int(json.loads(shown)[0]["stats64"]["tx"]["bytes"])
 
-    def shape(self, host: Host, rate_mbit: float) -> None:
+    def shape(self, host: Host, rate_mbit: float, queue_ms: float = QUEUE_MS) -> None:
         """Upload and download of the host's access link, each ``rate_mbit``."""
         edge, edge_dev = host.edge
-        _run(["tc", "-n", edge, "qdisc", "replace", "dev", edge_dev, "root", *tbf_args(rate_mbit)])
-        _run(["tc", "-n", self.wan, "qdisc", "replace", "dev", host.port, "root", *tbf_args(rate_mbit)])
+        for namespace, device in ((edge, edge_dev), (self.wan, host.port)):
+            _run(["tc", "-n", namespace, "qdisc", "replace", "dev", device, "root",
+                  *tbf_args(rate_mbit, queue_ms)])
         host.rate_mbit = rate_mbit
 
     def _add_namespace(self, namespace: str) -> None:
@@ -286,11 +289,11 @@ def stop(process: subprocess.Popen, grace_s: float = 30.0) -> int:
     return process.wait()
 
 
-def tbf_args(rate_mbit: float) -> list[str]:
+def tbf_args(rate_mbit: float, queue_ms: float = QUEUE_MS) -> list[str]:
     """A token bucket: bursts of 10 ms of traffic (at least 64 KiB, so the kernel timer
-    keeps up) and at most 50 ms of queue."""
+    keeps up) and at most ``queue_ms`` of queue."""
     burst_bytes = max(64 * 1024, int(rate_mbit * 1e6 / 8 / 100))
-    return ["tbf", "rate", f"{rate_mbit:g}mbit", "burst", str(burst_bytes), "latency", "50ms"]
+    return ["tbf", "rate", f"{rate_mbit:g}mbit", "burst", str(burst_bytes), "latency", f"{queue_ms:g}ms"]
 
 
 def _signal_group(pgid: int, sig: int) -> None:

@@ -52,6 +52,21 @@ def test_a_caller_is_cut_off_after_repeated_faults_and_let_in_again_later(caplog
     assert guard.admit("QmBad")
 
 
+def test_faults_far_apart_are_forgotten():
+    """An honest caller on a bad link may look like a staller once in a long while: a
+    fault 10 minutes after the last starts the count anew. An offender repeats within
+    seconds, and is banned."""
+    guard, now = clocked(max_faults=3, caller_ban_s=600.0)
+    for _ in range(5):
+        guard.fault("QmUnlucky", "stalled")
+        now[0] += 601.0
+    assert guard.admit("QmUnlucky") and guard.faults("QmUnlucky") == 0
+    for _ in range(3):
+        guard.fault("QmBad", "stalled")
+        now[0] += 1.0
+    assert not guard.admit("QmBad")
+
+
 def test_a_closed_run_admits_only_its_list():
     guard = PeerGuard(admits=lambda peer: peer == "QmMember")
     assert guard.admit("QmMember") and not guard.admit("QmStranger")
