@@ -16,9 +16,10 @@ against the rest is a tie, and ties stand). Who decides is below; a vote compare
   from the distances between witnesses and between each witness and its recent partners
   as it counted them, taken so that witnesses lying about either cannot widen it while
   they are fewer than half of the witnesses asked (_Tolerance.of). m is the witnesses'
-  lower median momentum norm: one round's motion. The spread alone would refuse honest states when the stage
-  has just averaged itself into one point (a DiLoCo round, two replicas that always
-  pair); the motion alone would let noise through when replicas sit far apart.
+  lower median momentum norm: one round's motion. The spread alone would refuse honest
+  states when the stage has just averaged itself into one point (a DiLoCo round, two
+  replicas that always pair); the motion alone would let noise through when replicas
+  sit far apart.
 - the outer momentum and theta - phi (the progress in the round), by norm: the momentum
   at most NORM_K times the witnesses' lower median (or a round of their progress, before
   their first outer step), the progress per inner step of the round at most NORM_K
@@ -41,9 +42,11 @@ helps a donor's state in (it counts against adopting it: keeping honest witnesse
 buys no state) and never gets a donor banned (it counts for the donor there). The state
 is adopted when at least one witness agrees and the donor with the agreeing witnesses
 is at least half of the panel. A refused donor is banned as a poisoner only on an
-honest-majority's evidence: at least two dissenting witnesses within OUT_OF_STEP_ROUNDS
-of the donor's round (a peer far behind, such as a joiner that adopted nothing, is no
-evidence), more than the rest of the panel together. Otherwise a refusal bans nobody.
+honest majority's evidence: at least two witnesses within OUT_OF_STEP_ROUNDS of the
+donor's round (a peer far behind, such as a joiner that adopted nothing, is no
+evidence) that disown the state even on the widest bounds any voter gives (which no
+colluder can narrow), more than the rest of the panel together. Otherwise a refusal
+bans nobody.
 
 What this does not stop: colluding identities that make up half of the panel (its
 donor among them) and one of them a witness, whoever else answers or is kept busy; a
