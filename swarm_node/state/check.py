@@ -5,8 +5,7 @@ picked at random, and sketches (state/sketch.py) that other live peers of the st
 the witnesses, made of their own states under a seed the joiner drew after the download.
 Each witness votes; the donor's own state counts as one more vote for it (replicas
 that kept pairing among themselves drift apart as groups: a donor and its group-mates
-against the rest is a tie, and ties stand). The candidate is adopted when at least one
-witness agrees and, with the donor's vote, no more disagree than agree. A vote compares:
+against the rest is a tie, and ties stand). Who decides is below; a vote compares:
 
 - phi, against the witness's moved by its own momentum between 4 rounds back and 4 ahead
   (the round before its last outer step is exact for heavy-ball momentum), whichever is
@@ -16,14 +15,16 @@ witness agrees and, with the donor's vote, no more disagree than agree. A vote c
   times TENSOR_SLACK for the sketch's noise). D is the honest spread as measured now,
   from the distances between witnesses and between each witness and its recent partners
   as it counted them, taken so that witnesses lying about either cannot widen it while
-  they are fewer than half (_Tolerance.of). m is the witnesses' lower median momentum
-  norm: one round's motion. The spread alone would refuse honest states when the stage
-  has just averaged itself into one point (a DiLoCo round, two replicas that always
-  pair); the motion alone would let noise through when replicas sit far apart.
+  they are fewer than half of the witnesses asked (_Tolerance.of). m is the witnesses'
+  lower median momentum norm: one round's motion. The spread alone would refuse honest
+  states when the stage has just averaged itself into one point (a DiLoCo round, two
+  replicas that always pair); the motion alone would let noise through when replicas
+  sit far apart.
 - the outer momentum and theta - phi (the progress in the round), by norm: the momentum
   at most NORM_K times the witnesses' lower median (or a round of their progress, before
-  their first outer step), the progress per inner step of the
-  round at most NORM_K times the largest witness's (or one round's motion in all: an
+  their first outer step), the progress per inner step of the round at most NORM_K
+  times the largest an honest witness has (trimmed like the spread: one colluding
+  witness claiming a huge progress must not widen it), or one round's motion in all (an
   overlapped round starts its steps from the local outer step). Replicas' values differ
   too much in direction to compare them point by point; the norm bounds what a liar
   can hide there to about what an honest partner may send in a round
@@ -32,12 +33,26 @@ witness agrees and, with the donor's vote, no more disagree than agree. A vote c
 
 The counters (inner step, outer round) are not evidence: an honest stage's drift apart
 with each peer's pace and join history (stage-0 peers 3 rounds apart in a 2 x 2 run
-with a joiner). The joiner adopts the donor's, within the witnesses' range.
+with a joiner). The joiner adopts the donor's, within the range the witnesses' honest
+majority spans (a robust range, like the spread).
 
-What this does not stop: a liar with as many identities answering (its donor among them)
-as the stage has honest peers answering. A state within the tolerance of the
-honest spread is adopted: by construction it is as close to the others as they are to
-each other."""
+Who decides (the panel is the donor and every witness asked): a witness that was asked
+and gave no usable sketch (busy, timed out, refused, unusable) is silent. Silence never
+helps a donor's state in (it counts against adopting it: keeping honest witnesses busy
+buys no state) and never gets a donor banned (it counts for the donor there). The state
+is adopted when at least one witness agrees and the donor with the agreeing witnesses
+is at least half of the panel. A refused donor is banned as a poisoner only on an
+honest majority's evidence: at least two witnesses within OUT_OF_STEP_ROUNDS of the
+donor's round (a peer far behind, such as a joiner that adopted nothing, is no
+evidence) that disown the state even on the widest bounds any voter gives (which no
+colluder can narrow), more than the rest of the panel together. Otherwise a refusal
+bans nobody.
+
+What this does not stop: colluding identities that make up half of the panel (its
+donor among them) and one of them a witness, whoever else answers or is kept busy; a
+strict majority of in-step witnesses colluding gets an honest donor banned (the table
+in docs/ALGORITHM.md 8). A state within the tolerance of the honest spread is adopted:
+by construction it is as close to the others as they are to each other."""
 
 from __future__ import annotations
 
@@ -65,6 +80,12 @@ ALIGNED_ROUNDS = range(-4, 5)
 EPS = 1e-5  # floating-point noise, relative to |phi|: replicas at round 0 share the initial weights
 
 
+# A witness more rounds than this from the donor's claimed round is no evidence for a
+# ban: its vote compares states too far apart along the course to mean much (a joiner
+# that adopted nothing, a peer left 15-50 rounds behind).
+OUT_OF_STEP_ROUNDS = 2 * max(ALIGNED_ROUNDS)
+
+
 @dataclass(frozen=True)
 class Witness:
     """A peer's sketch of its own state, and the largest distance (per tensor) between
@@ -81,6 +102,8 @@ class Verdict:
     disagree: int = 0
     distance_ratio: float = 0.0  # the candidate's phi distance over the tolerance, at the closest witness
     unanswered: bool = False  # witnesses were asked and none answered: no verdict on the donor
+    poisoner: bool = False  # refused on an honest majority's evidence: the donor may be banned
+    silent: int = 0  # witnesses asked that gave no usable sketch
     # the counters to adopt: the donor's, within the witnesses' (an honest stage's counters
     # drift apart with pace and join history, so they are no ground for refusing; a liar's
     # 100,000 extra steps would move the learning-rate schedule)
@@ -92,37 +115,81 @@ class Verdict:
         return self.agree + self.disagree > 0
 
 
-def check_state(candidate: StateSketch, witnesses: Mapping[str, Witness], *, inner_steps: int) -> Verdict:
+def liars_among(asked: int) -> int:
+    """Witnesses that may lie, of ``asked``: fewer than half."""
+    return (asked - 1) // 2
+
+
+def check_state(candidate: StateSketch, witnesses: Mapping[str, Witness], *, inner_steps: int,
+                asked: int | None = None) -> Verdict:
     """The verdict on ``candidate`` from ``witnesses`` (peer id -> what it said);
-    ``inner_steps``: H, the inner steps of a round."""
-    if not witnesses:
+    ``asked``: the witnesses asked (those not in ``witnesses`` are silent; default: as
+    many as answered); ``inner_steps``: H, the inner steps of a round.
+
+    A witness agrees when the candidate is within the tolerance robust to ``liars`` of
+    the witnesses asked (no fewer colluders can widen it: what lets a state in), and
+    disowns it when the candidate is outside even the widest any voter's numbers give
+    (no colluder can narrow that: what gets a donor banned); between, it is unsure."""
+    asked = len(witnesses) if asked is None else max(asked, len(witnesses))
+    if not asked:
         return Verdict(True, "no other peer of the stage to compare with", inner_step=candidate.inner_step,
                        outer_round=candidate.outer_round)
+    silent = asked - len(witnesses)
+    if not witnesses:  # asked but nobody answered (busy, or kept busy): no verdict either way
+        return Verdict(False, f"none of the {asked} other peers of the stage answered for it",
+                       unanswered=True, silent=silent)
     voters = list(witnesses.values())
-    tolerance = _Tolerance.of(voters, inner_steps)
-    agree, ratios, failed = 0, [], Counter()
+    liars = liars_among(asked)
+    tolerance = _Tolerance.of(voters, inner_steps, liars)
+    widest = _Tolerance.of(voters, inner_steps, 0, widest=True)
+    agreeing, ratios, failed, disown = [], [], Counter(), 0
     for w in voters:
         ratio, outside = tolerance.vote(candidate, w.sketch, inner_steps)
-        agree += not outside
+        if not outside:
+            agreeing.append(w)
         ratios.append(ratio)
         failed.update(outside)
+        # a witness far from the donor's round is no evidence to ban on (module docstring)
+        if outside and abs(w.sketch.outer_round - candidate.outer_round) <= OUT_OF_STEP_ROUNDS:
+            disown += bool(widest.vote(candidate, w.sketch, inner_steps)[1])
+    agree = len(agreeing)
     disagree = len(voters) - agree
-    accepted = agree >= 1 and agree + 1 >= disagree  # the donor's own state is one more vote for it
+    # the donor's own state is one more vote for it; a silent witness is none
+    accepted = agree >= 1 and 1 + agree >= disagree + silent
+    poisoner = not accepted and disown >= 2 and disown > asked + 1 - disown
     steps = [w.sketch.inner_step for w in voters]
     rounds = [w.sketch.outer_round for w in voters]
-    why = (f"{agree} of {len(voters)} peers agree (phi at {min(ratios):.2f} of the tolerance at the closest; "
+    leaning = "" if len(voters) != 2 or liars else _on_the_others_bounds(candidate, agreeing, inner_steps)
+    why = (f"{agree} of {len(voters)} peers agree{leaning}"
+           + (f", {silent} of {asked} asked silent" if silent else "")
+           + f" (phi at {min(ratios):.2f} of the tolerance at the closest; "
            f"spread {_whole(tolerance.spread):.3g}, a round's motion {_whole(tolerance.motion):.3g}"
            + (f"; outside: {', '.join(f'{bound} {n}x' for bound, n in sorted(failed.items()))}; "
               f"round {candidate.outer_round} against {min(rounds)}-{max(rounds)}" if failed else "") + ")")
-    return Verdict(accepted, why, agree, disagree, min(ratios),
-                   inner_step=min(max(candidate.inner_step, min(steps)), max(steps)),
-                   outer_round=min(max(candidate.outer_round, min(rounds)), max(rounds)))
+    return Verdict(accepted, why, agree, disagree, min(ratios), poisoner=poisoner, silent=silent,
+                   inner_step=_within_range(candidate.inner_step, steps, liars),
+                   outer_round=_within_range(candidate.outer_round, rounds, liars))
 
 
-def _lower_median(values: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Element-wise lower median: one witness alone cannot raise it."""
-    stacked = torch.stack(list(values))
-    return stacked.sort(dim=0).values[(len(values) - 1) // 2]
+def _on_the_others_bounds(candidate: StateSketch, agreeing: list[Witness], inner_steps: int) -> str:
+    """With two witnesses (none trimmed) the distance between them is the only one
+    there is, and either sets it for the other's vote: the verdict's line says how many
+    agreed only within bounds the other's numbers gave (one colluding witness can make
+    the other agree with anything; with the donor's vote the two colluders win such a
+    stage anyway, but the line must not read as two witnesses vouching)."""
+    leaning = sum(bool(_Tolerance.of([w], inner_steps, 0).vote(candidate, w.sketch, inner_steps)[1])
+                  for w in agreeing)
+    return f", {leaning} of them only within the other's bounds" if leaning else ""
+
+
+def _within_range(claimed: int, values: list[int], liars: int) -> int:
+    """``claimed`` clamped to the range the honest among ``values`` span when up to
+    ``liars`` of them lie: from the (liars + 1)-th smallest to the (n - liars)-th (one
+    colluding witness claiming 10^12 steps must not set the adopted counter)."""
+    ordered = sorted(values)
+    high = ordered[max(1, len(ordered) - liars) - 1]
+    low = min(ordered[min(len(ordered), liars + 1) - 1], high)
+    return min(max(claimed, low), high)
 
 
 def _kth_smallest(values: Sequence[torch.Tensor], k: int) -> torch.Tensor:
@@ -158,32 +225,36 @@ class _Tolerance:
     spread: torch.Tensor  # D: the largest honest distance seen
     motion: torch.Tensor  # m: one round's motion of phi
     phi: torch.Tensor  # |phi|
-    progress_rate: torch.Tensor  # the largest witness's theta - phi per inner step of its round
+    progress_rate: torch.Tensor  # an honest witness's largest theta - phi per inner step of its round
 
     @classmethod
-    def of(cls, voters: list[Witness], inner_steps: int) -> _Tolerance:
-        """The spread is robust to ``liars`` witnesses (fewer than half) lying about their
-        states or their partners: of the distances between two witnesses, the largest
-        that the honest ones alone would have (the C(W - liars, 2)-th smallest); of the
-        partner spreads, the (W - liars)-th smallest. (The largest of all let one
-        colluding witness, far from the rest, widen the tolerance for its donor: 159 of
-        182 such attacks passed in the simulator.)"""
-        liars = (len(voters) - 1) // 2
+    def of(cls, voters: list[Witness], inner_steps: int, liars: int, *, widest: bool = False) -> _Tolerance:
+        """Robust to ``liars`` of the voters (fewer than half of the witnesses asked)
+        lying about their states or their partners: of the distances between two
+        witnesses, the largest that the honest ones alone would have (the C(n - liars,
+        2)-th smallest); of the partner spreads and the progress rates, the
+        (n - liars)-th smallest; of the momentum and phi norms, the lower median, or that
+        when fewer answered. With no more voters than liars (the rest silent), the
+        smallest. (The largest of all let one colluding witness, far from the rest, widen
+        the tolerance for its donor: 159 of 182 such attacks passed in the simulator.)
+        ``widest``: the largest of each, which no voter can narrow."""
         honest = len(voters) - liars
+        k = max(1, honest)
+        median = len(voters) if widest else min((len(voters) + 1) // 2, k)
         between = [_apart(a.sketch, b.sketch) for i, a in enumerate(voters) for b in voters[i + 1:]]
         spread = torch.zeros(voters[0].sketch.phi.shape[0])
         # a witness with no partner yet counts as 0, so a liar's claim alone is trimmed too
         partners = [spread if w.partner_spread is None else w.partner_spread for w in voters]
         if between and honest >= 2:
             spread = torch.maximum(spread, _kth_smallest(between, math.comb(honest, 2)))
-        spread = torch.maximum(spread, _kth_smallest(partners, honest))
-        motion = _lower_median([_tensor_norms(w.sketch.momentum) for w in voters])
-        progress_rate = torch.stack([_tensor_norms(w.sketch.progress) / max(1, w.sketch.round_steps)
-                                     for w in voters]).amax(dim=0)
+        spread = torch.maximum(spread, _kth_smallest(partners, k))
+        motion = _kth_smallest([_tensor_norms(w.sketch.momentum) for w in voters], median)
+        progress_rate = _kth_smallest([_tensor_norms(w.sketch.progress) / max(1, w.sketch.round_steps)
+                                       for w in voters], k)
         if _whole(motion) == 0:  # before the witnesses' first outer step: a round's progress stands for it
             motion = inner_steps * progress_rate
-        return cls(spread=spread, motion=motion, phi=_lower_median([_tensor_norms(w.sketch.phi) for w in voters]),
-                   progress_rate=progress_rate)
+        phi = _kth_smallest([_tensor_norms(w.sketch.phi) for w in voters], median)
+        return cls(spread=spread, motion=motion, phi=phi, progress_rate=progress_rate)
 
     def _phi_bound(self) -> torch.Tensor:
         return torch.maximum(torch.maximum(SPREAD_K * self.spread, MOTION_K * self.motion), EPS * self.phi)

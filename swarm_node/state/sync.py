@@ -2,12 +2,15 @@
 ``/swarm-node/state/2.0.0``).
 
 A donor answers chunk requests from one consistent snapshot of theta, phi, the outer
-momentum and its counters, cached for a few minutes under the snapshot's digest. The
+momentum and its counters, cached for a few minutes under the snapshot's digest and
+shared by every caller within its outer round (so callers can neither make it hold
+more than MAX_SNAPSHOTS copies nor fill the cache against a joiner). The
 joiner picks donors at random among the live peers of its stage, fetches the chunks
 with a progress bar and a deadline, checks the digest over everything it received,
 then asks the stage's other peers for sketches of their states (state/witnesses.py)
 and adopts the state only if they vouch for it (state/check.py); on any failure or
-refusal it tries the next donor. The inner optimizer's moments come too (the inner
+refusal it tries the next donor, and bans a refused donor only when the check says an
+honest majority disowns it. The inner optimizer's moments come too (the inner
 state is never averaged, but a joiner is a copy of its donor: with fresh moments its
 Deltas were 2-4x its partners' for rounds, refused as poisoned); no witness vouches for
 them, so they are held to what any Adam could have made (InnerOptimizer.moments_problem)."""
@@ -43,6 +46,9 @@ log = logging.getLogger(__name__)
 CHUNK_BYTES = 4 << 20
 SNAPSHOT_TTL_S = 120.0
 MAX_SNAPSHOTS = 4
+# A snapshot is shared with every caller that starts a download within its outer round and
+# this long after it was made: one a round at most, and never one a round stale.
+SHARE_S = SNAPSHOT_TTL_S / MAX_SNAPSHOTS
 MAX_DONORS = 4
 CHUNK_TIMEOUT_S = 30.0
 PROBE_TIMEOUT_S = 5.0  # a status request: a few hundred bytes
@@ -69,7 +75,8 @@ class StateSync:
         self.timeout_s = timeout_s
         self.progress = progress
         self.clock = clock
-        self._snapshots: dict[str, tuple[float, dict]] = {}
+        self._snapshots: dict[str, _Snapshot] = {}  # digest -> snapshot, oldest first
+        self._making = asyncio.Lock()
 
     async def serve(self, transport, authorize: Callable[[str], bool]) -> None:
         await transport.serve(protocols.STATE, self.handle,
@@ -100,27 +107,43 @@ class StateSync:
             return encode_frame({"ok": False, "error": "protocol"})
 
     async def _snapshot_for(self, snap_id: object, remote: str) -> dict | None:
-        now = self.clock()
-        self._snapshots = {k: v for k, v in self._snapshots.items() if now - v[0] < SNAPSHOT_TTL_S}
+        """The snapshot ``snap_id`` (None: the one a new download starts from). A new
+        download shares the newest snapshot when it is of our current outer round and
+        younger than SHARE_S; otherwise a new one is made, the oldest dropped first when
+        MAX_SNAPSHOTS are held. So callers, however many, get at most one snapshot made a
+        round (and a SHARE_S), are never refused for a full cache, and never get one a
+        round stale."""
         if snap_id is not None:
+            self._expire()
             entry = self._snapshots.get(snap_id) if isinstance(snap_id, str) else None
-            return entry[1] if entry else None
-        if len(self._snapshots) >= MAX_SNAPSHOTS:
-            return None
-        snapshot = await self.compute(self.worker.snapshot)
-        self._snapshots[snapshot["digest"]] = (now, snapshot)
+            return entry.state if entry else None
+        async with self._making:  # callers arriving together share the one made for the first
+            now = self._expire()
+            newest = next(reversed(self._snapshots.values()), None)
+            if newest and newest.outer_round == self.worker.outer_round and now - newest.made_at < SHARE_S:
+                return newest.state
+            while len(self._snapshots) >= MAX_SNAPSHOTS:
+                del self._snapshots[next(iter(self._snapshots))]
+            outer_round = self.worker.outer_round
+            snapshot = await self.compute(self.worker.snapshot)
+            self._snapshots.pop(snapshot["digest"], None)  # the same state again: newest now
+            self._snapshots[snapshot["digest"]] = _Snapshot(now, outer_round, snapshot)
         self.stats.served_digests.append(snapshot["digest"])
         log.info("serving state (step %d, digest %s) to %s", snapshot["inner_step"], snapshot["digest"],
                  short_id(remote))
         return snapshot
 
+    def _expire(self) -> float:
+        now = self.clock()
+        self._snapshots = {k: v for k, v in self._snapshots.items() if now - v.made_at < SNAPSHOT_TTL_S}
+        return now
+
     # -- joiner side --------------------------------------------------------------
     async def download(self) -> bool:
         """A state from a live peer of our stage that claims to be ahead of us, picked at
         random (``prefer`` first), adopted only once the stage's other replicas vouch for
-        it (state/check.py); a refused state's donor is kept off as a poisoner and the
-        next is tried, up to MAX_DONORS. Whether a state was adopted (when not, the
-        worker's state is untouched)."""
+        it (state/check.py); the next is tried after a refusal, up to MAX_DONORS.
+        Whether a state was adopted (when not, the worker's state is untouched)."""
         started = self.clock()
         try:
             for donor in (await self._donors())[:MAX_DONORS]:
@@ -135,14 +158,7 @@ class StateSync:
                 except (PeerError, TimeoutError, ValueError) as exc:
                     log.warning("state download from %s failed (%s); trying another donor", short_id(donor), exc)
                     continue
-                self.stats.state_check = verdict.why
-                if verdict.unanswered:
-                    log.warning("not adopting the state from %s: %s; trying another donor", short_id(donor),
-                                verdict.why)
-                    continue
-                if not verdict.accepted:
-                    self.stats.states_refused += 1
-                    self.guard.poisoned(donor, f"the stage's other replicas disown it: {verdict.why}", what="state")
+                if not self._adoptable(donor, verdict):
                     continue
                 inner_step, outer_round = verdict.inner_step, verdict.outer_round
                 round_steps = min(state.inner_step - state.last_round_step, self.worker.spec.method.inner_steps)
@@ -155,6 +171,21 @@ class StateSync:
             return False
         finally:
             self.stats.state_download_s += self.clock() - started
+
+    def _adoptable(self, donor: str, verdict: Verdict) -> bool:
+        """Whether to adopt the state ``verdict`` is on. A refused donor is kept off as a
+        poisoner only when an honest majority of the stage disowns its state (the
+        verdict's ``poisoner``): a lone dissenter, a tie or silent witnesses ban nobody."""
+        self.stats.state_check = verdict.why
+        if verdict.accepted:
+            return True
+        self.stats.states_refused += verdict.checked
+        if verdict.poisoner:
+            self.guard.poisoned(donor, f"the stage's other replicas disown it: {verdict.why}", what="state")
+        else:
+            log.warning("not adopting the state from %s: %s; trying another donor", short_id(donor),
+                        verdict.why)
+        return False
 
     async def _donors(self) -> list[str]:
         """Live peers of our stage that claim to be ahead of us, among those that exist
@@ -198,11 +229,9 @@ class StateSync:
         seed = secrets.randbelow(MAX_SKETCH_SEED)  # drawn now: the donor could not aim at it
         candidate, said = await asyncio.gather(self.compute(state.sketch, seed), self.witnesses.gather(asked, seed))
         self.stats.state_check_s += self.clock() - started
-        if asked and not said:  # they exist but did not answer (busy, or kept busy): no verdict either way
-            return Verdict(False, f"none of the {len(asked)} other peers of the stage answered for it",
-                           unanswered=True)
-        verdict = check_state(candidate, said, inner_steps=self.worker.spec.method.inner_steps)
-        if not said:
+        verdict = check_state(candidate, said, inner_steps=self.worker.spec.method.inner_steps,
+                              asked=len(asked))
+        if not asked:
             log.warning("the state from %s is not checked: it is the only live peer of stage %d", short_id(donor),
                         self.worker.stage.stage_index)
         return verdict
@@ -251,6 +280,13 @@ class StateSync:
 
 class ImpossibleState(ProtocolError):
     """A downloaded state no honest replica could hold (StageWorker.snapshot_problem)."""
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    made_at: float
+    outer_round: int  # ours when it was made
+    state: dict  # StageWorker.snapshot
 
 
 @dataclass(frozen=True)

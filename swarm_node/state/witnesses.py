@@ -4,8 +4,11 @@ Every node answers a sketch request with a count sketch of its own state under t
 caller's seed (state/sketch.py) and how far apart it found its recent partners; a
 joiner asks the other live peers of its stage for theirs, all at once, once the state
 it downloaded is in, and state/check.py weighs the votes. A sketch costs the witness one
-pass over its state on the compute thread, so it answers two requests at a time and
-`busy` beyond; joiners ask a busy witness again."""
+pass over its state on the compute thread, so it makes two at a time and answers `busy`
+beyond (joiners ask a busy witness again), and each caller gets SKETCH_BURST sketches at
+once, then one per SKETCH_INTERVAL_S: a joiner needs one per donor it checks, and a
+caller asking for more only keeps the witness busy (against a joiner's check, a busy
+witness counts as silent, which never helps a state in)."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import asyncio
 import itertools
 import logging
 import random
+from collections import OrderedDict
 from collections.abc import Callable
 
 import torch
@@ -32,22 +36,31 @@ log = logging.getLogger(__name__)
 SKETCH_TIMEOUT_S = 30.0  # one pass over a stage's state, on a busy witness
 MAX_WITNESSES = 8
 BUSY_RETRIES = 4
+SKETCHING_AT_ONCE = 2
+SKETCH_BURST = 4  # a joiner checks up to 4 donors' states (state/sync.py MAX_DONORS) in a download
+SKETCH_INTERVAL_S = 30.0  # then one more a caller per this
+MAX_CALLERS = 1024  # callers whose sketch allowance is kept (the oldest forgotten)
 
 
 class Witnesses:
     """Both sides of the sketch protocol for one stage."""
 
     def __init__(self, *, worker: StageWorker, services: NodeServices, spec_hash: str,
-                 partner_spread: Callable[[], list[float] | None]):
+                 partner_spread: Callable[[], list[float] | None], clock: Callable[[], float] | None = None):
         self.worker = worker
         self.compute, self.transport, self.guard = services.compute, services.transport, services.guard
         self.spec_hash = spec_hash
         self.partner_spread = partner_spread  # gossip/partner_check.py: PartnerCheck.partner_spread
+        self.clock = clock or (lambda: asyncio.get_running_loop().time())
+        self._sketching = asyncio.Semaphore(SKETCHING_AT_ONCE)
+        self._allowance: OrderedDict[str, tuple[float, float]] = OrderedDict()  # caller -> (sketches, as of)
 
     async def serve(self, transport, authorize: Callable[[str], bool]) -> None:
+        # streams beyond the sketches made at once are answered at once (busy, or over
+        # the caller's allowance): callers told so must not hold the slots of those sketched
         await transport.serve(protocols.STATE_SKETCH, self.handle,
-                              ServeLimits(max_request_bytes=1024, max_concurrent=2, max_per_peer=1,
-                                          handler_timeout_s=SKETCH_TIMEOUT_S),
+                              ServeLimits(max_request_bytes=1024, max_concurrent=4 * SKETCHING_AT_ONCE,
+                                          max_per_peer=1, handler_timeout_s=SKETCH_TIMEOUT_S),
                               authorize=authorize)
 
     # -- witness side ---------------------------------------------------------------
@@ -60,12 +73,29 @@ class Witnesses:
             return encode_frame({"ok": False, "error": "protocol"})
         if self.worker.slow is None:
             return encode_frame({"ok": False, "error": "no outer state (local method)"})
-        sketch = await self.compute(own_sketch, self.worker, seed)
+        if self._sketching.locked():
+            return b""  # busy: the caller asks again after a backoff
+        if not self._allowed(remote):
+            return encode_frame({"ok": False, "error": "too many sketch requests"})
+        async with self._sketching:
+            sketch = await self.compute(own_sketch, self.worker, seed)
         spread = self.partner_spread()
         meta = {"ok": True, "inner_step": sketch.inner_step, "outer_round": sketch.outer_round,
                 "round_steps": sketch.round_steps}
         tensors = [sketch.rows()] + ([torch.tensor(spread, dtype=torch.float32)] if spread is not None else [])
         return encode_frame(meta, tensors)
+
+    def _allowed(self, remote: str) -> bool:
+        """Whether ``remote`` may have a sketch now (and, if so, one is counted): SKETCH_BURST
+        at once, refilled at one per SKETCH_INTERVAL_S."""
+        now = self.clock()
+        left, since = self._allowance.pop(remote, (float(SKETCH_BURST), now))
+        left = min(float(SKETCH_BURST), left + (now - since) / SKETCH_INTERVAL_S)
+        allowed = left >= 1.0
+        self._allowance[remote] = (left - allowed, now)
+        while len(self._allowance) > MAX_CALLERS:
+            self._allowance.popitem(last=False)
+        return allowed
 
     # -- joiner side ------------------------------------------------------------------
     async def gather(self, peers: list[str], seed: int) -> dict[str, Witness]:

@@ -78,7 +78,8 @@ def poisoned_snapshot(self) -> dict:
 
 
 if __name__ == "__main__":
-    sync.MAX_SNAPSHOTS = 64  # an attacker serves every joiner that asks, case after case
+    sync.MAX_SNAPSHOTS = 64  # an attacker serves every joiner that asks, case after case,
+    sync.SHARE_S = 0.0  # each a snapshot of its own
     StageWorker.snapshot = poisoned_snapshot
     StageWorker.close_round = recording_close
     sys.exit(cli.main(sys.argv[1:]))

@@ -4,7 +4,9 @@ serves joiners a poisoned state: theta and phi scaled by 1.5, noise at 10x the h
 spread, one tensor replaced, a state 20 rounds old with today's counters, another run's
 state. For each case two volunteers join stage 0 asking the hostile peer first
 (--state-from): each refuses its state (one log line), takes an honest donor's, and
-trains. Slow: about 8 minutes."""
+trains. Slow: about 8 minutes. Then the stage of two: the hostile peer joins a stage 0
+of one honest peer, and two volunteers join it picking donors at random: neither adopts
+the hostile state nor bans the honest peer (each is the other's only witness there)."""
 
 from __future__ import annotations
 
@@ -67,3 +69,50 @@ def test_every_joiner_refuses_each_hostile_state_then_trains_from_an_honest_dono
     for case, lines in figures.items():
         print(f"{case}: " + " | ".join(lines))
     assert evil.poll() is None and all(v.process.poll() is None for v in honest)
+
+
+def test_a_liar_beside_the_only_honest_peer_poisons_no_joiner_and_frames_nobody(bed, tmp_path):
+    """Stage 0 of one honest peer, then the hostile one serving its state times 1.5 (its
+    own download is the honest peer's, unchecked: the only live peer), then two joiners
+    at once, one asking the honest peer first, one the liar. The first has only the liar
+    to witness; a lone dissenter bans nobody, so the honest peer stays on the panel for
+    the liar's state, which it refuses (one line, no ban). (Before: the honest peer banned on "0 of 1", then the
+    liar's state taken unchecked as the only live peer: 1 of 2 joiners in 2 of 3 runs.)"""
+    spec = run_spec_file(tmp_path, inner_steps=10, run_id="hostile-pair")
+    boot = BootstrapOnHost(bed, bed.add_host("boot"), tmp_path, "--run-spec", str(spec))
+    line = boot.join_line()
+    first = Volunteer(bed, bed.add_host("h0"), tmp_path, line, "--stage", "0")
+    second = Volunteer(bed, bed.add_host("h1"), tmp_path, line, "--stage", "1")
+    wait_for(lambda: len(boot.peers()) == 2 and all(p["verified"] for p in boot.peers()), 300,
+             "one peer of each stage to start", tmp_path)
+    honest_id = wait_for(first.peer_id, 60, "the honest stage-0 peer's id", tmp_path)
+
+    case_file = tmp_path / "hostile-case"
+    case_file.write_text("scaled")
+    evil_log = tmp_path / "hostile.log"
+    evil = bed.popen(bed.add_host("evil"), [sys.executable, str(HOSTILE), *line.split()[1:], "--stage", "0",
+                                            "--compute-share", "0.25"],
+                     cwd=tmp_path, env=volunteer_env(HOSTILE_CASE_FILE=str(case_file)), log=evil_log)
+    short = wait_for(lambda: (m := re.search(r"node (\w+): stage 0 of", evil_log.read_text())) and m.group(1),
+                     180, "the hostile peer to join stage 0", tmp_path)
+    evil_id = wait_for(lambda: next((p["peer_id"] for p in boot.peers()
+                                     if p["peer_id"].endswith(short) and p["outer_round"] >= 3), None), 600,
+                       "the hostile peer to train 3 rounds", tmp_path)
+    full_honest_id = next(p["peer_id"] for p in boot.peers() if p["peer_id"].endswith(honest_id))
+
+    # one asks the honest peer first (its only witness is the liar), one the liar
+    joiners = [Volunteer(bed, bed.add_host(f"j{k}"), tmp_path, line, "--stage", "0", "--state-from", first_donor)
+               for k, first_donor in enumerate((full_honest_id, evil_id))]
+    for joiner in joiners:
+        wait_for(lambda j=joiner: re.search(r"downloaded state from|could give its state", j.text()), 300,
+                 "a joiner to adopt a state or give up", tmp_path)
+        text = joiner.text()
+        assert f"downloaded state from {short}" not in text, text[-3000:]
+        assert not [ln for ln in text.splitlines() if "rejected its state" in ln and honest_id in ln], text[-3000:]
+        print(f"joiner {joiner.peer_id()}: " + " | ".join(
+            ln.split(": ", 1)[-1] for ln in text.splitlines()
+            if re.search(r"downloaded state from|not adopting|rejected its state|could give its state", ln)))
+    assert f"not adopting the state from {short}" in joiners[1].text(), joiners[1].text()[-3000:]
+    for joiner in joiners:
+        assert stop(joiner.process, grace_s=60) == 0, joiner.text()[-2000:]
+    assert evil.poll() is None and first.process.poll() is None and second.process.poll() is None
