@@ -116,7 +116,7 @@ class OuterExchange:
         self.callers_expected = callers_expected  # peers that cannot be called may call us this round
         self.announce = announce  # publish our record now (it says whether we seek)
         self.stopping = stopping
-        self.check = PartnerCheck(max_update_ratio)
+        self.check = PartnerCheck(max_update_ratio, schedule=state)
         self.pairing: PairingCoordinator | GroupRound
         if method == "diloco":  # every live peer of the stage
             self.pairing = GroupRound(round_timeout_s=times.round_timeout_s, request_timeout_s=times.exchange_s,
@@ -182,8 +182,8 @@ class OuterExchange:
         if opened.theta_start is not None and wait_first_s == 0:
             self.gate.resume_steps()  # what we send is taken: inner steps go on beside the exchange
             self._steps_began_at = self._round_opened_at
-        await self.compute(self.payloads.note_own_delta, opened.fraction)
-        reply = await self.compute(self.payloads.encode, round_no, opened.wire)
+        await self.compute(self.payloads.note_own_delta, opened.fraction, opened.steps)
+        reply = await self.compute(self.payloads.encode, round_no, opened.wire, opened.steps)
         outcome.prepare_s = now() - started
         callers = self.callers_expected()
         had_company = callers or bool(self.candidates())

@@ -1,13 +1,22 @@
 """What a partner's (phi, Delta) must pass before it is averaged in.
 
 First it must fit our stage: as many tensors as ours, the same shapes, floating point,
-finite. Then it is held to our scale: our own Delta norm, each stretched to a whole
-round (a round taken early covers fewer steps), the larger of the recent median and
-the latest (so that warm-up's rising learning rate raises it at once). Nothing a
-partner sends moves the scale. (It used to take in every accepted partner Delta, so a
-poisoner inside the bound raised the bound round by round: a constant-offset attacker
-at 5x was accepted in 42 of 43 exchanges, until the two honest nodes of its stage
-rejected each other.)
+finite. Then it is held to our scale, the norm of our own Delta now over a whole round
+(docs/ALGORITHM.md 3.5 has the measurements). Nothing a partner sends moves it.
+
+- Each of our Delta norms is stretched to a whole round by 1/sqrt(fraction): a Delta
+  grows with the square root of its steps, as a random walk (rounds taken at 0.5-0.9 of
+  their steps had sqrt(fraction) of a whole round's norm, within 0.03).
+- The scale is the larger of the median of our last SCALE_ROUNDS rounds and the latest
+  (a rising learning rate, in warm-up, raises it at once). A longer memory is a stale
+  scale: as the learning rate decays, the median of 32 rounds stood 1.3x above our
+  Delta at the median and 2.2x at the 90th percentile, and a peer that added 5x its
+  own Delta norm to everything it sent was under 3x of it.
+- A partner that says which inner steps its Delta covers is held to the smaller of our
+  scale and our scale for those steps: our Delta norm per unit of sqrt(sum of lr^2)
+  over our own steps (the run's schedule), times that of its steps. A round taken early,
+  or behind ours in warm-up, covers fewer steps at lower learning rates: an honest one
+  has a smaller Delta, and 5x of such a Delta could be under 3x of our scale.
 
 - A Delta norm above ``max_update_ratio`` times our scale is a poisoned update when
   the partner is at our round (Poisoned: the exchange keeps it off for half an hour).
@@ -31,8 +40,9 @@ Before our first round the only scale we have is our progress so far, and a part
 round ahead of a node in warm-up (or started late) is out of it honestly: such an
 exchange is declined (Refused), not punished.
 
-The round a partner claims only chooses between declining, rejecting and clipping:
-a liar gains nothing it could not get by telling the truth.
+The round a partner claims only chooses between declining, rejecting and clipping, and
+the steps it claims can only make its scale smaller than ours: a liar gains nothing it
+could not get by telling the truth.
 
 Everything here runs on the compute thread."""
 
@@ -41,6 +51,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import torch
 
@@ -90,51 +101,93 @@ def fit_problem(tensors: Sequence[torch.Tensor], shapes: Sequence[torch.Size]) -
 
 
 ROUNDS_APART = 2  # a partner this many rounds ahead and far off: we are behind, catch up
+SCALE_ROUNDS = 5  # our last rounds whose median Delta norm (or the latest, if larger) is our scale
+ROUNDS_CLAIMED = 4  # a claim of the steps a Delta covers counts at most this many rounds of them
 SPREAD_ROUNDS = 4  # partners' phi distances kept, for joiners checking a state (state/check.py)
 DISTANCE_SLACK = 2.0  # a phi this many times the Delta bound away, rounds apart: declined
 
 
+class StepSchedule(Protocol):
+    """The run's inner steps, as every peer of it has them (train/worker.py's StageWorker)."""
+
+    @property
+    def round_steps(self) -> int: ...
+
+    def learning_rate(self, step: int) -> float: ...
+
+
 class PartnerCheck:
-    def __init__(self, max_update_ratio: float, clip_ratio: float = 1.5):
+    def __init__(self, max_update_ratio: float, clip_ratio: float = 1.5,
+                 schedule: StepSchedule | None = None):
         if clip_ratio <= 1:
             raise ValueError("clip_ratio must be above 1")
         self.max_update_ratio = max_update_ratio
         self.clip_ratio = min(clip_ratio, max_update_ratio)
-        self._own = MagnitudeScreen(max_update_ratio)  # only ever fed our own Delta norms
+        self.schedule = schedule  # the run's learning rates (None: unknown)
+        # only ever fed our own Delta norms: each stretched to a whole round, and each per unit of
+        # its steps' learning rates (norm / sqrt(sum of lr^2)), for partners that say their steps
+        self._own = MagnitudeScreen(max_update_ratio, window=SCALE_ROUNDS)
         self._latest: float | None = None
+        self._per_lr = MagnitudeScreen(max_update_ratio, window=SCALE_ROUNDS)
+        self._per_lr_latest: float | None = None
         self._phi_distances: deque[list[float]] = deque(maxlen=SPREAD_ROUNDS)
         self._partner_delta_norm: float | None = None  # of the Delta checked last: its phi comes next
 
-    def note_own_delta(self, own_delta: Sequence[torch.Tensor], round_fraction: float = 1.0) -> float:
+    def note_own_delta(self, own_delta: Sequence[torch.Tensor], round_fraction: float = 1.0,
+                       steps: tuple[int, int] | None = None) -> float:
         """At the start of each of our rounds: our own Delta norm, over ``round_fraction``
-        of a round's inner steps, is the scale partners are held to. Returns the norm."""
+        of a round's inner steps (``steps``: which), sets the scale partners are held to.
+        Returns the norm."""
         value = norm(own_delta)
-        stretched = value / min(1.0, max(round_fraction, 0.1))
+        stretched = value / math.sqrt(min(1.0, max(round_fraction, 0.1)))
         if math.isfinite(stretched):
             self._own.note(stretched)
             self._latest = stretched
+        rates = self._rates(steps)
+        if rates is not None and math.isfinite(value / rates):
+            self._per_lr.note(value / rates)
+            self._per_lr_latest = value / rates
         return value
 
-    def reference(self) -> float | None:
-        """The scale partners are held to now."""
+    def reference(self, steps: tuple[int, int] | None = None) -> float | None:
+        """The scale partners are held to now; for a partner that says its Delta covers
+        ``steps``, the smaller of that and our scale for those steps' learning rates."""
         median = self._own.reference()
-        return None if median is None or self._latest is None else max(median, self._latest)
+        if median is None or self._latest is None:
+            return None
+        now = max(median, self._latest)
+        per_lr, rates = self._per_lr.reference(), self._rates(steps)
+        if per_lr is None or self._per_lr_latest is None or rates is None:
+            return now
+        return min(now, max(per_lr, self._per_lr_latest) * rates)
+
+    def _rates(self, steps: tuple[int, int] | None) -> float | None:
+        """sqrt(sum of lr^2) over ``steps`` (a Delta's norm grows so with its steps), one
+        step at least and the last ROUNDS_CLAIMED rounds of them at most; None where
+        unknown or zero."""
+        if steps is None or self.schedule is None:
+            return None
+        last = max(steps[1], steps[0] + 1)
+        first = max(steps[0], last - ROUNDS_CLAIMED * self.schedule.round_steps)
+        rates = math.sqrt(sum(self.schedule.learning_rate(step) ** 2 for step in range(first, last)))
+        return rates if rates > 0 and math.isfinite(rates) else None
 
     def check(self, tensors: list[torch.Tensor], own_phi: Sequence[torch.Tensor],
-              own_delta: Callable[[], Sequence[torch.Tensor]],
-              rounds_ahead: int = 0) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+              own_delta: Callable[[], Sequence[torch.Tensor]], rounds_ahead: int = 0,
+              steps: tuple[int, int] | None = None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """The partner's (phi, Delta) as they count (clipped), or ProtocolError /
         Poisoned / RoundsApart / Refused (see the module doc). ``rounds_ahead``: the
-        partner's round minus ours, as it claims. ``own_delta`` is read only before our
-        first round."""
+        partner's round minus ours, and ``steps``: the inner steps its Delta covers, as
+        it claims them. ``own_delta`` is read only before our first round."""
         n = len(own_phi)
         if len(tensors) != 2 * n:  # each part's shapes and values are checked with the part
             raise ProtocolError(f"expected {2 * n} tensors, got {len(tensors)}")
-        delta = self.check_delta(tensors[n:], own_phi, own_delta, rounds_ahead)
+        delta = self.check_delta(tensors[n:], own_phi, own_delta, rounds_ahead, steps)
         return self.check_phi(tensors[:n], own_phi, own_delta, rounds_ahead), delta
 
     def check_delta(self, delta: list[torch.Tensor], own_phi: Sequence[torch.Tensor],
-                    own_delta: Callable[[], Sequence[torch.Tensor]], rounds_ahead: int = 0) -> list[torch.Tensor]:
+                    own_delta: Callable[[], Sequence[torch.Tensor]], rounds_ahead: int = 0,
+                    steps: tuple[int, int] | None = None) -> list[torch.Tensor]:
         """The partner's Delta alone, as it counts: what a Delta sent ahead of its phi
         must pass before it moves our steps (the same tests as in :meth:`check`)."""
         problem = fit_problem(delta, [p.shape for p in own_phi])
@@ -144,7 +197,7 @@ class PartnerCheck:
         if not math.isfinite(delta_norm):
             raise ProtocolError("the update's norm is not finite")
         self._partner_delta_norm = delta_norm
-        reference = self.reference()
+        reference = self.reference(steps)
         if not reference:  # no round yet, or none with a step in it
             self._first_check(delta_norm, "partner's Delta norm", own_delta)
             return delta

@@ -28,7 +28,7 @@ import torch
 from swarm_node.errors import PeerRefused, ProtocolError, StreamClosed
 from swarm_node.gossip.group import GroupRound
 from swarm_node.gossip.pairing import PairingCoordinator, Refused, now
-from swarm_node.gossip.partner_check import ROUNDS_APART, PartnerCheck, Poisoned, RoundsApart
+from swarm_node.gossip.partner_check import ROUNDS_APART, PartnerCheck, Poisoned, RoundsApart, StepSchedule
 from swarm_node.net import protocols
 from swarm_node.net.transport import ServeLimits, short_id
 from swarm_node.node.services import NodeServices
@@ -40,6 +40,7 @@ from swarm_node.wire.messages import (
     check_fetch,
     check_outer_header,
     outer_part,
+    outer_steps,
 )
 from swarm_node.wire.outer_codec import OuterCodec, part_tensors
 
@@ -53,7 +54,7 @@ VERDICT_YES = encode_frame({"kind": "outer", "ok": True})
 Tensors = list[torch.Tensor]
 
 
-class PayloadState(Protocol):
+class PayloadState(StepSchedule, Protocol):
     """What the payloads need of a stage (train/worker.py's StageWorker has it all)."""
 
     outer_round: int
@@ -137,20 +138,22 @@ class PayloadSwap:
                               authorize=authorize)
 
     # -- our own payload ---------------------------------------------------------------
-    def encode(self, round_no: int, wire: Tensors) -> Payload:
-        """On the compute thread: our payload's frames. A pair's goes as two parts, Delta
-        first; a DiLoCo group's whole (a member needs every other's Delta before any
-        moves its steps)."""
-        header = {"kind": "outer", "spec": self.spec_hash, "round": round_no, "ok": True}
+    def encode(self, round_no: int, wire: Tensors, steps: tuple[int, int] | None = None) -> Payload:
+        """On the compute thread: our payload's frames, saying the inner ``steps`` its
+        Delta covers (partners hold it to their scale for those steps). A pair's goes as
+        two parts, Delta first; a DiLoCo group's whole (a member needs every other's
+        Delta before any moves its steps)."""
+        header = {"kind": "outer", "spec": self.spec_hash, "round": round_no, "ok": True,
+                  **({} if steps is None else {"steps": list(steps)})}
         if not isinstance(self.pairing, PairingCoordinator):
             return encode_frame(header, wire)
         n_phi = part_tensors(self.state.codec, "phi", len(self.state.params))
         return PayloadParts(delta=encode_frame({**header, "part": "delta"}, wire[n_phi:]),
                             phi=encode_frame({**header, "part": "phi"}, wire[:n_phi]))
 
-    def note_own_delta(self, fraction: float) -> None:
-        """On the compute thread: our Delta as sent is the scale partners are held to."""
-        self.check.note_own_delta(self.state.own_payload()[1], fraction)
+    def note_own_delta(self, fraction: float, steps: tuple[int, int] | None = None) -> None:
+        """On the compute thread: our Delta as sent, over ``steps``, sets the scale partners are held to."""
+        self.check.note_own_delta(self.state.own_payload()[1], fraction, steps)
 
     def withdraw(self) -> None:
         """The round is over: our payload is no longer offered, and a Delta whose phi
@@ -305,10 +308,11 @@ class PayloadSwap:
         """The partner's payload (``part`` None) or one part of it, decoded and held to our
         scale; a Delta that passes moves our steps at once."""
         check_outer_header(header, self.spec_hash, part)
+        steps = outer_steps(header)  # a claim: it can only make its scale smaller than our own now
         theirs, ours = header.get("round"), self.state.outer_round
         rounds_ahead = theirs - ours if type(theirs) is int else 0  # a claim: it only picks how we refuse
         try:
-            checked = await self.compute(self._decode_and_check, tensors, rounds_ahead, part)
+            checked = await self.compute(self._decode_and_check, tensors, rounds_ahead, part, steps)
             self._declined.pop(peer, None)
             return checked
         except Poisoned as exc:
@@ -334,18 +338,21 @@ class PayloadSwap:
             log.info("declining an outer exchange before our first round: %s", exc)
             raise
 
-    def _decode_and_check(self, tensors: Tensors, rounds_ahead: int, part: str | None = None):
+    def _decode_and_check(self, tensors: Tensors, rounds_ahead: int, part: str | None = None,
+                          steps: tuple[int, int] | None = None):
         """On the compute thread: the partner's payload (or ``part`` of it) in the run's
-        codec, then held to our scale. A Delta ahead of its phi lands here, on the round
-        it was sent for."""
+        codec, then held to our scale (for the ``steps`` it says its Delta covers). A
+        Delta ahead of its phi lands here, on the round it was sent for."""
         cpu = torch.device("cpu")
         if part is None:
             phi, delta = self.state.decode_payload(tensors, cpu)
-            return self.check.check(phi + delta, self.state.own_phi(), self.state.own_delta, rounds_ahead)
+            return self.check.check(phi + delta, self.state.own_phi(), self.state.own_delta, rounds_ahead,
+                                    steps)
         values = self.state.decode_part(tensors, part, cpu)
         if part == "phi":
             return self.check.check_phi(values, self.state.own_phi(), self.state.own_delta, rounds_ahead)
-        delta = self.check.check_delta(values, self.state.own_phi(), self.state.own_delta, rounds_ahead)
+        delta = self.check.check_delta(values, self.state.own_phi(), self.state.own_delta, rounds_ahead,
+                                       steps)
         self.state.land_partner_delta(self.state.outer_round, delta)
         return delta
 

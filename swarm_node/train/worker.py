@@ -23,7 +23,7 @@ import torch
 
 from swarm_node.model.config import model_config
 from swarm_node.model.stages import PipelineStage, build_stage
-from swarm_node.optim.inner import InnerOptimizer
+from swarm_node.optim.inner import InnerOptimizer, lr_at
 from swarm_node.optim.outer import SlowWeights
 from swarm_node.spec import RunSpec
 from swarm_node.train.device import autocast, training_precision
@@ -40,6 +40,7 @@ class OpenRound:
     # outer step's result, ALGORITHM.md 3.1); None: blocking
     theta_start: list[torch.Tensor] | None
     delta_landed: bool = False  # a partner's Delta sent ahead of its phi has moved the steps
+    steps: tuple[int, int] | None = None  # the inner steps its Delta covers: (the last boundary, this one)
 
 
 def _training_work(method):
@@ -190,6 +191,14 @@ class StageWorker:
         """How much of a round's inner steps this round has taken (below 1 when taken early)."""
         return (self.inner_step - self.last_round_step) / self.spec.method.inner_steps
 
+    def learning_rate(self, step: int) -> float:
+        """The inner learning rate of ``step``, as every peer of the run has it."""
+        return lr_at(step, self.spec.inner)
+
+    @property
+    def round_steps(self) -> int:
+        return self.spec.method.inner_steps
+
     def can_round_early(self) -> bool:
         """Past half of this round: joining a partner's round now keeps the pair in
         phase, instead of both waiting out deadlines at alternating boundaries."""
@@ -206,7 +215,9 @@ class StageWorker:
         round's steps from here."""
         fraction = self.round_fraction()
         wire = self.encoder.encode(self.slow.phi, self.slow.deltas())
-        self.open = OpenRound(self.outer_round, wire, fraction, self.slow.start_overlapped() if overlapped else None)
+        theta_start = self.slow.start_overlapped() if overlapped else None
+        self.open = OpenRound(self.outer_round, wire, fraction, theta_start,
+                              steps=(self.last_round_step, self.inner_step))
         self._own_decoded = None
         if overlapped:
             self.last_round_step = self.inner_step

@@ -179,6 +179,22 @@ def check_outer_header(header: dict, spec_hash: str, part: str | None = None) ->
         raise ProtocolError(f"expected the outer payload's {part or 'whole'}, got {header.get('part') or 'whole'}")
 
 
+MAX_STEP = 10**12
+
+
+def outer_steps(header: dict) -> tuple[int, int] | None:
+    """The inner steps an outer payload's Delta covers, as its sender claims them:
+    (first, last), from its last outer step to this round's boundary; None when it does
+    not say. ProtocolError for anything but whole numbers 0 <= first <= last < MAX_STEP."""
+    steps = header.get("steps")
+    if steps is None:
+        return None
+    if (not isinstance(steps, list) or len(steps) != 2 or not all(type(s) is int for s in steps)
+            or not 0 <= steps[0] <= steps[1] < MAX_STEP):
+        raise ProtocolError(f"the steps an outer Delta covers are not two step numbers: {str(steps)[:60]}")
+    return steps[0], steps[1]
+
+
 def check_state_chunk(meta: dict, chunk: int, snap_id: str | None) -> tuple[str, int]:
     """``/swarm-node/state``: one chunk's numbering; (snapshot id, number of chunks)."""
     snapshot, num_chunks = meta.get("snapshot"), meta.get("num_chunks")

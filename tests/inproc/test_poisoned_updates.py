@@ -3,6 +3,7 @@ node keeps accepting well-formed updates from others."""
 
 import dataclasses
 import logging
+import math
 
 import torch
 import vclock
@@ -10,7 +11,7 @@ from parts import StageParts, exchange_as_partner, payload_of
 
 from swarm_node.data.spec import DataSpec
 from swarm_node.gossip.exchange import OuterExchange
-from swarm_node.gossip.partner_check import distance
+from swarm_node.gossip.partner_check import distance, norm
 from swarm_node.optim import InnerHyper, default_method
 from swarm_node.spec import RunSpec
 from swarm_node.train.worker import StageWorker
@@ -177,3 +178,53 @@ def test_a_peer_declined_round_after_round_is_backed_off_but_stays_a_donor():
 
     assert vclock.run(scenario()) == [False, False, False, False, False, True]
     assert not stage.guard.is_poisoned("QmLiar") and stage.guard.faults("QmLiar") == 0
+
+
+WARMING = dataclasses.replace(SPEC, method=default_method("noloco", inner_steps=25),
+                              inner=InnerHyper(lr=3e-3, warmup_steps=60, total_steps=1500))
+
+
+def test_a_partner_is_held_to_our_scale_for_the_steps_its_delta_covers():
+    """In warm-up a peer that took its round at half of it (behind us in steps) sends a
+    Delta of 12 steps at lower learning rates than our 25: 5x of it, added to every
+    element, was 1.8x our whole round's Delta norm and counted (clipped). Its payload
+    says the steps its Delta covers, and we hold it to our scale for those: it is
+    poison; an honest peer of the same steps is not."""
+    ours = trained_worker(0, steps=25, spec=WARMING)
+    stage, exchange = stage_of(ours, WARMING)
+    opened = ours.open_round(overlapped=False)
+    assert opened.steps == (0, 25)
+    exchange.payloads.note_own_delta(opened.fraction, opened.steps)
+    phi, delta = payload_of(trained_worker(1, steps=12, spec=WARMING))
+    numel = sum(d.numel() for d in delta)
+    offset = 5 * norm(delta) / math.sqrt(numel)
+
+    def frame(delta, steps):
+        header = {"kind": "outer", "spec": WARMING.spec_hash(), "round": 0, "ok": True, "steps": steps}
+        return encode_frame(header, [*phi, *delta])
+
+    async def scenario():
+        shifted = [d + offset for d in delta]
+        shifter = await exchange_as_partner(exchange, "QmShifter", frame(shifted, [0, 12]))
+        honest = await exchange_as_partner(exchange, "QmHonest", frame(delta, [0, 12]))
+        return decode_frame(shifter)[0], decode_frame(honest)[0]
+
+    shifter, honest = vclock.run(scenario())
+    assert shifter.get("error") == "protocol" and stage.guard.is_poisoned("QmShifter"), shifter
+    assert honest["ok"] and not stage.guard.is_banned("QmHonest")
+
+
+def test_steps_that_are_no_step_numbers_are_a_fault():
+    stage, exchange = stage_of(trained_worker(0, spec=WARMING), WARMING)
+    start_first_round(exchange)
+    phi, delta = payload_of(trained_worker(1, spec=WARMING))
+    frames = {peer: encode_frame({"kind": "outer", "spec": WARMING.spec_hash(), "round": 0, "ok": True,
+                                  "steps": steps}, [*phi, *delta])
+              for peer, steps in (("QmBackwards", [12, 0]), ("QmText", ["0", "12"]), ("QmOne", [12]))}
+
+    async def scenario():
+        return {peer: decode_frame(await exchange_as_partner(exchange, peer, frame))[0]
+                for peer, frame in frames.items()}
+
+    for peer, answer in vclock.run(scenario()).items():
+        assert answer["error"] == "protocol" and stage.guard.faults(peer) == 1, (peer, answer)
