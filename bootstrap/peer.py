@@ -175,8 +175,13 @@ class BootstrapPeer:
         missing = [e.name for e in manifest.files().values() if not (folder / e.name).is_file()]
         if missing:
             raise ConfigError(f"--data {folder} lacks {len(missing)} of the manifest's files ({missing[0]}, ...)")
-        self.data_server = DataServer(lambda: cache, on_fault=lambda peer, why: log.warning(
-            "data request from %s refused: %s", short_id(peer), why))
+        refusals = self.transport.refusals
+
+        def refused(peer: str, why: str) -> None:
+            refusals.count("bad-data")
+            log.warning("data request from %s refused: %s", short_id(peer), why)
+
+        self.data_server = DataServer(lambda: cache, on_fault=refused)
         await self.data_server.serve(self.transport, self.spec.admits)
         log.info("serving the prepared dataset in %s: %d shards, %.1f M training tokens", folder,
                  len(manifest.train) + len(manifest.val), manifest.train_tokens() / 1e6)
@@ -298,7 +303,8 @@ class BootstrapPeer:
             "/healthz": self._healthz,
             "/metrics": lambda: self._when_ready(lambda: Response(
                 200, prometheus_text(self.view, up=self.dht.is_alive(), peer_id=self.dht.peer_id,
-                                     version=__version__, now_s=time.time()).encode(),
+                                     version=__version__, now_s=time.time(),
+                                     refusals=self.transport.refusals.as_dict()).encode(),
                 "text/plain; version=0.0.4; charset=utf-8")),
             "/api/status": lambda: self._when_ready(lambda: _json(self.status())),
             "/api/history": lambda: self._when_ready(lambda: _json(list(self.view.history))),
@@ -320,7 +326,8 @@ class BootstrapPeer:
                 "bootstrap": {"peer_id": self.dht.peer_id, "maddrs": self.maddrs, "version": __version__,
                               "uptime_s": round(time.time() - self.view.started_s, 1),
                               "reachability": self.reachability},
-                "data_served_bytes": self.data_server.served_bytes if self.data_server else 0}
+                "data_served_bytes": self.data_server.served_bytes if self.data_server else 0,
+                "refusals": self.transport.refusals.as_dict()}
 
 
 def _json(data) -> Response:
