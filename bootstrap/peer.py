@@ -13,6 +13,7 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from importlib import resources
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from swarm_node.net.dht import SwarmDHT
 from swarm_node.net.dialback import address_scope, dial_check, ordered_for_others, serve_dialback
 from swarm_node.net.exists import answers_status
 from swarm_node.net.guard import PeerGuard
+from swarm_node.net.refusals import Refusals
 from swarm_node.net.transport import Transport, short_id
 from swarm_node.obs.http import Response, StatusServer
 from swarm_node.spec import RunSpec
@@ -177,7 +179,8 @@ class BootstrapPeer:
         missing = [e.name for e in manifest.files().values() if not (folder / e.name).is_file()]
         if missing:
             raise ConfigError(f"--data {folder} lacks {len(missing)} of the manifest's files ({missing[0]}, ...)")
-        self.data_server, self.data_guard = data_service(cache, self.spec, self._verified_live)
+        self.data_server, self.data_guard = data_service(cache, self.spec, self._verified_live,
+                                                         refusals=self.transport.refusals)
         await self.data_server.serve(self.transport, self.data_guard.admit)
         log.info("serving the prepared dataset in %s: %d shards, %.1f M training tokens", folder,
                  len(manifest.train) + len(manifest.val), manifest.train_tokens() / 1e6)
@@ -303,7 +306,8 @@ class BootstrapPeer:
             "/healthz": self._healthz,
             "/metrics": lambda: self._when_ready(lambda: Response(
                 200, prometheus_text(self.view, up=self.dht.is_alive(), peer_id=self.dht.peer_id,
-                                     version=__version__, now_s=time.time()).encode(),
+                                     version=__version__, now_s=time.time(),
+                                     refusals=self.transport.refusals.as_dict()).encode(),
                 "text/plain; version=0.0.4; charset=utf-8")),
             "/api/status": lambda: self._when_ready(lambda: _json(self.status())),
             "/api/history": lambda: self._when_ready(lambda: _json(list(self.view.history))),
@@ -325,17 +329,21 @@ class BootstrapPeer:
                 "bootstrap": {"peer_id": self.dht.peer_id, "maddrs": self.maddrs, "version": __version__,
                               "uptime_s": round(time.time() - self.view.started_s, 1),
                               "reachability": self.reachability},
-                "data_served_bytes": self.data_server.served_bytes if self.data_server else 0}
+                "data_served_bytes": self.data_server.served_bytes if self.data_server else 0,
+                "refusals": self.transport.refusals.as_dict()}
 
 
 def data_service(cache: ShardCache, spec: RunSpec, verified: Callable[[str], bool],
-                 budget: BudgetConfig | None = None) -> tuple[DataServer, PeerGuard]:
+                 budget: BudgetConfig | None = None,
+                 refusals: Refusals | None = None) -> tuple[DataServer, PeerGuard]:
     """The host's dataset service and its gate: a malformed request is a fault of its
     caller (logged once a minute at most; after repeated ones its streams are closed
-    unread for a while), each caller's answers stay within a byte budget, and callers
-    that are not verified live peers share one budget, so they cannot crowd those out."""
-    guard = PeerGuard(admits=spec.admits)
-    return DataServer(lambda: cache, on_fault=guard.fault, budget=ByteBudget(budget or BudgetConfig(), verified)), guard
+    unread for a while; counted as "bad-data" in ``refusals``), each caller's answers
+    stay within a byte budget, and callers that are not verified live peers share one
+    budget, so they cannot crowd those out."""
+    guard = PeerGuard(admits=spec.admits, refusals=refusals)
+    return DataServer(lambda: cache, on_fault=partial(guard.fault, reason="bad-data"),
+                      budget=ByteBudget(budget or BudgetConfig(), verified)), guard
 
 
 def _json(data) -> Response:

@@ -16,6 +16,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from swarm_node.net.refusals import REASONS
 from swarm_node.obs.prometheus import PrometheusText
 from swarm_node.wire.records import PeerRecord
 
@@ -175,8 +176,10 @@ class SwarmView:
                 "last_poll": self.last_poll_s}
 
 
-def prometheus_text(view: SwarmView, *, up: bool, peer_id: str, version: str, now_s: float) -> str:
-    """The Prometheus text exposition format (version 0.0.4)."""
+def prometheus_text(view: SwarmView, *, up: bool, peer_id: str, version: str, now_s: float,
+                    refusals: dict[str, int] | None = None) -> str:
+    """The Prometheus text exposition format (version 0.0.4); ``refusals``: what the
+    bootstrap refused of callers, by reason (net/refusals.py)."""
     out = PrometheusText()
     metric = out.metric
 
@@ -205,6 +208,8 @@ def prometheus_text(view: SwarmView, *, up: bool, peer_id: str, version: str, no
            "without partner, vanished peers).", [({}, view.failures_total)])
     metric("swarm_foreign_records", "gauge", "Registry records of another spec or unreadable.",
            [({}, view.foreign_records)])
+    metric("swarm_bootstrap_refusals", "counter", "What the bootstrap refused of callers, by reason.",
+           [({"reason": r}, (refusals or {}).get(r, 0)) for r in REASONS])
     rows = sorted(view.peers.values(), key=lambda r: (r.record.stage, r.peer_id))
     per_peer = [
         ("swarm_peer_inner_step", "gauge", "Inner optimizer steps taken.", lambda r: r.inner_step),

@@ -25,6 +25,10 @@ class ProtocolError(PeerError):
     finiteness, version or run-spec hash)."""
 
 
+class Oversize(ProtocolError):
+    """A frame's length prefix over its protocol's cap: refused before its body is read."""
+
+
 class StreamClosed(PeerError):
     """The stream ended before the answer was read: the peer closed it unread (it refuses
     us, or dropped the request), or a reset inside the libp2p daemons overtook the answer

@@ -107,7 +107,7 @@ class Manifest:
             raise DataError(f"manifest hash {sha256_hex(data)[:16]}… is not the run spec's {expect_sha256[:16]}…")
         try:
             raw = json.loads(data)
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (ValueError, RecursionError):  # not UTF-8 or JSON, too deep, or a number past 4,300 digits
             raise DataError("manifest is not JSON") from None
         if not isinstance(raw, dict) or raw.get("format") != FORMAT:
             raise DataError(f"not a {FORMAT} manifest")

@@ -268,7 +268,7 @@ class PayloadSwap:
             return encode_frame({"ok": False, "error": str(exc)})
         except ProtocolError as exc:
             self.guard.fault(remote, f"bad outer exchange ({exc})")
-            self.guard.failed(remote)
+            self.guard.failed(remote, reason=None)  # counted once, as the fault
             return encode_frame({"ok": False, "error": "protocol"})
 
     async def _take(self, remote: str, request: bytes, part: str | None = None):
@@ -330,7 +330,7 @@ class PayloadSwap:
             if len(self._declined) > MAX_DECLINED_TRACKED:
                 self._declined.pop(next(iter(self._declined)))
             if declines >= DECLINES_BEFORE_BACKOFF:
-                self.guard.failed(peer)
+                self.guard.failed(peer, reason="rounds-apart")
             self.guard.note(peer, f"declining an outer exchange with {short_id(peer)} at round {theirs} (we are at "
                                   f"{ours}): {exc}")
             raise

@@ -142,7 +142,7 @@ class Membership:
                 found, unreadable = await read_shard(self.dht, self.spec.run_id, stage, shard, self.shards,
                                                      self.cadence.sufficient_expiry_s(self.dht.wall_now()))
                 for peer, exc in unreadable.items():
-                    self.guard.ignore(peer, f"registry record refused: {exc}")
+                    self.guard.ignore(peer, f"registry record refused: {exc}", reason="bad-record")
                 self._merge(stage, self._usable(stage, found))
             self._expire(stage)
 
@@ -160,10 +160,11 @@ class Membership:
             if peer == self.own_id:
                 continue
             if not self.spec.admits(peer):
-                self.guard.ignore(peer, "not on this closed run's list of allowed peers")
+                self.guard.ignore(peer, "not on this closed run's list of allowed peers", reason="bad-record")
                 continue
             if record.spec_hash != self.spec_hash:
-                self.guard.ignore(peer, f"run-spec hash {record.spec_hash} differs from ours ({self.spec_hash})")
+                self.guard.ignore(peer, f"run-spec hash {record.spec_hash} differs from ours ({self.spec_hash})",
+                                  reason="bad-record")
                 continue
             if record.stage == stage:
                 usable[peer] = (record, expires_at_s)

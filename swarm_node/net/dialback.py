@@ -23,6 +23,7 @@ from hivemind.p2p import P2P, P2PDaemonError, PeerID
 from hivemind.utils.multiaddr import Multiaddr
 
 from swarm_node.errors import PeerError, PeerRefused, ProtocolError
+from swarm_node.net.refusals import Refusals
 from swarm_node.net.transport import ServeLimits, Transport, short_id
 from swarm_node.wire.frames import FrameLimits, decode_frame, encode_frame
 
@@ -69,8 +70,8 @@ Dial = Callable[[str, Sequence[str], float], Awaitable[dict[str, str | None]]]
 async def serve_dialback(transport: Transport, authorize=lambda remote: True, on_fault: Fault | None = None) -> None:
     """Answer dial-back requests: bootstraps and nodes both serve them, so a joiner can
     ask whoever it reached first."""
-    await transport.serve(DIALBACK, dialback_handler(on_fault or _log_once()), DIALBACK_SERVE_LIMITS,
-                          authorize=authorize, with_address=True)
+    await transport.serve(DIALBACK, dialback_handler(on_fault or _log_once(transport.refusals)),
+                          DIALBACK_SERVE_LIMITS, authorize=authorize, with_address=True)
 
 
 def dialback_handler(on_fault: Fault, dial: Dial = dial_check):
@@ -92,10 +93,12 @@ def dialback_handler(on_fault: Fault, dial: Dial = dial_check):
     return handle
 
 
-def _log_once(max_peers: int = 4096) -> Fault:
+def _log_once(refusals: Refusals, max_peers: int = 4096) -> Fault:
+    """A fault where no guard counts it (a bootstrap): counted as malformed, logged once a peer."""
     seen: set[str] = set()
 
     def fault(remote: str, why: str) -> None:
+        refusals.count("malformed")
         if remote not in seen:
             if len(seen) >= max_peers:
                 seen.clear()  # bounded: at worst a peer is logged a second time

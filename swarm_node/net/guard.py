@@ -11,6 +11,8 @@
   streams are closed unread for ``caller_ban_s``
   (:meth:`PeerGuard.admit`, the gate of every stream handler).
 - A registry record we cannot use: :meth:`PeerGuard.ignore` logs it once.
+- Every refusal is counted by reason (net/refusals.py: a fixed vocabulary), for the
+  status JSON and the metrics: a penalty method counts its ``reason`` keyword.
 - What a record claims is not proof that its peer exists: anyone can sign records
   with fresh keys. A peer is *verified* once it has answered one of our calls or
   made one we served (:meth:`PeerGuard.reached`); routing and pairing prefer verified
@@ -25,6 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from swarm_node.net.refusals import Refusals
 from swarm_node.net.transport import short_id
 
 log = logging.getLogger(__name__)
@@ -43,8 +46,9 @@ class _Ban:
 class PeerGuard:
     def __init__(self, *, admits: Callable[[str], bool] = lambda peer: True, max_faults: int = 8,
                  caller_ban_s: float = 600.0, base_ban_s: float = 5.0, max_ban_s: float = 120.0,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, refusals: Refusals | None = None):
         self.admits = admits  # a closed run's list of allowed peers
+        self.refusals = refusals or Refusals()  # by reason; the transport counts into it too
         self.max_faults = max_faults
         self.caller_ban_s = caller_ban_s
         self.base_ban_s, self.max_ban_s = base_ban_s, max_ban_s
@@ -59,9 +63,15 @@ class PeerGuard:
         self._reached: dict[str, None] = {}  # peers that answered us or called us (insertion-ordered, bounded)
 
     # -- peers we call -------------------------------------------------------------
-    def failed(self, peer: str, at_least_s: float = 0.0) -> float:
+    def failed(self, peer: str, at_least_s: float = 0.0, reason: str | None = "failed") -> float:
         """A call to ``peer`` failed: ban it; returns the ban's length in seconds (a
-        longer ban it already has is kept)."""
+        longer ban it already has is kept). Counted under ``reason``; None: the caller
+        counted this event already (as a fault)."""
+        if reason is not None:
+            self.refusals.count(reason)
+        return self._ban(peer, at_least_s)
+
+    def _ban(self, peer: str, at_least_s: float) -> float:
         previous = self._bans.pop(peer, None)
         strikes = previous.strikes + 1 if previous else 1
         length = max(at_least_s, min(self.max_ban_s, self.base_ban_s * 2 ** min(strikes - 1, 30)))  # no overflow
@@ -70,13 +80,15 @@ class PeerGuard:
         _bound(self._bans)
         return until - self.clock()
 
-    def poisoned(self, peer: str, why: str, what: str = "update") -> None:
+    def poisoned(self, peer: str, why: str, what: str = "update", reason: str | None = None) -> None:
         """``peer`` sent an update we rejected (out of our scale at the same round), or a
         state that its stage's other replicas disown (``what``): no routing, pairing or
         downloads with it for POISON_BAN_S, logged once. (A short ban let a x1000
-        attacker back in 2 minutes later.)"""
+        attacker back in 2 minutes later.) Counted as ``reason``, by default
+        "bad-state" for a state and "poisoned" for anything else."""
+        self.refusals.count(reason or ("bad-state" if what == "state" else "poisoned"))
         self.ignore(peer, f"rejected its {what} ({why}); not pairing with it for {POISON_BAN_S / 60:.0f} min")
-        self.failed(peer, at_least_s=POISON_BAN_S)
+        self._ban(peer, POISON_BAN_S)
         self._poisoned[peer] = self.clock() + POISON_BAN_S
         _bound(self._poisoned)
 
@@ -125,15 +137,19 @@ class PeerGuard:
         return count >= 2
 
     # -- peers that call us ----------------------------------------------------------
-    def fault(self, peer: str, why: str) -> None:
+    def fault(self, peer: str, why: str, reason: str | None = "malformed") -> None:
         """``peer`` sent something malformed: log it once, and after repeated faults stop
         serving it for a while. A fault ``caller_ban_s`` after the caller's last one starts
         the count anew: an offender repeats within seconds, while an honest caller on a
-        bad link may, once in a long while, look like one (net/stalls.py)."""
+        bad link may, once in a long while, look like one (net/stalls.py). Counted under
+        ``reason`` (None: the caller counted it), and the ban that starts as "banned"."""
+        if reason is not None:
+            self.refusals.count(reason)
         self.ignore(peer, why)
         count = self.faults(peer) + 1
         self._faults.pop(peer, None)
         if count >= self.max_faults:
+            self.refusals.count("banned")
             self._caller_bans[peer] = self.clock() + self.caller_ban_s
             _bound(self._caller_bans)
             self.note(peer, f"banning peer {short_id(peer)} for {self.caller_ban_s:.0f} s after {count} bad requests",
@@ -167,8 +183,12 @@ class PeerGuard:
         _bound(self._noted)
         log.log(level, "%s", what)
 
-    def ignore(self, peer: str, why: str) -> None:
-        """Log once per peer (bounded: at worst a peer is logged a second time)."""
+    def ignore(self, peer: str, why: str, reason: str | None = None) -> None:
+        """Log once per peer (bounded: at worst a peer is logged a second time); counted
+        under ``reason`` when one is given (the penalties above log through here, and
+        count for themselves)."""
+        if reason is not None:
+            self.refusals.count(reason)
         if peer not in self._ignored:
             if len(self._ignored) >= MAX_TRACKED_PEERS:
                 self._ignored.clear()

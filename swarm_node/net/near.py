@@ -66,13 +66,19 @@ def _forget(key_id: DHTID, node_id: DHTID) -> None:
 
 def _readable(node: DHTNode, key_id: DHTID, found: ValueWithExpiration) -> ValueWithExpiration:
     """The dictionary as hivemind's get returns it: each entry's signature stripped and its
-    value deserialized (the signatures were checked when the find's answer arrived)."""
+    value deserialized (the signatures were checked when the find's answer arrived). An
+    entry whose bytes do not deserialize is left out: a signature says who wrote it, not
+    that it is msgpack, and one such entry must not make the whole key unreadable."""
     protocol, entries = node.protocol, {}
     for subkey, (value_bytes, expires) in found.value.items():
         if protocol.record_validator is not None:
             record = DHTRecord(key_id.to_bytes(), protocol.serializer.dumps(subkey), value_bytes, expires)
             value_bytes = protocol.record_validator.strip_value(record)
-        entries[subkey] = ValueWithExpiration(protocol.serializer.loads(value_bytes), expires)
+        try:
+            value = protocol.serializer.loads(value_bytes)
+        except Exception:  # msgpack raises many unrelated types for bad bytes (wire/frames.py)
+            continue
+        entries[subkey] = ValueWithExpiration(value, expires)
     return ValueWithExpiration(entries, found.expiration_time)
 
 

@@ -30,7 +30,7 @@ from typing import Protocol
 
 from hivemind.p2p import P2P, P2PDaemonError, P2PHandlerError, PeerID
 
-from swarm_node.errors import PeerError, PeerRefused, PeerTimeout, ProtocolError, StreamClosed
+from swarm_node.errors import Oversize, PeerError, PeerRefused, PeerTimeout, ProtocolError, StreamClosed
 from swarm_node.net import protocols
 from swarm_node.net.addresses import LOOPBACK, address_key
 from swarm_node.net.identity import short_id  # components import it from here too
@@ -45,6 +45,7 @@ from swarm_node.net.lanes import (
     Tickets,
 )
 from swarm_node.net.pacing import BlockingPipe, Meter, Pacer, read_paced, send_paced
+from swarm_node.net.refusals import Refusals
 from swarm_node.net.stalls import Flows, StallRule, Stalled, discard_counted, moved, read_counted
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,7 @@ async def read_length(reader: asyncio.StreamReader, max_bytes: int) -> int:
     except asyncio.IncompleteReadError:
         raise StreamClosed("stream closed mid-frame") from None
     if length > max_bytes:
-        raise ProtocolError(f"frame of {length} bytes exceeds the cap of {max_bytes}")
+        raise Oversize(f"frame of {length} bytes exceeds the cap of {max_bytes}")
     return length
 
 
@@ -144,9 +145,11 @@ LANE_OFFER_LIMITS = ServeLimits(max_request_bytes=1024, max_concurrent=8, max_pe
 
 class Transport:
     def __init__(self, p2p: P2P, on_fault: Callable[[str, str], None] = lambda peer, why: None,
-                 on_reached: Callable[[str], None] = lambda peer: None):
+                 on_reached: Callable[[str], None] = lambda peer: None, refusals: Refusals | None = None):
         self.p2p = p2p
         self.on_fault = on_fault  # a caller sent a malformed frame or stalled its request (net/guard.py)
+        # streams refused, by reason (net/refusals.py): counted here, so on_fault need not count them
+        self.refusals = refusals or Refusals()
         self.on_reached = on_reached  # a caller proved its peer id (the libp2p handshake) by calling us
         self.peer_id = str(p2p.peer_id)
         self.bytes_sent = 0
@@ -171,8 +174,8 @@ class Transport:
         peers' lanes for our bulk requests; returns the port. Only peers ``authorize``
         admits get offers, and a ticket opens no lane once its holder is refused."""
         self._tickets = Tickets()  # a new server's: an old one's tickets open nothing here
-        self._lane_server = LaneServer(LaneIdentity(), self._tickets, self._lane_answers.get, self.on_fault,
-                                       admit=authorize)
+        self._lane_server = LaneServer(LaneIdentity(), self._tickets, self._lane_answers.get,
+                                       partial(self._fault, reason="malformed"), admit=authorize)
         port = await self._lane_server.start(hosts, port)
         await self.serve(protocols.LANE, self._offer_lane, LANE_OFFER_LIMITS, authorize, with_address=True)
         self.lanes = LanePool(self._ask_lane_offer, encrypt_loopback=encrypt_loopback)
@@ -290,6 +293,7 @@ class Transport:
             may then carry the caller's next request)."""
             key = (protocol, remote)
             if not authorize(remote):
+                self.refusals.count("not-admitted")
                 if remote not in self._refused:
                     if len(self._refused) >= MAX_REFUSED_LOGGED:
                         self._refused.clear()  # at worst a refused peer is logged again
@@ -304,6 +308,7 @@ class Transport:
             try:
                 if (gate.locked() or self._active_per_peer[key] >= limits.max_per_peer
                         or (where[1] is not None and self._active_per_address[where] >= limits.address_cap)):
+                    self.refusals.count("busy")
                     if refusing.locked():
                         return False
                     async with refusing:  # read and thrown away: see the module docstring
@@ -329,8 +334,9 @@ class Transport:
                     # may arrive before it has closed this stream
                     await _linger(reader, LINGER_S + len(response) / MIN_ANSWER_BYTES_PER_S)
                 return True
-            except ProtocolError as exc:  # an oversize length prefix
-                self.on_fault(remote, f"bad {protocol} frame ({exc})")
+            except ProtocolError as exc:  # an oversize length prefix, or lies in a paced answer's acknowledgements
+                self._fault(remote, f"bad {protocol} frame ({exc})",
+                            "oversize" if isinstance(exc, Oversize) else "malformed")
             except (PeerError, TimeoutError, ConnectionError, OSError) as exc:
                 log.debug("%s from %s: %s", protocol, short_id(remote), exc)
             finally:
@@ -372,7 +378,7 @@ class Transport:
                 else:
                     request = await (read_counted if keep else discard_counted)(reader, length, meter)
         except Stalled:
-            self.on_fault(remote, f"stalled its {protocol} request")
+            self._fault(remote, f"stalled its {protocol} request", "stalled")
             raise
         if keep:
             self.streams_served += 1
@@ -403,10 +409,14 @@ class Transport:
                     await write_frame(writer, response)
         except TimeoutError as exc:
             if isinstance(exc, Stalled) or not (limits.paced_response and response):
-                self.on_fault(remote, f"stalled reading its {protocol} answer")
+                self._fault(remote, f"stalled reading its {protocol} answer", "stalled")
             raise
         self.bytes_sent += len(response) + LENGTH_BYTES
         return response
+
+    def _fault(self, remote: str, why: str, reason: str) -> None:
+        self.refusals.count(reason)
+        self.on_fault(remote, why)
 
     async def stop_serving(self, protocol: str) -> None:
         self._lane_answers.pop(protocol, None)

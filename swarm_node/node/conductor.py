@@ -194,8 +194,8 @@ class Node:
         # that hold it, the bootstrap only when none does
         self.data = RunData(self.spec, cache_dir=cfg.data_cache_dir, cache_gb=cfg.data_cache_gb,
                             initial_peers=peer_ids_of(cfg.initial_peers), peers=self._all_live_peers,
-                            on_fault=self.guard.fault, progress=cfg.progress, guard=self.guard,
-                            private_mirrors=cfg.data_private_mirrors)
+                            on_fault=partial(self.guard.fault, reason="bad-data"), progress=cfg.progress,
+                            guard=self.guard, private_mirrors=cfg.data_private_mirrors)
         vocab_size = await self.data.open(self.transport, self.compute.unthrottled,
                                           manifest_timeout_s=max(cfg.startup_timeout_s, 300.0))
         self.checkpoints = Checkpoints(cfg.checkpoint_dir, spec=self.spec, compute=self.compute,
@@ -328,8 +328,8 @@ class Node:
         return data
 
     async def _new_transport(self) -> None:
-        self.transport = Transport(await self.dht.replicate_p2p(), on_fault=self.guard.fault,
-                                   on_reached=self.guard.reached)
+        self.transport = Transport(await self.dht.replicate_p2p(), refusals=self.guard.refusals,  # counted there
+                                   on_fault=partial(self.guard.fault, reason=None), on_reached=self.guard.reached)
         hosts = lane_hosts(self.config.host_maddrs)
         if self.config.lane_port is not None and hosts:
             try:

@@ -72,7 +72,7 @@ class NodeReport:
                 "bytes_received": transport.bytes_received if transport else 0,
                 "round_held_s": round(n.gate.held_s, 3),
                 "training_s": round(n.worker.training_s, 3) if n.worker else 0.0, **asdict(n.stats),
-                "data": n.data.status() if n.data is not None else None,
+                "data": n.data.status() if n.data is not None else None, "refusals": n.guard.refusals.as_dict(),
                 **{f"dht_{k}": v for k, v in (asdict(n.dht.ops) if n.dht else {}).items()}}
 
     def health(self) -> tuple[str, bool]:

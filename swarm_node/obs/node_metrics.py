@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+from swarm_node.net.refusals import REASONS
 from swarm_node.obs.prometheus import PrometheusText
 from swarm_node.wire.records import PeerRecord
 
@@ -38,4 +39,7 @@ def node_metrics_text(record: PeerRecord, summary: dict, *, run_id: str, version
                [(labels, record.loss if record.loss is not None else math.nan)])
     for key, help_text in COUNTERS:
         out.metric(f"swarm_node_{key}", "counter", help_text, [(labels, int(summary.get(key, 0)))])
+    refusals = summary.get("refusals") or {}
+    out.metric("swarm_node_refusals", "counter", "What this node refused of other peers, by reason "
+               "(docs/PROTOCOL.md 2.2).", [({**labels, "reason": r}, int(refusals.get(r, 0))) for r in REASONS])
     return out.text()

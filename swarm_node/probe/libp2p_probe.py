@@ -98,8 +98,8 @@ def decode_frame(data: bytes | bytearray | memoryview) -> tuple[dict, list[tuple
     header.pop("v")
     offset, tensors = HEADER_LEN.size + head_len, []
     for spec in header.pop("tensors"):
-        if not (isinstance(spec, list) and len(spec) == 2 and spec[0] in DTYPE_SIZES and isinstance(spec[1], list)
-                and all(type(d) is int and 0 <= d < 2**32 for d in spec[1])):
+        if not (isinstance(spec, list) and len(spec) == 2 and isinstance(spec[0], str) and spec[0] in DTYPE_SIZES
+                and isinstance(spec[1], list) and all(type(d) is int and 0 <= d < 2**32 for d in spec[1])):
             raise FrameError(f"bad tensor spec {spec!r}")
         nbytes = math.prod(spec[1]) * DTYPE_SIZES[spec[0]]
         if offset + nbytes > len(view):

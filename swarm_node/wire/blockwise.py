@@ -16,10 +16,10 @@ Two ways to code a block:
   declares (which the partner check bounds).
 
 Decoding checks everything before allocating, like the frame codec: the codes' dtype
-and length against the shape, the steps' count, dtype and values (finite; positive
-for ``quantize_near``). An increment that is sent again and again (Delta) keeps what a
-round could not send and adds it to the next (ErrorFeedback): the error does not
-accumulate."""
+and length against the shape, the steps' count, dtype and values (finite, at most
+MAX_STEP; positive for ``quantize_near``). An increment that is sent again and again
+(Delta) keeps what a round could not send and adds it to the next (ErrorFeedback): the
+error does not accumulate."""
 
 from __future__ import annotations
 
@@ -34,6 +34,10 @@ from swarm_node.errors import ProtocolError
 BLOCK = 256
 BITS = (8, 4, 3, 2)
 MIN_NEAR_STEP = 1e-12  # blocks where partners agree exactly still get a usable grid
+# The largest step a peer may send: 2^8 of them (a code's reach either way) stay within
+# half of float32's range, so no decoded value is infinite (steps near float32's largest
+# make every code past 1 infinite); no honest block comes near it.
+MAX_STEP = torch.finfo(torch.float32).max / 2 ** 9
 
 
 def _levels(bits: int) -> int:
@@ -134,8 +138,10 @@ def _checked(q: Quantized, block: int, max_numel: int, positive: bool) -> int:
         raise ProtocolError(f"codes do not fit {numel} values of {q.bits} bits")
     if q.scales.dtype != torch.float32 or q.scales.dim() != 1 or q.scales.numel() != -(-numel // block):
         raise ProtocolError(f"expected {-(-numel // block)} float32 scales")
-    if not torch.isfinite(q.scales).all() or (q.scales <= 0 if positive else q.scales < 0).any():
-        raise ProtocolError("steps must be finite and " + ("positive" if positive else "not negative"))
+    if (not torch.isfinite(q.scales).all() or (q.scales <= 0 if positive else q.scales < 0).any()
+            or (q.scales > MAX_STEP).any()):
+        raise ProtocolError(f"steps must be at most {MAX_STEP:.1e} and "
+                            + ("positive" if positive else "not negative"))
     return numel
 
 

@@ -9,6 +9,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 from functools import partial
+from types import SimpleNamespace
 
 import torch
 
@@ -162,3 +163,56 @@ async def exchange_as_partner(exchange: OuterExchange, remote: str, frame: bytes
     finally:
         round_task.cancel()  # a refused payload leaves the round seeking: end it here
         await asyncio.gather(round_task, return_exceptions=True)
+
+
+class FakeP2P:
+    """What Transport.serve needs of a p2p daemon: it keeps the stream handlers, which a
+    test calls with a stream of its own (``stream_to``)."""
+    peer_id = "QmServer"
+
+    def __init__(self):
+        self.handlers = {}
+
+    async def add_binary_stream_handler(self, protocol, handler):
+        self.handlers[protocol] = handler
+
+    async def remove_binary_stream_handler(self, protocol):
+        self.handlers.pop(protocol, None)
+
+
+class Sink:
+    """A stream's writing end: keeps what was written."""
+
+    def __init__(self):
+        self.data = bytearray()
+        self.closed = False
+
+    def write(self, data):
+        self.data += data
+
+    async def drain(self):
+        pass
+
+    def close(self):
+        self.closed = True
+
+    def is_closing(self):
+        return self.closed
+
+
+async def stream_to(p2p: FakeP2P, protocol: str, data: bytes, *, caller: str = "QmCaller",
+                    addr: str = "/ip4/10.0.0.7/tcp/4001", end: bool = True) -> bytes:
+    """``data`` arrives from ``caller`` on a stream to ``protocol`` (and the stream ends,
+    unless not ``end``); what the server wrote back before it closed the stream."""
+    reader, sink = asyncio.StreamReader(), Sink()
+    reader.feed_data(data)
+    if end:
+        reader.feed_eof()
+    await p2p.handlers[protocol](SimpleNamespace(peer_id=caller, addr=addr), reader, sink)
+    assert sink.closed
+    return bytes(sink.data)
+
+
+def framed(body: bytes) -> bytes:
+    """One stream frame (net/transport.py): u64 length, then the bytes."""
+    return len(body).to_bytes(8, "big") + body

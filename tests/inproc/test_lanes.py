@@ -235,13 +235,14 @@ def test_a_control_protocol_asked_on_a_lane_is_a_fault_of_the_ticket_holder():
             await writer.drain()
             leftover = await asyncio.wait_for(reader.read(), 10)
             writer.close()
-            return leftover, seen, faults, client.peer_id
+            return leftover, seen, faults, client.peer_id, serving.refusals.as_dict()
         finally:
             await close(server, client, transports=(serving,))
 
-    leftover, seen, faults, caller = asyncio.run(asyncio.wait_for(scenario(), 60))
+    leftover, seen, faults, caller, refusals = asyncio.run(asyncio.wait_for(scenario(), 60))
     assert leftover == b"" and seen == []
     assert [peer for peer, _ in faults] == [caller] and "does not carry it" in faults[0][1]
+    assert refusals["malformed"] == 1 and sum(refusals.values()) == 1  # counted once, under its reason
 
 
 def test_connections_that_never_finish_their_handshake_are_bounded(monkeypatch):

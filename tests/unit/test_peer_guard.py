@@ -148,3 +148,28 @@ def test_notes_about_a_peer_are_logged_at_most_once_a_minute(caplog):
     lines = [r.getMessage() for r in caplog.records]
     assert [ln for ln in lines if "Forged" in ln] == [f"stage-1 peer Forged failed at {t}" for t in (0, 60, 120)]
     assert len([ln for ln in lines if "Other" in ln]) == 3
+
+
+def test_refusals_are_counted_by_reason_from_a_fixed_vocabulary():
+    import pytest
+
+    from swarm_node.net.refusals import REASONS
+
+    guard, _ = clocked(max_faults=2)
+    guard.fault("QmBad", "garbage")  # malformed, by default
+    guard.fault("QmBad", "garbage again")  # and the ban it starts
+    guard.fault("QmData", "a chunk the manifest does not know", reason="bad-data")
+    guard.fault("QmCounted", "the transport counted it", reason=None)
+    guard.failed("QmGone")
+    guard.failed("QmBad", reason=None)  # counted as its fault already
+    guard.failed("QmFar", reason="rounds-apart")
+    guard.poisoned("QmPoison", "x1000")
+    guard.poisoned("QmLiar", "disowned", what="state")
+    guard.ignore("QmForeign", "another run's record", reason="bad-record")
+    guard.ignore("QmLogged", "only logged")
+    assert guard.refusals.as_dict() == {**dict.fromkeys(REASONS, 0), "malformed": 2, "banned": 1, "bad-data": 1,
+                                        "failed": 1, "rounds-apart": 1, "poisoned": 1, "bad-state": 1,
+                                        "bad-record": 1}
+    assert guard.is_banned("QmPoison") and guard.is_poisoned("QmLiar") and not guard.admit("QmBad")
+    with pytest.raises(ValueError, match="unknown refusal reason"):
+        guard.fault("QmBad", "garbage", reason="per-peer-QmBad")  # the vocabulary stays bounded
