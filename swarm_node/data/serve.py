@@ -141,8 +141,8 @@ class DataServer:
                 return bytes_frame({"ok": True, "count": len(cache.manifest.files())}, bitmap)
             entry = None
             if what == "chunk":
-                entry = cache.manifest.files().get(header.get("name"))
-                index = header.get("chunk")
+                name, index = header.get("name"), header.get("chunk")
+                entry = cache.manifest.files().get(name) if type(name) is str else None
                 if entry is None or type(index) is not int or not 0 <= index < entry.num_chunks():
                     raise ProtocolError("no such file or chunk")
             if self.budget is not None and not self.budget.allows(remote):

@@ -201,8 +201,6 @@ def data_requests(digest: str) -> st.SearchStrategy[bytes]:
                        for what in (("manifest",), ("have",), ("chunk", "train-0.tok", 1))))
 
 
-@pytest.mark.xfail(strict=True, reason="data/serve.py (data path, another branch): a chunk request "
-                   "naming its file by a list or map looks it up in a dict: TypeError (unhashable)")
 @fuzz_settings(150)
 @given(data=st.data())
 @example(data=None)
@@ -438,8 +436,6 @@ def test_a_lane_offer_is_used_or_the_peer_goes_over_libp2p(raw):
     assert fresh and 0 < got.port < 65536 and got.host == "127.0.0.1"
 
 
-@pytest.mark.xfail(strict=True, reason="data/fetch.py (data path, another branch): a data answer "
-                   "carrying a bf16 tensor goes to numpy, which has no bfloat16: TypeError")
 @fuzz_settings(100)
 @given(data=st.data())
 @example(data=None)
