@@ -116,7 +116,8 @@ def test_hostile_holders_starve_no_volunteer_and_are_refused_once_each(bed, tmp_
             about = [line for line in victim.text().splitlines() if forger[-6:] in line]
             assert sum(f"ignoring peer {forger[-6:]}: it claims our data slot" in line for line in about) == 1, \
                 (victim.host.name, about[:20])
-        print(f"{len(first)} stage-0 volunteers; attackers {ids} refused by each; forgers {forged} moved nobody")
+        print(f"{len(first)} stage-0 volunteers; attackers {ids} refused by each; forgers "
+              f"{ {v.host.name: f[-6:] for v, f in forged.items()} } moved nobody")
     finally:
         for process in attackers:
             stop(process)
