@@ -24,7 +24,6 @@ from swarm_node import __version__
 from swarm_node.data.cache import ShardCache
 from swarm_node.data.serve import BudgetConfig, ByteBudget, DataServer
 from swarm_node.errors import ConfigError, PeerError, SwarmError, known_failure
-from swarm_node.membership.discovery import SPEC_REPUBLISH_S, find_run_spec, publish_spec, spec_key
 from swarm_node.membership.registry import read_registry
 from swarm_node.net.dht import SwarmDHT
 from swarm_node.net.dialback import address_scope, dial_check, ordered_for_others, serve_dialback
@@ -34,6 +33,7 @@ from swarm_node.net.refusals import Refusals
 from swarm_node.net.transport import Transport, short_id
 from swarm_node.obs.http import Response, StatusServer
 from swarm_node.spec import RunSpec
+from swarm_node.spec_record import SPEC_REPUBLISH_S, find_run_spec, publish_spec, spec_key
 from swarm_node.system import raise_open_file_limit
 
 log = logging.getLogger("swarm_bootstrap")

@@ -210,7 +210,7 @@ def simulated_figures(args: argparse.Namespace, real: dict, seeds: int, calibrat
     the real ones did (seconds: each is several RPCs through the DHT processes and p2pd
     daemons of nodes that are all busy)."""
     from swarm_node.local.swarm import LocalConfig
-    from swarm_node.node.config import NodeConfig
+    from swarm_node.node_config import NodeConfig
     from swarm_node.scale.config import ScaleConfig
     from swarm_node.scale.vclock import run
     from swarm_node.scale.world import World

@@ -86,7 +86,7 @@ def machine_cpu() -> tuple[float, float]:
 def measure_plain(plan: Plan, threads: int, data) -> dict:
     """Steady tokens/s of single-process training with ``threads`` torch threads, under
     the same profiler as the swarm's compute threads (so both pay its overhead)."""
-    from swarm_node.data.shards import ShardedBatches
+    from swarm_node.data.sharded_batches import ShardedBatches
     from swarm_node.train.worker import StageWorker
 
     previous = torch.get_num_threads()

@@ -63,7 +63,7 @@ from bench.common.results import Result, parse_mode
 from bench.sync_cost.net import Namespaces, available
 from bench.sync_cost.report import markdown, plot
 from bench.sync_cost.swarm import Swarm
-from swarm_node.node.config import NodeConfig
+from swarm_node.node_config import NodeConfig
 
 __all__ = ["main", "markdown", "summarize"]
 

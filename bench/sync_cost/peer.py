@@ -41,7 +41,7 @@ from swarm_node.net import protocols
 from swarm_node.net.dht import SwarmDHT
 from swarm_node.net.guard import PeerGuard
 from swarm_node.net.transport import ServeLimits, Transport
-from swarm_node.node.services import NodeServices
+from swarm_node.node_services import NodeServices
 from swarm_node.obs.stats import NodeStats
 from swarm_node.train.rounds import RoundGate
 from swarm_node.train.worker import OpenRound

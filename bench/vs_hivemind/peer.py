@@ -25,7 +25,7 @@ import torch
 
 from swarm_node.config import default_warmup_steps
 from swarm_node.data.dataset import load_windows
-from swarm_node.data.shards import ShardedBatches
+from swarm_node.data.sharded_batches import ShardedBatches
 from swarm_node.data.spec import DataSpec
 from swarm_node.model.config import model_config
 from swarm_node.model.stages import build_model

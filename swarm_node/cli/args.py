@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from swarm_node.errors import ConfigError
-from swarm_node.node.config import check_compute_share
+from swarm_node.node_config import check_compute_share
 
 # wire/outer_codec.py's table and wire/messages.py's (a test keeps them equal): the parser
 # runs before torch is imported

@@ -62,7 +62,7 @@ def _tokenizer_path(args: argparse.Namespace, assembled) -> Path | None:
     data = assembled.spec.data
     if data.kind == "manifest":
         from swarm_node.data.source import prepared_tokenizer
-        from swarm_node.node.config import default_data_cache_dir
+        from swarm_node.node_config import default_data_cache_dir
         return prepared_tokenizer(data, args.data_cache or default_data_cache_dir())
     return Path(data.tokenizer_path) if data.tokenizer_path else None
 

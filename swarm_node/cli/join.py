@@ -8,7 +8,7 @@ from pathlib import Path
 from swarm_node.cli.args import above_one, check_folder, port_number, positive_float, positive_int, unit_share
 from swarm_node.errors import ConfigError
 from swarm_node.net.maddr import check_ip, check_maddrs
-from swarm_node.node.config import DEFAULT_STARTUP_TIMEOUT_S
+from swarm_node.node_config import DEFAULT_STARTUP_TIMEOUT_S
 from swarm_node.obs.sinks import SINKS
 
 
@@ -177,7 +177,7 @@ def _read_maddrs(path: Path) -> list[str]:
 def run_join(args: argparse.Namespace) -> int:
     from swarm_node.config import resolve_device
     from swarm_node.node.conductor import Node
-    from swarm_node.node.config import NodeConfig
+    from swarm_node.node_config import NodeConfig
     from swarm_node.spec import RunSpec
     from swarm_node.system import node_threads, run_on_fast_loop
 

@@ -3,7 +3,7 @@ bundled corpus), windows with a held-out validation split, and deterministic sha
 
 from swarm_node.data.dataset import TokenWindows, load_windows
 from swarm_node.data.markov import MarkovChain, MarkovSpec
-from swarm_node.data.shards import ShardedBatches
+from swarm_node.data.sharded_batches import ShardedBatches
 from swarm_node.data.spec import DataSpec
 from swarm_node.data.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
 

@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 END_OF_TEXT = "<|endoftext|>"
 SPECIAL_TOKENS = (END_OF_TEXT,)
 MIN_VOCAB = 256 + len(SPECIAL_TOKENS)
-MAX_VOCAB = 2**32  # what the shard format's 32-bit token ids hold (data/shardfile.py)
+MAX_VOCAB = 2**32  # what the shard format's 32-bit token ids hold (data/shard_format.py)
 TOKENIZER_FILE = "tokenizer.json"
 TRAINED_FILE = "tokenizer.trained.json"
 

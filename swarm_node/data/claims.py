@@ -1,4 +1,4 @@
-"""Whose slot claims a stage-0 node believes (data/slots.py says what a slot is).
+"""Whose slot claims a stage-0 node believes (data/slot_batches.py says what a slot is).
 
 A record's ``data_slot`` is a claim, and anyone can sign records for fresh keys, with
 peer ids that sort first if they like (a few dozen tries). So a claim moves us off our
@@ -23,7 +23,7 @@ import asyncio
 import random
 from collections.abc import Callable
 
-from swarm_node.data.slots import precedes
+from swarm_node.data.slot_batches import precedes
 from swarm_node.net.exists import answers_status
 from swarm_node.net.guard import PeerGuard
 from swarm_node.net.transport import Requester

@@ -99,7 +99,7 @@ def _prepared(folder: Path, manifest_sha256: str, seq_len: int) -> TokenWindows:
     """A prepared dataset held whole in ``folder``: its training shards, then its
     validation shards, as one token array (every file checked against the manifest)."""
     from swarm_node.data.manifest import MANIFEST_FILE, Manifest
-    from swarm_node.data.shardfile import open_shard
+    from swarm_node.data.shard_format import open_shard
 
     manifest = Manifest.from_bytes((folder / MANIFEST_FILE).read_bytes(), expect_sha256=manifest_sha256)
     parts = {}

@@ -13,7 +13,7 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from swarm_node.data.shardfile import DTYPE_CODES, DTYPE_NAMES, HEADER_BYTES
+from swarm_node.data.shard_format import DTYPE_CODES, DTYPE_NAMES, HEADER_BYTES
 from swarm_node.errors import DataError
 
 FORMAT = "swarm-node-data/1"

@@ -34,7 +34,7 @@ from swarm_node.data.manifest import (
     file_sha256,
 )
 from swarm_node.data.mirror import MirrorRefused, check_mirror_url
-from swarm_node.data.shardfile import DTYPE_CODES, DTYPE_NAMES, dtype_for_vocab, shard_bytes
+from swarm_node.data.shard_format import DTYPE_CODES, DTYPE_NAMES, dtype_for_vocab, shard_bytes
 from swarm_node.data.spec import DataSpec
 from swarm_node.data.tokenizer import ByteTokenizer, HFTokenizer, tokenizer_file
 from swarm_node.errors import ConfigError, DataError

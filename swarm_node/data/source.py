@@ -1,7 +1,7 @@
 """A node's training data, whatever its kind: windows loaded in memory (synthetic, the
 bundled corpus, local files), or a prepared dataset fetched from peers (data kind
 manifest): the manifest and tokenizer at join, then, on stage 0 only, the shards of the
-slot it claims (data/slots.py); later stages train on the targets that travel with the
+slot it claims (data/slot_batches.py); later stages train on the targets that travel with the
 activations and fetch no shards. Every node serves what its cache holds whole."""
 
 from __future__ import annotations
@@ -13,18 +13,18 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 from swarm_node.data.cache import ShardCache
 from swarm_node.data.claims import SlotClaims
 from swarm_node.data.dataset import TokenWindows, load_windows
 from swarm_node.data.fetch import DataFetcher
 from swarm_node.data.serve import DataServer
-from swarm_node.data.shards import ShardedBatches
-from swarm_node.data.slots import SlotBatches, choose_slot, default_slots
+from swarm_node.data.sharded_batches import ShardedBatches
+from swarm_node.data.slot_batches import SlotBatches, choose_slot, default_slots
 from swarm_node.data.spec import DataSpec
 from swarm_node.errors import DataError
 from swarm_node.net.guard import PeerGuard
-from swarm_node.spec import RunSpec
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +32,21 @@ SLOT_CHECK_S = 5.0  # how often stage 0 looks for another peer claiming its slot
 SLOT_MOVE_EVERY_S = 30.0  # at most one move to another slot this often, whoever claims ours
 
 
+class RunShape(Protocol):
+    """What the data reads of the run spec (spec.py's RunSpec, which holds the DataSpec)."""
+
+    @property
+    def data(self) -> DataSpec: ...
+
+    @property
+    def seq_len(self) -> int: ...
+
+    @property
+    def seed(self) -> int: ...
+
+
 class RunData:
-    def __init__(self, spec: RunSpec, *, cache_dir: Path, cache_gb: float | None, initial_peers: list[str],
+    def __init__(self, spec: RunShape, *, cache_dir: Path, cache_gb: float | None, initial_peers: list[str],
                  peers: Callable[[], list[str]], on_fault: Callable[[str, str], None], progress: bool,
                  guard: PeerGuard | None = None, private_mirrors: bool = False):
         """``guard``: who is known to exist, for slot claims (data/claims.py) and for the
@@ -62,7 +75,7 @@ class RunData:
         self.trained_shards: deque[str] = deque(maxlen=256)  # the latest begun, oldest first
 
     @classmethod
-    def in_memory(cls, spec: RunSpec, windows: TokenWindows) -> RunData:
+    def in_memory(cls, spec: RunShape, windows: TokenWindows) -> RunData:
         """Windows already loaded (tests, benchmarks)."""
         data = cls(spec, cache_dir=Path("."), cache_gb=None, initial_peers=[], peers=list,
                    on_fault=lambda peer, why: None, progress=False)
@@ -112,7 +125,7 @@ class RunData:
                                  slot=slot, num_slots=num_slots, on_shard=self._training_shard)
             loader.check_slot = self._check_slot
             log.info("data: slot %d of %d", slot, num_slots)
-        if resumed is not None and [loader.shard_id, loader.num_shards] == list(resumed["shard"]):
+        if resumed is not None and list(loader.part) == list(resumed["shard"]):
             loader.load_state_dict(resumed)
         self.loader = loader
         return loader
@@ -128,7 +141,7 @@ class RunData:
                 "trained_shards": list(self.trained_shards)}
 
     def claimed_slot(self) -> int:
-        return self.loader.shard_id if isinstance(self.loader, SlotBatches) else -1
+        return self.loader.slot if isinstance(self.loader, SlotBatches) else -1
 
     def _check_slot(self) -> None:
         """Every SLOT_CHECK_S: leave our slot to a believed claim with precedence (at most
@@ -138,16 +151,16 @@ class RunData:
             return
         self._checked_at = now
         believed, unconfirmed = self._claims.split()
-        slot = choose_slot(self._peer_id, believed, loader.num_shards, loader.shard_id, unconfirmed)
-        if slot != loader.shard_id and now - self._moved_at >= SLOT_MOVE_EVERY_S:
+        slot = choose_slot(self._peer_id, believed, loader.num_slots, loader.slot, unconfirmed)
+        if slot != loader.slot and now - self._moved_at >= SLOT_MOVE_EVERY_S:
             self._moved_at = now
             loader.switch_slot(slot)
-        self._claims.verify_soon(self._peer_id, loader.shard_id)
+        self._claims.verify_soon(self._peer_id, loader.slot)
 
     def _training_shard(self, name: str, data_pass: int) -> None:
         self.trained_shards.append(name)
-        log.info("data: training %s (pass %d, slot %d of %d)", name, data_pass, self.loader.shard_id,
-                 self.loader.num_shards)
+        log.info("data: training %s (pass %d, slot %d of %d)", name, data_pass, self.loader.slot,
+                 self.loader.num_slots)
 
     async def settle_slot(self, wait_s: float) -> None:
         """Before stage 0's first batch of a prepared dataset: give peers that claimed a
@@ -155,7 +168,7 @@ class RunData:
         contest ours whether they exist, then look again."""
         if isinstance(self.loader, SlotBatches):
             await asyncio.sleep(wait_s)
-            await self._claims.verify(self._peer_id, self.loader.shard_id)
+            await self._claims.verify(self._peer_id, self.loader.slot)
             self._checked_at = -math.inf
 
     async def close(self) -> None:

@@ -25,7 +25,7 @@ class DataSpec:
     # every byte against it; path, if given, is a folder already holding the dataset.
     manifest_sha256: str | None = None
     # kind manifest: stage-0 nodes claim one of this many slots, each a disjoint part of
-    # every pass over the shards (data/slots.py); 0: one per training shard. About the
+    # every pass over the shards (data/slot_batches.py); 0: one per training shard. About the
     # number of stage-0 peers expected: fewer slots than peers share slots.
     slots: int = 0
     val_fraction: float = 0.02

@@ -30,7 +30,7 @@ from swarm_node.gossip.payloads import SERVED_AT_ONCE, Payload, PayloadState, Pa
 from swarm_node.gossip.seekers import Seekers
 from swarm_node.net import protocols
 from swarm_node.net.transport import ServeLimits, short_id
-from swarm_node.node.services import NodeServices
+from swarm_node.node_services import NodeServices
 from swarm_node.train.rounds import RoundGate, force_round_if_ready
 from swarm_node.train.worker import OpenRound
 from swarm_node.wire.frames import encode_frame

@@ -31,7 +31,7 @@ from swarm_node.gossip.pairing import PairingCoordinator, Refused, now
 from swarm_node.gossip.partner_check import ROUNDS_APART, PartnerCheck, Poisoned, RoundsApart, StepSchedule
 from swarm_node.net import protocols
 from swarm_node.net.transport import ServeLimits, short_id
-from swarm_node.node.services import NodeServices
+from swarm_node.node_services import NodeServices
 from swarm_node.wire.frames import FrameLimits, decode_frame, encode_frame, peek_header
 from swarm_node.wire.messages import (
     CONTROL_MAX_BYTES,

@@ -46,7 +46,7 @@ from swarm_node.local.procs import (
 )
 from swarm_node.membership.registry import read_registry
 from swarm_node.net.dht import SwarmDHT
-from swarm_node.node.config import DEFAULT_STARTUP_TIMEOUT_S, check_compute_share
+from swarm_node.node_config import DEFAULT_STARTUP_TIMEOUT_S, check_compute_share
 from swarm_node.obs.progress import TrainingProgress
 from swarm_node.spec import RunSpec
 from swarm_node.state.checkpoint import PREFIX as CHECKPOINT_PREFIX

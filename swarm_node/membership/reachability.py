@@ -1,23 +1,113 @@
 """Whether other peers can reach this node, asked of them when it joins: peers dial it
-back over a fresh connection (net/dialback.py). A node nobody can dial runs its DHT as a
-client, tells the others (its record says so), and takes only roles that need no
-inbound connection: stage 0, and pairs it proposes itself."""
+back over a fresh connection (the dial-back protocol, net/dialback.py). A node nobody
+can dial runs its DHT as a client, tells the others (its record says so), and takes only
+roles that need no inbound connection: stage 0, and pairs it proposes itself."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
 
-from swarm_node.membership.discovery import peer_ids_of
-from swarm_node.membership.view import Membership
+from swarm_node.errors import PeerError, PeerRefused, ProtocolError
 from swarm_node.net.dht import SwarmDHT
-from swarm_node.net.dialback import Reachability, address_scope, check_reachability, tcp_ports
+from swarm_node.net.dialback import (
+    ASK_TIMEOUT_S,
+    DIALBACK,
+    DIALBACK_LIMITS,
+    MAX_ADDRESSES_CHECKED,
+    address_scope,
+    tcp_ports,
+)
 from swarm_node.net.transport import Transport, short_id
+from swarm_node.spec import RunSpec
+from swarm_node.spec_record import peer_ids_of
+from swarm_node.wire.frames import decode_frame, encode_frame
 
 log = logging.getLogger(__name__)
 
+BUSY_RETRIES = 4  # volunteers who start together ask the bootstrap at the same moment
+BUSY_PAUSE_S = (0.5, 2.0)
 
-async def check_own_reachability(dht: SwarmDHT, transport: Transport, membership: Membership,
+
+@dataclass(frozen=True)
+class Reachability:
+    """What peers measured by dialling this node back. ``reachable`` is None when nobody
+    could check (no peer answered the request)."""
+    reachable: bool | None
+    observed: str | None = None  # our address as the checking peer saw it
+    checked_by: tuple[str, ...] = ()
+    failures: dict[str, str] = field(default_factory=dict)  # "/ip4/A/tcp/P" -> why it did not answer
+
+    def unreachable_at(self) -> str:
+        return "; ".join(f"{addr}: {why}" for addr, why in self.failures.items())
+
+
+async def check_reachability(transport: Transport, servers: Sequence[str], ports: Sequence[int], *,
+                             max_answers: int = 2) -> Reachability:
+    """Ask ``servers`` in turn to dial us back on ``ports``. Reachable as soon as one
+    reached us; unreachable when ``max_answers`` peers (or every peer that answered)
+    failed to: one peer's own broken network, or a lie, does not decide alone."""
+    request = encode_frame({"kind": "dialback", "ports": list(ports)[:MAX_ADDRESSES_CHECKED]})
+    checked_by: list[str] = []
+    failures: dict[str, str] = {}
+    observed = None
+    for server in dict.fromkeys(servers):
+        if server == transport.peer_id:
+            continue
+        try:
+            header, results = await _ask(transport, server, request)
+        except PeerError as exc:
+            log.debug("dial-back by %s failed: %s", short_id(server), exc)
+            continue
+        checked_by.append(server)
+        observed = header["observed"]
+        if any(why is None for why in results.values()):
+            return Reachability(True, observed, tuple(checked_by))
+        failures.update({f"{observed}/tcp/{port}": why for port, why in results.items()})
+        if len(checked_by) >= max_answers:
+            break
+    return Reachability(False if checked_by else None, observed, tuple(checked_by), failures)
+
+
+async def _ask(transport: Transport, server: str, request: bytes) -> tuple[dict, dict[str, str | None]]:
+    for attempt in range(BUSY_RETRIES + 1):
+        try:
+            raw = await transport.request(server, DIALBACK, request, timeout_s=ASK_TIMEOUT_S,
+                                          max_response_bytes=4096)
+        except PeerRefused:  # busy checking others
+            if attempt == BUSY_RETRIES:
+                raise
+            await asyncio.sleep(random.uniform(*BUSY_PAUSE_S))  # a back-off, not synchronisation
+            continue
+        header, _ = decode_frame(raw, DIALBACK_LIMITS)
+        return header, _results(header)
+    raise AssertionError("not reached")
+
+
+def _results(header: dict) -> dict[str, str | None]:
+    if not header.get("ok"):
+        raise PeerError(str(header.get("error", "refused"))[:200])
+    results, observed = header.get("results"), header.get("observed")
+    if (not isinstance(results, dict) or not isinstance(observed, str) or len(observed) > 64
+            or not all(isinstance(k, str) and (v is None or isinstance(v, str)) for k, v in results.items())):
+        raise ProtocolError("malformed dial-back answer")
+    return {k[:8]: v if v is None else v[:200] for k, v in list(results.items())[:MAX_ADDRESSES_CHECKED]}
+
+
+class OwnView(Protocol):
+    """What the check reads and sets of the node's view of the run (membership/view.py's
+    Membership, which holds the answer)."""
+    spec: RunSpec
+    reachability: Reachability | None
+
+    def callable_peers(self, stage: int) -> list[str]: ...
+
+
+async def check_own_reachability(dht: SwarmDHT, transport: Transport, membership: OwnView,
                                  initial_peers: tuple[str, ...], host_maddrs: tuple[str, ...]) -> bool:
     """Sets ``membership.reachability``; True when the node must go on as a DHT client."""
     if dht.client_mode:  # asked for, or hivemind's own check failed already

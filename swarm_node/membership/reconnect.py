@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from swarm_node.errors import PeerError
-from swarm_node.membership.discovery import peer_ids_of
+from swarm_node.spec_record import peer_ids_of
 
 log = logging.getLogger(__name__)
 

@@ -14,14 +14,14 @@ from collections.abc import Awaitable, Callable
 
 from swarm_node.errors import SwarmError
 from swarm_node.gossip.pairing import PAST_HALF, SEEKING_NOW, UNLIKELY
-from swarm_node.membership.discovery import SPEC_REPUBLISH_S, publish_spec
+from swarm_node.membership.reachability import Reachability
 from swarm_node.membership.registry import Cadence, Entries, publish_record, read_shard, read_stage
 from swarm_node.membership.stages import assign_stage, rebalanced_stage
 from swarm_node.net.dht import SwarmDHT
-from swarm_node.net.dialback import Reachability
 from swarm_node.net.guard import PeerGuard
-from swarm_node.node.config import NodeConfig
+from swarm_node.node_config import NodeConfig
 from swarm_node.spec import RunSpec
+from swarm_node.spec_record import SPEC_REPUBLISH_S, publish_spec
 from swarm_node.wire.records import PeerRecord
 
 log = logging.getLogger(__name__)

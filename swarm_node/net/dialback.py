@@ -6,7 +6,8 @@ opened itself).
 
 - ``dial_check``: the bootstrap dials its own announced addresses at start-up.
 - The dial-back protocol (``/swarm-node/dialback/1.0.0``): a joining node asks a peer to
-  dial it back. Like libp2p's AutoNAT, the server dials only the address the caller's
+  dial it back (the asking side: membership/reachability.py; the serving side is here).
+  Like libp2p's AutoNAT, the server dials only the address the caller's
   connection came from (with the ports the caller names), never an address the caller
   merely claims, so it cannot be used to make us dial third parties."""
 
@@ -15,14 +16,12 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
-import random
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 
 from hivemind.p2p import P2P, P2PDaemonError, PeerID
 from hivemind.utils.multiaddr import Multiaddr
 
-from swarm_node.errors import PeerError, PeerRefused, ProtocolError
+from swarm_node.errors import ProtocolError
 from swarm_node.net.refusals import Refusals
 from swarm_node.net.transport import ServeLimits, Transport, short_id
 from swarm_node.wire.frames import FrameLimits, decode_frame, encode_frame
@@ -36,8 +35,6 @@ ASK_TIMEOUT_S = 2 * MAX_ADDRESSES_CHECKED * DIAL_TIMEOUT_S  # the server dials e
 DIALBACK_LIMITS = FrameLimits(max_header_bytes=1024, max_payload_bytes=0, max_tensors=0)
 DIALBACK_SERVE_LIMITS = ServeLimits(max_request_bytes=1024, max_concurrent=4, max_per_peer=1,
                                     handler_timeout_s=ASK_TIMEOUT_S)
-BUSY_RETRIES = 4  # volunteers who start together ask the bootstrap at the same moment
-BUSY_PAUSE_S = (0.5, 2.0)
 
 
 async def dial_check(peer_id: str, maddrs: Sequence[str], timeout_s: float = 10.0) -> dict[str, str | None]:
@@ -127,70 +124,6 @@ def observed_host(addr: Multiaddr) -> str | None:
         if family in names:
             return f"/{family}/{addr.value_for_protocol(family)}"
     return None
-
-
-@dataclass(frozen=True)
-class Reachability:
-    """What peers measured by dialling this node back. ``reachable`` is None when nobody
-    could check (no peer answered the request)."""
-    reachable: bool | None
-    observed: str | None = None  # our address as the checking peer saw it
-    checked_by: tuple[str, ...] = ()
-    failures: dict[str, str] = field(default_factory=dict)  # "/ip4/A/tcp/P" -> why it did not answer
-
-    def unreachable_at(self) -> str:
-        return "; ".join(f"{addr}: {why}" for addr, why in self.failures.items())
-
-
-async def check_reachability(transport: Transport, servers: Sequence[str], ports: Sequence[int], *,
-                             max_answers: int = 2) -> Reachability:
-    """Ask ``servers`` in turn to dial us back on ``ports``. Reachable as soon as one
-    reached us; unreachable when ``max_answers`` peers (or every peer that answered)
-    failed to: one peer's own broken network, or a lie, does not decide alone."""
-    request = encode_frame({"kind": "dialback", "ports": list(ports)[:MAX_ADDRESSES_CHECKED]})
-    checked_by: list[str] = []
-    failures: dict[str, str] = {}
-    observed = None
-    for server in dict.fromkeys(servers):
-        if server == transport.peer_id:
-            continue
-        try:
-            header, results = await _ask(transport, server, request)
-        except PeerError as exc:
-            log.debug("dial-back by %s failed: %s", short_id(server), exc)
-            continue
-        checked_by.append(server)
-        observed = header["observed"]
-        if any(why is None for why in results.values()):
-            return Reachability(True, observed, tuple(checked_by))
-        failures.update({f"{observed}/tcp/{port}": why for port, why in results.items()})
-        if len(checked_by) >= max_answers:
-            break
-    return Reachability(False if checked_by else None, observed, tuple(checked_by), failures)
-
-
-async def _ask(transport: Transport, server: str, request: bytes) -> tuple[dict, dict[str, str | None]]:
-    for attempt in range(BUSY_RETRIES + 1):
-        try:
-            raw = await transport.request(server, DIALBACK, request, timeout_s=ASK_TIMEOUT_S, max_response_bytes=4096)
-        except PeerRefused:  # busy checking others
-            if attempt == BUSY_RETRIES:
-                raise
-            await asyncio.sleep(random.uniform(*BUSY_PAUSE_S))  # a back-off, not synchronisation
-            continue
-        header, _ = decode_frame(raw, DIALBACK_LIMITS)
-        return header, _results(header)
-    raise AssertionError("not reached")
-
-
-def _results(header: dict) -> dict[str, str | None]:
-    if not header.get("ok"):
-        raise PeerError(str(header.get("error", "refused"))[:200])
-    results, observed = header.get("results"), header.get("observed")
-    if (not isinstance(results, dict) or not isinstance(observed, str) or len(observed) > 64
-            or not all(isinstance(k, str) and (v is None or isinstance(v, str)) for k, v in results.items())):
-        raise ProtocolError("malformed dial-back answer")
-    return {k[:8]: v if v is None else v[:200] for k, v in list(results.items())[:MAX_ADDRESSES_CHECKED]}
 
 
 # -- addresses ---------------------------------------------------------------------------

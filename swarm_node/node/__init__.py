@@ -1,7 +1,6 @@
 """One swarm node: ``conductor.py`` starts the components in order, wires them and takes
-them down again (``Node``); ``config.py`` holds its peer-local settings (``NodeConfig``),
-``services.py`` what every component shares (``NodeServices``), and ``report.py`` what
-the node tells others: its registry record, its status and its summary.
+them down again (``Node``); ``report.py`` is what the node tells others (its registry
+record, its status and its summary), ``progress_feed.py`` what its volunteer sees.
 
-Nothing is imported here: the components import ``node.services`` and ``node.config``,
-and the conductor imports the components."""
+The types the components share live below them (``swarm_node/node_config.py``,
+``swarm_node/node_services.py``): nothing under ``node/`` is imported by a component."""

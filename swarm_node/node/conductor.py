@@ -32,7 +32,6 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from swarm_node.data.source import RunData
 from swarm_node.errors import ConfigError, IncompatibleRun, SwarmError, known_failure
 from swarm_node.gossip.exchange import ExchangeTimes, OuterExchange
-from swarm_node.membership.discovery import find_run_spec, peer_ids_of, publish_spec, require_version
 from swarm_node.membership.reachability import check_own_reachability, open_port_advice
 from swarm_node.membership.reconnect import Reconnector
 from swarm_node.membership.view import Membership
@@ -43,13 +42,14 @@ from swarm_node.net.guard import PeerGuard
 from swarm_node.net.lanes import lane_hosts
 from swarm_node.net.reaper import start_reaper
 from swarm_node.net.transport import ServeLimits, Transport, short_id
-from swarm_node.node.config import NodeConfig
+from swarm_node.node.progress_feed import ProgressFeed
 from swarm_node.node.report import NodeReport
-from swarm_node.node.services import NodeServices
-from swarm_node.obs.progress import ProgressFeed
+from swarm_node.node_config import NodeConfig
+from swarm_node.node_services import NodeServices
+from swarm_node.obs.endpoints import NodeStatus, handle_status_request
 from swarm_node.obs.stats import NodeStats
-from swarm_node.obs.status import NodeStatus, handle_status_request
 from swarm_node.spec import RunSpec
+from swarm_node.spec_record import find_run_spec, peer_ids_of, publish_spec, require_version
 from swarm_node.state.keeper import Checkpoints
 from swarm_node.state.sync import StateSync
 from swarm_node.state.witnesses import Witnesses

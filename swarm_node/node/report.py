@@ -11,7 +11,7 @@ import os
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -23,13 +23,56 @@ from swarm_node.system import write_atomic
 from swarm_node.wire.records import PeerRecord
 
 if TYPE_CHECKING:
-    from swarm_node.node.conductor import Node
+    from swarm_node.data.source import RunData
+    from swarm_node.gossip.exchange import OuterExchange
+    from swarm_node.membership.view import Membership
+    from swarm_node.net.dht import SwarmDHT
+    from swarm_node.net.guard import PeerGuard
+    from swarm_node.net.transport import Transport
+    from swarm_node.node_config import NodeConfig
+    from swarm_node.obs.stats import NodeStats
+    from swarm_node.spec import RunSpec
+    from swarm_node.train.pipeline import Pipeline
+    from swarm_node.train.rounds import RoundGate
+    from swarm_node.train.worker import StageWorker
 
 log = logging.getLogger("swarm_node.node")
 
 
+class ReportedNode(Protocol):
+    """What the report reads of the node (node/conductor.py's Node hands itself in): its
+    settings, its components (None until started) and the clocks of its training time."""
+    spec: RunSpec | None
+    spec_hash: str | None
+    config: NodeConfig
+    status: str
+    stats: NodeStats
+    gate: RoundGate
+    guard: PeerGuard
+    dht: SwarmDHT | None
+    transport: Transport | None
+    membership: Membership | None
+    data: RunData | None
+    worker: StageWorker | None
+    pipeline: Pipeline | None
+    exchange: OuterExchange | None
+    _training_since: float | None
+    _training_started_unix: float | None
+    _last_round_opened_at: float | None
+    _held_at_last_open: float
+
+    @property
+    def peer_id(self) -> str: ...
+
+    @property
+    def stage(self) -> int | None: ...
+
+    @property
+    def state(self) -> str: ...
+
+
 class NodeReport:
-    def __init__(self, node: Node):
+    def __init__(self, node: ReportedNode):
         self.node = node
         self.metrics: Sinks | None = None
         self._recent_steps = RecentGrowth()

@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from swarm_node import __version__
 from swarm_node.errors import PeerError
 from swarm_node.gossip.exchange import ExchangeTimes, OuterExchange
+from swarm_node.membership.reachability import Reachability
 from swarm_node.membership.view import Membership
 from swarm_node.net import protocols
-from swarm_node.net.dialback import Reachability
 from swarm_node.net.guard import PeerGuard
 from swarm_node.net.transport import ServeLimits
-from swarm_node.node.config import NodeConfig
-from swarm_node.node.services import NodeServices
+from swarm_node.node_config import NodeConfig
+from swarm_node.node_services import NodeServices
 from swarm_node.obs.stats import NodeStats
 from swarm_node.routing.chooser import Candidate, PeerChooser
 from swarm_node.scale.network import Endpoint, Network, SimDHT, SimTransport
@@ -109,7 +109,7 @@ class SimPeer:
         self.transport = SimTransport(network, self.peer_id, CONTROL.get, on_answer=self.note_answer)
         self.membership = Membership(spec=spec, dht=self.dht, guard=self.guard, config=config, record=self.record)
         self.membership.stage = stage
-        if not endpoint.reachable:  # what its dial-back check found at start (net/dialback.py)
+        if not endpoint.reachable:  # what its dial-back check found at start (membership/reachability.py)
             self.membership.reachability = Reachability(reachable=False)
         self.chooser = PeerChooser(is_banned=self.guard.is_banned, rng=random.Random(rng.random()))
         self.payload_bytes = payload_bytes

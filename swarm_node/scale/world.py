@@ -9,7 +9,7 @@ import random
 import statistics
 from dataclasses import asdict, dataclass
 
-from swarm_node.node.config import NodeConfig
+from swarm_node.node_config import NodeConfig
 from swarm_node.optim.methods import default_method
 from swarm_node.scale.config import ScaleConfig
 from swarm_node.scale.network import DhtCosts, Endpoint, Network

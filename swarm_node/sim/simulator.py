@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from swarm_node.data.dataset import TokenWindows, load_windows
-from swarm_node.data.shards import ShardedBatches
+from swarm_node.data.sharded_batches import ShardedBatches
 from swarm_node.model.config import ModelConfig, model_config
 from swarm_node.model.memory import StageMemory, estimate_stage_memory
 from swarm_node.model.stages import PipelineStage, build_stage

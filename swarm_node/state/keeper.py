@@ -12,7 +12,7 @@ from pathlib import Path
 
 from swarm_node import __version__
 from swarm_node.errors import ConfigError, IncompatibleRun
-from swarm_node.node.services import Compute
+from swarm_node.node_services import Compute
 from swarm_node.spec import RunSpec
 from swarm_node.state.checkpoint import CheckpointError, latest_checkpoint, save_checkpoint
 from swarm_node.train.worker import StageWorker

@@ -32,7 +32,7 @@ from swarm_node.errors import PeerError, PeerRefused, ProtocolError
 from swarm_node.net import protocols
 from swarm_node.net.exists import answers_status
 from swarm_node.net.transport import ServeLimits, short_id
-from swarm_node.node.services import NodeServices
+from swarm_node.node_services import NodeServices
 from swarm_node.state.check import Verdict, check_state
 from swarm_node.state.sketch import StateSketch, sketch_state
 from swarm_node.state.witnesses import MAX_WITNESSES, Witnesses

@@ -24,7 +24,7 @@ import torch
 from swarm_node.errors import PeerError, PeerRefused, ProtocolError
 from swarm_node.net import protocols
 from swarm_node.net.transport import ServeLimits, short_id
-from swarm_node.node.services import NodeServices
+from swarm_node.node_services import NodeServices
 from swarm_node.state.check import Witness
 from swarm_node.state.sketch import SKETCH_BUCKETS, StateSketch, sketch_state
 from swarm_node.train.worker import StageWorker

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from swarm_node.errors import PeerRefused, SwarmError
-from swarm_node.node.config import check_compute_share
+from swarm_node.node_config import check_compute_share
 
 log = logging.getLogger(__name__)
 Explain = Callable[[BaseException], SwarmError | None]

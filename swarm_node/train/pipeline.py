@@ -26,8 +26,8 @@ from collections.abc import Awaitable, Callable
 
 import torch
 
-from swarm_node.data.shards import ShardedBatches
-from swarm_node.data.slots import SlotBatches
+from swarm_node.data.sharded_batches import ShardedBatches
+from swarm_node.data.slot_batches import SlotBatches
 from swarm_node.data.source import RunData
 from swarm_node.errors import (
     NotEnoughPeers,
@@ -40,8 +40,8 @@ from swarm_node.errors import (
 )
 from swarm_node.net import protocols
 from swarm_node.net.transport import ServeLimits, short_id
-from swarm_node.node.config import NodeConfig
-from swarm_node.node.services import NodeServices
+from swarm_node.node_config import NodeConfig
+from swarm_node.node_services import NodeServices
 from swarm_node.routing.chooser import Candidate, PeerChooser, RoundTrips
 from swarm_node.routing.window import InFlightWindow
 from swarm_node.spec import RunSpec
@@ -128,7 +128,7 @@ class Pipeline:
         """For a checkpoint: where in its shard this node reads (stage 0 only)."""
         if self.loader is None:
             return None
-        return {"shard": [self.loader.shard_id, self.loader.num_shards], **self.loader.state_dict()}
+        return {"shard": list(self.loader.part), **self.loader.state_dict()}
 
     async def produce(self, finished: Callable[[], Awaitable[None]]) -> None:
         """Stage 0: keep the window's worth of micro-batches in the pipeline until

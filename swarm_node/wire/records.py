@@ -41,7 +41,7 @@ class PeerRecord:
     # Progress over the last minute, so a dashboard can tell training from stuck.
     recent_steps: int = 0  # inner steps taken
     recent_microbatches: int = 0  # micro-batches completed (sent and back, or served)
-    data_slot: int = -1  # stage 0 of a prepared dataset: the slot of shards it trains (data/slots.py)
+    data_slot: int = -1  # stage 0 of a prepared dataset: the slot of shards it trains (data/slot_batches.py)
 
     def to_wire(self) -> dict:
         return asdict(self)

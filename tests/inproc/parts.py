@@ -18,8 +18,8 @@ from swarm_node.gossip.pairing import PairingCoordinator
 from swarm_node.membership.view import Membership
 from swarm_node.net.dht import Signed
 from swarm_node.net.guard import PeerGuard
-from swarm_node.node.config import NodeConfig
-from swarm_node.node.services import NodeServices
+from swarm_node.node_config import NodeConfig
+from swarm_node.node_services import NodeServices
 from swarm_node.obs.stats import NodeStats
 from swarm_node.spec import RunSpec
 from swarm_node.state.sync import StateSync

@@ -16,7 +16,7 @@ from swarm_node.net.dht import SwarmDHT
 from swarm_node.net.guard import PeerGuard
 from swarm_node.net.transport import ServeLimits, Transport
 from swarm_node.node.conductor import Node
-from swarm_node.node.config import NodeConfig
+from swarm_node.node_config import NodeConfig
 from swarm_node.spec import RunSpec
 from swarm_node.wire.records import PeerRecord
 

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from swarm_node.data.cache import ShardCache
 from swarm_node.data.fetch import DataFetcher
 from swarm_node.data.serve import DataServer
-from swarm_node.data.slots import SlotBatches
+from swarm_node.data.slot_batches import SlotBatches
 from swarm_node.errors import DiskFull
 from swarm_node.wire.frames import decode_frame, encode_frame
 
@@ -265,6 +265,46 @@ def test_two_stage_0_nodes_that_join_together_train_disjoint_shards(tmp_path, ho
     trained = [set(d.trained_shards) for d in nodes.values()]
     assert trained[0] and trained[1] and not trained[0] & trained[1]
     assert all(d.status()["fetched_bytes"] > 0 for d in nodes.values())
+
+
+def test_a_checkpoint_s_data_position_gives_the_loader_its_slot_or_shard_back(tmp_path, host_folder):
+    """A stage-0 checkpoint keeps the slot it trained (or its shard of in-memory windows)
+    under "shard", one layout for both loaders: reopened with it, the loader takes that
+    slot back and goes on where it was, and the position it writes is the one it read."""
+    from types import SimpleNamespace
+
+    from swarm_node.data.dataset import load_windows
+    from swarm_node.data.slot_batches import SlotPosition
+    from swarm_node.data.source import RunData
+    from swarm_node.data.spec import DataSpec
+    from swarm_node.spec import RunSpec
+    from swarm_node.train.pipeline import Pipeline
+
+    folder, _, digest = host_folder
+    spec = RunSpec(seq_len=64, batch_size=8, data=DataSpec(kind="manifest", manifest_sha256=digest, slots=4))
+    net = FakeNet()
+    net.handlers["QmBoot"] = serving(folder, digest).handle
+    saved = {"shard": [2, 4], "pass": 0, "unit": 1, "offset": 8}
+
+    async def reopen():
+        data = RunData(spec, cache_dir=tmp_path, cache_gb=None, initial_peers=["QmBoot"], peers=list,
+                       on_fault=lambda p, w: None, progress=False)
+        await data.open(net, asyncio.to_thread)
+        loader = data.open_loader(peer_id="QmSelf", batch_size=8, shard=(0, 1), resumed=saved, claims=dict)
+        await data.close()
+        return data, loader
+
+    data, loader = asyncio.run(reopen())
+    assert (loader.slot, loader.num_slots, data.claimed_slot()) == (2, 4, 2)
+    assert loader.position == SlotPosition(data_pass=0, unit=1, offset=8)
+    assert Pipeline.data_position(SimpleNamespace(loader=loader)) == saved
+
+    synthetic = RunSpec(seq_len=16, batch_size=4, data=DataSpec(kind="synthetic", num_tokens=20_000))
+    in_memory = RunData.in_memory(synthetic, load_windows(synthetic.data, synthetic.seq_len))
+    saved = {"shard": [3, 8], "epoch": 2, "offset": 12}
+    loader = in_memory.open_loader(peer_id="QmSelf", batch_size=4, shard=(3, 8), resumed=saved, claims=dict)
+    assert (loader.shard_id, loader.num_shards, in_memory.claimed_slot()) == (3, 8, -1)
+    assert Pipeline.data_position(SimpleNamespace(loader=loader)) == saved
 
 
 def test_nobody_serving_the_manifest_ends_in_one_line_that_says_what_to_do(tmp_path, host_folder, monkeypatch):

@@ -21,7 +21,7 @@ from swarm_node.data import holders as holders_module
 from swarm_node.data import sources as sources_module
 from swarm_node.data.manifest import MANIFEST_FILE, Manifest, file_entry
 from swarm_node.data.serve import bytes_frame
-from swarm_node.data.shardfile import shard_bytes
+from swarm_node.data.shard_format import shard_bytes
 from swarm_node.wire.frames import encode_frame
 
 

@@ -15,11 +15,11 @@ import pytest
 import vclock
 
 from swarm_node.errors import ConfigError, IncompatibleRun, SwarmError
-from swarm_node.membership.discovery import find_run_spec, publish_spec, spec_key
 from swarm_node.membership.reconnect import Backoff, Reconnector
 from swarm_node.net import dht as dht_module
 from swarm_node.net.dht import SwarmDHT
 from swarm_node.spec import RunSpec
+from swarm_node.spec_record import find_run_spec, publish_spec, spec_key
 
 SPEC = RunSpec(run_id="alpha")
 

@@ -11,7 +11,7 @@ import vclock
 from parts import StageParts
 
 from swarm_node.data.spec import DataSpec
-from swarm_node.node.config import NodeConfig
+from swarm_node.node_config import NodeConfig
 from swarm_node.optim import InnerHyper, default_method
 from swarm_node.spec import RunSpec
 from swarm_node.train import pipeline as pipeline_module

@@ -27,13 +27,14 @@ from swarm_node.data.cache import ShardCache
 from swarm_node.data.fetch import DataFetcher
 from swarm_node.data.manifest import MANIFEST_FILE, Manifest, file_entry
 from swarm_node.data.serve import DataServer, data_request
-from swarm_node.data.shardfile import shard_bytes
+from swarm_node.data.shard_format import shard_bytes
 from swarm_node.data.spec import DataSpec
 from swarm_node.errors import PeerError, ProtocolError
 from swarm_node.gossip.pairing import Refused
+from swarm_node.membership.reachability import check_reachability
 from swarm_node.membership.registry import stage_key
 from swarm_node.membership.view import Membership
-from swarm_node.net.dialback import check_reachability, dialback_handler
+from swarm_node.net.dialback import dialback_handler
 from swarm_node.net.guard import PeerGuard
 from swarm_node.net.lane_auth import (
     ACCEPTED,
@@ -49,9 +50,9 @@ from swarm_node.net.lane_auth import (
 )
 from swarm_node.net.lanes import LanePool, LaneServer
 from swarm_node.net.transport import ServeLimits, Transport, read_frame, write_frame
-from swarm_node.node.config import NodeConfig
+from swarm_node.node_config import NodeConfig
+from swarm_node.obs.endpoints import handle_status_request
 from swarm_node.obs.http import MAX_REQUEST_BYTES, Response, StatusServer
-from swarm_node.obs.status import handle_status_request
 from swarm_node.optim import InnerHyper, default_method
 from swarm_node.spec import RunSpec
 from swarm_node.state.sketch import SKETCH_BUCKETS

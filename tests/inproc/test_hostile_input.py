@@ -16,9 +16,9 @@ from parts import StageParts, exchange_as_partner, payload_of
 
 from swarm_node.data.spec import DataSpec
 from swarm_node.errors import IncompatibleRun, ProtocolError
-from swarm_node.membership.discovery import SpecRecord
 from swarm_node.optim import InnerHyper, default_method
 from swarm_node.spec import RunSpec
+from swarm_node.spec_record import SpecRecord
 from swarm_node.state.sketch import SKETCH_BUCKETS
 from swarm_node.train.worker import StageWorker
 from swarm_node.wire.activations import encode_activations

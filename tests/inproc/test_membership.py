@@ -9,10 +9,10 @@ import vclock
 from parts import signed_entries
 
 from swarm_node import __version__
+from swarm_node.membership.reachability import Reachability
 from swarm_node.membership.view import Membership
-from swarm_node.net.dialback import Reachability
 from swarm_node.net.guard import PeerGuard
-from swarm_node.node.config import NodeConfig
+from swarm_node.node_config import NodeConfig
 from swarm_node.spec import RunSpec
 from swarm_node.wire.records import PeerRecord
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from swarm_node.node.conductor import Node
-from swarm_node.node.config import NodeConfig
+from swarm_node.node_config import NodeConfig
 from swarm_node.spec import RunSpec
 from swarm_node.train.device import OutOfMemory, explain_run_oom
 

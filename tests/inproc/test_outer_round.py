@@ -7,7 +7,7 @@ from parts import StageParts, fetched_part, partner_payload, payload_of, record
 
 from swarm_node.data.spec import DataSpec
 from swarm_node.net import protocols
-from swarm_node.node.config import NodeConfig
+from swarm_node.node_config import NodeConfig
 from swarm_node.optim import InnerHyper, default_method
 from swarm_node.spec import RunSpec
 from swarm_node.train.worker import StageWorker

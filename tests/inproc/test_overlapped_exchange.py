@@ -15,7 +15,7 @@ from parts import StageParts, record
 from swarm_node.data.spec import DataSpec
 from swarm_node.errors import StreamClosed
 from swarm_node.net import protocols
-from swarm_node.node.config import NodeConfig
+from swarm_node.node_config import NodeConfig
 from swarm_node.optim import InnerHyper, default_method
 from swarm_node.spec import RunSpec
 from swarm_node.train.worker import StageWorker

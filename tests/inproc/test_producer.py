@@ -13,7 +13,7 @@ from parts import StageParts, record
 from swarm_node.data.dataset import load_windows
 from swarm_node.data.source import RunData
 from swarm_node.data.spec import DataSpec
-from swarm_node.node.config import NodeConfig
+from swarm_node.node_config import NodeConfig
 from swarm_node.optim import InnerHyper, default_method
 from swarm_node.spec import RunSpec
 from swarm_node.train.compute import ComputeThread

@@ -9,15 +9,9 @@ import socket
 from hivemind.utils.multiaddr import Multiaddr
 
 from swarm_node.errors import PeerError, PeerRefused
+from swarm_node.membership.reachability import Reachability, check_reachability
 from swarm_node.net.dht import SwarmDHT
-from swarm_node.net.dialback import (
-    Reachability,
-    check_reachability,
-    dialback_handler,
-    ordered_for_others,
-    serve_dialback,
-    tcp_ports,
-)
+from swarm_node.net.dialback import dialback_handler, ordered_for_others, serve_dialback, tcp_ports
 from swarm_node.net.transport import Transport
 from swarm_node.wire.frames import FrameLimits, decode_frame, encode_frame
 
@@ -130,7 +124,7 @@ class FakeTransport:
 
 
 def test_one_success_is_enough_and_one_failure_is_not(monkeypatch):
-    monkeypatch.setattr("swarm_node.net.dialback.BUSY_PAUSE_S", (0.0, 0.0))
+    monkeypatch.setattr("swarm_node.membership.reachability.BUSY_PAUSE_S", (0.0, 0.0))
     liar = ("/ip4/198.51.100.7", {"31338": "refused"})
     honest = ("/ip4/198.51.100.7", {"31338": None})
     reach = run(check_reachability(FakeTransport({"QmA": liar, "QmB": honest}), ["QmA", "QmB"], [31338]))
@@ -141,7 +135,7 @@ def test_one_success_is_enough_and_one_failure_is_not(monkeypatch):
     busy_then_ok = FakeTransport({"QmA": [PeerRefused("busy"), PeerRefused("busy"), honest]})
     assert run(check_reachability(busy_then_ok, ["QmA"], [31338])).reachable is True
     silent = FakeTransport({"QmA": PeerRefused("busy"), "QmB": PeerError("stream closed mid-frame")})
-    monkeypatch.setattr("swarm_node.net.dialback.BUSY_RETRIES", 0)
+    monkeypatch.setattr("swarm_node.membership.reachability.BUSY_RETRIES", 0)
     assert run(check_reachability(silent, ["QmA", "QmB"], [31338])).reachable is None
 
 

@@ -19,8 +19,8 @@ from swarm_node.net.dht import DhtOps
 from swarm_node.net.refusals import REASONS, Refusals
 from swarm_node.net.transport import ServeLimits, Transport
 from swarm_node.node.conductor import Node
-from swarm_node.node.config import NodeConfig
-from swarm_node.obs.status import NodeStatus
+from swarm_node.node_config import NodeConfig
+from swarm_node.obs.endpoints import NodeStatus
 from swarm_node.optim import InnerHyper, default_method
 from swarm_node.spec import RunSpec
 from swarm_node.train.worker import StageWorker

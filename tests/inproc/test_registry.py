@@ -16,7 +16,7 @@ from swarm_node.membership.stages import assign_stage, rebalanced_stage
 from swarm_node.membership.view import Membership
 from swarm_node.net.dht import Signed
 from swarm_node.net.guard import PeerGuard
-from swarm_node.node.config import NodeConfig
+from swarm_node.node_config import NodeConfig
 from swarm_node.spec import RunSpec
 from swarm_node.wire.records import CLOCK_SKEW_S, MAX_RECORD_TTL_S, PeerRecord
 

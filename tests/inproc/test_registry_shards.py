@@ -14,7 +14,7 @@ from swarm_node.membership.registry import publish_record, read_registry, shard_
 from swarm_node.membership.view import Membership
 from swarm_node.net.dht import Signed
 from swarm_node.net.guard import PeerGuard
-from swarm_node.node.config import NodeConfig
+from swarm_node.node_config import NodeConfig
 from swarm_node.spec import RunSpec
 from swarm_node.wire.records import PeerRecord
 

@@ -23,15 +23,16 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from swarm_node.data.manifest import FORMAT, Manifest, file_entry
-from swarm_node.data.shardfile import HEADER_BYTES, parse_header, shard_bytes
+from swarm_node.data.shard_format import HEADER_BYTES, parse_header, shard_bytes
 from swarm_node.errors import DataError, IncompatibleRun, Oversize, PeerRefused, ProtocolError, StreamClosed
-from swarm_node.membership.discovery import SpecRecord
-from swarm_node.net.dialback import MAX_ADDRESSES_CHECKED, _requested_ports, _results
+from swarm_node.membership.reachability import _results
+from swarm_node.net.dialback import MAX_ADDRESSES_CHECKED, _requested_ports
 from swarm_node.net.lane_auth import TICKET_BYTES, TICKET_TTL_S, Offer
 from swarm_node.net.pacing import Pacer, PacerConfig, _Window
 from swarm_node.net.transport import read_length
 from swarm_node.probe import libp2p_probe as probe
 from swarm_node.spec import RunSpec
+from swarm_node.spec_record import SpecRecord
 from swarm_node.train.worker import tensor_digest
 from swarm_node.wire.activations import ACTIVATION_CODECS, encode_activations
 from swarm_node.wire.blockwise import BITS, BLOCK, Quantized, dequantize, dequantize_near, packed_bytes

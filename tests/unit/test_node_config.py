@@ -2,7 +2,7 @@
 
 import pytest
 
-from swarm_node.node.config import NodeConfig
+from swarm_node.node_config import NodeConfig
 
 
 def test_small_stages_keep_the_exchange_timeout_floor():

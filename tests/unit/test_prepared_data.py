@@ -17,8 +17,8 @@ from swarm_node.data import prepare as prepare_module
 from swarm_node.data.dataset import load_windows
 from swarm_node.data.manifest import MANIFEST_FILE, Manifest, local_manifest_sha256, sha256_hex
 from swarm_node.data.prepare import PrepareConfig, prepare
-from swarm_node.data.shardfile import HEADER_BYTES, open_shard, parse_header, shard_bytes
-from swarm_node.data.slots import choose_slot, slot_units
+from swarm_node.data.shard_format import HEADER_BYTES, open_shard, parse_header, shard_bytes
+from swarm_node.data.slot_batches import choose_slot, slot_units
 from swarm_node.data.spec import DataSpec
 from swarm_node.data.tokenizer import HFTokenizer
 from swarm_node.errors import ConfigError, DataError

@@ -11,7 +11,7 @@ import torch
 
 from swarm_node.cli.main import main
 from swarm_node.net import protocols
-from swarm_node.obs.status import STATUS_REQUEST_LIMITS
+from swarm_node.obs.endpoints import STATUS_REQUEST_LIMITS
 from swarm_node.probe import libp2p_probe as probe
 from swarm_node.wire.frames import DTYPES, WIRE_VERSION, decode_frame, encode_frame
 

@@ -76,7 +76,7 @@ def test_the_node_feeds_the_line_from_its_components():
     import asyncio
     from types import SimpleNamespace
 
-    from swarm_node.obs.progress import ProgressFeed
+    from swarm_node.node.progress_feed import ProgressFeed
     from swarm_node.obs.stats import NodeStats
     from swarm_node.spec import RunSpec
 

@@ -1,5 +1,5 @@
 """How a stage-0 node believes slot claims (data/claims.py) and picks a slot
-(data/slots.py choose_slot): a claim moves it only when its peer is known to exist;
+(data/slot_batches.py choose_slot): a claim moves it only when its peer is known to exist;
 claims not believed yet are still kept clear of when it picks; forged claimants cost a
 few probes, each banned; peers that see part of the stage (a sharded registry) seldom
 pick the same slot."""
@@ -12,7 +12,7 @@ import math
 import random
 
 from swarm_node.data.claims import MAX_PROBES, SlotClaims
-from swarm_node.data.slots import choose_slot, slot_start
+from swarm_node.data.slot_batches import choose_slot, slot_start
 from swarm_node.errors import StreamClosed
 from swarm_node.net import protocols
 from swarm_node.net.guard import PeerGuard

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from swarm_node import __version__
 from swarm_node.data.spec import DataSpec
 from swarm_node.errors import ConfigError, IncompatibleRun, ProtocolError
-from swarm_node.membership.discovery import SpecRecord, peer_ids_of
 from swarm_node.net.identity import ensure_identity, peer_id_of_identity, peer_id_of_owner, record_validator
 from swarm_node.spec import RunSpec
+from swarm_node.spec_record import SpecRecord, peer_ids_of
 
 
 def test_spec_record_round_trip_and_parse():

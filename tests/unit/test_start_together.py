@@ -8,7 +8,7 @@ import types
 import vclock
 
 from swarm_node.node.conductor import Node
-from swarm_node.node.config import NodeConfig
+from swarm_node.node_config import NodeConfig
 
 
 class View:

@@ -22,7 +22,7 @@ from swarm_node.data import prepare as prepare_module
 from swarm_node.data.dataset import corpus_documents, load_windows
 from swarm_node.data.manifest import local_manifest_sha256, sha256_hex
 from swarm_node.data.prepare import PrepareConfig, prepare
-from swarm_node.data.shardfile import open_shard
+from swarm_node.data.shard_format import open_shard
 from swarm_node.data.spec import DataSpec
 from swarm_node.data.tokenizer import HFTokenizer
 

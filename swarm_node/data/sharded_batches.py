@@ -37,6 +37,11 @@ class ShardedBatches:
         self.position = ShardPosition()
         self._epoch_windows: np.ndarray | None = None
 
+    @property
+    def part(self) -> tuple[int, int]:
+        """(shard id, shard count): what a checkpoint's data position keeps under "shard"."""
+        return self.shard_id, self.num_shards
+
     def shard_windows(self, epoch: int) -> np.ndarray:
         order = np.random.default_rng([self.seed, epoch, 0x73686172]).permutation(self.data.num_train_windows)
         usable = (len(order) // self.num_shards) * self.num_shards  # equal shard sizes

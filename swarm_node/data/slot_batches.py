@@ -24,7 +24,7 @@ import torch
 from swarm_node.data.cache import ShardCache
 from swarm_node.data.fetch import DataFetcher
 from swarm_node.data.manifest import FileEntry, Manifest
-from swarm_node.data.shardfile import open_shard
+from swarm_node.data.shard_format import open_shard
 from swarm_node.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ class SlotBatches:
         self.cache: ShardCache = fetcher.cache
         self.manifest: Manifest = fetcher.manifest
         self.seq_len, self.batch_size, self.seed = seq_len, batch_size, seed
-        self.shard_id, self.num_shards = slot, num_slots
+        self.slot, self.num_slots = slot, num_slots
         self.on_shard = on_shard  # (shard name, pass) when a shard starts being trained
         self.position = SlotPosition()
         self._left: dict[int, SlotPosition] = {}  # slot -> where we left it in this pass
@@ -111,16 +111,22 @@ class SlotBatches:
         self._prefetch: asyncio.Task | None = None
         self.check_slot: Callable[[], None] = lambda: None  # may call switch_slot
 
+    @property
+    def part(self) -> tuple[int, int]:
+        """(slot, slot count): a checkpoint's data position keeps it under "shard", the key
+        of ShardedBatches' part too: one checkpoint layout for both loaders."""
+        return self.slot, self.num_slots
+
     def switch_slot(self, slot: int) -> None:
         """Another peer claims our slot: go on in ``slot`` from where we left it in this
         pass (its start if we never trained there), so a node moved back and forth
         never trains a window twice in a pass."""
-        self._left[self.shard_id] = self.position
+        self._left[self.slot] = self.position
         left, data_pass = self._left.pop(slot, None), self.position.data_pass
         self.position = left if left is not None and left.data_pass == data_pass else SlotPosition(data_pass)
         log.info("data: slot %d is another peer's; moving to slot %d of %d (unit %d of this pass)",
-                 self.shard_id, slot, self.num_shards, self.position.unit)
-        self.shard_id = slot
+                 self.slot, slot, self.num_slots, self.position.unit)
+        self.slot = slot
         self._units, self._windows, self._tokens = [], None, None
 
     def _entry(self, unit: Unit) -> FileEntry:
@@ -128,8 +134,8 @@ class SlotBatches:
 
     def _pass_units(self) -> list[Unit]:
         if not self._units:
-            self._units = slot_units(self.manifest, self.seed, self.position.data_pass, self.shard_id,
-                                     self.num_shards)
+            self._units = slot_units(self.manifest, self.seed, self.position.data_pass, self.slot,
+                                     self.num_slots)
         return self._units
 
     async def ready(self) -> None:
@@ -139,7 +145,7 @@ class SlotBatches:
         while True:
             units = self._pass_units()
             if skipped > 2 * len(units):
-                raise DataError(f"no unit of slot {self.shard_id} holds a batch of {self.batch_size} windows of "
+                raise DataError(f"no unit of slot {self.slot} holds a batch of {self.batch_size} windows of "
                                 f"{self.seq_len + 1} tokens: prepare the data with larger --shard-tokens, or give "
                                 "the run fewer data slots")
             if self.position.unit >= len(units):
@@ -178,8 +184,8 @@ class SlotBatches:
     def _upcoming(self) -> list[FileEntry]:
         units = self._pass_units()[self.position.unit + 1:]
         if len(units) < PREFETCH_UNITS:
-            units += slot_units(self.manifest, self.seed, self.position.data_pass + 1, self.shard_id,
-                                self.num_shards)
+            units += slot_units(self.manifest, self.seed, self.position.data_pass + 1, self.slot,
+                                self.num_slots)
         current = self._entry(self._pass_units()[self.position.unit]).name
         names = dict.fromkeys(self._entry(u).name for u in units[:PREFETCH_UNITS + 1])
         return [self.manifest.files()[n] for n in names if n != current][:PREFETCH_UNITS]
