@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from swarm_node import __version__
+from swarm_node.cli import options, peer_options
 from swarm_node.errors import ConfigError, SwarmError
 from swarm_node.net.maddr import check_ip, check_maddrs
 
@@ -21,42 +21,23 @@ def build_parser() -> argparse.ArgumentParser:
         description="Host the bootstrap peer of a swarm-node run: a DHT peer that trains nothing, publishes the "
                     "run spec, and serves a status dashboard. Prints the multiaddrs volunteers pass to "
                     "`swarm-node join --initial-peers`.")
-    p.add_argument("--version", action="version", version=f"swarm-bootstrap {__version__}")
-    p.add_argument("--identity", type=Path, default=DEFAULT_IDENTITY,
-                   help=f"private key file; created on first run, keeps the peer id and multiaddr across restarts "
-                        f"(default {DEFAULT_IDENTITY}). Back it up; never commit it")
+    peer_options.version(p, program="swarm-bootstrap")
+    peer_options.identity(p, default=DEFAULT_IDENTITY)
     p.add_argument("--run-spec", type=Path, default=None,
                    help="the run to publish (.toml or .json); required unless --initial-peers name a running "
                         "bootstrap whose run this one serves")
-    p.add_argument("--run-id", default=None,
-                   help="with --initial-peers and no --run-spec: which published run to serve")
-    p.add_argument("--data", type=Path, default=None, metavar="DIR",
-                   help="the prepared dataset the run spec names (`swarm-node data prepare --out DIR`), served "
-                        "to volunteers")
-    p.add_argument("--initial-peers", nargs="+", default=[], metavar="MADDR",
-                   help="other bootstraps (or nodes) of the same run; several bootstraps avoid a single "
-                        "point of failure")
-    p.add_argument("--host-maddrs", nargs="+", default=None, metavar="MADDR",
-                   help=f"where to listen (default /ip4/0.0.0.0/tcp/PORT, PORT from --port: {DEFAULT_PORT})")
-    p.add_argument("--announce-maddrs", nargs="+", default=[], metavar="MADDR",
-                   help="the addresses volunteers should dial, e.g. /ip4/PUBLIC_IP/tcp/PORT")
-    p.add_argument("--public-ip", default=None,
-                   help="shorthand: listen on every interface at --port and announce this IP with it")
-    p.add_argument("--port", type=int, default=None,
-                   help=f"TCP port of libp2p, on every interface (default {DEFAULT_PORT}; instead of "
-                        "--host-maddrs); with --public-ip also the port announced")
-    p.add_argument("--http-host", default="0.0.0.0",
-                   help="address of the status server (default %(default)s: every interface)")
-    p.add_argument("--http-port", type=int, default=8080,
-                   help="status server port (default %(default)s; 0: any free port)")
-    p.add_argument("--startup-timeout", type=float, default=60.0,
-                   help="seconds for the libp2p daemon to start (default %(default)s)")
+    peer_options.run_id(p, serve=True)
+    options.data(p, served=True)
+    peer_options.initial_peers(p, bootstrap=True)
+    peer_options.listen(p, port=DEFAULT_PORT, bootstrap=True)
+    peer_options.status_server(p, bootstrap=True)
+    peer_options.startup_timeout(p, default=60.0)
     p.add_argument("--no-reachability-check", action="store_true",
                    help="skip dialling the announced addresses at start-up")
     p.add_argument("--maddrs-file", type=Path, default=None, metavar="PATH",
                    help="also write the multiaddrs to this file, one per line, once serving (for nodes started "
                         "with `swarm-node join --initial-peers-file`, e.g. in docker compose)")
-    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    peer_options.verbose(p)
     return p
 
 

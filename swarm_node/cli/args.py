@@ -6,7 +6,6 @@ import argparse
 from pathlib import Path
 
 from swarm_node.errors import ConfigError
-from swarm_node.node_config import check_compute_share
 
 # wire/outer_codec.py's table and wire/messages.py's (a test keeps them equal): the parser
 # runs before torch is imported
@@ -51,6 +50,8 @@ def positive_float(text: str) -> float:
 
 
 def unit_share(text: str) -> float:
+    from swarm_node.node_config import check_compute_share  # here: swarm-bootstrap's parser imports no torch
+
     value = float(text)
     try:
         check_compute_share(value)

@@ -3,8 +3,7 @@ swarm_node.data.prepare)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
+from swarm_node.cli import options
 from swarm_node.cli.args import check_folder
 
 
@@ -25,13 +24,8 @@ def add_data_parser(sub) -> None:
                                   "NUL bytes, or over 1%% of characters that are not UTF-8, is refused as "
                                   "binary) | hf:PATH (a saved Hugging Face dataset or .json/.jsonl/.parquet "
                                   "files) | bin:PATH (token ids) | corpus")
-    p.add_argument("--out", type=Path, required=True, metavar="DIR",
-                   help="folder for the shards and the manifest (created if missing)")
-    p.add_argument("--tokenizer", default=None, metavar="FILE_OR_NAME",
-                   help="the run's tokenizer: a Hugging Face tokenizer.json, or a model's name (gpt2, "
-                        "ORG/NAME, NAME@REVISION) whose tokenizer.json is in this machine's Hugging Face "
-                        "cache ($HF_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub; nothing is "
-                        "downloaded). Default: none, so UTF-8 bytes (vocabulary 256) unless --train-tokenizer")
+    options.out(p, holds="the shards and the manifest", replaced=False)
+    options.tokenizer(p, use="prepare")
     p.add_argument("--train-tokenizer", type=int, default=None, metavar="VOCAB",
                    help="first train a byte-level BPE of VOCAB tokens (the 256 bytes and <|endoftext|> among "
                         "them; 257 to 2^32, 8192 to 50257 usual) on the source, and write it as "
@@ -49,9 +43,8 @@ def add_data_parser(sub) -> None:
     p.add_argument("--text-field", default="text", help="hf: the column holding the text (default %(default)s)")
     p.add_argument("--mirror", action="append", default=[], metavar="URL",
                    help="an http(s) folder that will hold the same files: volunteers try it after peers (repeatable)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    options.no_progress(p)
     p.set_defaults(handler=_run_prepare)
-
 
 def _run_prepare(args) -> int:
     from swarm_node.data.prepare import PrepareConfig, prepare

@@ -7,6 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from swarm_node.cli import options
 from swarm_node.cli.args import check_folder
 from swarm_node.export.replicas import SPREAD_RULE
 
@@ -22,8 +23,7 @@ def add_export_parser(sub) -> None:
                                    f"{SPREAD_RULE}. Checkpoints of different run specs, or two of one stage from "
                                    "the same peer, are always refused.")
     _checkpoint_args(p)
-    p.add_argument("--out", type=Path, required=True, metavar="DIR",
-                   help="output directory (created if missing; files already there are replaced)")
+    options.out(p, holds="the model's files", replaced=True)
     p.set_defaults(handler=_run_export)
 
 
@@ -38,7 +38,7 @@ def add_generate_parser(sub) -> None:
                    help="softmax temperature; 0: greedy, always the likeliest token (default: %(default)s)")
     p.add_argument("--top-k", type=int, default=0,
                    help="sample among the k likeliest tokens (0: all; default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the sampling (default: %(default)s)")
+    options.seed(p, sampling=True)
     p.set_defaults(handler=_run_generate)
 
 
@@ -46,11 +46,8 @@ def _checkpoint_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", type=Path, nargs="+", required=True, metavar="DIR",
                    help="nodes' --checkpoint-dir (newest intact checkpoint) or ckpt-* directories, covering "
                         "every stage of the run")
-    p.add_argument("--tokenizer", type=Path, default=None, metavar="FILE",
-                   help="the run's tokenizer.json (default: the spec's tokenizer_path, relative to here; for a "
-                        "prepared dataset, the one in the data cache)")
-    p.add_argument("--data-cache", type=Path, default=None, metavar="DIR",
-                   help="where the node kept the run's prepared dataset, if not the default (as --data-cache of join)")
+    options.tokenizer(p, use="export")
+    options.data_cache(p, reads=True)
     p.add_argument("--force", action="store_true",
                    help="average the checkpoints of a stage even when they are far apart in training, with a "
                         "warning per stage instead of a refusal. Far apart: " + SPREAD_RULE.replace("%", "%%"))

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from swarm_node.cli.args import above_one, check_folder, port_number, positive_float, positive_int, unit_share
+from swarm_node.cli import options, peer_options
+from swarm_node.cli.args import above_one, check_folder, port_number, positive_float, positive_int
 from swarm_node.errors import ConfigError
 from swarm_node.net.maddr import check_ip, check_maddrs
 from swarm_node.node_config import DEFAULT_STARTUP_TIMEOUT_S
@@ -39,60 +40,39 @@ def add_join_parser(sub) -> None:
                        description="Join a swarm as one node. With --initial-peers alone the node reads the run "
                                    "spec those peers publish, checks it, asks them to dial it back (can others "
                                    "reach it?), picks a stage, downloads state and trains.")
-    p.add_argument("--initial-peers", nargs="+", default=[], metavar="MADDR",
-                   help="multiaddrs of peers already in the swarm (the bootstrap's, as it prints them)")
+    peer_options.initial_peers(p, bootstrap=False)
     p.add_argument("--initial-peers-file", type=Path, default=None, metavar="PATH",
                    help="read more initial peers from this file, one multiaddr per line (what "
                         "`swarm-bootstrap --maddrs-file` writes)")
     p.add_argument("--config", type=Path, default=None,
                    help="run spec (.toml or .json); optional with --initial-peers, where it must match the "
                         "published one; required to start a run without a bootstrap")
-    p.add_argument("--run-id", default=None, help="which run to join when the initial peers publish several")
+    peer_options.run_id(p, serve=False)
     p.add_argument("--stage", type=_stage, default=None,
                    help="auto (default: the stage with the fewest peers; stage 0 for a node others cannot reach) "
                         "or a stage index")
-    p.add_argument("--device", default="auto",
-                   help="auto (CUDA, else Apple MPS, else CPU) | cpu | cuda[:N] | mps; default: %(default)s")
-    p.add_argument("--compile", action="store_true",
-                   help="run the stage through torch.compile, compiled at start-up (seconds to minutes, logged): "
-                        "faster steps on a GPU, the same math")
-    p.add_argument("--port", type=port_number, default=DEFAULT_NODE_PORT,
-                   help="TCP port to listen on, on every interface (default %(default)s; 0: any free port). "
-                        "Others must be able to reach it: forward it on your router, or the node runs as stage 0 "
-                        "only")
+    options.device(p, default="auto")
+    options.compile_stage(p)
+    peer_options.listen(p, port=DEFAULT_NODE_PORT, bootstrap=False)
     p.add_argument("--lane-port", type=port_number, default=0,
                    help="TCP port for direct lanes, which carry activations, outer payloads and state beside libp2p "
                         "at the link's speed (default: any free port; a peer that cannot reach it uses libp2p)")
-    p.add_argument("--no-lanes", action="store_true", help="send everything over libp2p (no direct lanes)")
-    p.add_argument("--public-ip", default=None, metavar="IP",
-                   help="announce this address (with --port) instead of the interfaces' own: your router's public "
-                        "IP when you forwarded the port")
-    p.add_argument("--host-maddrs", nargs="+", default=None, metavar="MADDR",
-                   help="where to listen, as multiaddrs (instead of --port), e.g. /ip4/127.0.0.1/tcp/0")
-    p.add_argument("--announce-maddrs", nargs="+", default=[], metavar="MADDR",
-                   help="what to tell others to dial (instead of --public-ip), e.g. /dns4/node.example.org/tcp/31338")
-    p.add_argument("--identity", default=None,
-                   help="private key file, created on first use; keeps the peer id across restarts (default: a "
-                        "new identity each start)")
+    options.no_lanes(p)
+    peer_options.identity(p, default=None)
     p.add_argument("--max-steps", type=positive_int, default=None,
                    help="stop after this many inner steps (default: train until stopped)")
-    p.add_argument("--run-dir", type=Path, default=None,
-                   help="write the summary and final weights here (default: none are written)")
+    options.run_dir(p, swarm=False)
     p.add_argument("--data-shard", type=_shard, default=None, metavar="SHARD/COUNT",
                    help="stage 0: read this shard of the data (default: derived from the peer id)")
-    p.add_argument("--data-cache", type=Path, default=None, metavar="DIR",
-                   help="where a run's prepared dataset is fetched to (default ~/.cache/swarm-node/data)")
+    options.data_cache(p)
     p.add_argument("--data-cache-gb", type=float, default=None, metavar="GB",
                    help="keep the fetched dataset within this many GB, evicting shards already trained "
                         "(default: no bound; stage 0 needs room for about three shards)")
     p.add_argument("--data-private-mirrors", action="store_true",
                    help="let the dataset's HTTP(S) mirrors be at loopback or private addresses (a mirror on "
                         "your own network); by default only public ones are read")
-    p.add_argument("--round-timeout", type=float, default=20.0,
-                   help="seconds to seek a partner per outer round before the local-only step (default %(default)s)")
-    p.add_argument("--startup-timeout", type=float, default=DEFAULT_STARTUP_TIMEOUT_S,
-                   help="seconds for the DHT to start and reach an initial peer; one that accepts "
-                        "connections but does not answer (busy) is retried until then (default %(default)s)")
+    options.round_timeout(p, default=20.0)
+    peer_options.startup_timeout(p, default=DEFAULT_STARTUP_TIMEOUT_S)
     p.add_argument("--wait-for-peers", type=int, default=0, metavar="N",
                    help="stage 0: before the first micro-batch, wait (up to --startup-timeout) until this "
                         "stage (this node counted) and the next have N training peers: for nodes started "
@@ -100,26 +80,17 @@ def add_join_parser(sub) -> None:
     p.add_argument("--slowest-link-mbit", type=positive_float, default=20.0, metavar="MBIT_S",
                    help="the slowest upload expected among peers; outer exchanges of large stages get deadlines "
                         "that fit it (default %(default)s)")
-    p.add_argument("--threads", type=positive_int, default=None,
-                   help="torch CPU threads of the training thread (default: OMP_NUM_THREADS if set, else the cores "
-                        "other processes leave free, less one for this node's networking)")
-    p.add_argument("--compute-share", type=unit_share, default=1.0, metavar="F",
-                   help="compute at most this share of the time, 0 < F <= 1: after each piece of work the node rests "
-                        "in proportion, so a machine you also use stays responsive; it trains at about F of its "
-                        "speed and its peers send it less (default %(default)s)")
+    options.threads(p, node=True)
+    options.compute_share(p)
     p.add_argument("--no-state-download", action="store_true",
                    help="start from the run's initial weights instead of a live peer's state")
     p.add_argument("--state-from", metavar="PEER_ID", default=None,
                    help="ask this peer first for the stage's state (otherwise donors are picked at random); its "
                         "state is still checked against the stage's other peers before it is used")
-    p.add_argument("--checkpoint-dir", type=Path, default=None,
-                   help="resume from the newest checkpoint here (same --identity to keep the peer id); write one "
-                        "after every outer round and on shutdown")
+    options.checkpoint_dir(p, swarm=False)
     p.add_argument("--checkpoint-every-rounds", type=positive_int, default=1, metavar="N",
                    help="write a checkpoint every N outer rounds (default %(default)s)")
-    p.add_argument("--blocking-rounds", action="store_true",
-                   help="stop the inner steps during each outer round until its outer step is done, instead of "
-                        "exchanging beside them (for comparison; costs the whole exchange time every round)")
+    options.blocking_rounds(p)
     p.add_argument("--one-payload-at-a-time", action="store_true",
                    help="when this node sends its outer payload, fetch the partner's only afterwards, instead of "
                         "both at once (for comparison: the order of outer protocol 2.0)")
@@ -132,14 +103,8 @@ def add_join_parser(sub) -> None:
                         "with `wandb sync`), or none")
     p.add_argument("--metrics-dir", type=Path, default=None,
                    help="directory of the metrics (default: --run-dir, else ./runs/RUN_ID)")
-    p.add_argument("--http-port", type=port_number, default=None, metavar="PORT",
-                   help="serve /healthz, /metrics (Prometheus) and /api/status on this port (0: any free "
-                        "port; default: no status server)")
-    p.add_argument("--http-host", default="127.0.0.1",
-                   help="interface for --http-port (default %(default)s: this machine only; containers give "
-                        "0.0.0.0)")
-    p.add_argument("--no-progress", action="store_true",
-                   help="no live progress line: a plain log line per minute instead (for services and log files)")
+    peer_options.status_server(p, bootstrap=False)
+    options.no_progress(p, instead="a plain log line per minute instead (for services and log files)")
     p.set_defaults(handler=run_join)
 
 
@@ -194,7 +159,8 @@ def run_join(args: argparse.Namespace) -> int:
         check_folder(folder, flag)
     spec = RunSpec.from_file(args.config) if args.config else None
     config = NodeConfig(initial_peers=tuple(args.initial_peers), run_id=args.run_id,
-                        host_maddrs=host_maddrs, announce_maddrs=announce_maddrs, identity_path=args.identity,
+                        host_maddrs=host_maddrs, announce_maddrs=announce_maddrs,
+                        identity_path=str(args.identity) if args.identity else None,
                         lane_port=None if args.no_lanes else args.lane_port,
                         stage=args.stage, device=resolve_device(args.device), max_steps=args.max_steps,
                         run_dir=args.run_dir, data_shard=args.data_shard, round_timeout_s=args.round_timeout,

@@ -1,13 +1,13 @@
 """The ``swarm-node`` command line. It only parses arguments and hands them on: each
 subcommand's flags and handler live in a file of its name (sim, join, local, export,
-probe, data), what they share in args.py."""
+probe, data), the flags they share in options.py and peer_options.py."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from swarm_node import __version__
+from swarm_node.cli import peer_options
 from swarm_node.cli.data import add_data_parser
 from swarm_node.cli.export import add_export_parser, add_generate_parser
 from swarm_node.cli.join import add_join_parser
@@ -19,8 +19,8 @@ from swarm_node.errors import SwarmError
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="swarm-node", description="Peer-to-peer swarm training with NoLoCo.")
-    parser.add_argument("--version", action="version", version=f"swarm-node {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    peer_options.version(parser, program="swarm-node")
+    peer_options.verbose(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_sim_parser(sub)
     add_join_parser(sub)

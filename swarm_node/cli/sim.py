@@ -5,44 +5,25 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from swarm_node.cli.args import (
-    ACTIVATION_CODEC_NAMES,
-    DATA_HELP,
-    MODEL_HELP,
-    OUTER_CODEC_NAMES,
-    OUTER_LANDING_NAMES,
-    THREADS_DEFAULT_HELP,
-    int_list,
-    positive_float,
-    positive_int,
-)
+from swarm_node.cli import options
+from swarm_node.cli.args import OUTER_LANDING_NAMES, positive_int
 
 
 def add_sim_parser(sub) -> None:
     p = sub.add_parser("sim", help="train an in-process swarm (R replicas x S stages) in one process",
                        description="Simulate a swarm in one process: random routing between stages, "
                                    "the real inner and outer optimizers, fresh random pairs every round.")
-    p.add_argument("--method", choices=("noloco", "diloco", "ddp", "local"), default="noloco",
-                   help="how the replicas of a stage keep in step: noloco (random groups, default), diloco "
-                        "(all replicas of the stage), ddp (gradients averaged every step: the reference) or local "
-                        "(no exchange: the baseline)")
-    p.add_argument("--replicas", type=positive_int, default=4, help="workers per stage (R); default: %(default)s")
-    p.add_argument("--stages", type=positive_int, default=2, help="pipeline stages (S); default: %(default)s")
-    p.add_argument("--model", default="debug", help=MODEL_HELP)
-    p.add_argument("--layers-per-stage", type=int_list, default=None, metavar="N,N,...",
-                   help="explicit split of the layers, e.g. 5,7 (default: even, earlier stages take the remainder)")
-    p.add_argument("--data", default="corpus", help=DATA_HELP)
-    p.add_argument("--tokenizer", default=None, metavar="PATH",
-                   help="Hugging Face tokenizer.json (default: bytes)")
-    p.add_argument("--seq-len", type=positive_int, default=64, help="tokens per sequence; default: %(default)s")
-    p.add_argument("--batch-size", type=positive_int, default=8,
-                   help="sequences per worker per step; default: %(default)s")
-    p.add_argument("--steps", type=positive_int, default=1000,
-                   help="inner optimizer steps per worker; default: %(default)s")
-    p.add_argument("--inner-steps", type=positive_int, default=None, metavar="H",
-                   help="inner steps between outer rounds (default: 50 noloco, 100 diloco)")
-    p.add_argument("--lr", type=positive_float, default=None,
-                   help="peak inner learning rate (default: by --model, from 3e-3 for debug to 1.2e-4 for large)")
+    options.method(p, methods=options.SIM_METHODS)
+    options.replicas(p, default=4, who="workers")
+    options.stages(p)
+    options.model(p)
+    options.data(p)
+    options.tokenizer(p, use="sim")
+    options.seq_len(p)
+    options.batch_size(p)
+    options.steps(p, default=1000, whose="of every worker")
+    options.inner_steps(p)
+    options.lr(p)
     p.add_argument("--warmup-steps", type=int, default=None, help="learning-rate warm-up (default: 4%% of --steps)")
     p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay; default: %(default)s")
     p.add_argument("--alpha", type=float, default=None,
@@ -55,13 +36,7 @@ def add_sim_parser(sub) -> None:
     p.add_argument("--routing", choices=("random", "fixed"), default="random",
                    help="random: a fresh random path through the stages per micro-batch (default); fixed: "
                         "replica r always uses worker r of every stage")
-    p.add_argument("--activation-codec", choices=ACTIVATION_CODEC_NAMES, default="fp32",
-                   help="how activations and their gradients cross stage boundaries, as a node sends them (int8: "
-                        "blockwise codes with a scale per 256 values); default: %(default)s")
-    p.add_argument("--outer-codec", choices=OUTER_CODEC_NAMES, default="fp32",
-                   help="how phi and Delta go on the wire in outer rounds: a float precision, or blockwise "
-                        "codes with error feedback (nearP-D: phi in P bits coded against the receiver's own, "
-                        "Delta in D); default: %(default)s")
+    options.codecs(p, default="fp32")
     p.add_argument("--outer-latency-steps", type=positive_int, default=None, metavar="K",
                    help="overlapped outer rounds: the exchange lands K inner steps after the boundary while "
                         "training goes on (docs/ALGORITHM.md 3.1); default: blocking rounds")
@@ -71,15 +46,13 @@ def add_sim_parser(sub) -> None:
                         "comes first, until the Delta is in; docs/ALGORITHM.md 3.1); default: %(default)s")
     p.add_argument("--eval-every", type=positive_int, default=None, metavar="STEPS",
                    help="steps between evaluations (default: --steps / 20)")
-    p.add_argument("--eval-batches", type=positive_int, default=8, metavar="N",
-                   help="validation batches of 64 windows per evaluation; default: %(default)s")
-    p.add_argument("--seed", type=int, default=0, help="initial weights and data order; default: %(default)s")
-    p.add_argument("--device", default="cpu",
-                   help="cpu | cuda[:N] | mps | auto (CUDA, else Apple MPS, else CPU); default: %(default)s")
-    p.add_argument("--threads", type=positive_int, default=None, help=f"torch CPU threads; {THREADS_DEFAULT_HELP}")
-    p.add_argument("--json-out", type=Path, default=None, metavar="PATH", help="write the JSON summary here")
+    options.eval_batches(p)
+    options.seed(p)
+    options.device(p, default="cpu")
+    options.threads(p, node=False)
+    options.json_out(p)
     p.add_argument("--plot", type=Path, default=None, metavar="PATH", help="write a PNG of the loss curves")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    options.no_progress(p)
     p.set_defaults(handler=run_sim)
 
 
