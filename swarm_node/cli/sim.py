@@ -7,6 +7,7 @@ from pathlib import Path
 
 from swarm_node.cli.args import (
     ACTIVATION_CODEC_NAMES,
+    BOUNDARY_CODEC_NAMES,
     DATA_HELP,
     MODEL_HELP,
     OUTER_CODEC_NAMES,
@@ -54,9 +55,13 @@ def add_sim_parser(sub) -> None:
     p.add_argument("--routing", choices=("random", "fixed"), default="random",
                    help="random: a fresh random path through the stages per micro-batch (default); fixed: "
                         "replica r always uses worker r of every stage")
-    p.add_argument("--activation-codec", choices=ACTIVATION_CODEC_NAMES, default="fp32",
+    p.add_argument("--activation-codec", choices=ACTIVATION_CODEC_NAMES + BOUNDARY_CODEC_NAMES, default="fp32",
                    help="how activations and their gradients cross stage boundaries, as a node sends them (int8: "
-                        "blockwise codes with a scale per 256 values); default: %(default)s")
+                        "blockwise codes with a scale per 256 values; bottleneck, subspace: a coded boundary of "
+                        "a few values a token, docs/ALGORITHM.md 9); default: %(default)s")
+    p.add_argument("--activation-ratio", type=float, default=None, metavar="R",
+                   help="with a coded boundary: send at most 1/R of fp16's bytes each way, token ids and "
+                        "frames counted (32: the issue's target)")
     p.add_argument("--outer-codec", choices=OUTER_CODEC_NAMES, default="fp32",
                    help="how phi and Delta go on the wire in outer rounds: a float precision, or blockwise "
                         "codes with error feedback (nearP-D: phi in P bits coded against the receiver's own, "
@@ -97,6 +102,11 @@ def run_sim(args: argparse.Namespace) -> int:
     from swarm_node.system import default_threads
 
     check_model_split(args.model, args.stages, args.layers_per_stage, CLI_NAMES)
+    if (args.activation_ratio is None) == (args.activation_codec in BOUNDARY_CODEC_NAMES):
+        from swarm_node.errors import ConfigError
+
+        raise ConfigError("--activation-ratio goes with a coded boundary (--activation-codec "
+                          f"{' | '.join(BOUNDARY_CODEC_NAMES)}), and only with one")
     threads = args.threads or default_threads()
     torch.set_num_threads(threads)
     if args.threads is None:
@@ -114,7 +124,8 @@ def run_sim(args: argparse.Namespace) -> int:
     config = SimConfig(method=method, inner=inner, data=data, replicas=args.replicas, stages=args.stages,
                        model_size=args.model, layers_per_stage=args.layers_per_stage, seq_len=args.seq_len,
                        batch_size=args.batch_size, steps=args.steps, seed=args.seed, routing=args.routing,
-                       activation_codec=args.activation_codec, outer_codec=args.outer_codec,
+                       activation_codec=args.activation_codec, activation_ratio=args.activation_ratio,
+                       outer_codec=args.outer_codec,
                        outer_latency_steps=args.outer_latency_steps, outer_landing=args.outer_landing,
                        eval_every_steps=args.eval_every or max(1, args.steps // 20),
                        eval_batches=args.eval_batches, device=resolve_device(args.device))

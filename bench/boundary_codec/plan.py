@@ -1,0 +1,92 @@
+"""What the boundary-codec benchmark runs (issue 55): NoLoCo on the size trend's setup (4 x 2,
+H = 10, the node's outer settings and near4-3 payload, BPE-4096 subword text), each run
+one job; fp16 activations are the reference, int8 the codec of before, and the coded
+boundary at a ratio r sends 2 hidden / r bytes a token, ids and frames counted.
+
+The full plan (about 60 CPU-hours on the CPUs it was sized on; see PLANNED_CPU_S):
+
+- the ratio-cost curve at width 768 (``small``'s width, 4 layers): fp16 and the
+  codec at 8x, 16x, 32x and 64x, seed 0;
+- the chosen ratio (CHOSEN_RATIO) against fp16 on seed 1 as well: the acceptance reads
+  the mean of two paired seeds;
+- at two narrower widths (tiny, 256; mini, 128): fp16, int8 and the chosen ratio.
+
+Every run trains TOKENS_PER_RUN tokens or more (global batch 64 x 64 tokens a step)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+GRID = (4, 2)
+H = 10
+GLOBAL_BATCH = 64
+SEQ_LEN = 64
+TOKENS_PER_RUN = 8_000_000
+FULL_STEPS = math.ceil(TOKENS_PER_RUN / (GLOBAL_BATCH * SEQ_LEN))  # 1954
+CODEC = "bottleneck"  # the method chosen (docs/ALGORITHM.md section 9)
+CURVE_RATIOS = (8.0, 16.0, 32.0, 64.0)
+CHOSEN_RATIO = 32.0  # the target's; the acceptance takes the best ratio within +2 %, read off the curve
+WIDE = ("small", 4)  # width 768 with 4 layers
+NARROW = (("tiny", None), ("mini", None))
+# Inner lr: the size trend's tuned lr for mini and tiny (twice the suggested lr, as for
+# debug); small's width untuned, at twice its suggested lr likewise.
+INNER_LR = {"debug": 6e-3, "mini": 4e-3, "tiny": 2e-3, "small": 1.2e-3}
+
+
+@dataclass(frozen=True)
+class CodecJob:
+    section: str  # "curve", "seed", "width" or "quick"
+    model: str
+    layers: int | None
+    codec: str  # fp16, int8, or a boundary codec (wire/boundary.py)
+    ratio: float | None
+    seed: int
+    steps: int
+    data: str
+    inner_lr: float
+    dp: int = GRID[0]
+    pp: int = GRID[1]
+    h: int = H
+    global_batch: int = GLOBAL_BATCH
+    seq_len: int = SEQ_LEN
+    eval_batches: int = 8
+    curve_every: int = 100
+    device: str = "cpu"
+
+    def key_fields(self) -> dict:
+        """What the run trains: a ledger row stands for a job when these match."""
+        fields = asdict(self)
+        del fields["section"], fields["data"]  # the ledger tags rows with the data's hash
+        return {"section": self.section, **fields}
+
+    @property
+    def label(self) -> str:
+        width = self.model if self.layers is None else f"{self.model}/{self.layers} layers"
+        codec = self.codec if self.ratio is None else f"{self.codec} {self.ratio:g}x"
+        return f"{width} {codec} seed {self.seed}"
+
+
+def _job(section: str, size: tuple[str, int | None], codec: str, ratio: float | None, seed: int, steps: int,
+         data: str, device: str = "cpu") -> CodecJob:
+    model, layers = size
+    return CodecJob(section, model, layers, codec, ratio, seed, steps, data, INNER_LR[model], device=device)
+
+
+def full_jobs(data: str, device: str = "cpu", ratio: float = CHOSEN_RATIO) -> list[CodecJob]:
+    """The full plan, in the order it runs: the curve first (it answers which ratio),
+    then the second seed, then the narrower widths."""
+    jobs = [_job("curve", WIDE, "fp16", None, 0, FULL_STEPS, data, device)]
+    jobs += [_job("curve", WIDE, CODEC, r, 0, FULL_STEPS, data, device) for r in CURVE_RATIOS]
+    jobs += [_job("seed", WIDE, "fp16", None, 1, FULL_STEPS, data, device),
+             _job("seed", WIDE, CODEC, ratio, 1, FULL_STEPS, data, device)]
+    for size in NARROW:
+        jobs += [_job("width", size, codec, r, 0, FULL_STEPS, data, device)
+                 for codec, r in (("fp16", None), ("int8", None), (CODEC, ratio))]
+    return jobs
+
+
+def quick_jobs(data: str) -> list[CodecJob]:
+    """Seconds: the debug model, a few steps, fp16 against the codec at 16x."""
+    return [CodecJob("quick", "debug", None, codec, r, 0, 6, data, INNER_LR["debug"], eval_batches=1, curve_every=3)
+            for codec, r in (("fp16", None), (CODEC, 16.0))]
