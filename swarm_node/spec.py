@@ -133,11 +133,11 @@ class RunSpec:
         ratio = self.activation_ratio
         if self.activation_codec in BOUNDARY_CODECS:
             if type(ratio) not in (int, float) or not 1 < ratio < float("inf"):
-                raise ConfigError(f"activation_codec {self.activation_codec} needs activation_ratio, a number above "
-                                  f"1 (32: a 32nd of fp16's bytes), got {ratio!r}")
+                raise ConfigError(f"activation_codec {self.activation_codec} needs activation_ratio, a number "
+                                  f"above 1 (32: a 32nd of fp16's bytes), got {ratio!r}")
         elif ratio is not None:
-            raise ConfigError(f"activation_ratio sizes a coded boundary; activation_codec {self.activation_codec} "
-                              "takes none")
+            raise ConfigError(f"activation_ratio sizes a coded boundary; activation_codec "
+                              f"{self.activation_codec} takes none")
         if self.method.name not in SWARM_METHODS:
             raise ConfigError(f"method {self.method.name!r} runs only in the simulator (swarm-node sim); a swarm "
                               f"trains with {', '.join(SWARM_METHODS)}")

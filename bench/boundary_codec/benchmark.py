@@ -114,7 +114,7 @@ def answer(compares: list[dict]) -> dict:
     return {"curve": {f"{ratio:g}": statistics.mean(g) for ratio, g in sorted(by_ratio.items())},
             "seeds": {f"{ratio:g}": len(g) for ratio, g in sorted(by_ratio.items())},
             "best_ratio_within_target": best, "gap_pct_at_best": within.get(best),
-            "meets_target": best is not None and best >= 32 and by_ratio[best].__len__() >= 2}
+            "meets_target": best is not None and best >= 32 and len(by_ratio[best]) >= 2}
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -155,9 +155,9 @@ def markdown(result: dict) -> str:
                      f"{r['forward_bytes_per_token']:.1f} / {r['backward_bytes_per_token']:.1f} | {r['seed']} | "
                      f"{r['val_loss']:.4f} | {r['gap_to_fp16_pct']:+.2f} |")
     a = s["answer"]
-    lines += ["", f"**Answer.** Curve at width 768 (gap to fp16, %, mean over seeds): "
-                  f"{', '.join(f'{k}x: {v:+.2f} ({a['seeds'][k]} seeds)' for k, v in a['curve'].items()) or 'none yet'}; "
-                  f"best ratio within +{TARGET_PCT:g} %: {a['best_ratio_within_target']}."]
+    curve = ", ".join(f"{k}x: {v:+.2f} ({a['seeds'][k]} seeds)" for k, v in a["curve"].items()) or "none yet"
+    lines += ["", f"**Answer.** Curve at width 768 (gap to fp16, %, mean over seeds): {curve}; best ratio within "
+                  f"+{TARGET_PCT:g} %: {a['best_ratio_within_target']}."]
     lines += [f"\n{n}" for n in result.get("notes", [])]
     return "\n".join(lines) + "\n"
 

@@ -3,10 +3,11 @@ H = 10, the node's outer settings and near4-3 payload, BPE-4096 subword text), e
 one job; fp16 activations are the reference, int8 the codec of before, and the coded
 boundary at a ratio r sends 2 hidden / r bytes a token, ids and frames counted.
 
-The full plan (about 60 CPU-hours on the CPUs it was sized on; see PLANNED_CPU_S):
+The full plan (about 55 CPU-hours at one thread a run on the CPUs it was sized on:
+planned_cpu_s), in the order it runs:
 
-- the ratio-cost curve at width 768 (``small``'s width, 4 layers): fp16 and the
-  codec at 8x, 16x, 32x and 64x, seed 0;
+- the ratio-cost curve at width 768 (``small``'s width, 4 layers): fp16, int8 and the
+  codec at 8x, 16x, 32x, 64x and 100x (the stretch target), seed 0;
 - the chosen ratio (CHOSEN_RATIO) against fp16 on seed 1 as well: the acceptance reads
   the mean of two paired seeds;
 - at two narrower widths (tiny, 256; mini, 128): fp16, int8 and the chosen ratio.
@@ -25,7 +26,7 @@ SEQ_LEN = 64
 TOKENS_PER_RUN = 8_000_000
 FULL_STEPS = math.ceil(TOKENS_PER_RUN / (GLOBAL_BATCH * SEQ_LEN))  # 1954
 CODEC = "bottleneck"  # the method chosen (docs/ALGORITHM.md section 9)
-CURVE_RATIOS = (8.0, 16.0, 32.0, 64.0)
+CURVE_RATIOS = (8.0, 16.0, 32.0, 64.0, 100.0)  # 100x: the stretch target
 CHOSEN_RATIO = 32.0  # the target's; the acceptance takes the best ratio within +2 %, read off the curve
 WIDE = ("small", 4)  # width 768 with 4 layers
 NARROW = (("tiny", None), ("mini", None))
@@ -50,8 +51,9 @@ class CodecJob:
     h: int = H
     global_batch: int = GLOBAL_BATCH
     seq_len: int = SEQ_LEN
-    eval_batches: int = 8
-    curve_every: int = 100
+    eval_batches: int = 8  # the final loss: 8 batches of 64 windows over random paths, as size_trend's
+    curve_every: int = 250
+    curve_batches: int = 2  # the curve's points, on the first batches (an evaluation at width 768: 10 CPU-s a batch)
     device: str = "cpu"
 
     def key_fields(self) -> dict:
@@ -67,6 +69,20 @@ class CodecJob:
         return f"{width} {codec} seed {self.seed}"
 
 
+# CPU-seconds a step (4 x 2, 64 x 64 tokens, one torch thread), measured: small's width with
+# 4 layers and the bottleneck at 32x, 9.6-10.0 s a step after the first (steps 3-4 of a
+# run on the shared 2-core machine); mini and tiny from size_trend's ledger (1,000 steps in
+# about 1,000 and 2,300 CPU-s, evaluations included).
+STEP_CPU_S = {"small": 10.0, "tiny": 2.3, "mini": 1.0, "debug": 0.42}
+EVAL_BATCH_CPU_S = {"small": 9.8, "tiny": 1.6, "mini": 0.7, "debug": 0.3}
+
+
+def planned_cpu_s(job: "CodecJob") -> float:
+    """What a job costs on one thread: its steps, the curve's evaluations and the final one."""
+    evals = job.steps // job.curve_every * job.curve_batches + job.eval_batches
+    return job.steps * STEP_CPU_S[job.model] + evals * EVAL_BATCH_CPU_S[job.model]
+
+
 def _job(section: str, size: tuple[str, int | None], codec: str, ratio: float | None, seed: int, steps: int,
          data: str, device: str = "cpu") -> CodecJob:
     model, layers = size
@@ -76,7 +92,8 @@ def _job(section: str, size: tuple[str, int | None], codec: str, ratio: float | 
 def full_jobs(data: str, device: str = "cpu", ratio: float = CHOSEN_RATIO) -> list[CodecJob]:
     """The full plan, in the order it runs: the curve first (it answers which ratio),
     then the second seed, then the narrower widths."""
-    jobs = [_job("curve", WIDE, "fp16", None, 0, FULL_STEPS, data, device)]
+    jobs = [_job("curve", WIDE, "fp16", None, 0, FULL_STEPS, data, device),
+            _job("curve", WIDE, "int8", None, 0, FULL_STEPS, data, device)]
     jobs += [_job("curve", WIDE, CODEC, r, 0, FULL_STEPS, data, device) for r in CURVE_RATIOS]
     jobs += [_job("seed", WIDE, "fp16", None, 1, FULL_STEPS, data, device),
              _job("seed", WIDE, CODEC, ratio, 1, FULL_STEPS, data, device)]
@@ -88,5 +105,5 @@ def full_jobs(data: str, device: str = "cpu", ratio: float = CHOSEN_RATIO) -> li
 
 def quick_jobs(data: str) -> list[CodecJob]:
     """Seconds: the debug model, a few steps, fp16 against the codec at 16x."""
-    return [CodecJob("quick", "debug", None, codec, r, 0, 6, data, INNER_LR["debug"], eval_batches=1, curve_every=3)
-            for codec, r in (("fp16", None), (CODEC, 16.0))]
+    return [CodecJob("quick", "debug", None, codec, r, 0, 6, data, INNER_LR["debug"], eval_batches=1, curve_every=3,
+                     curve_batches=1) for codec, r in (("fp16", None), (CODEC, 16.0))]

@@ -46,7 +46,7 @@ def run_job(job: CodecJob, resume_dir: Path | None = None) -> dict:
                 "next_step": step + 1, "cpu_s": state["cpu_s"] + time.process_time() - cpu_started,
                 "wall_s": state["wall_s"] + time.perf_counter() - wall_started})
 
-    curve = _train(sim, job.curve_every, job.eval_batches, state["curve"], state["next_step"], on_step)
+    curve = _train(sim, job.curve_every, job.curve_batches, state["curve"], state["next_step"], on_step)
     val_loss = sim.evaluate_random_paths(EVAL_PATHS_SEED)
     hidden = sim.model_config.hidden_size
     if sim.boundary is not None:

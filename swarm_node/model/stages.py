@@ -15,12 +15,19 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from swarm_node.model.boundary import Boundaries, SubspaceEmbedding, SubspaceLinear, constrained_layers, init_boundary
+from swarm_node.model.boundary import (
+    Boundaries,
+    SubspaceEmbedding,
+    SubspaceLinear,
+    constrained_layers,
+    init_boundary,
+)
 from swarm_node.model.config import ModelConfig
 from swarm_node.model.llama import DecoderLayer, RMSNorm, RotaryEmbedding
 from swarm_node.model.loss import LOSS_CHUNK_LOGITS, head_loss, lm_loss
 
-__all__ = ["PipelineStage", "build_model", "build_stage", "init_weights", "lm_loss", "split_layers", "stage_cuts"]
+__all__ = ["PipelineStage", "build_model", "build_stage", "init_weights", "lm_loss", "split_layers",
+           "stage_cuts"]
 
 
 def split_layers(num_layers: int, num_stages: int,
@@ -49,7 +56,8 @@ def split_layers(num_layers: int, num_stages: int,
     return tuple(range(bounds[s], bounds[s + 1]) for s in range(num_stages))
 
 
-def stage_cuts(num_layers: int, num_stages: int, layers_per_stage: Sequence[int] | None = None) -> tuple[int, ...]:
+def stage_cuts(num_layers: int, num_stages: int,
+               layers_per_stage: Sequence[int] | None = None) -> tuple[int, ...]:
     """Where the stage boundaries sit: the global layer index each stage after the first
     starts at."""
     return tuple(r.stop for r in split_layers(num_layers, num_stages, layers_per_stage)[:-1])
@@ -79,14 +87,15 @@ class PipelineStage(nn.Module):
         boundary = config.boundary
         subspace = boundary is not None and boundary.kind == "subspace"
         if self.is_first:
-            self.model.embed_tokens = SubspaceEmbedding(config.vocab_size, config.hidden_size, boundary.width) \
-                if subspace else nn.Embedding(config.vocab_size, config.hidden_size)
+            self.model.embed_tokens = (SubspaceEmbedding(config.vocab_size, config.hidden_size, boundary.width)
+                                       if subspace else nn.Embedding(config.vocab_size, config.hidden_size))
         self.model.layers = nn.ModuleDict({str(i): DecoderLayer(config) for i in layer_indices})
         for i in constrained_layers(boundary):
             if i in layer_indices:
                 layer = self.model.layers[str(i)]
-                layer.self_attn.o_proj = SubspaceLinear(config.hidden_size, config.hidden_size, boundary.width)
-                layer.mlp.down_proj = SubspaceLinear(config.intermediate_size, config.hidden_size, boundary.width)
+                width = boundary.width
+                layer.self_attn.o_proj = SubspaceLinear(config.hidden_size, config.hidden_size, width)
+                layer.mlp.down_proj = SubspaceLinear(config.intermediate_size, config.hidden_size, width)
         if self.is_last:
             self.model.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
@@ -102,14 +111,16 @@ class PipelineStage(nn.Module):
         config, s, count = self.config, self.stage_index, len(boundary.cuts)
         if self.num_stages == 1:
             self._inside = {cut: i for i, cut in enumerate(boundary.cuts)}
-            return Boundaries(boundary, config.hidden_size, config.vocab_size, range(count), receives=None, sends=None)
+            return Boundaries(boundary, config.hidden_size, config.vocab_size, range(count),
+                              receives=None, sends=None)
         if count != self.num_stages - 1 or (s > 0 and boundary.cuts[s - 1] != layer_indices.start) \
                 or (not self.is_last and boundary.cuts[s] != layer_indices.stop):
             raise ValueError(f"stage {s} holds layers {layer_indices.start}-{layer_indices.stop - 1}, which the "
                              f"boundaries at {boundary.cuts} do not cut out")
         receives, sends = (None if self.is_first else s - 1), (None if self.is_last else s)
         indices = range(s if self.is_first else s - 1, s if self.is_last else s + 1)
-        return Boundaries(boundary, config.hidden_size, config.vocab_size, indices, receives=receives, sends=sends)
+        return Boundaries(boundary, config.hidden_size, config.vocab_size, indices,
+                          receives=receives, sends=sends)
 
     @property
     def is_first(self) -> bool:
@@ -146,8 +157,9 @@ class PipelineStage(nn.Module):
             if int(index) in self._inside:
                 hidden, token_part = self._across(self._inside[int(index)], hidden, token_part, tokens)
             hidden = layer(hidden, self.rotary)
-        if self.layer_indices.stop in self._inside:  # a boundary after the last block (unsplit)
-            hidden, token_part = self._across(self._inside[self.layer_indices.stop], hidden, token_part, tokens)
+        end = self._inside.get(self.layer_indices.stop)  # a boundary after the last block (unsplit)
+        if end is not None:
+            hidden, token_part = self._across(end, hidden, token_part, tokens)
         if not self.is_last:
             return hidden if boundaries is None else boundaries.code(boundaries.sends, hidden, token_part)
         hidden = self.model.norm(hidden)

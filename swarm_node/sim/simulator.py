@@ -89,14 +89,15 @@ class Simulator:
         self.rng = np.random.default_rng([config.seed, 0x73696D])
         needed = config.steps * config.batch_size * config.replicas
         self.data: TokenWindows = load_windows(config.data, config.seq_len, min_train_windows=needed)
+        layers = {} if config.num_layers is None else {"num_layers": config.num_layers}
         self.model_config = model_config(config.model_size, vocab_size=self.data.vocab_size,
-                                         max_seq_len=config.seq_len,
-                                         **({} if config.num_layers is None else {"num_layers": config.num_layers}))
+                                         max_seq_len=config.seq_len, **layers)
         self.boundary: coded.BoundaryCodec | None = None  # a coded boundary (wire/boundary.py)
         if config.activation_codec in coded.BOUNDARY_CODECS:
             self.boundary = coded.boundary_codec(
-                config.activation_codec, hidden_size=self.model_config.hidden_size, ratio=config.activation_ratio,
-                vocab_size=self.data.vocab_size, batch=config.batch_size, seq=config.seq_len)
+                config.activation_codec, hidden_size=self.model_config.hidden_size,
+                ratio=config.activation_ratio, vocab_size=self.data.vocab_size, batch=config.batch_size,
+                seq=config.seq_len)
             cuts = stage_cuts(self.model_config.num_layers, config.stages, config.layers_per_stage)
             self.model_config = replace(self.model_config, boundary=BoundaryConfig(
                 self.boundary.kind, self.boundary.width, cuts)) if cuts else self.model_config
@@ -157,7 +158,8 @@ class Simulator:
                                     ids.cpu(), self.boundary)
         batch, seq = ids.shape[0], ids.shape[1] - 1
         _, got, inputs, targets = coded.check_forward_request(
-            *decode_frame(raw), self.boundary, spec_hash="sim", max_batch=batch, max_seq=seq, default_deadline_s=1.0)
+            *decode_frame(raw), self.boundary, spec_hash="sim", max_batch=batch, max_seq=seq,
+            default_deadline_s=1.0)
         return got.to(self.device), coded.window_ids(inputs, targets).to(self.device)
 
     def _gradient_coded(self, grad: torch.Tensor) -> torch.Tensor:

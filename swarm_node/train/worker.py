@@ -79,8 +79,8 @@ class Pullback(torch.autograd.Function):
 class StageWorker:
     def __init__(self, spec: RunSpec, stage_index: int, vocab_size: int, device: str = "cpu"):
         if spec.activation_codec in BOUNDARY_CODECS:  # the simulator's alone until the node carries its frames
-            raise ConfigError(f"activation_codec {spec.activation_codec} runs in the simulator only (swarm-node sim)"
-                              "; a swarm sends fp32, fp16, bf16 or int8 activations")
+            raise ConfigError(f"activation_codec {spec.activation_codec} runs in the simulator only (swarm-node "
+                              "sim); a swarm sends fp32, fp16, bf16 or int8 activations")
         self.spec = spec
         self.device = torch.device(device)
         self.autocast_dtype = training_precision(self.device)  # None: fp32

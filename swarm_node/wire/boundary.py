@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from swarm_node.errors import ConfigError, ProtocolError
-from swarm_node.wire.blockwise import BLOCK, Quantized, dequantize, packed_bytes, quantize
+from swarm_node.wire.blockwise import BLOCK, Quantized, dequantize, quantize
 from swarm_node.wire.frames import encode_frame
 
 # activation_codec name -> (model/boundary.py kind, bits a value on the wire)
@@ -123,13 +123,15 @@ def encode_code(values: torch.Tensor, codec: BoundaryCodec) -> list[torch.Tensor
     return [q.codes, q.scales]
 
 
-def decode_code(tensors: list[torch.Tensor], shape: tuple[int, int, int], codec: BoundaryCodec) -> torch.Tensor:
+def decode_code(tensors: list[torch.Tensor], shape: tuple[int, int, int],
+                codec: BoundaryCodec) -> torch.Tensor:
     """The float32 (batch, seq, width) tensor :func:`encode_code` sent, or ProtocolError."""
     if len(tensors) != 2:
         raise ProtocolError("a coded boundary sends codes and their steps")
     if shape[-1] != codec.width:
         raise ProtocolError(f"a code of width {shape[-1]} where the run's is {codec.width}")
-    values = dequantize(Quantized(tensors[0], tensors[1], tuple(shape), codec.bits), max_numel=math.prod(shape))
+    coded = Quantized(tensors[0], tensors[1], tuple(shape), codec.bits)
+    values = dequantize(coded, max_numel=math.prod(shape))
     if values.numel() and not bool(values.abs().amax() <= MAX_MAGNITUDE):  # NaN fails too
         raise ProtocolError("code values are not finite or out of range")
     return values
@@ -167,7 +169,8 @@ def check_forward_request(header: dict, tensors: list[torch.Tensor], codec: Boun
         raise ProtocolError("a coded forward request holds codes, steps and token ids")
     packed = tensors[2]
     count = batch * (seq + 1)
-    if packed.dtype != torch.uint8 or packed.dim() != 1 or packed.numel() != packed_id_bytes(count, codec.id_bits):
+    expected = packed_id_bytes(count, codec.id_bits)
+    if packed.dtype != torch.uint8 or packed.dim() != 1 or packed.numel() != expected:
         raise ProtocolError(f"token ids do not fit {count} ids of {codec.id_bits} bits")
     ids = unpack_ids(packed, codec.id_bits, count)
     if int(ids.max()) >= codec.vocab_size:
@@ -184,7 +187,8 @@ def gradient_answer(header: dict, grad: torch.Tensor, codec: BoundaryCodec) -> b
     return encode_frame(header, encode_code(grad, codec))
 
 
-def check_gradient(tensors: list[torch.Tensor], shape: tuple[int, int, int], codec: BoundaryCodec) -> torch.Tensor:
+def check_gradient(tensors: list[torch.Tensor], shape: tuple[int, int, int],
+                   codec: BoundaryCodec) -> torch.Tensor:
     """The gradient in an answer to our forward request of a ``shape`` code, or ProtocolError."""
     try:
         return decode_code(tensors, shape, codec)
@@ -198,6 +202,6 @@ def bytes_per_token(codec: BoundaryCodec, batch: int, seq: int) -> tuple[float, 
     return codec.request_bytes(batch, seq) / tokens, codec.answer_bytes(batch, seq) / tokens
 
 
-__all__ = ["BOUNDARY_CODECS", "BoundaryCodec", "boundary_codec", "bytes_per_token", "check_forward_request", "check_gradient",
-           "decode_code", "encode_code", "forward_request", "gradient_answer", "pack_ids", "packed_bytes",
+__all__ = ["BOUNDARY_CODECS", "BoundaryCodec", "boundary_codec", "bytes_per_token", "check_forward_request",
+           "check_gradient", "decode_code", "encode_code", "forward_request", "gradient_answer", "pack_ids",
            "unpack_ids", "window_ids"]
