@@ -20,7 +20,7 @@ import time
 from functools import partial
 from pathlib import Path
 
-from bench.boundary_codec.plan import CHOSEN_RATIO, CODEC, CodecJob, full_jobs, quick_jobs
+from bench.boundary_codec.plan import CHOSEN_RATIO, CODEC, PRECISION_CHECK, CodecJob, full_jobs, quick_jobs
 from bench.boundary_codec.runs import run_job
 from bench.common.results import Result, parse_mode, pyplot, rerun_command
 from bench.size_trend.data import DATA_ROOT, data_identity, subword_data
@@ -104,7 +104,7 @@ def compare_rows(runs: list[dict]) -> list[dict]:
 def answer(compares: list[dict]) -> dict:
     """The best ratio whose loss is within TARGET_PCT of fp16 at width 768, as the mean of
     its paired seeds (a ratio with one seed only is provisional)."""
-    wide = [r for r in compares if r["hidden"] == 768 and r["ratio"] is not None]
+    wide = [r for r in compares if r["hidden"] == 768 and r["codec"] == CODEC]
     by_ratio: dict[float, list[float]] = {}
     for r in wide:
         by_ratio.setdefault(r["ratio"], []).append(r["gap_to_fp16_pct"])
@@ -120,14 +120,17 @@ def answer(compares: list[dict]) -> dict:
 def plot(rows: list[dict], path: Path) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    compares = [r for r in rows if r["kind"] == "compare" and r["ratio"] is not None]
+    compares = [r for r in rows if r["kind"] == "compare"]
     for hidden in sorted({r["hidden"] for r in compares}):
-        mine = sorted((r for r in compares if r["hidden"] == hidden), key=lambda r: r["ratio"])
+        mine = sorted((r for r in compares if r["hidden"] == hidden and r["codec"] == CODEC and r["seed"] == 0),
+                      key=lambda r: r["ratio"])
         ax.plot([r["ratio_achieved"] for r in mine], [r["gap_to_fp16_pct"] for r in mine], "o-",
                 label=f"{CODEC}, width {hidden}")
-    int8 = [r for r in rows if r["kind"] == "compare" and r["codec"] == "int8"]
-    if int8:
-        ax.plot([r["ratio_achieved"] for r in int8], [r["gap_to_fp16_pct"] for r in int8], "s", label="int8")
+    for codec, marker in (("int8", "s"), (PRECISION_CHECK, "^")):
+        points = [r for r in compares if r["codec"] == codec]
+        if points:
+            ax.plot([r["ratio_achieved"] for r in points], [r["gap_to_fp16_pct"] for r in points], marker,
+                    label=codec)
     ax.set_xscale("log", base=2)
     ax.axhline(0, color="grey", lw=0.8)
     ax.axhline(TARGET_PCT, color="red", lw=0.8, ls="--", label=f"+{TARGET_PCT:g} %")

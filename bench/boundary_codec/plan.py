@@ -6,8 +6,10 @@ boundary at a ratio r sends 2 hidden / r bytes a token, ids and frames counted.
 The full plan (about 55 CPU-hours at one thread a run on the CPUs it was sized on:
 planned_cpu_s), in the order it runs:
 
-- the ratio-cost curve at width 768 (``small``'s width, 4 layers): fp16, int8 and the
-  codec at 8x, 16x, 32x, 64x and 100x (the stretch target), seed 0;
+- the ratio-cost curve at width 768 (``small``'s width, 4 layers): fp16 and the codec
+  at 8x, 16x, 32x, 64x and 100x (the stretch target), and at 32x the same bytes in 8-bit
+  codes of half the width, seed 0 (int8 activations cost nothing measurable before:
+  BENCHMARKS.md, convergence);
 - the chosen ratio (CHOSEN_RATIO) against fp16 on seed 1 as well: the acceptance reads
   the mean of two paired seeds;
 - at two narrower widths (tiny, 256; mini, 128): fp16, int8 and the chosen ratio.
@@ -25,8 +27,10 @@ GLOBAL_BATCH = 64
 SEQ_LEN = 64
 TOKENS_PER_RUN = 8_000_000
 FULL_STEPS = math.ceil(TOKENS_PER_RUN / (GLOBAL_BATCH * SEQ_LEN))  # 1954
-CODEC = "bottleneck"  # the method chosen (docs/ALGORITHM.md section 9)
+CODEC = "bottleneck4"  # the method chosen (docs/ALGORITHM.md section 9)
 CURVE_RATIOS = (8.0, 16.0, 32.0, 64.0, 100.0)  # 100x: the stretch target
+# The same bytes in 8-bit codes of half the width: whether 4 bits still win at width 768
+PRECISION_CHECK = "bottleneck8"
 CHOSEN_RATIO = 32.0  # the target's; the acceptance takes the best ratio within +2 %, read off the curve
 WIDE = ("small", 4)  # width 768 with 4 layers
 NARROW = (("tiny", None), ("mini", None))
@@ -92,9 +96,9 @@ def _job(section: str, size: tuple[str, int | None], codec: str, ratio: float | 
 def full_jobs(data: str, device: str = "cpu", ratio: float = CHOSEN_RATIO) -> list[CodecJob]:
     """The full plan, in the order it runs: the curve first (it answers which ratio),
     then the second seed, then the narrower widths."""
-    jobs = [_job("curve", WIDE, "fp16", None, 0, FULL_STEPS, data, device),
-            _job("curve", WIDE, "int8", None, 0, FULL_STEPS, data, device)]
+    jobs = [_job("curve", WIDE, "fp16", None, 0, FULL_STEPS, data, device)]
     jobs += [_job("curve", WIDE, CODEC, r, 0, FULL_STEPS, data, device) for r in CURVE_RATIOS]
+    jobs.append(_job("curve", WIDE, PRECISION_CHECK, CHOSEN_RATIO, 0, FULL_STEPS, data, device))
     jobs += [_job("seed", WIDE, "fp16", None, 1, FULL_STEPS, data, device),
              _job("seed", WIDE, CODEC, ratio, 1, FULL_STEPS, data, device)]
     for size in NARROW:

@@ -30,10 +30,11 @@ from swarm_node.errors import ConfigError, ProtocolError
 from swarm_node.wire.blockwise import BLOCK, Quantized, dequantize, quantize
 from swarm_node.wire.frames import encode_frame
 
-# activation_codec name -> (model/boundary.py kind, bits a value on the wire)
+# activation_codec name -> (model/boundary.py kind, bits a value on the wire). At equal
+# bytes, 4 bits and twice the width beat 8 bits (docs/ALGORITHM.md section 9).
 BOUNDARY_CODECS: dict[str, tuple[str, int]] = {
-    "bottleneck": ("bottleneck", 8), "bottleneck4": ("bottleneck", 4),
-    "subspace": ("subspace", 8), "subspace4": ("subspace", 4),
+    "bottleneck4": ("bottleneck", 4), "bottleneck8": ("bottleneck", 8),
+    "subspace4": ("subspace", 4), "subspace8": ("subspace", 8),
 }
 # Decoded values above this are refused: every sum over a tensor of them stays finite in
 # float32 (2**60 x 2**31 elements < 2**128), so the finiteness checks downstream are exact.

@@ -15,7 +15,7 @@ def test_the_full_plan_is_the_issues_grid_within_its_budget():
     wide = [j for j in jobs if j.model == "small"]
     assert all(j.layers == 4 for j in wide)
     curve = {j.ratio for j in wide if j.section == "curve" and j.codec == CODEC}
-    assert {8.0, 16.0, 32.0, 64.0} <= curve
+    assert {8.0, 16.0, 32.0, 64.0} <= curve and CODEC == "bottleneck4"
     assert {(j.codec, j.ratio, j.seed) for j in wide if j.section == "seed"} == {("fp16", None, 1), (CODEC, 32.0, 1)}
     narrow = {(j.model, j.codec) for j in jobs if j.section == "width"}
     assert narrow == {(m, c) for m in ("tiny", "mini") for c in ("fp16", "int8", CODEC)}
@@ -37,6 +37,7 @@ def test_the_answer_is_the_best_ratio_within_two_percent_of_fp16_over_paired_see
     runs = [_row("small", "fp16", 0, 3.0), _row("small", "fp16", 1, 3.1),
             _row("small", CODEC, 0, 3.03, 16.0), _row("small", CODEC, 0, 3.05, 32.0),
             _row("small", CODEC, 1, 3.17, 32.0), _row("small", CODEC, 0, 3.3, 64.0),
+            _row("small", "bottleneck8", 0, 3.01, 64.0),  # another codec: not on the curve
             _row("tiny", "fp16", 0, 3.5, hidden=256), _row("tiny", CODEC, 0, 3.6, 32.0, hidden=256)]
     compares = bench.compare_rows(runs)
     assert len(compares) == len(runs)

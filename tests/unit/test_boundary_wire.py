@@ -48,16 +48,19 @@ def test_a_codec_sized_for_a_ratio_sends_at_most_that_share_of_fp16_each_way(nam
 
 def test_what_a_ratio_leaves_at_width_768():
     """The issue's budget at 32x: 48 bytes a token, of which the ids take 12 bits."""
-    sized = {r: boundary_codec("bottleneck", hidden_size=768, ratio=r, vocab_size=4096, batch=16, seq=64).width
-             for r in (8, 16, 32, 64)}
-    assert sized == {8: 187, 16: 92, 32: 45, 64: 22}
+    def sized(name):
+        return {r: boundary_codec(name, hidden_size=768, ratio=r, vocab_size=4096, batch=16, seq=64).width
+                for r in (8, 16, 32, 64, 100)}
+
+    assert sized("bottleneck8") == {8: 187, 16: 92, 32: 45, 64: 22, 100: 13}
+    assert sized("bottleneck4") == {8: 369, 16: 183, 32: 89, 64: 43, 100: 26}
 
 
 def test_a_ratio_that_leaves_no_room_for_one_value_is_a_config_error():
     with pytest.raises(ConfigError, match="choose a lower ratio"):
-        boundary_codec("bottleneck", hidden_size=64, ratio=64, vocab_size=4096, batch=16, seq=64)
+        boundary_codec("bottleneck8", hidden_size=64, ratio=64, vocab_size=4096, batch=16, seq=64)
     with pytest.raises(ConfigError, match="activation_ratio"):
-        boundary_codec("bottleneck", hidden_size=64, ratio=1.0, vocab_size=4096, batch=16, seq=64)
+        boundary_codec("bottleneck8", hidden_size=64, ratio=1.0, vocab_size=4096, batch=16, seq=64)
 
 
 @settings(max_examples=100, deadline=None)
@@ -169,11 +172,11 @@ def test_a_run_spec_with_a_coded_boundary_names_its_ratio():
     from swarm_node.spec import RunSpec
 
     with pytest.raises(ConfigError, match="activation_ratio"):
-        RunSpec(activation_codec="bottleneck")
+        RunSpec(activation_codec="bottleneck4")
     with pytest.raises(ConfigError, match="activation_ratio"):
         RunSpec(activation_codec="int8", activation_ratio=32.0)
     with pytest.raises(ConfigError, match="activation_ratio"):
-        RunSpec(activation_codec="bottleneck", activation_ratio=float("nan"))
-    coded = RunSpec(activation_codec="bottleneck", activation_ratio=32.0)
-    assert coded.spec_hash() != RunSpec(activation_codec="bottleneck", activation_ratio=64.0).spec_hash()
+        RunSpec(activation_codec="bottleneck4", activation_ratio=float("nan"))
+    coded = RunSpec(activation_codec="bottleneck4", activation_ratio=32.0)
+    assert coded.spec_hash() != RunSpec(activation_codec="bottleneck4", activation_ratio=64.0).spec_hash()
     assert RunSpec.from_dict(coded.to_dict()) == coded
