@@ -20,7 +20,15 @@ import time
 from functools import partial
 from pathlib import Path
 
-from bench.boundary_codec.plan import CHOSEN_RATIO, CODEC, PRECISION_CHECK, CodecJob, full_jobs, quick_jobs
+from bench.boundary_codec.plan import (
+    CHOSEN_RATIO,
+    CODEC,
+    METHOD_CHECK,
+    PRECISION_CHECK,
+    CodecJob,
+    full_jobs,
+    quick_jobs,
+)
 from bench.boundary_codec.runs import run_job
 from bench.common.results import Result, parse_mode, pyplot, rerun_command
 from bench.size_trend.data import DATA_ROOT, data_identity, subword_data
@@ -126,7 +134,7 @@ def plot(rows: list[dict], path: Path) -> None:
                       key=lambda r: r["ratio"])
         ax.plot([r["ratio_achieved"] for r in mine], [r["gap_to_fp16_pct"] for r in mine], "o-",
                 label=f"{CODEC}, width {hidden}")
-    for codec, marker in (("int8", "s"), (PRECISION_CHECK, "^")):
+    for codec, marker in (("int8", "s"), (PRECISION_CHECK, "^"), (METHOD_CHECK, "v")):
         points = [r for r in compares if r["codec"] == codec]
         if points:
             ax.plot([r["ratio_achieved"] for r in points], [r["gap_to_fp16_pct"] for r in points], marker,

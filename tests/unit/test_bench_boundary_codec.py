@@ -57,3 +57,15 @@ def test_the_ledger_knows_a_run_by_what_it_trains(tmp_path):
     assert ledger.known(job)["val_loss"] == 1.0
     ledger.tag = {"data_sha256": "other data"}
     assert ledger.known(job) is None
+
+
+def test_the_page_and_the_plot_render_from_rows(tmp_path):
+    runs = [_row("small", "fp16", 0, 3.0), _row("small", CODEC, 0, 3.05, 32.0), _row("small", "bottleneck8", 0, 3.1, 32.0),
+            _row("tiny", "fp16", 0, 3.5, hidden=256), _row("tiny", "int8", 0, 3.5, hidden=256)]
+    compares = bench.compare_rows(runs)
+    result = {"mode": "full", "rows": compares + runs, "notes": ["a note"],
+              "summary": {"runs": len(runs), "tokens": 8_003_584, "answer": bench.answer(compares)}}
+    page = bench.markdown(result)
+    assert "32x: +1.67 (1 seeds)" in page and "| 768 | bottleneck8 | 32x |" in page
+    bench.plot(result["rows"], tmp_path / "plot.png")
+    assert (tmp_path / "plot.png").stat().st_size > 0
