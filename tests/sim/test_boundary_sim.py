@@ -49,3 +49,11 @@ def test_a_pickled_coded_run_goes_on_bit_for_bit():
     assert all(x == y for x, y in losses)
     assert all(torch.equal(p, q) for p, q in zip(a.workers[1][0].stage.parameters(),
                                                   b.workers[1][0].stage.parameters()))
+
+
+def test_the_command_line_wants_a_ratio_with_a_coded_boundary_and_only_then(capsys):
+    from swarm_node.cli.main import main
+
+    assert main(["sim", "--activation-codec", "bottleneck4", "--steps", "1", "--no-progress"]) == 2
+    assert main(["sim", "--activation-ratio", "32", "--steps", "1", "--no-progress"]) == 2
+    assert capsys.readouterr().err.count("--activation-ratio goes with a coded boundary") == 2

@@ -180,3 +180,11 @@ def test_a_run_spec_with_a_coded_boundary_names_its_ratio():
     coded = RunSpec(activation_codec="bottleneck4", activation_ratio=32.0)
     assert coded.spec_hash() != RunSpec(activation_codec="bottleneck4", activation_ratio=64.0).spec_hash()
     assert RunSpec.from_dict(coded.to_dict()) == coded
+
+
+def test_a_node_refuses_a_coded_boundary_until_its_pipeline_carries_one():
+    from swarm_node.spec import RunSpec
+    from swarm_node.train.worker import StageWorker
+
+    with pytest.raises(ConfigError, match="simulator only"):
+        StageWorker(RunSpec(activation_codec="bottleneck4", activation_ratio=32.0), 0, 16)
