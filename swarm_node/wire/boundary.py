@@ -30,8 +30,8 @@ from swarm_node.errors import ConfigError, ProtocolError
 from swarm_node.wire.blockwise import BLOCK, Quantized, dequantize, quantize
 from swarm_node.wire.frames import encode_frame
 
-# activation_codec name -> (model/boundary.py kind, bits a value on the wire). At equal
-# bytes, 4 bits and twice the width beat 8 bits (docs/ALGORITHM.md section 9).
+# activation_codec name -> (model/boundary.py kind, bits a value on the wire): at equal
+# bytes, 4 bits buy twice the width of 8 (docs/ALGORITHM.md section 9 compares them).
 BOUNDARY_CODECS: dict[str, tuple[str, int]] = {
     "bottleneck4": ("bottleneck", 4), "bottleneck8": ("bottleneck", 8),
     "subspace4": ("subspace", 4), "subspace8": ("subspace", 8),

@@ -15,7 +15,7 @@ def test_the_full_plan_is_the_issues_grid_within_its_budget():
     wide = [j for j in jobs if j.model == "small"]
     assert all(j.layers == 4 for j in wide)
     curve = {j.ratio for j in wide if j.section == "curve" and j.codec == CODEC}
-    assert {8.0, 16.0, 32.0, 64.0} <= curve and CODEC == "bottleneck4"
+    assert {8.0, 16.0, 32.0, 64.0} <= curve and CODEC == "bottleneck8"
     assert {(j.codec, j.ratio, j.seed) for j in wide if j.section == "seed"} == {("fp16", None, 1), (CODEC, 32.0, 1)}
     narrow = {(j.model, j.codec) for j in jobs if j.section == "width"}
     assert narrow == {(m, c) for m in ("tiny", "mini") for c in ("fp16", "int8", CODEC)}
@@ -37,7 +37,7 @@ def test_the_answer_is_the_best_ratio_within_two_percent_of_fp16_over_paired_see
     runs = [_row("small", "fp16", 0, 3.0), _row("small", "fp16", 1, 3.1),
             _row("small", CODEC, 0, 3.03, 16.0), _row("small", CODEC, 0, 3.05, 32.0),
             _row("small", CODEC, 1, 3.17, 32.0), _row("small", CODEC, 0, 3.3, 64.0),
-            _row("small", "bottleneck8", 0, 3.01, 64.0),  # another codec: not on the curve
+            _row("small", "bottleneck4", 0, 3.01, 64.0),  # another codec: not on the curve
             _row("tiny", "fp16", 0, 3.5, hidden=256), _row("tiny", CODEC, 0, 3.6, 32.0, hidden=256)]
     compares = bench.compare_rows(runs)
     assert len(compares) == len(runs)
@@ -60,12 +60,12 @@ def test_the_ledger_knows_a_run_by_what_it_trains(tmp_path):
 
 
 def test_the_page_and_the_plot_render_from_rows(tmp_path):
-    runs = [_row("small", "fp16", 0, 3.0), _row("small", CODEC, 0, 3.05, 32.0), _row("small", "bottleneck8", 0, 3.1, 32.0),
+    runs = [_row("small", "fp16", 0, 3.0), _row("small", CODEC, 0, 3.05, 32.0), _row("small", "bottleneck4", 0, 3.1, 32.0),
             _row("tiny", "fp16", 0, 3.5, hidden=256), _row("tiny", "int8", 0, 3.5, hidden=256)]
     compares = bench.compare_rows(runs)
     result = {"mode": "full", "rows": compares + runs, "notes": ["a note"],
               "summary": {"runs": len(runs), "tokens": 8_003_584, "answer": bench.answer(compares)}}
     page = bench.markdown(result)
-    assert "32x: +1.67 (1 seeds)" in page and "| 768 | bottleneck8 | 32x |" in page
+    assert "32x: +1.67 (1 seeds)" in page and "| 768 | bottleneck4 | 32x |" in page
     bench.plot(result["rows"], tmp_path / "plot.png")
     assert (tmp_path / "plot.png").stat().st_size > 0
