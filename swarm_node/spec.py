@@ -22,6 +22,7 @@ from swarm_node.optim.methods import MethodSpec, default_method
 from swarm_node.optim.outer import OuterHyper
 from swarm_node.spec_tables import TOP_LEVEL, check_table
 from swarm_node.wire.activations import ACTIVATION_CODECS
+from swarm_node.wire.boundary import BOUNDARY_CODECS
 from swarm_node.wire.outer_codec import OUTER_CODECS
 
 # Methods the networked node implements; ddp (gradients averaged every step) is simulated only.
@@ -98,6 +99,11 @@ class RunSpec:
     # fp16, or int8 blockwise (half the bytes; the simulator's loss at equal tokens is
     # that of fp32).
     activation_codec: str = "fp16"
+    # With a coded boundary (bottleneck, subspace: model/boundary.py, wire/boundary.py),
+    # the compression against fp16 it is sized for: each way, everything on the wire
+    # (values, steps, token ids, frame) takes at most 2 x hidden / ratio bytes a token.
+    # None for the other codecs.
+    activation_ratio: float | None = None
     min_version: str = "0.1.0"
     # A closed run: only these peer ids may take part (empty: anyone may join).
     allowed_peers: tuple[str, ...] = ()
@@ -124,9 +130,17 @@ class RunSpec:
         check_model_split(self.model_size, self.num_stages, self.layers_per_stage, SPEC_NAMES)
         if self.outer_codec not in OUTER_CODECS:
             raise ConfigError(f"unknown outer_codec {self.outer_codec!r}; choose one of {', '.join(OUTER_CODECS)}")
-        if self.activation_codec not in ACTIVATION_CODECS:
+        if self.activation_codec not in (*ACTIVATION_CODECS, *BOUNDARY_CODECS):
             raise ConfigError(f"unknown activation_codec {self.activation_codec!r}; choose one of "
-                              f"{', '.join(ACTIVATION_CODECS)}")
+                              f"{', '.join((*ACTIVATION_CODECS, *BOUNDARY_CODECS))}")
+        ratio = self.activation_ratio
+        if self.activation_codec in BOUNDARY_CODECS:
+            if type(ratio) not in (int, float) or not 1 < ratio < float("inf"):
+                raise ConfigError(f"activation_codec {self.activation_codec} needs activation_ratio, a number "
+                                  f"above 1 (32: a 32nd of fp16's bytes), got {ratio!r}")
+        elif ratio is not None:
+            raise ConfigError(f"activation_ratio sizes a coded boundary; activation_codec "
+                              f"{self.activation_codec} takes none")
         if self.method.name not in SWARM_METHODS:
             raise ConfigError(f"method {self.method.name!r} runs only in the simulator (swarm-node sim); a swarm "
                               f"trains with {', '.join(SWARM_METHODS)}")

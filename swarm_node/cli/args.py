@@ -11,6 +11,7 @@ from swarm_node.errors import ConfigError
 # runs before torch is imported
 OUTER_CODEC_NAMES = ("fp32", "fp16", "bf16", "int8", "int4", "near4-4", "near4-3")
 ACTIVATION_CODEC_NAMES = ("fp32", "fp16", "bf16", "int8")
+BOUNDARY_CODEC_NAMES = ("bottleneck4", "bottleneck8", "subspace4", "subspace8")  # wire/boundary.py's
 OUTER_LANDING_NAMES = ("whole", "delta-first")
 
 

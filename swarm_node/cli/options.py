@@ -14,6 +14,7 @@ from pathlib import Path
 
 from swarm_node.cli.args import (
     ACTIVATION_CODEC_NAMES,
+    BOUNDARY_CODEC_NAMES,
     DATA_HELP,
     MODEL_HELP,
     OUTER_CODEC_NAMES,
@@ -102,10 +103,11 @@ def steps(p: Parser, *, default: int, whose: str) -> None:
                    help=f"inner steps {whose}; default: %(default)s")
 
 
-def codecs(p: Parser, *, default: str | None) -> None:
+def codecs(p: Parser, *, default: str | None, boundaries: bool = False) -> None:
     """What goes on the wire: the simulator's ``default`` is "fp32", the exact values
     the codes are measured against; a swarm's is None, the run spec's (near4-3 and fp16,
-    which suit volunteers' links)."""
+    which suit volunteers' links). ``boundaries``: the coded boundaries too (where the
+    command can run them), with their ratio."""
     def shown(spec_default: str) -> str:
         if default is None:
             return f"the run spec's, {spec_default}"
@@ -116,10 +118,17 @@ def codecs(p: Parser, *, default: str | None) -> None:
                    help="how phi and Delta go on the wire in outer rounds: a float precision, or blockwise "
                         "codes with error feedback (nearP-D: phi in P bits coded against the receiver's own, "
                         f"Delta in D); default: {shown('near4-3')}")
-    p.add_argument("--activation-codec", choices=ACTIVATION_CODEC_NAMES, default=default,
+    coded = ("; bottleneck, subspace: a coded boundary of a few values a token, docs/ALGORITHM.md 9"
+             if boundaries else "")
+    p.add_argument("--activation-codec", choices=ACTIVATION_CODEC_NAMES + (BOUNDARY_CODEC_NAMES if boundaries else ()),
+                   default=default,
                    help="how activations and their gradients cross stage boundaries, as a node sends them "
-                        "(int8: blockwise codes with a scale per 256 values, half the bytes of fp16); "
+                        f"(int8: blockwise codes with a scale per 256 values, half the bytes of fp16{coded}); "
                         f"default: {shown('fp16')}")
+    if boundaries:
+        p.add_argument("--activation-ratio", type=float, default=None, metavar="R",
+                       help="with a coded boundary: send at most 1/R of fp16's bytes each way, token ids and "
+                            "frames counted (32: the issue's target); default: none")
 
 
 def eval_batches(p: Parser) -> None:

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from swarm_node.cli import options
-from swarm_node.cli.args import OUTER_LANDING_NAMES, positive_int
+from swarm_node.cli.args import BOUNDARY_CODEC_NAMES, OUTER_LANDING_NAMES, positive_int
 
 
 def add_sim_parser(sub) -> None:
@@ -36,7 +36,7 @@ def add_sim_parser(sub) -> None:
     p.add_argument("--routing", choices=("random", "fixed"), default="random",
                    help="random: a fresh random path through the stages per micro-batch (default); fixed: "
                         "replica r always uses worker r of every stage")
-    options.codecs(p, default="fp32")
+    options.codecs(p, default="fp32", boundaries=True)
     p.add_argument("--outer-latency-steps", type=positive_int, default=None, metavar="K",
                    help="overlapped outer rounds: the exchange lands K inner steps after the boundary while "
                         "training goes on (docs/ALGORITHM.md 3.1); default: blocking rounds")
@@ -74,6 +74,11 @@ def run_sim(args: argparse.Namespace) -> int:
     check_model_split(args.model, args.stages, args.layers_per_stage, CLI_NAMES)
     if args.tokenizer:
         HFTokenizer(args.tokenizer, "--tokenizer")  # refused before the data is read
+    if (args.activation_ratio is None) == (args.activation_codec in BOUNDARY_CODEC_NAMES):
+        from swarm_node.errors import ConfigError
+
+        raise ConfigError("--activation-ratio goes with a coded boundary (--activation-codec "
+                          f"{' | '.join(BOUNDARY_CODEC_NAMES)}), and only with one")
     threads = args.threads or default_threads()
     torch.set_num_threads(threads)
     if args.threads is None:
@@ -91,7 +96,8 @@ def run_sim(args: argparse.Namespace) -> int:
     config = SimConfig(method=method, inner=inner, data=data, replicas=args.replicas, stages=args.stages,
                        model_size=args.model, layers_per_stage=args.layers_per_stage, seq_len=args.seq_len,
                        batch_size=args.batch_size, steps=args.steps, seed=args.seed, routing=args.routing,
-                       activation_codec=args.activation_codec, outer_codec=args.outer_codec,
+                       activation_codec=args.activation_codec, activation_ratio=args.activation_ratio,
+                       outer_codec=args.outer_codec,
                        outer_latency_steps=args.outer_latency_steps, outer_landing=args.outer_landing,
                        eval_every_steps=args.eval_every or max(1, args.steps // 20),
                        eval_batches=args.eval_batches, device=resolve_device(args.device))

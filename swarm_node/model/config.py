@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from swarm_node.model.boundary import BoundaryConfig
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -20,6 +22,8 @@ class ModelConfig:
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-5
     init_std: float = 0.02
+    # What crosses stage boundaries, when not the whole hidden state (model/boundary.py)
+    boundary: BoundaryConfig | None = None
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads:
@@ -32,6 +36,8 @@ class ModelConfig:
                      "vocab_size", "max_seq_len"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.boundary is not None and self.boundary.cuts[-1] > self.num_layers:
+            raise ValueError(f"a stage boundary after layer {self.boundary.cuts[-1]} of {self.num_layers}")
 
     @property
     def head_dim(self) -> int:

@@ -5,10 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from swarm_node.data.spec import DataSpec
+from swarm_node.model.stages import split_layers
 from swarm_node.optim.inner import InnerHyper
 from swarm_node.optim.methods import MethodSpec
 from swarm_node.spec import SettingNames, check_model_split
 from swarm_node.wire.activations import ACTIVATION_CODECS
+from swarm_node.wire.boundary import BOUNDARY_CODECS
 from swarm_node.wire.outer_codec import OUTER_CODECS
 
 ROUTINGS = ("random", "fixed")
@@ -36,6 +38,7 @@ class SimConfig:
     replicas: int = 4
     stages: int = 2
     model_size: str = "debug"
+    num_layers: int | None = None  # the named size's width with this many layers (None: its own)
     layers_per_stage: tuple[int, ...] | None = None
     seq_len: int = 64
     batch_size: int = 8  # sequences per micro-batch; one micro-batch per worker per step
@@ -43,6 +46,9 @@ class SimConfig:
     seed: int = 0
     routing: str = "random"  # fresh random path per micro-batch, or replica r always uses worker r
     activation_codec: str = "fp32"  # how activations and gradients cross stage boundaries (wire/messages.py)
+    # A coded boundary's compression against fp16, everything on the wire counted
+    # (wire/boundary.py); only with a boundary codec (bottleneck, subspace)
+    activation_ratio: float | None = None
     outer_codec: str = "fp32"  # how phi and Delta go on the wire (wire/outer_codec.py); fp32: as they are
     # None: the blocking outer round. k: overlapped, the exchange lands k inner steps
     # after the boundary (at most H: a node whose exchange outlasts the next boundary
@@ -66,11 +72,17 @@ class SimConfig:
             raise ValueError("steps and batch_size must be >= 1")
         if self.routing not in ROUTINGS:
             raise ValueError(f"routing must be one of {ROUTINGS}")
-        if self.activation_codec not in ACTIVATION_CODECS:
-            raise ValueError(f"activation_codec must be one of {ACTIVATION_CODECS}")
+        if self.activation_codec not in (*ACTIVATION_CODECS, *BOUNDARY_CODECS):
+            raise ValueError(f"activation_codec must be one of {(*ACTIVATION_CODECS, *BOUNDARY_CODECS)}")
+        if (self.activation_ratio is not None) != (self.activation_codec in BOUNDARY_CODECS):
+            raise ValueError("activation_ratio goes with a boundary codec, and only with one")
         if self.outer_codec not in OUTER_CODECS:
             raise ValueError(f"outer_codec must be one of {tuple(OUTER_CODECS)}")
-        check_model_split(self.model_size, self.stages, self.layers_per_stage, FIELD_NAMES)
+        if self.num_layers is None:
+            check_model_split(self.model_size, self.stages, self.layers_per_stage, FIELD_NAMES)
+        else:
+            check_model_split(self.model_size, 1, None, FIELD_NAMES)
+            split_layers(self.num_layers, self.stages, self.layers_per_stage)
         if self.outer_latency_steps is not None and self.outer_latency_steps < 0:
             raise ValueError("outer_latency_steps must be >= 0")
         if self.overlap_start not in OVERLAP_STARTS:

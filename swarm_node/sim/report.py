@@ -48,7 +48,7 @@ def result_to_json(result: SimResult) -> dict:
             "replicas": cfg.replicas, "stages": cfg.stages, "model": cfg.model_size,
             "data": dataclasses.asdict(cfg.data), "seq_len": cfg.seq_len, "batch_size": cfg.batch_size,
             "steps": cfg.steps, "seed": cfg.seed, "routing": cfg.routing, "activation_codec": cfg.activation_codec,
-            "outer_codec": cfg.outer_codec,
+            "activation_ratio": cfg.activation_ratio, "outer_codec": cfg.outer_codec,
             "method": {"name": cfg.method.name, "inner_steps": cfg.method.inner_steps,
                        "group_size": cfg.method.group_size,
                        "outer": dataclasses.asdict(cfg.method.outer) if cfg.method.outer else None},

@@ -15,16 +15,17 @@ import contextlib
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 
 from swarm_node.data.dataset import TokenWindows, load_windows
 from swarm_node.data.sharded_batches import ShardedBatches
+from swarm_node.model.boundary import BoundaryConfig
 from swarm_node.model.config import ModelConfig, model_config
 from swarm_node.model.memory import StageMemory, estimate_stage_memory
-from swarm_node.model.stages import PipelineStage, build_stage
+from swarm_node.model.stages import PipelineStage, build_stage, stage_cuts
 from swarm_node.optim.ddp import average_gradients
 from swarm_node.optim.inner import InnerOptimizer
 from swarm_node.optim.outer import SlowWeights
@@ -32,7 +33,9 @@ from swarm_node.sim.config import SimConfig
 from swarm_node.sim.grouping import random_groups
 from swarm_node.train.device import device_facts_or_name, is_out_of_memory, out_of_memory
 from swarm_node.train.evaluate import average_into, path_val_loss, random_paths_val_loss, weight_spread
+from swarm_node.wire import boundary as coded
 from swarm_node.wire.activations import decode_activations, encode_activations
+from swarm_node.wire.frames import decode_frame
 from swarm_node.wire.outer_codec import OuterEncoder, decode_outer, outer_codec
 
 
@@ -86,8 +89,18 @@ class Simulator:
         self.rng = np.random.default_rng([config.seed, 0x73696D])
         needed = config.steps * config.batch_size * config.replicas
         self.data: TokenWindows = load_windows(config.data, config.seq_len, min_train_windows=needed)
+        layers = {} if config.num_layers is None else {"num_layers": config.num_layers}
         self.model_config = model_config(config.model_size, vocab_size=self.data.vocab_size,
-                                         max_seq_len=config.seq_len)
+                                         max_seq_len=config.seq_len, **layers)
+        self.boundary: coded.BoundaryCodec | None = None  # a coded boundary (wire/boundary.py)
+        if config.activation_codec in coded.BOUNDARY_CODECS:
+            self.boundary = coded.boundary_codec(
+                config.activation_codec, hidden_size=self.model_config.hidden_size,
+                ratio=config.activation_ratio, vocab_size=self.data.vocab_size, batch=config.batch_size,
+                seq=config.seq_len)
+            cuts = stage_cuts(self.model_config.num_layers, config.stages, config.layers_per_stage)
+            self.model_config = replace(self.model_config, boundary=BoundaryConfig(
+                self.boundary.kind, self.boundary.width, cuts)) if cuts else self.model_config
         with self._oom_explained():
             self.workers = [[self._build_worker(s) for _ in range(config.replicas)] for s in range(config.stages)]
         self.loaders = [ShardedBatches(self.data, batch_size=config.batch_size, seed=config.seed,
@@ -138,20 +151,44 @@ class Simulator:
         sent = encode_activations(tensor.detach().cpu(), codec)
         return decode_activations(sent, tuple(tensor.shape), codec).to(tensor.device, tensor.dtype)
 
+    def _forward_coded(self, code: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A coded boundary as the next stage decodes it from the node's forward request
+        (wire/boundary.py): the code and the window's token ids."""
+        raw = coded.forward_request({"kind": "fwd", "spec": "sim", "deadline_s": 1.0}, code.detach().cpu(),
+                                    ids.cpu(), self.boundary)
+        batch, seq = ids.shape[0], ids.shape[1] - 1
+        _, got, inputs, targets = coded.check_forward_request(
+            *decode_frame(raw), self.boundary, spec_hash="sim", max_batch=batch, max_seq=seq,
+            default_deadline_s=1.0)
+        return got.to(self.device), coded.window_ids(inputs, targets).to(self.device)
+
+    def _gradient_coded(self, grad: torch.Tensor) -> torch.Tensor:
+        _, tensors = decode_frame(coded.gradient_answer({"ok": True, "loss": 0.0}, grad.cpu(), self.boundary))
+        return coded.check_gradient(tensors, tuple(grad.shape), self.boundary).to(self.device)
+
     def _train_micro_batch(self, path: list[int], inputs: torch.Tensor, targets: torch.Tensor) -> float:
         boundary: list[tuple[torch.Tensor, torch.Tensor]] = []  # (stage input, stage output) per stage
         hidden = inputs.to(self.device)
         targets = targets.to(self.device)
+        tokens = inputs.to(self.device)
         for s, w in enumerate(path):
             stage = self.workers[s][w].stage
-            stage_input = hidden if s == 0 else self._cross_boundary(hidden).requires_grad_(True)
-            output = stage(stage_input, targets if stage.is_last else None)
+            if s == 0:
+                stage_input = hidden
+            elif self.boundary is None:
+                stage_input = self._cross_boundary(hidden).requires_grad_(True)
+            else:  # the ids travel with the code: what the next stage reads is what it decoded
+                stage_input, ids = self._forward_coded(hidden, coded.window_ids(tokens, targets))
+                tokens, targets = ids[:, :-1], ids[:, 1:]
+                stage_input.requires_grad_(True)
+            output = stage(stage_input, targets if stage.is_last else None, tokens=tokens)
             boundary.append((stage_input, output))
             hidden = output
         loss = hidden
         loss.backward()
         for s in range(len(path) - 2, -1, -1):
-            upstream_grad = self._cross_boundary(boundary[s + 1][0].grad)
+            grad = boundary[s + 1][0].grad
+            upstream_grad = self._cross_boundary(grad) if self.boundary is None else self._gradient_coded(grad)
             boundary[s][1].backward(upstream_grad)
         return float(loss.detach())
 

@@ -33,9 +33,9 @@ def _evaluating(stages: Sequence[PipelineStage]) -> Iterator[None]:
 
 def _path_loss(path: Sequence[PipelineStage], inputs: torch.Tensor, targets: torch.Tensor,
                device: torch.device | str) -> float:
-    hidden = inputs.to(device)
+    hidden = tokens = inputs.to(device)
     for stage in path:
-        hidden = stage(hidden, targets.to(device) if stage.is_last else None)
+        hidden = stage(hidden, targets.to(device) if stage.is_last else None, tokens=tokens)
     return float(hidden)
 
 

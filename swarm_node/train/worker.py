@@ -21,12 +21,14 @@ from dataclasses import dataclass
 
 import torch
 
+from swarm_node.errors import ConfigError
 from swarm_node.model.config import model_config
 from swarm_node.model.stages import PipelineStage, build_stage
 from swarm_node.optim.inner import InnerOptimizer, lr_at
 from swarm_node.optim.outer import SlowWeights
 from swarm_node.spec import RunSpec
 from swarm_node.train.device import autocast, training_precision
+from swarm_node.wire.boundary import BOUNDARY_CODECS
 from swarm_node.wire.outer_codec import OuterEncoder, decode_outer, decode_outer_part, outer_codec
 
 
@@ -77,6 +79,9 @@ class Pullback(torch.autograd.Function):
 
 class StageWorker:
     def __init__(self, spec: RunSpec, stage_index: int, vocab_size: int, device: str = "cpu"):
+        if spec.activation_codec in BOUNDARY_CODECS:  # the simulator's alone until the node carries its frames
+            raise ConfigError(f"activation_codec {spec.activation_codec} runs in the simulator only (swarm-node "
+                              "sim); a swarm sends fp32, fp16, bf16 or int8 activations")
         self.spec = spec
         self.device = torch.device(device)
         self.autocast_dtype = training_precision(self.device)  # None: fp32
