@@ -140,7 +140,7 @@ def _checked(q: Quantized, block: int, max_numel: int, positive: bool) -> int:
         raise ProtocolError(f"expected {-(-numel // block)} float32 scales")
     if (not torch.isfinite(q.scales).all() or (q.scales <= 0 if positive else q.scales < 0).any()
             or (q.scales > MAX_STEP).any()):
-        raise ProtocolError(f"steps must be at most {MAX_STEP:.1e} and "
+        raise ProtocolError(f"steps out of range: each must be finite, at most {MAX_STEP:.1e} and "
                             + ("positive" if positive else "not negative"))
     return numel
 
