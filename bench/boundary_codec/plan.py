@@ -100,7 +100,10 @@ def full_jobs(data: str, device: str = "cpu", ratio: float = CHOSEN_RATIO) -> li
     """The full plan, in the order it runs: the curve first (it answers which ratio),
     then the second seed, then the narrower widths."""
     jobs = [_job("curve", WIDE, "fp16", None, 0, FULL_STEPS, data, device)]
-    jobs += [_job("curve", WIDE, CODEC, r, 0, FULL_STEPS, data, device) for r in CURVE_RATIOS]
+    # the target's ratio first, then its neighbours: a plan stopped part-way has answered first
+    # whether 32x makes it, then which side of it the best ratio lies on
+    by_need = sorted(CURVE_RATIOS, key=lambda r: (abs(math.log2(r / CHOSEN_RATIO)), r))
+    jobs += [_job("curve", WIDE, CODEC, r, 0, FULL_STEPS, data, device) for r in by_need]
     jobs += [_job("curve", WIDE, codec, CHOSEN_RATIO, 0, FULL_STEPS, data, device)
              for codec in (PRECISION_CHECK, METHOD_CHECK)]
     jobs += [_job("seed", WIDE, "fp16", None, 1, FULL_STEPS, data, device),
