@@ -176,10 +176,10 @@ def test_batches_are_split_into_parts_that_fit_and_halved_on_out_of_memory(tmp_p
     assert path_val_loss(path, swarm.data, batch_size=64, max_batches=2, parts=parts) == pytest.approx(whole, rel=1e-5)
     forward = path[0].forward
 
-    def small_card(inputs, targets=None):
+    def small_card(inputs, targets=None, **kwargs):
         if len(inputs) > 3:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
-        return forward(inputs, targets)
+        return forward(inputs, targets, **kwargs)
 
     path[0].forward = small_card
     parts = BatchParts(rows=64)
