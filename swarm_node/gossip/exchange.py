@@ -248,8 +248,9 @@ class OuterExchange:
             self._outcome.delta_in_s = now() - self._outcome.partner_at
 
     async def _gather(self, round_no: int, reply: Payload, expect_request: bool) -> list[tuple[str, Any]]:
-        calls = RoundCalls(candidates=self._pairing_candidates, propose=self._send_proposal, send=self.payloads.send,
-                           on_peer_failure=self._partner_failed, agreed=self._partner_agreed)
+        calls = RoundCalls(candidates=self._pairing_candidates, propose=self._send_proposal,
+                           send=self.payloads.send, on_peer_failure=self._partner_failed,
+                           agreed=self._partner_agreed)
         return await self.pairing.gather(round_no, reply, calls, expect_request)
 
     def _partner_agreed(self) -> None:
@@ -393,7 +394,7 @@ class OuterExchange:
         """A peer of our stage asks to pair this round: a few bytes, so a refusal is cheap."""
         try:
             kind, round_no = check_pair_request(request, self.spec_hash)
-            self.pairing.admit_proposal()  # or Refused: a group (DiLoCo) exchanges with everyone, no proposals
+            self.pairing.admit_proposal()  # or Refused: a group (DiLoCo) exchanges with everyone, unasked
             if kind == "withdraw":  # a peer can only take back its own proposal: nothing to check
                 self._note_withdrawn(remote, round_no)
                 return encode_frame({"kind": "withdraw", "ok": True})

@@ -30,8 +30,8 @@ GROUP_EARLY_WAIT_S = 5.0  # a member's payload pulls our round forward and waits
 @dataclass(frozen=True)
 class RoundCalls:
     """What a round's pairing calls out with (the exchange's I/O and bookkeeping)."""
-    candidates: Callable[[], list[tuple[str, int]]]  # live peers of our stage: (peer, how likely it accepts now)
-    propose: Callable[[str, float], Awaitable[None]]  # (peer, timeout_s): returns when it reserved itself for us
+    candidates: Callable[[], list[tuple[str, int]]]  # live peers of our stage: (peer, how likely it accepts)
+    propose: Callable[[str, float], Awaitable[None]]  # (peer, timeout_s): returns once it is reserved for us
     send: Callable[[str, Any, float], Awaitable[Any]]  # (peer, our payload, timeout_s): its payload, checked
     on_peer_failure: Callable[[str, str], None]  # (peer, what happened): backed off
     agreed: Callable[[], None]  # the exchange starts now (a group's as it gathers; a pair's once agreed)
@@ -60,7 +60,7 @@ class RoundPairing(Protocol):
     state: PairState
     seeking: Any  # asyncio.Event: set while a round is open
     abandoned: str | None
-    delta_ahead: bool  # our payload goes as two parts, Delta first, and a partner's Delta lands before the round ends
+    delta_ahead: bool  # payloads go as two parts, Delta first: a partner's Delta lands before the round ends
 
     @property
     def served_s(self) -> float: ...  # the deadline of one exchange we serve
@@ -181,9 +181,12 @@ class GroupPairing(GroupRound):
     async def gather(self, round_no: int, payload: Any, calls: RoundCalls,
                      expect_request: bool) -> list[tuple[str, Any]]:
         calls.agreed()  # a group agrees on no partner: its exchange starts as it gathers
-        gathered = await self.run_round(round_no, payload, members=lambda: [peer for peer, _ in calls.candidates()],
-                                        send=calls.send, on_peer_failure=calls.on_peer_failure,
-                                        expect_request=expect_request)
+
+        def members() -> list[str]:
+            return [peer for peer, _ in calls.candidates()]
+
+        gathered = await self.run_round(round_no, payload, members=members, send=calls.send,
+                                        on_peer_failure=calls.on_peer_failure, expect_request=expect_request)
         return list(gathered.items())
 
     def meets_seekers(self) -> bool:

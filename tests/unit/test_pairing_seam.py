@@ -22,7 +22,8 @@ def kind_checks(source: str) -> list[str]:
     found = []
     for node in ast.walk(ast.parse(source)):
         line = getattr(node, "lineno", 0)
-        if isinstance(node, ast.Name) and node.id in KINDS or isinstance(node, ast.Attribute) and node.attr in KINDS:
+        named = getattr(node, "id", None) or getattr(node, "attr", None)
+        if isinstance(node, ast.Name | ast.Attribute) and named in KINDS:
             found.append(f"{line}: names {ast.unparse(node)}")
         elif isinstance(node, ast.alias) and node.name.split(".")[-1] in KINDS:
             found.append(f"{line}: imports {node.name}")
