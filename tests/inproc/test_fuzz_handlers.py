@@ -48,7 +48,8 @@ from swarm_node.net.lane_auth import (
     ticket_id,
 )
 from swarm_node.net.lanes import LanePool, LaneServer
-from swarm_node.net.transport import ServeLimits, Transport, read_frame, write_frame
+from swarm_node.net.streams import read_frame
+from swarm_node.net.transport import ServeLimits, Transport, write_frame
 from swarm_node.node.config import NodeConfig
 from swarm_node.obs.http import MAX_REQUEST_BYTES, Response, StatusServer
 from swarm_node.obs.status import handle_status_request
