@@ -60,13 +60,17 @@ class OnePeerPairing:
         self.asked.append("admit_proposal")
         raise Refused("one-peer")
 
-    def on_propose(self, remote): raise AssertionError("not admitted, so never asked")
+    def on_propose(self, remote):
+        raise AssertionError("not admitted, so never asked")
 
-    def hold_for(self, remote): self.asked.append("hold_for")
+    def hold_for(self, remote):
+        self.asked.append("hold_for")
 
-    def drop_hold(self, remote): self.asked.append("drop_hold")
+    def drop_hold(self, remote):
+        self.asked.append("drop_hold")
 
-    def withdrawn(self, remote): return False
+    def withdrawn(self, remote):
+        return False
 
     def may_fetch(self, remote) -> bool:
         return self.state is not PairState.IDLE
