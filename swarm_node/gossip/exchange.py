@@ -5,11 +5,12 @@ What it owns: the round, from its opening (our payload encoded once, ``seeking``
 announced in our record: a one-key registry's, or a sharded one's heartbeats) to the
 outer step with the partner or the local-only step, and the inner steps' wait for the
 partner's Delta first when the last exchange outlasted its steps; the pairing
-proposals (``/swarm-node/pair``), made by the coordinator (gossip/pairing.py, or
-gossip/group.py for DiLoCo) through us and answered here; and pulling our round
-forward when a peer at its boundary proposes while we are past half of ours, so that
-nodes whose boundaries alternate still meet. The payloads themselves, both ways, and
-the checks on what comes are gossip/payloads.py's.
+proposals (``/swarm-node/pair``), made by the pairing through us and answered here; and
+pulling our round forward when a peer at its boundary proposes while we are past half
+of ours, so that nodes whose boundaries alternate still meet. Whom a round exchanges
+with is its pairing's (gossip/round_pairing.py: NoLoCo's pairs or DiLoCo's group behind
+one interface, so nothing here asks which); the payloads themselves, both ways, and the
+checks on what comes are gossip/payloads.py's.
 
 A partner that fails is backed off (net/guard.py) and the round goes on without it; a
 round that finds nobody takes the local-only step."""
@@ -23,10 +24,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from swarm_node.errors import PeerError, PeerTimeout, ProtocolError, StreamClosed
-from swarm_node.gossip.group import GroupRound
-from swarm_node.gossip.pairing import HINTED, SEEKING_NOW, PairingCoordinator, PairResult, Refused, now
+from swarm_node.gossip.pairing import HINTED, SEEKING_NOW, Refused, now
 from swarm_node.gossip.partner_check import PartnerCheck
 from swarm_node.gossip.payloads import SERVED_AT_ONCE, Payload, PayloadState, PayloadSwap, Tensors
+from swarm_node.gossip.round_pairing import RoundCalls, RoundPairing, round_pairing
 from swarm_node.gossip.seekers import Seekers
 from swarm_node.net import protocols
 from swarm_node.net.transport import ServeLimits, short_id
@@ -117,19 +118,12 @@ class OuterExchange:
         self.announce = announce  # publish our record now (it says whether we seek)
         self.stopping = stopping
         self.check = PartnerCheck(max_update_ratio, schedule=state)
-        self.pairing: PairingCoordinator | GroupRound
-        if method == "diloco":  # every live peer of the stage
-            self.pairing = GroupRound(round_timeout_s=times.round_timeout_s, request_timeout_s=times.exchange_s,
-                                      link_s=times.link_s, own_id=own_id, served_at_once=SERVED_AT_ONCE)
-        else:  # NoLoCo: one random partner
-            self.pairing = PairingCoordinator(round_timeout_s=times.round_timeout_s,
-                                              request_timeout_s=times.exchange_s,
-                                              propose_timeout_s=PROPOSE_TIMEOUT_S, own_id=own_id)
-        # a group member's link carries several exchanges at once: an answer may take that much longer
-        group = isinstance(self.pairing, GroupRound)
-        served_s = self.pairing.call_s(self.pairing.most_sharing) if group else times.exchange_s
+        self.pairing: RoundPairing = round_pairing(
+            method, round_timeout_s=times.round_timeout_s, exchange_s=times.exchange_s, link_s=times.link_s,
+            propose_timeout_s=PROPOSE_TIMEOUT_S, own_id=own_id, served_at_once=SERVED_AT_ONCE)
         self.payloads = PayloadSwap(spec_hash=spec_hash, state=state, services=services, pairing=self.pairing,
-                                    check=self.check, exchange_s=served_s, both_at_once=times.both_at_once,
+                                    check=self.check, exchange_s=self.pairing.served_s,
+                                    both_at_once=times.both_at_once,
                                     round_early=self.maybe_round_early, on_delta=self._delta_landed)
         self.own_id = own_id
         self.seekers = Seekers(now)  # peers heard seeking lately: whom we try first, and name in refusals
@@ -192,8 +186,6 @@ class OuterExchange:
         resuming = (asyncio.create_task(self._resume_steps(opened_at + wait_first_s, outcome))
                     if wait_first_s > 0 else None)
         self.payloads.offer = reply
-        if isinstance(self.pairing, GroupRound):
-            outcome.partner_at = now()  # a group agrees on no partner: its exchange starts as it gathers
         try:
             others = await self._gather(round_no, reply, expect_request=self.gate.requested or callers)
         finally:
@@ -228,7 +220,7 @@ class OuterExchange:
         boundary), so a fast link waits not at all, a partner that never sends its Delta
         costs no more than the boundary would, and the cap follows the link both ways:
         a wait spent first is not counted again as one the next round needs."""
-        if not self.gate_holds_steps or not isinstance(self.pairing, PairingCoordinator):
+        if not self.gate_holds_steps or not self.pairing.delta_ahead:  # no Delta lands before the round ends
             return 0.0
         took_s, began_at, boundary_at = self._last_exchange_s, self._steps_began_at, self.gate.shut_at
         if took_s is None or began_at is None or boundary_at is None or boundary_at < began_at:
@@ -256,15 +248,13 @@ class OuterExchange:
             self._outcome.delta_in_s = now() - self._outcome.partner_at
 
     async def _gather(self, round_no: int, reply: Payload, expect_request: bool) -> list[tuple[str, Any]]:
-        if isinstance(self.pairing, GroupRound):
-            gathered = await self.pairing.run_round(
-                round_no, reply, members=lambda: [peer for peer, _ in self.candidates()], send=self.payloads.send,
-                on_peer_failure=self._partner_failed, expect_request=expect_request)
-            return list(gathered.items())
-        result: PairResult | None = await self.pairing.run_round(
-            round_no, reply, candidates=self._pairing_candidates, propose=self._send_proposal, send=self.payloads.send,
-            on_peer_failure=self._partner_failed, expect_request=expect_request)
-        return [(result.partner, result.payload)] if result else []
+        calls = RoundCalls(candidates=self._pairing_candidates, propose=self._send_proposal,
+                           send=self.payloads.send, on_peer_failure=self._partner_failed,
+                           agreed=self._partner_agreed)
+        return await self.pairing.gather(round_no, reply, calls, expect_request)
+
+    def _partner_agreed(self) -> None:
+        self._outcome.partner_at = now()
 
     def _pairing_candidates(self) -> list[tuple[str, int]]:
         """Our view's candidates, those heard seeking lately first: only verified peers,
@@ -315,8 +305,7 @@ class OuterExchange:
         way a proposal does. It looks instead: a peer of its stage that announces
         ``seeking`` is waiting for a partner right now, and if we are past half of our
         round we take ours early and propose."""
-        if (isinstance(self.pairing, PairingCoordinator) and self.pairing.state.value == "idle"
-                and any(likely >= SEEKING_NOW for _, likely in self.candidates())):
+        if self.pairing.meets_seekers() and any(likely >= SEEKING_NOW for _, likely in self.candidates()):
             await self.maybe_round_early(wait_s=0.0)
 
     async def maybe_round_early(self, wait_s: float, for_peer: str | None = None) -> None:
@@ -328,7 +317,7 @@ class OuterExchange:
             return
         if not await self.compute(force_round_if_ready, self.state):
             return
-        if for_peer is not None and isinstance(self.pairing, PairingCoordinator):
+        if for_peer is not None:
             self.pairing.hold_for(for_peer)  # handle_propose drops it once it has answered
         self.gate.open_early()
         try:
@@ -359,7 +348,7 @@ class OuterExchange:
     async def withdraw_abandoned(self) -> None:
         """Before the node goes: a proposal or payload of ours that stopping cut short
         may have left a peer reserved for us; tell it."""
-        peer = getattr(self.pairing, "abandoned", None)
+        peer = self.pairing.abandoned
         if peer is not None:
             self.pairing.abandoned = None
             await self._withdraw(peer, self.state.outer_round)
@@ -405,8 +394,7 @@ class OuterExchange:
         """A peer of our stage asks to pair this round: a few bytes, so a refusal is cheap."""
         try:
             kind, round_no = check_pair_request(request, self.spec_hash)
-            if not isinstance(self.pairing, PairingCoordinator):
-                raise Refused("not-pairing")  # a DiLoCo run exchanges with everyone, no proposals
+            self.pairing.admit_proposal()  # or Refused: a group (DiLoCo) exchanges with everyone, unasked
             if kind == "withdraw":  # a peer can only take back its own proposal: nothing to check
                 self._note_withdrawn(remote, round_no)
                 return encode_frame({"kind": "withdraw", "ok": True})

@@ -6,10 +6,10 @@ DiLoCo group's whole), offered while our round is open and kept a while after it
 the partners whose fetch comes late; the caller side, which sends ours (answered with
 the partner's verdict) while it fetches the partner's, both paced bodies
 (net/pacing.py) so proposals, heartbeats and forwards keep their deadlines beside
-them; the answering side, which takes a partner's payload only past the pairing rule
-(a pair's only from the peer we reserved, gossip/pairing.py); and the checks of
-gossip/partner_check.py on all that comes, a Delta landed on our steps the moment it
-passes (ALGORITHM.md 3.1). A partner that sends a poisoned update is banned
+them; the answering side, which hands a partner's payload to the round's pairing
+(gossip/round_pairing.py: a pair's only from the peer we reserved, a group's from any
+member) and answers its verdict; and the checks of gossip/partner_check.py on all that
+comes, a Delta landed on our steps the moment it passes (ALGORITHM.md 3.1). A partner that sends a poisoned update is banned
 (net/guard.py); one rounds apart is declined, and backed off if it keeps coming.
 
 Who the partner is and when a round opens and ends is gossip/exchange.py's."""
@@ -20,26 +20,24 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from functools import partial
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 
 from swarm_node.errors import PeerRefused, ProtocolError, StreamClosed
-from swarm_node.gossip.group import GroupRound
-from swarm_node.gossip.pairing import PairingCoordinator, Refused, now
+from swarm_node.gossip.pairing import Refused, now
 from swarm_node.gossip.partner_check import ROUNDS_APART, PartnerCheck, Poisoned, RoundsApart, StepSchedule
+from swarm_node.gossip.round_pairing import RoundPairing
 from swarm_node.net import protocols
 from swarm_node.net.transport import ServeLimits, short_id
 from swarm_node.node_services import NodeServices
-from swarm_node.wire.frames import FrameLimits, decode_frame, encode_frame, peek_header
+from swarm_node.wire.frames import FrameLimits, decode_frame, encode_frame
 from swarm_node.wire.messages import (
     CONTROL_MAX_BYTES,
     OUTER_PARTS,
     answer_is_yes,
     check_fetch,
     check_outer_header,
-    outer_part,
     outer_steps,
 )
 from swarm_node.wire.outer_codec import OuterCodec, part_tensors
@@ -93,13 +91,13 @@ Payload = bytes | PayloadParts
 
 class PayloadSwap:
     def __init__(self, *, spec_hash: str, state: PayloadState, services: NodeServices,
-                 pairing: PairingCoordinator | GroupRound, check: PartnerCheck, exchange_s: float,
+                 pairing: RoundPairing, check: PartnerCheck, exchange_s: float,
                  both_at_once: bool, round_early: Callable[[float], Awaitable[None]],
                  on_delta: Callable[[bool], None]):
         self.spec_hash = spec_hash
         self.state = state
         self.compute, self.transport, self.guard = services.compute, services.transport, services.guard
-        self.pairing = pairing  # its rule says whose payload we take and who may fetch ours
+        self.pairing = pairing  # its rule says whose payload we take, and how, and who may fetch ours
         self.check = check
         self.exchange_s = exchange_s  # one payload exchange, both ways (a group member's: beside the others)
         self.both_at_once = both_at_once  # False: the partner's payload only after ours is in (for comparison)
@@ -113,11 +111,6 @@ class PayloadSwap:
         # after a round, our payload stays for its partners (on the loop's clock) until the
         # exchange time is up: a partner's fetch may come after its payload has paired us
         self._kept: dict[str, tuple[Payload, float]] = {}
-        # a partner's Delta sent ahead of its phi, checked, until the phi comes: (peer, our round, Delta)
-        self._partner_delta: tuple[str, int, Tensors] | None = None
-        # (caller, the round it claimed) of the last payload that made a pair here: a repeat
-        # of it, sent again after a reset lost our answer, is answered yes and not taken twice
-        self._last_taken: tuple[str, Any] | None = None
         self._declined: dict[str, int] = {}  # peer -> rounds-apart declines in a row
 
     async def serve(self, transport, authorize: Callable[[str], bool]) -> None:
@@ -145,7 +138,7 @@ class PayloadSwap:
         Delta before any moves its steps)."""
         header = {"kind": "outer", "spec": self.spec_hash, "round": round_no, "ok": True,
                   **({} if steps is None else {"steps": list(steps)})}
-        if not isinstance(self.pairing, PairingCoordinator):
+        if not self.pairing.delta_ahead:
             return encode_frame(header, wire)
         n_phi = part_tensors(self.state.codec, "phi", len(self.state.params))
         return PayloadParts(delta=encode_frame({**header, "part": "delta"}, wire[n_phi:]),
@@ -159,7 +152,11 @@ class PayloadSwap:
         """The round is over: our payload is no longer offered, and a Delta whose phi
         never came is dropped."""
         self.offer = None
-        self._partner_delta = None
+        self.pairing.round_over()
+
+    @property
+    def outer_round(self) -> int:
+        return self.state.outer_round
 
     def keep_for(self, partners: list[str], payload: Payload) -> None:
         """Our round's partners may still fetch ``payload`` for an exchange's time."""
@@ -229,40 +226,11 @@ class PayloadSwap:
 
     # -- the answering side ------------------------------------------------------------
     async def handle_outer(self, remote: str, request: bytes) -> bytes:
-        """A partner's payload, or a pair's part of one (its Delta, then its phi); the
-        answer is our verdict (our payload goes on ``handle_fetch``)."""
-        pairing = self.pairing
+        """A partner's payload, or a pair's part of one (its Delta, then its phi), taken
+        as the round's pairing takes it; the answer is our verdict (our payload goes on
+        ``handle_fetch``)."""
         try:
-            if isinstance(pairing, PairingCoordinator):  # only the peer whose proposal we accepted gets in
-                try:
-                    header = peek_header(request, self.limits)
-                    part, taken = outer_part(header), (remote, header.get("round"))
-                except ProtocolError:
-                    part = taken = None  # the whole payload's path refuses it: unread if unreserved, else a fault
-                if part == "phi" and taken == self._last_taken:
-                    return VERDICT_YES  # asked again after a reset lost our answer: it is taken
-                if part == "delta":
-                    if not pairing.may_fetch(remote):
-                        raise Refused("no-reservation")
-                    try:
-                        delta = await self._take(remote, request, "delta")
-                    except BaseException:
-                        # declined or bad: its phi will not come, so the round is not held
-                        # for it (a Delta declined rounds apart held a joiner's round 35 s)
-                        pairing.release(remote)
-                        raise
-                    self._partner_delta = (remote, self.state.outer_round, delta)
-                    self.on_delta(False)
-                    return VERDICT_YES
-                # a pair's phi completes its Delta; a whole payload (a peer that sends it so) also pairs
-                await pairing.answer(remote, partial(self._take_phi if part == "phi" else self._take, remote,
-                                                     request))
-                self._last_taken = taken
-                return VERDICT_YES
-            payload = await self._take(remote, request)
-            if pairing.state.value == "idle":
-                await self.round_early(5.0)
-            pairing.on_request(remote, payload)
+            await self.pairing.take(remote, request, self)
             return VERDICT_YES
         except (Refused, PeerRefused) as exc:
             return encode_frame({"ok": False, "error": str(exc)})
@@ -271,22 +239,10 @@ class PayloadSwap:
             self.guard.failed(remote, reason=None)  # counted once, as the fault
             return encode_frame({"ok": False, "error": "protocol"})
 
-    async def _take(self, remote: str, request: bytes, part: str | None = None):
+    async def take(self, remote: str, request: bytes, part: str | None = None):
         """A partner's payload (``part`` None) or one part of it off the wire, checked."""
         header, tensors = await self.compute(decode_frame, request, self.limits)
         return await self._check_partner(remote, header, tensors, part)
-
-    async def _take_phi(self, remote: str, request: bytes) -> tuple[Tensors, Tensors]:
-        """A pair's phi, with the Delta it sent ahead of it this round: the whole payload."""
-        phi = await self._take(remote, request, "phi")
-        kept, self._partner_delta = self._partner_delta, None
-        if kept is None and self.pairing.state.value == "idle":
-            # our round ended between its Delta and its phi (we are stopping): nobody's fault
-            # (a node stopped mid-exchange logged its honest partner as a bad peer)
-            raise Refused("round-over")
-        if kept is None or kept[:2] != (remote, self.state.outer_round):
-            raise ProtocolError("sent its phi without its Delta")
-        return phi, kept[2]
 
     async def handle_fetch(self, remote: str, request: bytes) -> bytes:
         """Our payload (a pair's, a part at a time), for the peer we pair with (or, in

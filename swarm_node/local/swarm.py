@@ -4,7 +4,7 @@ Starts a bootstrap DHT in this process, S x R node processes on loopback (each a
 ``swarm-node join``), shows one progress bar with the swarm's loss and tokens/s, and
 when the stage-0 nodes have done their steps stops the rest, collects every peer's
 final weights, evaluates them on the run's device (local/evaluation.py), and writes a JSON
-summary. A node that dies is named (local/procs.py) and the others carry on; the run
+summary (local/summary.py). A node that dies is named (local/procs.py) and the others carry on; the run
 then fails, and what needs the dead node's weights is not evaluated. Everything that
 can be checked before a process starts (the run spec, the data, the checkpoint
 directory) is checked first. Ctrl-C or SIGTERM, in any phase, stops every process the
@@ -23,16 +23,15 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from swarm_node.config import resolve_device
 from swarm_node.data.dataset import TokenWindows, load_windows
 from swarm_node.errors import ConfigError, SwarmError
 from swarm_node.local.chaos import ChaosPlan, ChaosSchedule
+from swarm_node.local.config import LocalConfig
 from swarm_node.local.evaluation import EvaluationStopped, FinalEvaluation, in_daemon_thread, plan_paths
 from swarm_node.local.procs import (
     Child,
@@ -44,9 +43,10 @@ from swarm_node.local.procs import (
     stop_children,
     sweep_descendants,
 )
+from swarm_node.local.summary import export_hint, gather_nodes, local_exit_status, log_summary, summary_of
 from swarm_node.membership.registry import read_registry
 from swarm_node.net.dht import SwarmDHT
-from swarm_node.node_config import DEFAULT_STARTUP_TIMEOUT_S, check_compute_share
+from swarm_node.node_config import DEFAULT_STARTUP_TIMEOUT_S
 from swarm_node.obs.progress import TrainingProgress
 from swarm_node.spec import RunSpec
 from swarm_node.state.checkpoint import PREFIX as CHECKPOINT_PREFIX
@@ -66,32 +66,6 @@ STARTUP_S_PER_NODE_A_CORE = 15.0
 NODE_PROGRAM: tuple[str, ...] = ("-m", "swarm_node")
 
 log = logging.getLogger("swarm_node.local")
-
-
-@dataclass(frozen=True)
-class LocalConfig:
-    replicas: int = 2
-    steps: int = 200
-    device: str = "cpu"  # as --device names it; the final evaluation runs there too
-    compile_stage: bool = False  # every node runs its stage through torch.compile (join --compile)
-    threads_per_node: int = 1
-    compute_share: float = 1.0  # each node computes at most this share of the time (--compute-share)
-    round_timeout_s: float = 15.0
-    blocking_rounds: bool = False
-    lanes: bool = True  # False: the nodes' bulk transfers go over libp2p too (join --no-lanes)
-    eval_batches: int = 8
-    eval_batch_size: int = 64
-    run_dir: Path | None = None  # keep node logs, weights and summaries here (default: a temp dir, removed)
-    progress: bool = True
-    stop_grace_s: float = 30.0  # for the nodes to write their summaries and weights at the end
-    interrupt_grace_s: float = 5.0  # Ctrl-C / SIGTERM: then every process left is killed
-    dashboard_port: int | None = None  # run a real swarm-bootstrap with its dashboard here (0: any port)
-    chaos: ChaosPlan | None = None
-    checkpoint_dir: Path | None = None  # every node writes checkpoints to its own sub-directory of this
-    eval_threads: int | None = None  # torch threads of the final evaluation (default: the cores free then)
-
-    def __post_init__(self) -> None:
-        check_compute_share(self.compute_share)
 
 
 class LocalSwarm:
@@ -382,7 +356,9 @@ class LocalSwarm:
     async def _collect(self, wall_s: float) -> dict:
         """The summary: every node's figures, then the final evaluation, in a thread of its
         own that an interruption stops between batches (and that never holds up the exit)."""
-        peers, stage_weights = await in_daemon_thread(self._gather)
+        peers, stage_weights = await in_daemon_thread(
+            gather_nodes, self.children, self.run_dir, self.spec.num_stages, self.node_checkpoint_dir,
+            self.config.checkpoint_dir is not None)
         dead = [c for c in self.children if c.status == "dead"]
         plan = plan_paths(self.spec.num_stages, self.config.replicas, stage_weights,
                           {(c.stage, c.replica): f"{c.name()} died with exit code {c.returncode}" for c in dead})
@@ -394,47 +370,7 @@ class LocalSwarm:
         began = time.perf_counter()
         result = await in_daemon_thread(evaluation.run, stage_weights, plan)
         result["eval_s"] = time.perf_counter() - began
-        tokens = sum(p["microbatches_done"] for p in peers if p["stage"] == 0) * self.spec.batch_size \
-            * self.spec.seq_len
-        final = result["final_val_loss"]
-        initial = result["initial_val_loss"]
-        return {**result, "peers": peers, "dead_nodes": [c.death() for c in dead], "wall_s": wall_s,
-                "tokens": tokens, "tokens_per_s": tokens / wall_s if wall_s > 0 else None,
-                # Validation needs every peer's weights, which are collected at the end; the
-                # curve during the run is the training loss of the last stage (below).
-                "val_loss_curve": ([[0, initial]] if initial is not None else [])
-                + ([[tokens, final]] if final is not None else []),
-                "train_loss_curve": [[int(t), v] for t, v in self.loss_curve],
-                "run_spec_hash": self.spec.spec_hash(), "method": self.spec.method.name}
-
-    def _gather(self) -> tuple[list[dict], dict[int, dict[int, dict]]]:
-        """Every node's summary entry, and the final weights of those that wrote them."""
-        summaries = {}
-        for path in self.run_dir.glob("summary-*.json"):
-            data = json.loads(path.read_text())
-            summaries[data["pid"]] = data
-        peers, stage_weights = [], {s: {} for s in range(self.spec.num_stages)}
-        for child in self.children:
-            info = summaries.get(child.process.pid)
-            status = child.status if info is None or child.status in ("lost", "dead") else "finished"
-            entry = {"peer_id": None, "stage": child.stage, "replica": child.replica, "pid": child.process.pid,
-                     "status": status, "exit_code": child.returncode, "error": child.error,
-                     "restarted": child.restarted, "resumed_from_step": None,
-                     "inner_steps": 0, "outer_rounds": 0, "rounds_with_partner": 0, "local_only_rounds": 0,
-                     "bytes_sent": 0, "bytes_received": 0, "microbatches_done": 0, "microbatches_lost": 0,
-                     "retries": 0}
-            checkpoints = self.node_checkpoint_dir(child.stage, child.replica)
-            written = self.config.checkpoint_dir is not None and any(checkpoints.glob(f"{CHECKPOINT_PREFIX}*"))
-            entry["checkpoint_dir"] = str(checkpoints) if written else None  # where `export` finds this node
-            if info is not None:
-                entry.update({k: info[k] for k in entry
-                              if k in info and k not in ("status", "pid", "restarted", "replica")})
-                weights = self.run_dir / info["weights_file"]
-                if weights.exists() and status != "dead":
-                    stage_weights[child.stage][child.replica] = torch.load(weights, map_location="cpu")
-            peers.append(entry)
-        return peers, stage_weights
-
+        return summary_of(self.spec, result, peers, [c.death() for c in dead], wall_s, self.loss_curve)
 
 def run_local(spec: RunSpec, config: LocalConfig, json_out: Path | None) -> dict:
     """Run the swarm and log its summary. KeyboardInterrupt when Ctrl-C or SIGTERM stopped it."""
@@ -455,39 +391,3 @@ def run_local(spec: RunSpec, config: LocalConfig, json_out: Path | None) -> dict
         json_out.write_text(json.dumps(summary, indent=2) + "\n")
         log.info("wrote %s", json_out)
     return summary
-
-
-def log_summary(summary: dict, config: LocalConfig) -> None:
-    lost = [p for p in summary["peers"] if p["status"] == "lost"]
-    consensus = summary["final_consensus_val_loss"]
-    log.info("swarm: final val loss %s%s, %s tokens in %.1f s (%.0f tok/s), evaluated in %.1f s; %d of %d peers lost",
-             f"{summary['final_val_loss']:.4f}" if summary["final_val_loss"] is not None else "n/a",
-             f" (consensus model {consensus:.4f})" if consensus is not None else "",
-             f"{summary['tokens']:,}", summary["wall_s"], summary["tokens_per_s"] or 0, summary["eval_s"], len(lost),
-             len(summary["peers"]))
-    for p in summary["peers"]:
-        log.info("  stage %d %s pid %d: %s, %d steps, %d rounds (%d with a partner), %d micro-batches, %d lost",
-                 p["stage"], (p["peer_id"] or "?")[-6:], p["pid"], p["status"], p["inner_steps"], p["outer_rounds"],
-                 p["rounds_with_partner"], p["microbatches_done"], p["microbatches_lost"])
-    for death in summary["dead_nodes"]:
-        log.error("dead: node %s", death[:400])
-    for reason in summary["evaluation_skipped"]:
-        log.warning("not evaluated: %s", reason)
-    log.info(export_hint(summary, config))
-
-
-def local_exit_status(summary: dict) -> int:
-    """0 when every node finished (or was killed on purpose) and the model was evaluated; 1
-    when a node died or nothing could be evaluated."""
-    return 1 if summary.get("dead_nodes") or summary["final_val_loss"] is None else 0
-
-
-def export_hint(summary: dict, config: LocalConfig) -> str:
-    """How to turn the nodes' checkpoints into one model (or how to keep them next time)."""
-    if config.checkpoint_dir is None:
-        return "the trained weights are not kept: run with --checkpoint-dir DIR to export a model afterwards"
-    dirs = [p["checkpoint_dir"] for p in sorted(summary["peers"], key=lambda p: p["stage"]) if p.get("checkpoint_dir")]
-    if not dirs:
-        return f"no node wrote a checkpoint under {config.checkpoint_dir}"
-    return ("export the model (the replicas of each stage averaged; give one directory per stage for a single "
-            f"replica's model): swarm-node export --checkpoint {' '.join(dict.fromkeys(dirs))} --out MODEL_DIR")

@@ -9,11 +9,12 @@ record (/ipfs/id/1.0.0), and asks its status over ``/swarm-node/status/1.0.0`` w
 node's own framing (docs/PROTOCOL.md). The last line of the output is the verdict:
 "OK: ..." and exit status 0, or one line saying what failed and a non-zero status.
 
-This file is a standalone program: it imports py-libp2p, trio, msgpack, multiaddr and
-the standard library, and nothing from swarm_node. py-libp2p cannot share a process (nor
-an environment) with hivemind; `swarm-node probe --setup` makes it a virtual environment
-of its own. The frame functions at the top need only msgpack, so tests can check them
-against swarm_node.wire.frames without py-libp2p.
+This file is a standalone program, with its frame code beside it (probe_frames.py):
+they import py-libp2p, trio, msgpack, multiaddr and the standard library, and nothing
+from swarm_node. py-libp2p cannot share a process (nor an environment) with hivemind;
+`swarm-node probe --setup` makes it a virtual environment of its own. The frame code
+needs only msgpack, so tests check it against swarm_node.wire.frames without py-libp2p;
+this file is the probe's steps (connect, ping, identify, status) and its command line.
 
 Exit status: 0 the node answered its status; 1 the check failed; 2 bad arguments or
 address; 3 py-libp2p is not installed in this Python.
@@ -24,123 +25,20 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
+import os
 import re
-import struct
 import sys
 import time
 from collections.abc import Sequence
 
-import msgpack
+try:  # imported from the swarm_node.probe package (tests)
+    from . import probe_frames as frames
+except ImportError:  # run as a program, ``python -I libp2p_probe.py``: -I leaves this folder off sys.path
+    sys.path.append(os.path.dirname(os.path.abspath(__file__)))
+    import probe_frames as frames
 
-STATUS_PROTOCOL = "/swarm-node/status/1.0.0"
-PING_PROTOCOL = "/ipfs/ping/1.0.0"
-IDENTIFY_PROTOCOL = "/ipfs/id/1.0.0"
-
-WIRE_VERSION = 1
-LENGTH_BYTES = 8  # stream framing: u64 big-endian length, then the frame
-HEADER_LEN = struct.Struct("<I")  # frame: u32 little-endian header length, msgpack header, payload
-DTYPE_SIZES = {"f32": 4, "f16": 2, "bf16": 2, "i64": 8, "i32": 4, "u8": 1}
-MAX_HEADER_BYTES = 64 * 1024
-MAX_STATUS_BYTES = 64 * 1024
-MAX_IDENTIFY_BYTES = 64 * 1024
-
+ProbeFailure = frames.ProbeFailure
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_LIBP2P = 0, 1, 2, 3
-SECURITY_NAMES = {"noise": "Noise", "tls": "TLS 1.3"}
-STATUS_FIELDS = {"run_id": str, "spec_hash": str, "version": str, "peer_id": str, "stage": int,
-                 "num_stages": int, "state": str, "inner_step": int, "outer_round": int, "peers_per_stage": list}
-
-Tensor = tuple[str, Sequence[int], bytes]  # dtype name, shape, raw little-endian bytes
-
-
-class FrameError(ValueError):
-    """Bytes that are not a valid frame of the node's codec."""
-
-
-class ProbeFailure(Exception):
-    """The check failed; the message is the one-line verdict."""
-
-
-# -- frames (pure; the same layout as swarm_node.net.transport and swarm_node.wire.frames) --
-def length_prefixed(frame: bytes) -> bytes:
-    """One stream message: u64 big-endian length, then the bytes."""
-    return len(frame).to_bytes(LENGTH_BYTES, "big") + frame
-
-
-def encode_frame(header: dict, tensors: Sequence[Tensor] = ()) -> bytes:
-    """u32 LE header length | msgpack {"v": 1, **header, "tensors": [[dtype, shape], ...]} | raw bytes."""
-    if "v" in header or "tensors" in header:
-        raise ValueError("header keys 'v' and 'tensors' are reserved")
-    specs = []
-    for dtype, shape, raw in tensors:
-        if dtype not in DTYPE_SIZES or len(raw) != math.prod(shape) * DTYPE_SIZES[dtype]:
-            raise ValueError(f"tensor {dtype}{list(shape)} does not match its {len(raw)} bytes")
-        specs.append([dtype, list(shape)])
-    head = msgpack.packb({"v": WIRE_VERSION, **header, "tensors": specs}, use_bin_type=True)
-    return b"".join([HEADER_LEN.pack(len(head)), head, *(bytes(raw) for _, _, raw in tensors)])
-
-
-def decode_frame(data: bytes | bytearray | memoryview) -> tuple[dict, list[tuple[str, tuple[int, ...], bytes]]]:
-    """The header (without "v" and "tensors") and each tensor as (dtype, shape, bytes)."""
-    view = memoryview(data)
-    if len(view) < HEADER_LEN.size:
-        raise FrameError(f"frame of {len(view)} bytes is shorter than its length prefix")
-    (head_len,) = HEADER_LEN.unpack_from(view)
-    if head_len > MAX_HEADER_BYTES or head_len > len(view) - HEADER_LEN.size:
-        raise FrameError(f"header length {head_len} exceeds the frame or the cap")
-    try:
-        header = msgpack.unpackb(view[HEADER_LEN.size:HEADER_LEN.size + head_len], raw=False,
-                                 strict_map_key=True, max_array_len=100_000, max_map_len=256)
-    except Exception as exc:  # msgpack raises many unrelated types for bad bytes
-        raise FrameError(f"header is not valid msgpack: {type(exc).__name__}") from None
-    if not isinstance(header, dict) or header.get("v") != WIRE_VERSION or not isinstance(header.get("tensors"), list):
-        raise FrameError(f"not a version-{WIRE_VERSION} frame header")
-    header.pop("v")
-    offset, tensors = HEADER_LEN.size + head_len, []
-    for spec in header.pop("tensors"):
-        if not (isinstance(spec, list) and len(spec) == 2 and isinstance(spec[0], str) and spec[0] in DTYPE_SIZES
-                and isinstance(spec[1], list) and all(type(d) is int and 0 <= d < 2**32 for d in spec[1])):
-            raise FrameError(f"bad tensor spec {spec!r}")
-        nbytes = math.prod(spec[1]) * DTYPE_SIZES[spec[0]]
-        if offset + nbytes > len(view):
-            raise FrameError("the frame is shorter than its tensors")
-        tensors.append((spec[0], tuple(spec[1]), bytes(view[offset:offset + nbytes])))
-        offset += nbytes
-    if offset != len(view):
-        raise FrameError(f"{len(view) - offset} bytes after the last tensor")
-    return header, tensors
-
-
-def status_request() -> bytes:
-    """The whole request a probe writes on a /swarm-node/status/1.0.0 stream."""
-    return length_prefixed(encode_frame({"kind": "status"}))
-
-
-def parse_status(frame: bytes) -> dict:
-    """The fields of a status answer (the frame without its length prefix); raises
-    ProbeFailure for a busy, refused or malformed answer."""
-    if not frame:
-        raise ProbeFailure("busy: the node is at its stream cap; try again in a moment")
-    try:
-        header, tensors = decode_frame(frame)
-    except FrameError as exc:
-        raise ProbeFailure(f"bad answer on {STATUS_PROTOCOL}: {exc}") from None
-    if header.get("kind") != "status" or tensors:
-        raise ProbeFailure(f"bad answer on {STATUS_PROTOCOL}: not a status frame")
-    if header.get("ok") is not True:
-        raise ProbeFailure(f"the node answered an error on {STATUS_PROTOCOL}: {str(header.get('error'))[:200]}")
-    for name, kind in STATUS_FIELDS.items():
-        if not isinstance(header.get(name), kind) or isinstance(header.get(name), bool):
-            raise ProbeFailure(f"bad answer on {STATUS_PROTOCOL}: field {name!r} is {header.get(name)!r}")
-    return header
-
-
-def verdict(report: dict) -> str:
-    s = report["status"]
-    return (f"OK: node {s['peer_id']} of run {s['run_id']!r} (spec {s['spec_hash']}), stage {s['stage']} of "
-            f"{s['num_stages']}, {s['state']}, inner step {s['inner_step']}, round {s['outer_round']}, peers per "
-            f"stage {s['peers_per_stage']}, swarm-node {s['version']}; ping {report['ping_ms']:.1f} ms over "
-            f"{SECURITY_NAMES[report['security']]} + yamux")
 
 
 # -- the probe (py-libp2p, imported only here) ----------------------------------------
@@ -205,11 +103,11 @@ class _Steps:
             raise ProbeFailure(f"cannot connect to {self.maddr_text}: {_connect_reason(exc)}") from None
         report["connected_ms"] = round((time.monotonic() - started) * 1000, 1)
         self.current = "pinging"
-        report["ping_ms"] = await _ping(host, peer_id, TProtocol(PING_PROTOCOL))
+        report["ping_ms"] = await _ping(host, peer_id, TProtocol(frames.PING_PROTOCOL))
         self.current = "reading identify"
-        report["identify"] = await _identify(host, peer_id, TProtocol(IDENTIFY_PROTOCOL))
-        self.current = f"asking {STATUS_PROTOCOL}"
-        report["status"] = await _status(host, peer_id, TProtocol(STATUS_PROTOCOL), report)
+        report["identify"] = await _identify(host, peer_id, TProtocol(frames.IDENTIFY_PROTOCOL))
+        self.current = f"asking {frames.STATUS_PROTOCOL}"
+        report["status"] = await _status(host, peer_id, TProtocol(frames.STATUS_PROTOCOL), report)
         if report["status"]["peer_id"] != report["peer_id"]:
             raise ProbeFailure(f"the node's status names peer {report['status']['peer_id']}, not the "
                                f"peer {report['peer_id']} the handshake authenticated")
@@ -239,14 +137,14 @@ async def _identify(host, peer_id, protocol) -> dict:
 
     stream = await _open(host, peer_id, protocol, "identify")
     try:
-        data = await _read_to_end(stream, MAX_IDENTIFY_BYTES)
+        data = await _read_to_end(stream, frames.MAX_IDENTIFY_BYTES)
     except Exception as exc:
         raise ProbeFailure(f"connected, but identify failed: {_reason(exc)}") from None
     finally:
         await _close(stream)
     message = Identify()
     try:  # go-libp2p sends one varint-length-prefixed message, then closes the stream
-        length, used = decode_uvarint(data)
+        length, used = frames.decode_uvarint(data)
         message.ParseFromString(data[used:used + length] if used + length == len(data) else data)
     except Exception as exc:
         raise ProbeFailure(f"connected, but the identify record does not parse: {_reason(exc)}") from None
@@ -258,7 +156,7 @@ async def _identify(host, peer_id, protocol) -> dict:
             addrs.append(f"(unreadable: {raw.hex()})")
     protocols = sorted(message.protocols)
     return {"agent_version": message.agent_version, "protocol_version": message.protocol_version,
-            "protocols": protocols, "listen_addrs": addrs, "speaks_status": STATUS_PROTOCOL in protocols}
+            "protocols": protocols, "listen_addrs": addrs, "speaks_status": frames.STATUS_PROTOCOL in protocols}
 
 
 async def _status(host, peer_id, protocol, report: dict) -> dict:
@@ -266,23 +164,23 @@ async def _status(host, peer_id, protocol, report: dict) -> dict:
     try:
         # No half-close after the request: p2pd ends the whole stream when one side
         # finishes writing, so the node's answer would be lost.
-        await stream.write(status_request())
+        await stream.write(frames.status_request())
         try:
-            prefix = await _read_exactly(stream, LENGTH_BYTES)
+            prefix = await _read_exactly(stream, frames.LENGTH_BYTES)
         except EOFError:
             raise ProbeFailure("refused: the node closed the stream unanswered: the run is closed to this peer "
                                "(or the node banned it for a while)") from None
         length = int.from_bytes(prefix, "big")
-        if length > MAX_STATUS_BYTES:
-            raise ProbeFailure(f"bad answer on {STATUS_PROTOCOL}: a frame of {length} bytes")
+        if length > frames.MAX_STATUS_BYTES:
+            raise ProbeFailure(f"bad answer on {frames.STATUS_PROTOCOL}: a frame of {length} bytes")
         frame = await _read_exactly(stream, length)
     except ProbeFailure:
         raise
     except Exception as exc:
-        raise ProbeFailure(f"connected, but {STATUS_PROTOCOL} failed: {_reason(exc)}") from None
+        raise ProbeFailure(f"connected, but {frames.STATUS_PROTOCOL} failed: {_reason(exc)}") from None
     finally:
         await _close(stream)
-    return parse_status(frame)
+    return frames.parse_status(frame)
 
 
 async def _open(host, peer_id, protocol, what: str, listed: Sequence[str] = ()):
@@ -294,7 +192,7 @@ async def _open(host, peer_id, protocol, what: str, listed: Sequence[str] = ()):
         if _caused_by(exc, ProtocolNotSupportedError) or "not supported" in _reason(exc):
             if what == "status":
                 others = ", ".join(p for p in listed if p.startswith("swarm-node/")) or "none"
-                raise ProbeFailure(f"connected, but the node does not speak {STATUS_PROTOCOL} (its swarm-node "
+                raise ProbeFailure(f"connected, but the node does not speak {frames.STATUS_PROTOCOL} (its swarm-node "
                                    f"protocols: {others}; an older swarm-node, or not a swarm-node)") from None
             raise ProbeFailure(f"connected, but the node does not speak {protocol}") from None
         raise ProbeFailure(f"connected, but opening a {what} stream failed: {_reason(exc)}") from None
@@ -337,16 +235,6 @@ async def _close(stream) -> None:
         await stream.close()
     except Exception:  # the node may have closed or reset it already
         pass
-
-
-def decode_uvarint(data: bytes) -> tuple[int, int]:
-    """An unsigned LEB128 varint (multiformats unsigned-varint): (value, bytes used)."""
-    value = 0
-    for i, byte in enumerate(data[:9]):
-        value |= (byte & 0x7F) << (7 * i)
-        if not byte & 0x80:
-            return value, i + 1
-    raise ValueError("bad varint")
 
 
 def _chain(exc: BaseException | None) -> list[BaseException]:
@@ -398,7 +286,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("maddr", nargs="?", help="the node's multiaddr, e.g. /ip4/1.2.3.4/tcp/31337/p2p/Qm...")
     p.add_argument("--timeout", type=float, default=20.0, help="seconds for the whole check (default 20)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    p.add_argument("--security", choices=sorted(SECURITY_NAMES), default="noise",
+    p.add_argument("--security", choices=sorted(frames.SECURITY_NAMES), default="noise",
                    help="secure channel to offer: noise (default) or tls")
     p.add_argument("--check-install", action="store_true", help="only check that py-libp2p imports")
     p.add_argument("-v", "--verbose", action="store_true", help="show py-libp2p's own log")
@@ -426,7 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report: dict = {"address": args.maddr, "libp2p_version": version, "ok": False}
     try:
         trio.run(lambda: probe(args.maddr, security=args.security, timeout_s=args.timeout, report=report))
-        report.update(ok=True, verdict=verdict(report))
+        report.update(ok=True, verdict=frames.verdict(report))
     except ProbeFailure as exc:
         report["verdict"] = str(exc)
     except Exception as exc:  # a py-libp2p error no step expected (often inside an exception group)
@@ -444,13 +332,13 @@ def _details(report: dict) -> list[str]:
     lines = []
     if "connected_ms" in report:
         lines.append(f"  connected to {report['peer_id']} in {report['connected_ms']:.0f} ms "
-                     f"({SECURITY_NAMES[report['security']]} + yamux, py-libp2p {report['libp2p_version']})")
+                     f"({frames.SECURITY_NAMES[report['security']]} + yamux, py-libp2p {report['libp2p_version']})")
     if "ping_ms" in report:
-        lines.append(f"  {PING_PROTOCOL}: {report['ping_ms']:.1f} ms")
+        lines.append(f"  {frames.PING_PROTOCOL}: {report['ping_ms']:.1f} ms")
     ident = report.get("identify")
     if ident:
-        lines.append(f"  {IDENTIFY_PROTOCOL}: agent {ident['agent_version']!r}, {ident['protocol_version']!r}; "
-                     f"lists {STATUS_PROTOCOL}: {'yes' if ident['speaks_status'] else 'no'}")
+        lines.append(f"  {frames.IDENTIFY_PROTOCOL}: agent {ident['agent_version']!r}, {ident['protocol_version']!r}; "
+                     f"lists {frames.STATUS_PROTOCOL}: {'yes' if ident['speaks_status'] else 'no'}")
         lines.append(f"  protocols: {', '.join(ident['protocols'])}")
     return lines
 

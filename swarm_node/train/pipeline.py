@@ -2,19 +2,21 @@
 
 Stage 0 draws micro-batches from its data shard and keeps as many of them in the
 pipeline as keep its compute busy (routing/window.py); each is run through this stage
-and sent to a next-stage peer (routing/chooser.py picks it), which does the same until
-the last stage computes the loss and the gradients travel back the same way. Every stage steps its inner
-optimizer when enough samples are in (train/worker.py) and hands over to the outer
-round when one is due (train/rounds.py).
+and sent to a next-stage peer (train/next_hop.py: which one, and another on failure),
+which does the same until the last stage computes the loss and the gradients travel
+back the same way. The hop, forward / send / backward, is one method (``_hop``) for
+stage 0's own micro-batches and those a middle stage serves, with the same handling of
+a lost micro-batch. Every stage steps its inner optimizer when enough samples are in
+(train/worker.py) and hands over to the outer round when one is due (train/rounds.py).
 
 A failed hop is retried with another peer within the micro-batch's deadline; the
 failed peer is banned (net/guard.py), except for a single stream reset, which is
 retried at once. A micro-batch whose deadline passes is lost and counted.
 
 Forwards, backwards and steps run on the compute thread; encoding and decoding what
-crosses the boundary runs on the wire thread beside it (train/compute.py), the bytes
-move on the event loop and the lanes' threads (net/), so the next micro-batch computes
-while this one travels."""
+crosses the boundary runs on the wire thread beside it (train/compute.py; the work
+itself is train/hop_work.py's), the bytes move on the event loop and the lanes'
+threads (net/), so the next micro-batch computes while this one travels."""
 
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, nullcontext
+from functools import partial
 
 import torch
 
@@ -34,25 +38,29 @@ from swarm_node.errors import (
     OutOfScale,
     OwnOutputNotFinite,
     PeerError,
-    PeerRefused,
     ProtocolError,
-    StreamClosed,
 )
 from swarm_node.net import protocols
 from swarm_node.net.transport import ServeLimits, short_id
 from swarm_node.node_config import NodeConfig
 from swarm_node.node_services import NodeServices
-from swarm_node.routing.chooser import Candidate, PeerChooser, RoundTrips
 from swarm_node.routing.window import InFlightWindow
 from swarm_node.spec import RunSpec
 from swarm_node.train.compute import FairTurns
-from swarm_node.train.host_copy import HostCopy, pinned_for, to_host
+from swarm_node.train.hop_work import (
+    backward_step,
+    encode_answer,
+    forward_to_host,
+    last_stage_step,
+    timed,
+)
+from swarm_node.train.host_copy import pinned_for
+from swarm_node.train.next_hop import FORWARD_PER_CALLER, NextHop
 from swarm_node.train.rounds import RoundGate, step_if_ready
 from swarm_node.train.screen import MagnitudeScreen
 from swarm_node.train.worker import StageWorker, throughput_ema
-from swarm_node.wire.activations import encode_activations
-from swarm_node.wire.frames import FrameLimits, decode_frame, encode_frame, finite
-from swarm_node.wire.messages import check_forward_request, decode_gradient_answer, rms
+from swarm_node.wire.frames import FrameLimits, decode_frame, encode_frame
+from swarm_node.wire.messages import check_forward_request, rms
 from swarm_node.wire.records import PeerRecord
 
 log = logging.getLogger(__name__)
@@ -63,10 +71,10 @@ UPSTREAM_CHECK_S = 5.0  # a DHT read: how often a later stage given max_steps as
 QUIET_AT_LIMIT_S = 3.0  # at max_steps, no micro-batch for this long: the stage before needs no more answers
 LIMIT_GRACE_S = 30.0  # at most this long answering past max_steps (a stage 0 with no limit never stops sending)
 SHARDS_BY_PEER_ID = 1024  # a node without --data-shard reads the shard its peer id hashes to
-# Forward requests a node serves at once for one caller (more are answered busy): a node
-# sends no more than this to one next-stage peer at a time, whatever its window.
-FORWARD_PER_CALLER = 4
-HOP_FREED_POLL_S = 0.02  # how often a hop that found every next-stage peer at that cap looks again
+
+
+class MicrobatchLost(Exception):
+    """A hop lost its micro-batch (counted where it was lost); the text is what the stage before is told."""
 
 
 class Pipeline:
@@ -83,8 +91,6 @@ class Pipeline:
         self.gate = gate
         self.next_peers = next_peers  # live, callable peers of the next stage
         self.stopping = stopping
-        self.chooser = PeerChooser(is_banned=self.guard.is_banned)
-        self.round_trips = RoundTrips()  # what our hops to each next-stage peer measured
         self.loader: ShardedBatches | None = None
         self.queue = 0  # forward requests being served
         self.in_flight = 0  # our own micro-batches in the pipeline (stage 0)
@@ -95,12 +101,13 @@ class Pipeline:
         self.waiting_for_next_stage = False  # stage 0 with no next-stage peer to send to
         self.throughput = 0.0  # samples/s, as our record reports it
         self.loss_seen: float | None = None  # EMA of the losses the last stage reports back to us
-        # Magnitude screens for what neighbours send (train/screen.py): used on the wire thread only.
+        # the magnitude screen for what the previous stage sends (train/screen.py): wire thread only
         self._activation_screen = MagnitudeScreen(config.max_activation_ratio, window=64)
-        self._gradient_screen = MagnitudeScreen(config.max_activation_ratio, window=64)
         per_activation = spec.batch_size * spec.seq_len * worker.model_config.hidden_size * 4
         self.max_request_bytes = 4 * per_activation + (1 << 20)
         self.frame_limits = FrameLimits(max_payload_bytes=self.max_request_bytes)
+        self.next_hop = NextHop(spec=spec, config=config, worker=worker, services=services,
+                                next_peers=next_peers, frame_limits=self.frame_limits)
 
     async def serve(self, transport, authorize: Callable[[str], bool]) -> None:
         if not self.worker.is_first:
@@ -193,27 +200,14 @@ class Pipeline:
         try:
             started = time.perf_counter()
             if self.worker.is_last:  # a single-stage run
-                (_, _, due), compute_s = await self.compute(_timed, _last_stage_step, self.worker, None, targets,
+                (_, _, due), compute_s = await self.compute(timed, last_stage_step, self.worker, None, targets,
                                                             None, inputs)
                 wait_s = 0.0
             else:
-                (outgoing, shape), forward_s = await self.compute(_timed, _forward_to_host, self.worker, inputs,
-                                                                  self.spec.activation_codec)
-                sent = time.perf_counter()
                 try:
-                    grad, loss = await self.send_downstream(outgoing, shape, targets, self.config.hop_timeout_s)
-                    self._note_loss(loss)
-                except OwnOutputNotFinite as exc:
-                    self._own_output_not_finite(exc)
+                    _, due, compute_s, wait_s = await self._hop(inputs, targets, self.config.hop_timeout_s)
+                except MicrobatchLost:
                     return
-                except (PeerError, NotEnoughPeers, TimeoutError) as exc:
-                    self.stats.microbatches_lost += 1
-                    self.stats.note_failure(f"micro-batch lost: {exc}")
-                    log.info("micro-batch lost: %s", exc)
-                    return
-                wait_s = time.perf_counter() - sent
-                (_, due), backward_s = await self.compute(_timed, _backward_step, self.worker, inputs, grad)
-                compute_s = forward_s + backward_s
             self.window.note(compute_s, wait_s)
             self.throughput = throughput_ema(self.throughput, len(inputs), time.perf_counter() - started)
             self.stats.microbatches_done += 1
@@ -263,83 +257,33 @@ class Pipeline:
         await finished()
 
     # -- every stage but the last: the hop to the next stage --------------------------------
-    async def send_downstream(self, outgoing: HostCopy, shape: torch.Size, targets: torch.Tensor,
-                              timeout_s: float) -> tuple[torch.Tensor, float]:
-        """Send activations (of ``shape``, encoded by the run's codec, on their way to the
-        host) to a next-stage peer; returns (grad wrt them, loss). Retries other peers on
-        failure, banning the failed one."""
-        next_stage = self.worker.stage.stage_index + 1
-        clock = asyncio.get_running_loop().time  # time.monotonic, or a test's virtual clock
-        deadline = clock() + timeout_s
-        payload = await self.wire(_encode_forward, {"kind": "fwd", "spec": self.spec_hash, "deadline_s": timeout_s},
-                                  outgoing, targets)
-        tried: set[str] = set()
-        attempts = 0
-        while True:
-            remaining = deadline - clock()
-            if remaining <= 0 or attempts > self.config.hop_retries:
-                raise NotEnoughPeers(f"no stage-{next_stage} peer completed the micro-batch after {attempts} attempts")
-            # one unverified peer at most per micro-batch: a flood of forged records cannot use up its attempts
-            probe = not any(not self.guard.is_verified(p) for p in tried)
-            peer = self.chooser.choose(self._candidates(probe), exclude=tried, per_peer=FORWARD_PER_CALLER)
-            if peer is None:  # none known, all tried, or all as busy with us as they take
-                busy = any(n >= FORWARD_PER_CALLER for n in self.chooser.in_flight.values())
-                # the registry loop may show someone by then; a hop of ours ends soon
-                await asyncio.sleep(min(HOP_FREED_POLL_S if busy else 0.5, remaining))
-                tried.clear()
-                continue
-            attempts += 1
-            if attempts > 1:
-                self.stats.retries += 1
-            self.chooser.started(peer)
-            try:
-                sent = clock()
-                raw = await self.transport.request(peer, protocols.FORWARD, payload, timeout_s=remaining,
-                                                   max_response_bytes=len(payload) + (1 << 16))
-                grad, loss = await self.wire(self._check_gradient, raw, shape)
-                self.guard.succeeded(peer)
-                self.round_trips.note(peer, shape[0], clock() - sent)
-                return grad, loss
-            except PeerRefused as exc:
-                tried.add(peer)
-                log.debug("stage-%d peer %s refused: %s", next_stage, short_id(peer), exc)
-            except OutOfScale as exc:  # this micro-batch only: the peer is not at fault
-                tried.add(peer)
-                self.guard.note(peer, f"stage-{next_stage} peer {short_id(peer)}: {exc}; micro-batch sent elsewhere")
-            except StreamClosed as exc:
-                tried.add(peer)
-                if self.guard.stream_closed(peer):  # twice in a row: it refuses us, or is unwell
-                    self._peer_failed(next_stage, peer, f"{exc}, twice in a row")
-                else:  # once: a reset inside the daemons, retried at once
-                    log.debug("stage-%d peer %s: %s; retrying", next_stage, short_id(peer), exc)
-            except PeerError as exc:
-                tried.add(peer)
-                self._peer_failed(next_stage, peer, str(exc))
-            finally:
-                self.chooser.finished(peer)
-
-    def _candidates(self, probe: bool = True) -> list[Candidate]:
-        """Next-stage peers to route to, weighted by what we measured (and how lately:
-        routing/chooser.py), not by what their records claim (anyone can sign a record
-        claiming any throughput): verified peers, and at most one unverified one to probe
-        (net/guard.py)."""
-        records = self.next_peers()
-        self.round_trips.keep_only(records)
-        return [self.round_trips.candidate(p, min(records[p].queue, self.config.max_queue))
-                for p in self.guard.probe_set(list(records), self.chooser.rng, probe=probe)]
-
-    def _peer_failed(self, stage: int, peer: str, why: str) -> None:
-        ban_s = self.guard.failed(peer)
-        self.stats.note_failure(f"stage-{stage} peer {short_id(peer)} failed: {why}")
-        self.guard.note(peer, f"stage-{stage} peer {short_id(peer)} failed ({why}); banned for {ban_s:.0f}s")
-
-    def _check_gradient(self, raw: bytes, shape: torch.Size) -> tuple[torch.Tensor, float]:
-        """On the wire thread: the next stage's answer, checked and screened."""
-        grad, loss = decode_gradient_answer(raw, self.frame_limits, shape, self.spec.activation_codec)
-        problem = self._gradient_screen.check(rms(grad), "gradient RMS")
-        if problem:
-            raise OutOfScale(problem)
-        return pinned_for(grad, self.worker.device), loss
+    async def _hop(self, inputs: torch.Tensor, targets: torch.Tensor, timeout_s: float,
+                   codec: str | None = None, turn: Callable[[], AbstractAsyncContextManager] = nullcontext):
+        """A micro-batch through this stage and on (stage 0's own, or one a middle stage
+        serves): forward, the hop to a next-stage peer, backward and the inner step when
+        due, each compute held in ``turn``. Returns (the gradient wrt ``inputs`` in
+        ``codec``, or None; round due; compute s; wait s). A lost micro-batch is counted
+        here and raised as MicrobatchLost."""
+        async with turn():
+            (outgoing, shape), forward_s = await self.compute(timed, forward_to_host, self.worker, inputs,
+                                                              self.spec.activation_codec)
+        sent = time.perf_counter()
+        try:
+            grad_out, loss = await self.next_hop.send(outgoing, shape, targets, timeout_s)
+        except OwnOutputNotFinite as exc:
+            self._own_output_not_finite(exc)
+            raise MicrobatchLost("downstream: not finite") from exc
+        except (PeerError, NotEnoughPeers, TimeoutError) as exc:
+            self.stats.microbatches_lost += 1
+            self.stats.note_failure(f"micro-batch lost: {exc}")
+            log.info("micro-batch lost: %s", exc)
+            raise MicrobatchLost(f"downstream: {exc}") from exc
+        self._note_loss(loss)
+        wait_s = time.perf_counter() - sent
+        async with turn():
+            (grad, due), backward_s = await self.compute(timed, backward_step, self.worker, inputs, grad_out,
+                                                         codec)
+        return grad, due, forward_s + backward_s, wait_s
 
     def _own_output_not_finite(self, exc: OwnOutputNotFinite) -> None:
         """Our own activations are not finite: the micro-batch is lost, nothing is sent
@@ -368,30 +312,22 @@ class Pipeline:
             codec = self.spec.activation_codec
             if self.worker.is_last:
                 async with self._turns.turn(remote):
-                    loss, grad, due = await self.compute(_last_stage_step, self.worker, hidden, targets, codec)
+                    loss, grad, due = await self.compute(last_stage_step, self.worker, hidden, targets, codec)
             else:
-                async with self._turns.turn(remote):
-                    outgoing, shape = await self.compute(_forward_to_host, self.worker, hidden, codec)
-                grad_out, loss = await self.send_downstream(outgoing, shape, targets, budget * 0.9)
-                self._note_loss(loss)
-                async with self._turns.turn(remote):
-                    grad, due = await self.compute(_backward_step, self.worker, hidden, grad_out, codec)
+                grad, due, _, _ = await self._hop(hidden, targets, budget * 0.9, codec,
+                                                  turn=partial(self._turns.turn, remote))
             self.throughput = throughput_ema(self.throughput, len(hidden), time.perf_counter() - started)
             self.stats.microbatches_done += 1
             self.gate.note_due(due)
-            return await self.wire(_encode_answer, {"ok": True, "loss": loss}, grad)
+            return await self.wire(encode_answer, {"ok": True, "loss": loss}, grad)
         except OutOfScale as exc:  # refused, not counted against the sender
             self.guard.note(remote, f"refusing a micro-batch of {short_id(remote)}: {exc}")
             return encode_frame({"ok": False, "error": f"out of scale: {exc}"[:200]})
         except ProtocolError as exc:
             self.guard.fault(remote, f"bad forward request ({exc})")
             return encode_frame({"ok": False, "error": f"protocol: {exc}"[:200]})
-        except OwnOutputNotFinite as exc:
-            self._own_output_not_finite(exc)
-            return encode_frame({"ok": False, "error": "downstream: not finite"})
-        except (PeerError, NotEnoughPeers, TimeoutError) as exc:
-            self.stats.microbatches_lost += 1
-            return encode_frame({"ok": False, "error": f"downstream: {exc}"[:200]})
+        except MicrobatchLost as exc:
+            return encode_frame({"ok": False, "error": str(exc)[:200]})
         finally:
             self.queue -= 1
 
@@ -408,60 +344,6 @@ class Pipeline:
         if problem:
             raise OutOfScale(problem)
         return deadline_s, pinned_for(hidden, self.worker.device), targets
-
-
-# -- on the compute thread: the device work, its results queued towards the host ----------
-def outgoing(t: torch.Tensor, codec: str) -> tuple[HostCopy, torch.Size]:
-    """Activations or their gradient as ``codec`` sends them, on their way to the host,
-    and their shape."""
-    return to_host(encode_activations(t, codec)), t.shape
-
-
-def _forward_to_host(worker: StageWorker, inputs: torch.Tensor, codec: str) -> tuple[HostCopy, torch.Size]:
-    return outgoing(worker.forward(inputs), codec)
-
-
-def _last_stage_step(worker: StageWorker, hidden, targets, codec: str | None, token_inputs=None):
-    """Loss, backward and (when due) the inner step, as one unit; the gradient encoded by
-    ``codec`` on its way to the host (None for a single-stage run: nothing to send)."""
-    loss, grad = worker.forward_backward_last(hidden, targets, token_inputs)
-    _, due = step_if_ready(worker)
-    return loss, None if codec is None else outgoing(grad, codec)[0], due
-
-
-def _backward_step(worker: StageWorker, inputs, grad_output, codec: str | None = None):
-    grad = worker.backward(inputs, grad_output)
-    _, due = step_if_ready(worker)
-    return None if codec is None else outgoing(grad, codec)[0], due
-
-
-def _timed(fn, *args):
-    """``fn(*args)`` and the seconds it took, measured on the thread that runs it."""
-    started = time.perf_counter()
-    out = fn(*args)
-    return out, time.perf_counter() - started
-
-
-# -- on the wire thread ----------------------------------------------------------------------
-def _encode_forward(header: dict, host: HostCopy, targets: torch.Tensor) -> bytes:
-    """The forward request; OwnOutputNotFinite if our activations are not finite (checked
-    here, on the host copy, so the device is never waited for)."""
-    tensors = host.wait()
-    for t in tensors:
-        if t.is_floating_point() and not finite(t):
-            nan = int(torch.isnan(t).sum())
-            raise OwnOutputNotFinite(f"{nan} NaN and {int(torch.isinf(t).sum())} infinite values among {t.numel()} "
-                                     f"of our {t.dtype} activations")
-    return encode_frame(header, [*tensors, targets.to(torch.int32)])
-
-
-def _encode_answer(header: dict, host: HostCopy) -> bytes:
-    return encode_frame(header, host.wait())
-
-
-def forward_request(header: dict, hidden: torch.Tensor, targets: torch.Tensor, codec: str) -> bytes:
-    """A whole forward request in one call (tests, benchmarks)."""
-    return _encode_forward(header, outgoing(hidden, codec)[0], targets)
 
 
 def _shard_of(peer_id: str, num_shards: int) -> int:

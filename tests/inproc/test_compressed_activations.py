@@ -14,7 +14,7 @@ from swarm_node.data.spec import DataSpec
 from swarm_node.net import protocols
 from swarm_node.optim import InnerHyper, default_method
 from swarm_node.spec import RunSpec
-from swarm_node.train.pipeline import outgoing
+from swarm_node.train.hop_work import outgoing
 from swarm_node.train.worker import StageWorker
 
 SPEC = RunSpec(run_id="acts", model_size="debug", num_stages=2, seq_len=16, batch_size=4, samples_per_step=4,
@@ -42,8 +42,8 @@ def one_hop(codec: str, scale: float = 1.0) -> tuple[torch.Tensor, float, int, t
     g = torch.Generator().manual_seed(0)
     tokens, targets = torch.randint(0, VOCAB, (4, 16), generator=g), torch.randint(0, VOCAB, (4, 16), generator=g)
     hidden = first.worker.forward(tokens) * scale
-    grad, loss = asyncio.run(first.pipeline().send_downstream(*outgoing(hidden, spec.activation_codec), targets,
-                                                               timeout_s=30.0))
+    grad, loss = asyncio.run(first.pipeline().next_hop.send(*outgoing(hidden, spec.activation_codec), targets,
+                                                             timeout_s=30.0))
     exact = hidden.clone().requires_grad_(True)
     StageWorker(spec, 1, VOCAB).stage(exact, targets).backward()  # the same weights: built from the run's seed
     return grad, loss, sum(sent), exact.grad
@@ -79,7 +79,7 @@ def test_activations_far_out_of_the_recent_scale_are_refused_without_blaming_the
     2 x 2 run); a micro-batch far above the median of the moment is refused, so the
     sender routes it elsewhere, but not counted as a fault (eight ban a caller, which
     cut stage 0 off for good), and a scale that lasts is accepted soon."""
-    from swarm_node.train.pipeline import forward_request
+    from swarm_node.train.hop_work import forward_request
     from swarm_node.wire.frames import decode_frame
 
     second = StageParts(SPEC, StageWorker(SPEC, 1, VOCAB))
@@ -122,7 +122,7 @@ def test_our_own_activations_that_are_not_finite_on_the_wire_are_not_sent(scale,
     targets = torch.zeros(4, 16, dtype=torch.long)
     counts = "1 NaN and 0 infinite" if what == "NaN" else "0 NaN and 1 infinite"
     with pytest.raises(OwnOutputNotFinite, match=counts):
-        asyncio.run(first.pipeline().send_downstream(*outgoing(hidden, SPEC.activation_codec), targets, 30.0))
+        asyncio.run(first.pipeline().next_hop.send(*outgoing(hidden, SPEC.activation_codec), targets, 30.0))
     assert calls == []
 
 

@@ -129,7 +129,7 @@ def test_a_phi_that_finds_our_round_ended_meanwhile_is_refused_not_a_fault():
     phi, delta = payload_of(trained_worker(1), torch.float16)
     frames = partner_payload(SPEC, phi, delta)
     payloads, pairing = exchange.payloads, exchange.pairing
-    real_take, decoding, round_ended = payloads._take, asyncio.Event(), asyncio.Event()
+    real_take, decoding, round_ended = payloads.take, asyncio.Event(), asyncio.Event()
 
     async def take_while_the_round_ends(remote, request, part=None):
         checked = await real_take(remote, request, part)
@@ -139,7 +139,7 @@ def test_a_phi_that_finds_our_round_ended_meanwhile_is_refused_not_a_fault():
         return checked
 
     async def scenario():
-        payloads._take = take_while_the_round_ends
+        payloads.take = take_while_the_round_ends
         round_task = asyncio.create_task(pairing.run_round(0, OUR_ANSWER, candidates=list, propose=None,
                                                            send=None, expect_request=True))
         await pairing.seeking.wait()

@@ -15,7 +15,7 @@ from swarm_node.node_config import NodeConfig
 from swarm_node.optim import InnerHyper, default_method
 from swarm_node.spec import RunSpec
 from swarm_node.train import pipeline as pipeline_module
-from swarm_node.train.pipeline import forward_request as encode_forward
+from swarm_node.train.hop_work import forward_request as encode_forward
 from swarm_node.train.worker import StageWorker
 from swarm_node.wire.frames import decode_frame
 

@@ -12,7 +12,7 @@ from parts import StageParts, record
 from swarm_node.errors import NotEnoughPeers, PeerError
 from swarm_node.net import protocols
 from swarm_node.spec import RunSpec
-from swarm_node.train.pipeline import outgoing
+from swarm_node.train.hop_work import outgoing
 from swarm_node.train.worker import StageWorker
 from swarm_node.wire.activations import encode_activations
 from swarm_node.wire.frames import encode_frame
@@ -52,14 +52,14 @@ def test_forged_next_stage_records_cost_no_micro_batch_and_one_probe_each():
     swarm = Swarm()
     stage = stage_0(swarm)
     pipeline = stage.pipeline()
-    pipeline.chooser.rng = random.Random(0)
+    pipeline.next_hop.chooser.rng = random.Random(0)
 
     async def send_many():
         lost = 0
         for _ in range(200):
             try:
-                await pipeline.send_downstream(*outgoing(HIDDEN, SPEC.activation_codec),
-                                               torch.zeros(4, 16, dtype=torch.long), timeout_s=30.0)
+                await pipeline.next_hop.send(*outgoing(HIDDEN, SPEC.activation_codec),
+                                             torch.zeros(4, 16, dtype=torch.long), timeout_s=30.0)
             except (PeerError, NotEnoughPeers, TimeoutError):
                 lost += 1
         return lost

@@ -25,7 +25,8 @@ from swarm_node.net.dht import SwarmDHT
 from swarm_node.net.lanes import LANE_HELLO, Lane, LanePool, Offer, Tickets
 
 ACCEPTED, REFUSED = b"\x01", b"\x00"
-from swarm_node.net.transport import ServeLimits, Transport, caller_address
+from swarm_node.net.serving import caller_address
+from swarm_node.net.transport import ServeLimits, Transport
 
 BULK = protocols.FORWARD  # any bulk protocol: the transport does not look inside
 BULK_PACED = protocols.OUTER

@@ -5,7 +5,7 @@ only when it is chosen: a figure that moved a tenth of the way per answer kept a
 that was slow at the start out of most of a short run (CI: a stage-1 peer of a 2x2 local
 swarm got 45 micro-batches, its partner 135, and had one round where the test wants two).
 
-Stage 0 here is the real Pipeline.send_downstream on a virtual clock, with its compute
+Stage 0 here is the real NextHop.send (train/next_hop.py) on a virtual clock, with its compute
 modelled as the time it takes (it sets the pace, as in a local swarm of the debug model:
 a next-stage peer is idle between micro-batches, so its round trips do not grow with the
 share it gets, and nothing but the measured figure moves that share)."""
@@ -19,7 +19,7 @@ import vclock
 from parts import StageParts, record
 
 from swarm_node.spec import RunSpec
-from swarm_node.train.pipeline import outgoing
+from swarm_node.train.hop_work import outgoing
 from swarm_node.train.worker import StageWorker
 from swarm_node.wire.activations import encode_activations
 from swarm_node.wire.frames import encode_frame
@@ -63,7 +63,7 @@ async def run_stage_0(peers: NextStage, seed: int) -> None:
     for peer in (SLOW_START, STEADY):
         stage.guard.reached(peer)  # verified: both served us before
     pipeline = stage.pipeline()
-    pipeline.chooser.rng = random.Random(seed)
+    pipeline.next_hop.chooser.rng = random.Random(seed)
     compute = asyncio.Lock()
     left = [MICROBATCHES]
 
@@ -72,7 +72,7 @@ async def run_stage_0(peers: NextStage, seed: int) -> None:
             left[0] -= 1
             async with compute:
                 await asyncio.sleep(STAGE0_S)
-            await pipeline.send_downstream(*outgoing(HIDDEN, SPEC.activation_codec), TARGETS, timeout_s=30.0)
+            await pipeline.next_hop.send(*outgoing(HIDDEN, SPEC.activation_codec), TARGETS, timeout_s=30.0)
 
     await asyncio.gather(*(lane() for _ in range(stage.config.max_in_flight)))
 

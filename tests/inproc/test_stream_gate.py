@@ -8,7 +8,8 @@ import dataclasses
 
 import vclock
 
-from swarm_node.net.transport import LENGTH_BYTES, ServeLimits, Transport, caller_address
+from swarm_node.net.serving import caller_address
+from swarm_node.net.transport import LENGTH_BYTES, ServeLimits, Transport
 
 PROTOCOL = "swarm-node/test-address-cap/1"
 LIMITS = ServeLimits(max_request_bytes=1024, max_concurrent=8, max_per_peer=4)

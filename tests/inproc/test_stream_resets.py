@@ -8,7 +8,8 @@ from parts import StageParts, record
 
 from swarm_node.errors import StreamClosed
 from swarm_node.spec import RunSpec
-from swarm_node.train.pipeline import Pipeline, outgoing
+from swarm_node.train.hop_work import outgoing
+from swarm_node.train.pipeline import Pipeline
 from swarm_node.train.worker import StageWorker
 from swarm_node.wire.activations import encode_activations
 from swarm_node.wire.frames import encode_frame
@@ -47,8 +48,8 @@ class Stage0:
         self.pipeline: Pipeline = self.parts.pipeline()
 
     def send(self):
-        return vclock.run(self.pipeline.send_downstream(*outgoing(HIDDEN, SPEC.activation_codec),
-                                                        torch.zeros(4, 16, dtype=torch.long), timeout_s=10.0))
+        return vclock.run(self.pipeline.next_hop.send(*outgoing(HIDDEN, SPEC.activation_codec),
+                                                      torch.zeros(4, 16, dtype=torch.long), timeout_s=10.0))
 
 
 def test_one_stream_closed_before_the_answer_is_retried_without_a_ban():
@@ -63,7 +64,7 @@ def test_one_stream_closed_before_the_answer_is_retried_without_a_ban():
 def test_two_in_a_row_ban_the_peer_and_the_micro_batch_goes_elsewhere():
     stage = Stage0([StreamClosed("stream closed mid-frame"), 2.0], peers=("QmNext", "QmOther"))
     guard = stage.parts.guard
-    stage.pipeline.chooser.choose = lambda candidates, exclude=frozenset(), per_peer=None: next(
+    stage.pipeline.next_hop.chooser.choose = lambda candidates, exclude=frozenset(), per_peer=None: next(
         (c.peer_id for c in sorted(candidates, key=lambda c: c.peer_id != "QmNext")
          if c.peer_id not in exclude and not guard.is_banned(c.peer_id)), None)
     assert guard.stream_closed("QmNext") is False  # the last call to it ended the same way: forgiven then

@@ -30,7 +30,7 @@ from swarm_node.net.dialback import MAX_ADDRESSES_CHECKED, _requested_ports
 from swarm_node.net.lane_auth import TICKET_BYTES, TICKET_TTL_S, Offer
 from swarm_node.net.pacing import Pacer, PacerConfig, _Window
 from swarm_node.net.transport import read_length
-from swarm_node.probe import libp2p_probe as probe
+from swarm_node.probe import probe_frames as probe
 from swarm_node.spec import RunSpec
 from swarm_node.spec_record import SpecRecord
 from swarm_node.train.worker import tensor_digest

@@ -1,4 +1,4 @@
-"""The probe's own frame code (swarm_node/probe/libp2p_probe.py, which cannot import
+"""The probe's own frame code (swarm_node/probe/probe_frames.py: the probe cannot import
 swarm_node) against the node's codec: each decodes exactly what the other encodes, and
 the status request is byte for byte the worked example of docs/PROTOCOL.md."""
 
@@ -12,7 +12,7 @@ import torch
 from swarm_node.cli.main import main
 from swarm_node.net import protocols
 from swarm_node.obs.endpoints import STATUS_REQUEST_LIMITS
-from swarm_node.probe import libp2p_probe as probe
+from swarm_node.probe import probe_frames as probe
 from swarm_node.wire.frames import DTYPES, WIRE_VERSION, decode_frame, encode_frame
 
 REPO = Path(__file__).resolve().parents[2]
