@@ -20,8 +20,6 @@ from dataclasses import dataclass
 
 import torch
 
-from swarm_node.model.coded import coded_model
-from swarm_node.model.config import model_config
 from swarm_node.model.stages import PipelineStage, build_stage
 from swarm_node.optim.inner import InnerOptimizer, lr_at
 from swarm_node.optim.outer import SlowWeights
@@ -83,11 +81,7 @@ class StageWorker(CheckpointState):
         self.device = torch.device(device)
         self.autocast_dtype = training_precision(self.device)  # None: fp32
         # a coded boundary (docs/ALGORITHM.md 9): the model the simulator builds for the run
-        self.model_config, self.boundary = coded_model(
-            model_config(spec.model_size, vocab_size=vocab_size, max_seq_len=spec.seq_len),
-            activation_codec=spec.activation_codec, activation_ratio=spec.activation_ratio,
-            batch_size=spec.batch_size, seq_len=spec.seq_len, num_stages=spec.num_stages,
-            layers_per_stage=spec.layers_per_stage)
+        self.model_config, self.boundary = spec.model(vocab_size)
         # what the data path encodes with (train/hop_work.py): the run's codec name, or the coded boundary
         self.wire_codec: str | BoundaryCodec = self.boundary or spec.activation_codec
         self.stage: PipelineStage = build_stage(self.model_config, num_stages=spec.num_stages,
