@@ -145,6 +145,18 @@ class RunSpec:
             raise ConfigError(f"method {self.method.name!r} runs only in the simulator (swarm-node sim); a swarm "
                               f"trains with {', '.join(SWARM_METHODS)}")
 
+    def model(self, vocab_size: int):
+        """(the ModelConfig this run trains, with its coded boundary when it has one; the
+        boundary's wire codec or None): what every node, the local run's evaluation and
+        the export build (model/coded.py, as the simulator does)."""
+        from swarm_node.model.coded import coded_model
+        from swarm_node.model.config import model_config
+
+        return coded_model(model_config(self.model_size, vocab_size=vocab_size, max_seq_len=self.seq_len),
+                           activation_codec=self.activation_codec, activation_ratio=self.activation_ratio,
+                           batch_size=self.batch_size, seq_len=self.seq_len, num_stages=self.num_stages,
+                           layers_per_stage=self.layers_per_stage)
+
     def admits(self, peer_id: str) -> bool:
         return not self.allowed_peers or peer_id in self.allowed_peers
 

@@ -23,7 +23,7 @@ def add_local_parser(sub) -> None:
     options.inner_steps(p)
     options.lr(p)
     options.seed(p)
-    options.codecs(p, default=None)
+    options.codecs(p, default=None, boundaries=True)
     options.blocking_rounds(p, every_node=True)
     options.no_lanes(p, every_node=True)
     p.add_argument("--registry-shards", type=positive_int, default=None, metavar="S",

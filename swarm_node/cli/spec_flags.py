@@ -48,6 +48,7 @@ SPEC_FLAGS = (
     SpecFlag("--weight-decay", ("inner.weight_decay",), (SIM,)),
     SpecFlag("--outer-codec", ("outer_codec",)),
     SpecFlag("--activation-codec", ("activation_codec",)),
+    SpecFlag("--activation-ratio", ("activation_ratio",)),
     SpecFlag("--registry-shards", ("registry_shards",), (LOCAL,)),
 )
 

@@ -9,6 +9,7 @@ checkpoint directories is needed."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +18,7 @@ import torch
 
 from swarm_node.errors import ConfigError
 from swarm_node.export.replicas import StageCheckpoint, check_stage_spread, refuse_same_peer_twice
-from swarm_node.model.config import ModelConfig, model_config
+from swarm_node.model.config import ModelConfig
 from swarm_node.spec import RunSpec
 from swarm_node.state.checkpoint import PREFIX, latest_checkpoint, load_checkpoint
 
@@ -91,8 +92,27 @@ def assemble(paths: list[Path], *, force: bool = False) -> AssembledModel:
             state_dict[name] = torch.stack([r[name].float() for r in replicas]).mean(0)
         if len(replicas) > 1:
             log.info("stage %d: averaged %d peers' weights", stage, len(replicas))
-    config = model_config(spec.model_size, vocab_size=vocab_size, max_seq_len=spec.seq_len)
+    config, boundary = spec.model(vocab_size)
+    if boundary is not None:
+        config, state_dict = _plain(spec, config, state_dict)
     return AssembledModel(spec, config, state_dict, [len(weights[s]) for s in range(spec.num_stages)])
+
+
+def _plain(spec: RunSpec, config: ModelConfig,
+           state_dict: dict[str, torch.Tensor]) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """A coded run's model as a plain Llama: a ``subspace`` model is one whose weights lie
+    in a subspace (model/boundary.py plain_state_dict multiplies them out); a
+    ``bottleneck`` model has boundary layers of its own, which no plain Llama holds."""
+    from swarm_node.model.boundary import plain_state_dict
+    from swarm_node.model.stages import build_model
+
+    if config.boundary.kind != "subspace":
+        raise ConfigError(f"run {spec.run_id!r} sends a {spec.activation_codec} boundary: exporting a "
+                          "bottleneck run is not supported yet (its boundary layers are no plain Llama); a "
+                          "subspace run exports as one")
+    model = build_model(config, seed=spec.seed)  # its fixed basis and table, from the run's seed
+    model.load_state_dict(state_dict, strict=True)
+    return dataclasses.replace(config, boundary=None), plain_state_dict(model)
 
 
 def load_model(assembled: AssembledModel):

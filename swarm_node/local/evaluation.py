@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from swarm_node.data.dataset import TokenWindows
-from swarm_node.model.config import ModelConfig, model_config
+from swarm_node.model.config import ModelConfig
 from swarm_node.model.stages import PipelineStage, build_stage
 from swarm_node.obs.progress import EvaluationProgress
 from swarm_node.spec import RunSpec
@@ -101,7 +101,7 @@ class FinalEvaluation:
         self.batch_size, self.max_batches, self.threads = batch_size, max_batches, threads
         self.progress_enabled = progress
         self.stop = stop
-        self.config = model_config(spec.model_size, vocab_size=data.vocab_size, max_seq_len=spec.seq_len)
+        self.config, _ = spec.model(data.vocab_size)  # with its coded boundary, if any
 
     def run(self, stage_weights: dict[int, dict[int, dict]], plan: PathPlan) -> dict:
         stages = range(self.spec.num_stages)

@@ -15,17 +15,17 @@ import contextlib
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from swarm_node.data.dataset import TokenWindows, load_windows
 from swarm_node.data.sharded_batches import ShardedBatches
-from swarm_node.model.boundary import BoundaryConfig
+from swarm_node.model.coded import coded_model
 from swarm_node.model.config import ModelConfig, model_config
 from swarm_node.model.memory import StageMemory, estimate_stage_memory
-from swarm_node.model.stages import PipelineStage, build_stage, stage_cuts
+from swarm_node.model.stages import PipelineStage, build_stage
 from swarm_node.optim.ddp import average_gradients
 from swarm_node.optim.inner import InnerOptimizer
 from swarm_node.optim.outer import SlowWeights
@@ -92,15 +92,11 @@ class Simulator:
         layers = {} if config.num_layers is None else {"num_layers": config.num_layers}
         self.model_config = model_config(config.model_size, vocab_size=self.data.vocab_size,
                                          max_seq_len=config.seq_len, **layers)
-        self.boundary: coded.BoundaryCodec | None = None  # a coded boundary (wire/boundary.py)
-        if config.activation_codec in coded.BOUNDARY_CODECS:
-            self.boundary = coded.boundary_codec(
-                config.activation_codec, hidden_size=self.model_config.hidden_size,
-                ratio=config.activation_ratio, vocab_size=self.data.vocab_size, batch=config.batch_size,
-                seq=config.seq_len)
-            cuts = stage_cuts(self.model_config.num_layers, config.stages, config.layers_per_stage)
-            self.model_config = replace(self.model_config, boundary=BoundaryConfig(
-                self.boundary.kind, self.boundary.width, cuts)) if cuts else self.model_config
+        # a coded boundary (wire/boundary.py), built as the node builds it (model/coded.py)
+        self.model_config, self.boundary = coded_model(
+            self.model_config, activation_codec=config.activation_codec,
+            activation_ratio=config.activation_ratio, batch_size=config.batch_size, seq_len=config.seq_len,
+            num_stages=config.stages, layers_per_stage=config.layers_per_stage)
         with self._oom_explained():
             self.workers = [[self._build_worker(s) for _ in range(config.replicas)] for s in range(config.stages)]
         self.loaders = [ShardedBatches(self.data, batch_size=config.batch_size, seed=config.seed,

@@ -20,21 +20,29 @@ from swarm_node.train.host_copy import HostCopy, to_host
 from swarm_node.train.rounds import step_if_ready
 from swarm_node.train.worker import StageWorker
 from swarm_node.wire.activations import encode_activations
+from swarm_node.wire.boundary import BoundaryCodec, encode_code, forward_frame
 from swarm_node.wire.frames import encode_frame, finite
+
+# A codec is the run's activation codec by name, or its coded boundary (a code of a few
+# values a token, wire/boundary.py): StageWorker.wire_codec. With a coded boundary the
+# "targets" a hop carries are the window's token ids (train/worker.py).
+Codec = str | BoundaryCodec
 
 
 # -- on the compute thread: the device work, its results queued towards the host ----------
-def outgoing(t: torch.Tensor, codec: str) -> tuple[HostCopy, torch.Size]:
-    """Activations or their gradient as ``codec`` sends them, on their way to the host,
-    and their shape."""
-    return to_host(encode_activations(t, codec)), t.shape
+def outgoing(t: torch.Tensor, codec: Codec) -> tuple[HostCopy, torch.Size]:
+    """Activations (or a code) or their gradient as ``codec`` sends them, on their way to
+    the host, and their shape."""
+    coded = encode_code(t, codec) if isinstance(codec, BoundaryCodec) else encode_activations(t, codec)
+    return to_host(coded), t.shape
 
 
-def forward_to_host(worker: StageWorker, inputs: torch.Tensor, codec: str) -> tuple[HostCopy, torch.Size]:
-    return outgoing(worker.forward(inputs), codec)
+def forward_to_host(worker: StageWorker, inputs: torch.Tensor, codec: Codec,
+                    labels: torch.Tensor | None = None) -> tuple[HostCopy, torch.Size]:
+    return outgoing(worker.forward(inputs, labels), codec)
 
 
-def last_stage_step(worker: StageWorker, hidden, targets, codec: str | None, token_inputs=None):
+def last_stage_step(worker: StageWorker, hidden, targets, codec: Codec | None, token_inputs=None):
     """Loss, backward and (when due) the inner step, as one unit; the gradient encoded by
     ``codec`` on its way to the host (None for a single-stage run: nothing to send)."""
     loss, grad = worker.forward_backward_last(hidden, targets, token_inputs)
@@ -42,8 +50,8 @@ def last_stage_step(worker: StageWorker, hidden, targets, codec: str | None, tok
     return loss, None if codec is None else outgoing(grad, codec)[0], due
 
 
-def backward_step(worker: StageWorker, inputs, grad_output, codec: str | None = None):
-    grad = worker.backward(inputs, grad_output)
+def backward_step(worker: StageWorker, inputs, grad_output, codec: Codec | None = None, labels=None):
+    grad = worker.backward(inputs, grad_output, labels)
     _, due = step_if_ready(worker)
     return None if codec is None else outgoing(grad, codec)[0], due
 
@@ -56,15 +64,18 @@ def timed(fn, *args):
 
 
 # -- on the wire thread ----------------------------------------------------------------------
-def encode_forward(header: dict, host: HostCopy, targets: torch.Tensor) -> bytes:
-    """The forward request; OwnOutputNotFinite if our activations are not finite (checked
-    here, on the host copy, so the device is never waited for)."""
+def encode_forward(header: dict, host: HostCopy, targets: torch.Tensor, codec: Codec = "fp16") -> bytes:
+    """The forward request (with a coded boundary, ``targets`` are the window's ids);
+    OwnOutputNotFinite if our activations are not finite (checked here, on the host
+    copy, so the device is never waited for)."""
     tensors = host.wait()
     for t in tensors:
         if t.is_floating_point() and not finite(t):
             nan = int(torch.isnan(t).sum())
             raise OwnOutputNotFinite(f"{nan} NaN and {int(torch.isinf(t).sum())} infinite values among {t.numel()} "
                                      f"of our {t.dtype} activations")
+    if isinstance(codec, BoundaryCodec):
+        return forward_frame(header, tensors, targets, codec)
     return encode_frame(header, [*tensors, targets.to(torch.int32)])
 
 
@@ -72,6 +83,6 @@ def encode_answer(header: dict, host: HostCopy) -> bytes:
     return encode_frame(header, host.wait())
 
 
-def forward_request(header: dict, hidden: torch.Tensor, targets: torch.Tensor, codec: str) -> bytes:
+def forward_request(header: dict, hidden: torch.Tensor, targets: torch.Tensor, codec: Codec) -> bytes:
     """A whole forward request in one call (tests, benchmarks)."""
-    return encode_forward(header, outgoing(hidden, codec)[0], targets)
+    return encode_forward(header, outgoing(hidden, codec)[0], targets, codec)

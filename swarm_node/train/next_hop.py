@@ -43,7 +43,7 @@ HOP_FREED_POLL_S = 0.02  # how often a hop that found every next-stage peer at t
 class NextHop:
     def __init__(self, *, spec: RunSpec, config: NodeConfig, worker: StageWorker, services: NodeServices,
                  next_peers: Callable[[], dict[str, PeerRecord]], frame_limits: FrameLimits):
-        self.spec_hash, self.codec = spec.spec_hash(), spec.activation_codec
+        self.spec_hash, self.codec = spec.spec_hash(), worker.wire_codec
         self.config = config
         self.worker = worker
         self.transport, self.guard, self.stats = services.transport, services.guard, services.stats
@@ -64,7 +64,7 @@ class NextHop:
         clock = asyncio.get_running_loop().time  # time.monotonic, or a test's virtual clock
         deadline = clock() + timeout_s
         payload = await self.wire(encode_forward, {"kind": "fwd", "spec": self.spec_hash, "deadline_s": timeout_s},
-                                  outgoing, targets)
+                                  outgoing, targets, self.codec)
         tried: set[str] = set()
         attempts = 0
         while True:

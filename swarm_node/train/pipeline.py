@@ -59,6 +59,8 @@ from swarm_node.train.next_hop import FORWARD_PER_CALLER, NextHop
 from swarm_node.train.rounds import RoundGate, step_if_ready
 from swarm_node.train.screen import MagnitudeScreen
 from swarm_node.train.worker import StageWorker, throughput_ema
+from swarm_node.wire import boundary as coded
+from swarm_node.wire.boundary import window_ids
 from swarm_node.wire.frames import FrameLimits, decode_frame, encode_frame
 from swarm_node.wire.messages import check_forward_request, rms
 from swarm_node.wire.records import PeerRecord
@@ -204,8 +206,10 @@ class Pipeline:
                                                             None, inputs)
                 wait_s = 0.0
             else:
+                if self.worker.boundary is not None:  # the window's ids travel instead of the targets
+                    targets = window_ids(inputs, targets)
                 try:
-                    _, due, compute_s, wait_s = await self._hop(inputs, targets, self.config.hop_timeout_s)
+                    _, due, compute_s, wait_s, _ = await self._hop(inputs, targets, self.config.hop_timeout_s)
                 except MicrobatchLost:
                     return
             self.window.note(compute_s, wait_s)
@@ -262,11 +266,12 @@ class Pipeline:
         """A micro-batch through this stage and on (stage 0's own, or one a middle stage
         serves): forward, the hop to a next-stage peer, backward and the inner step when
         due, each compute held in ``turn``. Returns (the gradient wrt ``inputs`` in
-        ``codec``, or None; round due; compute s; wait s). A lost micro-batch is counted
-        here and raised as MicrobatchLost."""
+        ``codec``, or None; round due; compute s; wait s; the loss the last stage found).
+        A lost micro-batch is counted here and raised as MicrobatchLost. ``targets``: the
+        window's ids with a coded boundary (train/worker.py)."""
         async with turn():
             (outgoing, shape), forward_s = await self.compute(timed, forward_to_host, self.worker, inputs,
-                                                              self.spec.activation_codec)
+                                                              self.worker.wire_codec, targets)
         sent = time.perf_counter()
         try:
             grad_out, loss = await self.next_hop.send(outgoing, shape, targets, timeout_s)
@@ -282,8 +287,8 @@ class Pipeline:
         wait_s = time.perf_counter() - sent
         async with turn():
             (grad, due), backward_s = await self.compute(timed, backward_step, self.worker, inputs, grad_out,
-                                                         codec)
-        return grad, due, forward_s + backward_s, wait_s
+                                                         codec, targets)
+        return grad, due, forward_s + backward_s, wait_s, loss
 
     def _own_output_not_finite(self, exc: OwnOutputNotFinite) -> None:
         """Our own activations are not finite: the micro-batch is lost, nothing is sent
@@ -309,13 +314,13 @@ class Pipeline:
             deadline_s, hidden, targets = await self.wire(self._decode_forward, request)
             started = time.perf_counter()
             budget = min(deadline_s, self.config.hop_timeout_s)
-            codec = self.spec.activation_codec
+            codec = self.worker.wire_codec
             if self.worker.is_last:
                 async with self._turns.turn(remote):
                     loss, grad, due = await self.compute(last_stage_step, self.worker, hidden, targets, codec)
             else:
-                grad, due, _, _ = await self._hop(hidden, targets, budget * 0.9, codec,
-                                                  turn=partial(self._turns.turn, remote))
+                grad, due, _, _, loss = await self._hop(hidden, targets, budget * 0.9, codec,
+                                                        turn=partial(self._turns.turn, remote))
             self.throughput = throughput_ema(self.throughput, len(hidden), time.perf_counter() - started)
             self.stats.microbatches_done += 1
             self.gate.note_due(due)
@@ -333,13 +338,20 @@ class Pipeline:
 
     def _decode_forward(self, request: bytes) -> tuple[float, torch.Tensor, torch.Tensor]:
         """On the wire thread: parse a forward request, check it fits this stage, and
-        screen the activations' scale."""
+        screen the scale of the activations (or of the code of a coded boundary). Returns
+        (deadline s, activations or code, targets or, coded, the window's ids)."""
         header, tensors = decode_frame(request, self.frame_limits)
-        model = self.worker.model_config
-        deadline_s, hidden, targets = check_forward_request(
-            header, tensors, spec_hash=self.spec_hash, hidden_size=model.hidden_size,
-            max_batch=4 * self.spec.batch_size, max_seq=self.spec.seq_len, vocab_size=model.vocab_size,
-            default_deadline_s=self.config.hop_timeout_s, codec=self.spec.activation_codec)
+        model, boundary = self.worker.model_config, self.worker.boundary
+        limits = dict(spec_hash=self.spec_hash, max_batch=4 * self.spec.batch_size, max_seq=self.spec.seq_len,
+                      default_deadline_s=self.config.hop_timeout_s)
+        if boundary is not None:
+            deadline_s, hidden, inputs, targets = coded.check_forward_request(header, tensors, boundary,
+                                                                              **limits)
+            targets = window_ids(inputs, targets)
+        else:
+            deadline_s, hidden, targets = check_forward_request(
+                header, tensors, hidden_size=model.hidden_size, vocab_size=model.vocab_size,
+                codec=self.spec.activation_codec, **limits)
         problem = self._activation_screen.check(rms(hidden), "activation RMS")
         if problem:
             raise OutOfScale(problem)

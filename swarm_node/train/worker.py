@@ -14,21 +14,19 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import json
 import math
 import time
 from dataclasses import dataclass
 
 import torch
 
-from swarm_node.errors import ConfigError
-from swarm_node.model.config import model_config
 from swarm_node.model.stages import PipelineStage, build_stage
 from swarm_node.optim.inner import InnerOptimizer, lr_at
 from swarm_node.optim.outer import SlowWeights
 from swarm_node.spec import RunSpec
+from swarm_node.train.checkpoint_state import CheckpointState
 from swarm_node.train.device import autocast, training_precision
-from swarm_node.wire.boundary import BOUNDARY_CODECS
+from swarm_node.wire.boundary import BoundaryCodec
 from swarm_node.wire.outer_codec import OuterEncoder, decode_outer, decode_outer_part, outer_codec
 
 
@@ -77,15 +75,15 @@ class Pullback(torch.autograd.Function):
         return grad_output, None
 
 
-class StageWorker:
+class StageWorker(CheckpointState):
     def __init__(self, spec: RunSpec, stage_index: int, vocab_size: int, device: str = "cpu"):
-        if spec.activation_codec in BOUNDARY_CODECS:  # the simulator's alone until the node carries its frames
-            raise ConfigError(f"activation_codec {spec.activation_codec} runs in the simulator only (swarm-node "
-                              "sim); a swarm sends fp32, fp16, bf16 or int8 activations")
         self.spec = spec
         self.device = torch.device(device)
         self.autocast_dtype = training_precision(self.device)  # None: fp32
-        self.model_config = model_config(spec.model_size, vocab_size=vocab_size, max_seq_len=spec.seq_len)
+        # a coded boundary (docs/ALGORITHM.md 9): the model the simulator builds for the run
+        self.model_config, self.boundary = spec.model(vocab_size)
+        # what the data path encodes with (train/hop_work.py): the run's codec name, or the coded boundary
+        self.wire_codec: str | BoundaryCodec = self.boundary or spec.activation_codec
         self.stage: PipelineStage = build_stage(self.model_config, num_stages=spec.num_stages,
                                                 stage_index=stage_index, seed=spec.seed,
                                                 layers_per_stage=spec.layers_per_stage, device=self.device)
@@ -123,20 +121,33 @@ class StageWorker:
         return autocast(self.device, self.autocast_dtype)
 
     # -- the data path ------------------------------------------------------------
+    # With a coded boundary a stage after the first gets, beside the code, the window's
+    # token ids (batch, seq + 1) where it would get the targets ("labels" below): it
+    # reads its inputs' ids and the targets from them (wire/boundary.py window_ids).
     @_training_work
     @torch.no_grad()
-    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+    def forward(self, inputs: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         with self.autocast():
-            return self.stage(inputs.to(self.device)).float()
+            return self.stage(inputs.to(self.device), tokens=self._tokens(labels)).float()
+
+    def _tokens(self, labels: torch.Tensor | None) -> torch.Tensor | None:
+        """The input ids a stage after a coded boundary needs, from the window's ids."""
+        if self.boundary is None or self.is_first:
+            return None
+        return labels[:, :-1].to(self.device)
 
     @_training_work
     def forward_backward_last(self, hidden: torch.Tensor | None, targets: torch.Tensor,
                               token_inputs: torch.Tensor | None = None) -> tuple[float, torch.Tensor | None]:
         """Last stage: loss and its gradient in one pass. Returns (loss, grad wrt the
-        stage input), the gradient being None for a single-stage model."""
+        stage input), the gradient being None for a single-stage model. ``targets``: the
+        window's ids after a coded boundary."""
         x = self._stage_input(token_inputs if self.is_first else hidden)
+        tokens = self._tokens(targets)
+        if tokens is not None:
+            targets = targets[:, 1:]
         with self.autocast():
-            loss = self.stage(x, targets.to(self.device))
+            loss = self.stage(x, targets.to(self.device), tokens=tokens)
         loss.backward()
         self._accumulated(len(targets))
         value = float(loss.detach())
@@ -144,11 +155,12 @@ class StageWorker:
         return value, None if self.is_first else x.grad.detach()
 
     @_training_work
-    def backward(self, inputs: torch.Tensor, grad_output: torch.Tensor) -> torch.Tensor | None:
+    def backward(self, inputs: torch.Tensor, grad_output: torch.Tensor,
+                 labels: torch.Tensor | None = None) -> torch.Tensor | None:
         """Recompute this stage's forward for ``inputs`` and backpropagate ``grad_output``."""
         x = self._stage_input(inputs)
         with self.autocast():
-            out = self.stage(x)
+            out = self.stage(x, tokens=self._tokens(labels))
         Pullback.apply(out.float(), grad_output.to(self.device, torch.float32, non_blocking=True)).backward()
         self._accumulated(len(inputs))
         return None if self.is_first else x.grad.detach()
@@ -351,76 +363,6 @@ class StageWorker:
         self.inner.step_count = inner_step
         self.outer_round = outer_round
         self.last_round_step = inner_step if last_round_step is None else min(last_round_step, inner_step)
-
-    # -- checkpoints ------------------------------------------------------------------
-    @torch.no_grad()
-    def checkpoint_state(self) -> tuple[dict[str, torch.Tensor], dict]:
-        """Copies of everything that determines how this worker continues: theta (and
-        gradients accumulated towards the next step), phi, momentum, the inner
-        optimizer's moments, counters and the torch RNG."""
-        tensors: dict[str, torch.Tensor] = {}
-        for i, p in enumerate(self.params):
-            tensors[f"theta.{i}"] = p.detach().clone()
-            if p.grad is not None:
-                tensors[f"grad.{i}"] = p.grad.detach().clone()
-        if self.slow is not None:
-            for i, (phi, momentum) in enumerate(zip(self.slow.phi, self.slow.momentum)):
-                tensors[f"phi.{i}"] = phi.clone()
-                tensors[f"momentum.{i}"] = momentum.clone()
-        if self.encoder is not None:  # what earlier rounds could not send: the next round sends it
-            for kind, feedback in self.encoder.feedback.items():
-                for i, residual in enumerate(feedback.residual if feedback and feedback.residual else []):
-                    tensors[f"feedback.{kind}.{i}"] = residual.clone()
-        optimizer = self.inner.moments_state_dict()
-        for index, state in optimizer["state"].items():
-            for name, value in state.items():
-                tensors[f"adam.{index}.{name}"] = value.clone() if torch.is_tensor(value) else torch.tensor(value)
-        tensors["rng.torch"] = torch.get_rng_state()
-        meta = {"stage": self.stage.stage_index, "vocab_size": self.model_config.vocab_size,
-                "param_names": [name for name, _ in self.stage.named_parameters()],
-                "spec": json.loads(self.spec.canonical_json()),  # enough to export without the run's files
-                "inner_step": self.inner.step_count, "outer_round": self.outer_round,
-                "last_round_step": self.last_round_step, "round_forced": self.round_forced,
-                "pending_samples": self.pending_samples, "pending_microbatches": self.pending_microbatches,
-                "loss_ema": self.loss_ema, "adam_param_groups": optimizer["param_groups"]}
-        return tensors, meta
-
-    @torch.no_grad()
-    def load_checkpoint_state(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
-        """Inverse of checkpoint_state; ValueError when the state does not fit this stage."""
-        try:
-            for i, p in enumerate(self.params):
-                theta = tensors[f"theta.{i}"]
-                if theta.shape != p.shape:
-                    raise ValueError(f"theta.{i} has shape {tuple(theta.shape)}, this stage needs {tuple(p.shape)}")
-                p.copy_(theta.to(p.device, p.dtype))
-                grad = tensors.get(f"grad.{i}")
-                p.grad = None if grad is None else grad.to(p.device, p.dtype).clone()
-            if self.slow is not None:
-                n = len(self.params)
-                self.slow.load_state_dict({"phi": [tensors[f"phi.{i}"].to(self.device) for i in range(n)],
-                                           "momentum": [tensors[f"momentum.{i}"].to(self.device) for i in range(n)]})
-            if self.encoder is not None:
-                for kind, feedback in self.encoder.feedback.items():
-                    if feedback is not None and f"feedback.{kind}.0" in tensors:
-                        feedback.residual = [tensors[f"feedback.{kind}.{i}"].to(self.device)
-                                             for i in range(len(self.params))]
-            state: dict[int, dict] = {}
-            for key, value in tensors.items():
-                if key.startswith("adam."):
-                    _, index, name = key.split(".", 2)
-                    state.setdefault(int(index), {})[name] = value
-            self.inner.load_moments_state_dict({"state": state})
-            self.inner.step_count = int(meta["inner_step"])
-            self.outer_round = int(meta["outer_round"])
-            self.last_round_step = int(meta["last_round_step"])
-            self.round_forced = bool(meta["round_forced"])
-            self.pending_samples = int(meta["pending_samples"])
-            self.pending_microbatches = int(meta["pending_microbatches"])
-            self.loss_ema = meta["loss_ema"]
-            torch.set_rng_state(tensors["rng.torch"])
-        except KeyError as exc:
-            raise ValueError(f"the checkpoint lacks {exc}: it was written for another stage or model") from None
 
     def theta_digest(self) -> str:
         return tensor_digest([p.detach().float().cpu() for p in self.params])

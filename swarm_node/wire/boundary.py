@@ -144,8 +144,14 @@ def forward_request(header: dict, code: torch.Tensor, ids: torch.Tensor, codec: 
     batch, seq, _ = code.shape
     if tuple(ids.shape) != (batch, seq + 1):
         raise ValueError(f"ids of shape {tuple(ids.shape)} for a code of {tuple(code.shape)}")
-    return encode_frame({**header, "batch": batch, "seq": seq},
-                        [*encode_code(code, codec), pack_ids(ids, codec.id_bits)])
+    return forward_frame(header, encode_code(code, codec), ids, codec)
+
+
+def forward_frame(header: dict, coded: list[torch.Tensor], ids: torch.Tensor, codec: BoundaryCodec) -> bytes:
+    """The forward request for a code already encoded (:func:`encode_code`, as a node
+    does it on its compute thread) and the window's (batch, seq + 1) token ids."""
+    batch, seq = ids.shape[0], ids.shape[1] - 1
+    return encode_frame({**header, "batch": batch, "seq": seq}, [*coded, pack_ids(ids, codec.id_bits)])
 
 
 def window_ids(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -204,5 +210,5 @@ def bytes_per_token(codec: BoundaryCodec, batch: int, seq: int) -> tuple[float, 
 
 
 __all__ = ["BOUNDARY_CODECS", "BoundaryCodec", "boundary_codec", "bytes_per_token", "check_forward_request",
-           "check_gradient", "decode_code", "encode_code", "forward_request", "gradient_answer", "pack_ids",
-           "unpack_ids", "window_ids"]
+           "check_gradient", "decode_code", "encode_code", "forward_frame", "forward_request",
+           "gradient_answer", "pack_ids", "unpack_ids", "window_ids"]

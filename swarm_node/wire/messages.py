@@ -14,6 +14,7 @@ import torch
 
 from swarm_node.errors import PeerRefused, ProtocolError
 from swarm_node.wire.activations import decode_activations
+from swarm_node.wire.boundary import BoundaryCodec, check_gradient
 from swarm_node.wire.frames import FrameLimits, checked_floats, decode_frame, encode_frame, finite
 
 # Control frames: a header and no tensors (proposals, outer fetches and verdicts, refusals)
@@ -55,22 +56,31 @@ def check_forward_request(header: dict, tensors: list[torch.Tensor], *, spec_has
 
 
 def decode_gradient_answer(raw: bytes, limits: FrameLimits, shape: torch.Size,
-                           codec: str = "fp16") -> tuple[torch.Tensor, float]:
+                           codec: str | BoundaryCodec = "fp16") -> tuple[torch.Tensor, float]:
     """A next-stage peer's answer to our forward request: (gradient wrt the activations
-    we sent, its loss). A refusal raises PeerRefused; anything malformed ProtocolError."""
+    we sent, or wrt the code of a coded boundary, its loss). A refusal raises
+    PeerRefused; anything malformed ProtocolError."""
     header, tensors = decode_frame(raw, limits)
     if not header.get("ok"):
         raise PeerRefused(str(header.get("error", "refused"))[:200])
+    if isinstance(codec, BoundaryCodec):
+        grad = check_gradient(tensors, tuple(shape), codec)
+    else:
+        grad = _decoded_gradient(tensors, shape, codec)
+    loss = header.get("loss")
+    if type(loss) not in (int, float) or not math.isfinite(loss):
+        raise ProtocolError(f"bad loss {str(loss)[:40]!r}")
+    return grad, float(loss)
+
+
+def _decoded_gradient(tensors: list[torch.Tensor], shape: torch.Size, codec: str) -> torch.Tensor:
     try:
         grad = decode_activations(tensors, tuple(shape), codec)
     except ProtocolError:
         raise ProtocolError("gradient does not match the activations sent") from None
     if not finite(grad):
         raise ProtocolError("non-finite gradient")
-    loss = header.get("loss")
-    if type(loss) not in (int, float) or not math.isfinite(loss):
-        raise ProtocolError(f"bad loss {str(loss)[:40]!r}")
-    return grad, float(loss)
+    return grad
 
 
 PAIR_KINDS = ("propose", "withdraw")

@@ -182,9 +182,21 @@ def test_a_run_spec_with_a_coded_boundary_names_its_ratio():
     assert RunSpec.from_dict(coded.to_dict()) == coded
 
 
-def test_a_node_refuses_a_coded_boundary_until_its_pipeline_carries_one():
+def test_a_node_builds_the_coded_model_the_simulator_builds():
+    """One function (model/coded.py) sizes the code and cuts the model for both: a
+    node's stage sends the simulator's width, through the encoder the seed draws."""
+    from swarm_node.model.coded import coded_model
+    from swarm_node.model.config import model_config
     from swarm_node.spec import RunSpec
     from swarm_node.train.worker import StageWorker
 
-    with pytest.raises(ConfigError, match="simulator only"):
-        StageWorker(RunSpec(activation_codec="bottleneck4", activation_ratio=32.0), 0, 16)
+    spec = RunSpec(activation_codec="bottleneck4", activation_ratio=32.0)
+    worker = StageWorker(spec, 0, 16)
+    plain = model_config(spec.model_size, vocab_size=16, max_seq_len=spec.seq_len)
+    config, codec = coded_model(plain, activation_codec="bottleneck4", activation_ratio=32.0,
+                                batch_size=spec.batch_size, seq_len=spec.seq_len, num_stages=spec.num_stages)
+    assert worker.model_config == config and worker.boundary == codec and worker.wire_codec == codec
+    out = worker.forward(torch.zeros(2, 8, dtype=torch.long))
+    assert out.shape == (2, 8, codec.width) and codec.width < plain.hidden_size
+    assert coded_model(plain, activation_codec="int8", activation_ratio=None, batch_size=4, seq_len=8,
+                       num_stages=2) == (plain, None)

@@ -179,7 +179,8 @@ GIVEN = {"--model": "tiny", "--stages": "3", "--layers-per-stage": "1,2,1", "--s
          "--steps": "77", "--seed": "9", "--data": "synthetic:alphabet=12", "--tokenizer": "tok.json",
          "--method": "diloco", "--inner-steps": "7", "--group-size": "3", "--alpha": "0.11", "--beta": "0.22",
          "--gamma": "0.33", "--nesterov": None, "--lr": "0.0123", "--warmup-steps": "4", "--weight-decay": "0.01",
-         "--outer-codec": "int8", "--activation-codec": "bf16", "--registry-shards": "4"}
+         "--outer-codec": "int8", "--activation-codec": "subspace8", "--activation-ratio": "16",
+         "--registry-shards": "4"}
 
 
 def _argv(command: str) -> list[str]:
