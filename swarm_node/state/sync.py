@@ -8,13 +8,14 @@ shared by every caller within its outer round (so callers can neither make it ho
 more than MAX_SNAPSHOTS copies nor fill the cache against a joiner). The
 joiner picks donors at random among the live peers of its stage, fetches the chunks
 with a progress bar and a deadline, decoding each chunk as it arrives, checks the
-digest over everything it received (the coded tensors), then asks the stage's other peers for sketches of their states (state/witnesses.py)
-and adopts the state only if they vouch for it (state/check.py); on any failure or
-refusal it tries the next donor, and bans a refused donor only when the check says an
-honest majority disowns it. The inner optimizer's moments come too (the inner
-state is never averaged, but a joiner is a copy of its donor: with fresh moments its
-Deltas were 2-4x its partners' for rounds, refused as poisoned); no witness vouches for
-them, so they are held to what any Adam could have made (InnerOptimizer.moments_problem)."""
+digest over everything it received (the coded tensors), then asks the stage's other
+peers for sketches of their states (state/witnesses.py) and adopts the state only if
+they vouch for it (state/check.py); on any failure or refusal it tries the next donor,
+and bans a refused donor only when the check says an honest majority disowns it. The
+inner optimizer's moments come too (the inner state is never averaged, but a joiner is
+a copy of its donor: with fresh moments its Deltas were 2-4x its partners' for rounds,
+refused as poisoned); no witness vouches for them, so they are held to what any Adam
+could have made (InnerOptimizer.moments_problem)."""
 
 from __future__ import annotations
 
@@ -278,7 +279,8 @@ class StateSync:
         tensors = decoder.finish()
         inner_step, outer_round, last_round_step = check_state_counters(meta)
         if inner_step <= self.worker.inner_step:
-            raise PeerError(f"its state (step {inner_step}) is not ahead of ours (step {self.worker.inner_step})")
+            raise PeerError(f"its state (step {inner_step}) is not ahead of ours "
+                            f"(step {self.worker.inner_step})")
         problem = self.worker.snapshot_problem(tensors)
         if problem:
             raise ImpossibleState(problem)

@@ -56,7 +56,8 @@ class TensorDigest:
     def update(self, t: torch.Tensor) -> None:
         self._hash.update(str(tuple(t.shape)).encode())
         t = t.detach().contiguous().cpu()
-        self._hash.update((t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy().tobytes())  # no bf16
+        # numpy has no bf16
+        self._hash.update((t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy().tobytes())
 
     def hexdigest(self) -> str:
         return self._hash.hexdigest()[:16]
@@ -117,7 +118,8 @@ def encode_state(tensors: Sequence[torch.Tensor], num_params: int, slow: bool) -
     n = num_params
     theta = tensors[:n]
     weights = (3 if slow else 1) * n
-    exp_avg, exp_avg_sq, steps = tensors[weights:weights + n], tensors[weights + n:weights + 2 * n], tensors[-1]
+    exp_avg, exp_avg_sq = tensors[weights:weights + n], tensors[weights + n:weights + 2 * n]
+    steps = tensors[-1]
     wire: Tensors = []
     if slow:
         phi = [_level(p) for p in tensors[n:2 * n]]
@@ -143,7 +145,8 @@ def encoded_snapshot(snapshot: dict, num_params: int, slow: bool) -> dict:
 def _decode_level(parts: Sequence[torch.Tensor], shape: torch.Size) -> torch.Tensor:
     high, codes, scales = parts
     if tuple(high.shape) != tuple(shape) or high.dtype not in (torch.float16, torch.float32):
-        raise ProtocolError(f"a level of shape {tuple(high.shape)} / {high.dtype} where {tuple(shape)} fp16 belong")
+        raise ProtocolError(f"a level of shape {tuple(high.shape)} / {high.dtype} where {tuple(shape)} "
+                            "fp16 belong")
     if not finite(high):
         raise ProtocolError("a level with non-finite values")
     return high.float() + dequantize(Quantized(codes, scales, tuple(shape), 8), max_numel=shape.numel())
@@ -172,7 +175,8 @@ class StateDecoder:
     def feed(self, tensors: Sequence[torch.Tensor]) -> None:
         for t in tensors:
             if self._next >= len(self._plan):
-                raise ProtocolError(f"the donor sent more than the {self.expected} tensors of this stage's state")
+                raise ProtocolError(f"the donor sent more than the {self.expected} tensors of this "
+                                    "stage's state")
             self._pending.append(t)
             name, k, count = self._plan[self._next]
             if len(self._pending) == count:

@@ -61,7 +61,7 @@ def paired_round(a: StageWorker, b: StageWorker, ga: torch.Generator, gb: torch.
     return losses
 
 
-def round_trip(worker: StageWorker, split: int | None = None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def round_trip(worker: StageWorker, split: int | None = None) -> tuple[list[torch.Tensor], ...]:
     """(the snapshot's fp32 tensors, as a joiner decodes them), fed ``split`` wire tensors at a time."""
     shapes = [p.shape for p in worker.params]
     snap = worker.snapshot()
@@ -149,7 +149,8 @@ def test_log_codes_round_up_within_a_sixteenth_of_an_octave(values):
     back = dequantize_log(quantize_log(v))
     top = v.max()
     reach = v >= top * 2 ** -15.9
-    assert bool((back[v == 0] == 0).all()) and bool((back >= v * (1 - 1e-6) - 1e-44).all())  # 1e-44: subnormals
+    assert bool((back[v == 0] == 0).all())
+    assert bool((back >= v * (1 - 1e-6) - 1e-44).all())  # 1e-44: fp32's subnormals round
     assert bool((back[reach] <= v[reach] * 2 ** (1 / 16) * (1 + 1e-6)).all())
 
 
@@ -207,7 +208,8 @@ def test_a_bent_state_decodes_to_the_stages_shapes_or_is_a_protocol_error(slow, 
 
 def test_log_codes_refuse_other_widths_and_bad_scales():
     q = quantize_log(torch.rand(300))
-    for bad in (Quantized(q.codes, q.scales, q.shape, 4), Quantized(q.codes, q.scales * float("nan"), q.shape, 8),
+    nan = q.scales * float("nan")
+    for bad in (Quantized(q.codes, q.scales, q.shape, 4), Quantized(q.codes, nan, q.shape, 8),
                 Quantized(q.codes, -q.scales, q.shape, 8), Quantized(q.codes[1:], q.scales, q.shape, 8)):
         with pytest.raises(ProtocolError):
             dequantize_log(bad)
