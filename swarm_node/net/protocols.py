@@ -9,7 +9,7 @@ PAIR = "/swarm-node/pair/1.0.0"  # a few bytes: "pair with me this round?", answ
 # each other); a pair's payload moves as two parts, Delta ahead of phi (outer 4.0, outer-fetch 2.0)
 OUTER = "/swarm-node/outer/4.0.0"
 OUTER_FETCH = "/swarm-node/outer-fetch/2.0.0"
-STATE = "/swarm-node/state/2.0.0"  # chunked snapshot of theta, phi, momentum, Adam moments, counters
+STATE = "/swarm-node/state/3.0.0"  # chunked snapshot of theta, phi, momentum, Adam moments, counters, coded
 # a count sketch of our state under a joiner's seed: how a joiner checks the state it downloaded
 STATE_SKETCH = "/swarm-node/state-sketch/1.0.0"
 STATUS = "/swarm-node/status/1.0.0"  # run id, stage, version, peer counts: for probes and other implementations

@@ -1,19 +1,21 @@
 """State transfer for late joiners and nodes that fell behind (protocol
-``/swarm-node/state/2.0.0``).
+``/swarm-node/state/3.0.0``).
 
 A donor answers chunk requests from one consistent snapshot of theta, phi, the outer
-momentum and its counters, cached for a few minutes under the snapshot's digest and
+momentum and its counters, coded for the wire (wire/state_codec.py: 7.1 bytes a
+parameter, not fp32's 20) and cached for a few minutes under the snapshot's digest and
 shared by every caller within its outer round (so callers can neither make it hold
 more than MAX_SNAPSHOTS copies nor fill the cache against a joiner). The
 joiner picks donors at random among the live peers of its stage, fetches the chunks
-with a progress bar and a deadline, checks the digest over everything it received,
-then asks the stage's other peers for sketches of their states (state/witnesses.py)
-and adopts the state only if they vouch for it (state/check.py); on any failure or
-refusal it tries the next donor, and bans a refused donor only when the check says an
-honest majority disowns it. The inner optimizer's moments come too (the inner
-state is never averaged, but a joiner is a copy of its donor: with fresh moments its
-Deltas were 2-4x its partners' for rounds, refused as poisoned); no witness vouches for
-them, so they are held to what any Adam could have made (InnerOptimizer.moments_problem)."""
+with a progress bar and a deadline, decoding each chunk as it arrives, checks the
+digest over everything it received (the coded tensors), then asks the stage's other
+peers for sketches of their states (state/witnesses.py) and adopts the state only if
+they vouch for it (state/check.py); on any failure or refusal it tries the next donor,
+and bans a refused donor only when the check says an honest majority disowns it. The
+inner optimizer's moments come too (the inner state is never averaged, but a joiner is
+a copy of its donor: with fresh moments its Deltas were 2-4x its partners' for rounds,
+refused as poisoned); no witness vouches for them, so they are held to what any Adam
+could have made (InnerOptimizer.moments_problem)."""
 
 from __future__ import annotations
 
@@ -36,10 +38,11 @@ from swarm_node.node_services import NodeServices
 from swarm_node.state.check import Verdict, check_state
 from swarm_node.state.sketch import StateSketch, sketch_state
 from swarm_node.state.witnesses import MAX_WITNESSES, Witnesses
-from swarm_node.train.worker import StageWorker, tensor_digest
+from swarm_node.train.worker import StageWorker
 from swarm_node.wire.frames import FrameLimits, decode_frame, encode_frame
 from swarm_node.wire.messages import MAX_SKETCH_SEED, check_state_chunk, check_state_counters
 from swarm_node.wire.records import PeerRecord
+from swarm_node.wire.state_codec import StateDecoder, TensorDigest, encoded_snapshot, wire_bytes_cap
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +129,8 @@ class StateSync:
                 del self._snapshots[next(iter(self._snapshots))]
             outer_round = self.worker.outer_round
             snapshot = await self.compute(self.worker.snapshot)
+            snapshot = await self.compute(encoded_snapshot, snapshot, len(self.worker.params),
+                                          self.worker.slow is not None)
             self._snapshots.pop(snapshot["digest"], None)  # the same state again: newest now
             self._snapshots[snapshot["digest"]] = _Snapshot(now, outer_round, snapshot)
         self.stats.served_digests.append(snapshot["digest"])
@@ -154,6 +159,10 @@ class StateSync:
                 except ImpossibleState as exc:  # no honest peer has such a state: a poisoner
                     self.stats.states_refused += 1
                     self.guard.poisoned(donor, str(exc), what="state")
+                    continue
+                except ProtocolError as exc:  # a state that does not decode, or not to its digest
+                    self.guard.fault(donor, f"bad state from the donor ({exc})")
+                    self.guard.failed(donor, reason=None)  # counted once, as the fault
                     continue
                 except (PeerError, TimeoutError, ValueError) as exc:
                     log.warning("state download from %s failed (%s); trying another donor", short_id(donor), exc)
@@ -239,10 +248,11 @@ class StateSync:
     async def _fetch(self, donor: str) -> Downloaded:
         limits = FrameLimits(max_payload_bytes=CHUNK_BYTES * 4)
         snap_id, chunk, num_chunks, meta = None, 0, 1, {}
-        tensors: list[torch.Tensor] = []
-        # theta, phi, momentum and the two moments in fp32 at most: a donor cannot make us hold more
-        expected_tensors = self.worker.state_tensor_count()
-        expected_bytes = 5 * 4 * sum(p.numel() for p in self.worker.params) + (1 << 20)
+        # decoded as it arrives, the wire tensors hashed and dropped: the state in fp32 and one
+        # chunk held, and no more than an honest donor's coded state received
+        decoder = StateDecoder([p.shape for p in self.worker.params], self.worker.slow is not None)
+        digest = TensorDigest()
+        expected_bytes = wire_bytes_cap([p.shape for p in self.worker.params], self.worker.slow is not None)
         received = 0
         bar = tqdm(desc=f"state from {short_id(donor)}", unit="chunk", disable=not self.progress)
         try:
@@ -255,27 +265,34 @@ class StateSync:
                 if not meta.get("ok"):
                     raise PeerRefused(str(meta.get("error"))[:200])
                 snap_id, num_chunks = check_state_chunk(meta, chunk, snap_id)
-                tensors.extend(part)
                 received += sum(t.numel() * t.element_size() for t in part)
-                if len(tensors) > expected_tensors or received > expected_bytes:
-                    raise ProtocolError(f"the donor sent more than this stage's state "
-                                        f"({len(tensors)} tensors, {received} bytes)")
+                if received > expected_bytes:
+                    raise ProtocolError(f"the donor sent more than this stage's state ({received} bytes)")
+                await self.compute(_take, decoder, digest, part)
                 chunk += 1
                 bar.total = num_chunks
                 bar.update(1)
         finally:
             bar.close()
-        digest = await self.compute(tensor_digest, tensors)
-        if digest != snap_id:
-            raise ProtocolError(f"state digest {digest} does not match the donor's {snap_id}")
+        if digest.hexdigest() != snap_id:
+            raise ProtocolError(f"state digest {digest.hexdigest()} does not match the donor's {snap_id}")
+        tensors = decoder.finish()
         inner_step, outer_round, last_round_step = check_state_counters(meta)
         if inner_step <= self.worker.inner_step:
-            raise ProtocolError(f"its state (step {inner_step}) is not ahead of ours (step {self.worker.inner_step})")
+            raise PeerError(f"its state (step {inner_step}) is not ahead of ours "
+                            f"(step {self.worker.inner_step})")
         problem = self.worker.snapshot_problem(tensors)
         if problem:
             raise ImpossibleState(problem)
-        return Downloaded(tensors, inner_step, outer_round, min(last_round_step, inner_step), digest,
+        return Downloaded(tensors, inner_step, outer_round, min(last_round_step, inner_step), snap_id,
                           len(self.worker.params))
+
+
+def _take(decoder: StateDecoder, digest: TensorDigest, tensors: list[torch.Tensor]) -> None:
+    """One chunk's wire tensors into the digest and the decoder (on the compute thread)."""
+    for t in tensors:
+        digest.update(t)
+    decoder.feed(tensors)
 
 
 class ImpossibleState(ProtocolError):
@@ -291,8 +308,8 @@ class _Snapshot:
 
 @dataclass(frozen=True)
 class Downloaded:
-    """A donor's state as it came: theta, phi, momentum (one tensor a parameter each), the
-    inner optimizer's moments, counters."""
+    """A donor's state as decoded: theta, phi, momentum (one tensor a parameter each), the
+    inner optimizer's moments, counters; ``digest``: of the coded tensors it came as."""
     tensors: list[torch.Tensor]
     inner_step: int
     outer_round: int

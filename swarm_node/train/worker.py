@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import math
 import time
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from swarm_node.train.checkpoint_state import CheckpointState
 from swarm_node.train.device import autocast, training_precision
 from swarm_node.wire.boundary import BoundaryCodec
 from swarm_node.wire.outer_codec import OuterEncoder, decode_outer, decode_outer_part, outer_codec
+from swarm_node.wire.state_codec import tensor_digest
 
 
 @dataclass(frozen=True)
@@ -366,15 +366,6 @@ class StageWorker(CheckpointState):
 
     def theta_digest(self) -> str:
         return tensor_digest([p.detach().float().cpu() for p in self.params])
-
-
-def tensor_digest(tensors: list[torch.Tensor]) -> str:
-    h = hashlib.sha256()
-    for t in tensors:
-        h.update(str(tuple(t.shape)).encode())
-        t = t.detach().contiguous().cpu()
-        h.update((t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy().tobytes())  # numpy has no bf16
-    return h.hexdigest()[:16]
 
 
 def throughput_ema(previous: float, samples: int, seconds: float, weight: float = 0.1) -> float:

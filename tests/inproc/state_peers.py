@@ -13,6 +13,7 @@ from swarm_node.net import protocols
 from swarm_node.spec import RunSpec
 from swarm_node.train.worker import StageWorker
 from swarm_node.wire.frames import encode_frame
+from swarm_node.wire.state_codec import StateDecoder, encoded_snapshot
 
 SPEC = RunSpec(run_id="checked", model_size="debug", num_stages=2, seq_len=16, batch_size=4, samples_per_step=4)
 STEP, ROUND = 500, 25
@@ -29,6 +30,14 @@ def replica(base: StageWorker, seed: int, scale: float = 1.0) -> StageParts:
         p.data.copy_(phi + torch.randn(q.shape, generator=gen) * 5e-4)
     worker.inner.step_count, worker.outer_round, worker.last_round_step = STEP, ROUND, STEP - 2
     return StageParts(SPEC, worker)
+
+
+def as_sent(worker: StageWorker) -> list[torch.Tensor]:
+    """``worker``'s snapshot as a joiner decodes it from the wire (StageWorker.snapshot's layout)."""
+    shapes, slow = [p.shape for p in worker.params], worker.slow is not None
+    decoder = StateDecoder(shapes, slow)
+    decoder.feed(encoded_snapshot(worker.snapshot(), len(shapes), slow)["tensors"])
+    return decoder.finish()
 
 
 class Stage:

@@ -24,6 +24,7 @@ from swarm_node.state import sync as state_sync_module
 from swarm_node.state.sketch import SKETCH_BUCKETS
 from swarm_node.train.worker import StageWorker
 from swarm_node.wire.frames import FrameLimits, decode_frame, encode_frame
+from swarm_node.wire.state_codec import encoded_snapshot
 
 HONEST = ("QmH1", "QmH2", "QmH3")
 SKETCH_BURST, SKETCH_INTERVAL_S = 4, 30.0  # docs/PROTOCOL.md 4.4.1: a caller's sketches
@@ -242,7 +243,8 @@ def test_callers_share_a_snapshot_instead_of_filling_the_cache():
 
     answers = vclock.run(scenario())
     assert all(a["ok"] for a in answers) and len({a["snapshot"] for a in answers}) == 1
-    one = sum(t.numel() * t.element_size() for t in sync.worker.snapshot()["tensors"])
+    coded = encoded_snapshot(sync.worker.snapshot(), len(sync.worker.params), True)
+    one = sum(t.numel() * t.element_size() for t in coded["tensors"])
     assert held_bytes(sync) == one
 
 

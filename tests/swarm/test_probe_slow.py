@@ -116,7 +116,7 @@ def test_probe_reads_a_nodes_status_over_noise(probe_env, node):
     assert report["identify"]["speaks_status"] and report["ping_ms"] >= 0
     served = set(report["identify"]["protocols"])
     assert {"/ipfs/ping/1.0.0", "/swarm-node/pair/1.0.0", "/swarm-node/outer/4.0.0",
-            "/swarm-node/outer-fetch/2.0.0", "/swarm-node/state/2.0.0"} <= served
+            "/swarm-node/outer-fetch/2.0.0", "/swarm-node/state/3.0.0"} <= served
 
 
 def test_probe_over_tls_prints_a_one_line_verdict(probe_env, node):
