@@ -43,7 +43,7 @@ VERIFY_TIMEOUT_S = 5.0
 REPROBE_MIN_S, REPROBE_MAX_S = 4.0, 60.0  # a peer that did not answer is asked again after this, doubling
 REMEMBER_EVERY_S = 10.0  # how often the verified peers' addresses are written down
 # A restart dials the peers it wrote down twice, a pause apart: on a loaded host a dial
-# that has not answered in 5 s (1 of 4 in a test beside other work) mostly answers then.
+# that has not answered in 5 s mostly answers then.
 REMEMBERED_DIALS = 2
 REMEMBERED_REDIAL_PAUSE_S = 3.0
 

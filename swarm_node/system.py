@@ -115,9 +115,8 @@ def default_threads() -> int:
     """Torch CPU threads for a process that should use the cores nobody else is using: the
     free cores (a core counts when at least 80 % of it is idle), at least one. Erring low
     is cheap and erring high is not: OpenMP threads outnumbering the free cores spin,
-    waiting for each other at every operation while preempted (with both cores of a
-    2-core machine busy, a simulator run took twice as long with 2 threads as with 1;
-    on an idle machine 2 threads were twice as fast)."""
+    waiting for each other at every operation while preempted (on a busy 2-core
+    machine, 2 threads run at about half the speed of 1)."""
     return max(1, int(free_cores() + 0.2))
 
 

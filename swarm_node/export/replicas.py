@@ -12,10 +12,10 @@ from swarm_node.errors import ConfigError
 from swarm_node.spec import RunSpec
 
 # Peers of a stage differ in steps by chance and by speed: random routing hands later
-# stages different shares of the micro-batches (96 and 204 steps at the end of one 2 x 2
-# run), and a slow peer of a NoLoCo run takes fewer steps and rounds while every round
-# still pulls its weights to its partners'. What makes an average meaningless is a
-# checkpoint from much earlier in training (step 68 next to step 1426), so the rule is
+# stages different shares of the micro-batches (twice as many steps to one peer as to
+# another is ordinary), and a slow peer of a NoLoCo run takes fewer steps and rounds while
+# every round still pulls its weights to its partners'. What makes an average meaningless
+# is a checkpoint from much earlier in training, so the rule is
 # relative: refused when the oldest has less than a quarter of the newest one's steps,
 # and early in training only beyond two outer rounds (2 * H steps).
 MAX_SHARE_APART = 0.75

@@ -211,15 +211,11 @@ class OuterExchange:
         return outcome
 
     def _wait_first_s(self) -> float:
-        """How long the steps may wait for the partner's Delta before they start. An
-        exchange that outlasted its round's steps last time will likely do so again, and
-        the steps then stand at the next boundary anyway: spent first, the wait lets every
-        step of the round start from the pair's Delta step (ALGORITHM.md 3.1) at no cost
-        in time. Capped by how far the last exchange outlasted the steps it would have
-        had without a wait (its time from the open against the steps' time to this
-        boundary), so a fast link waits not at all, a partner that never sends its Delta
-        costs no more than the boundary would, and the cap follows the link both ways:
-        a wait spent first is not counted again as one the next round needs."""
+        """How long the steps may wait for the partner's Delta before they start: by how far
+        the last exchange outlasted the steps it would have had without a wait (its time
+        from the open against the steps' time to this boundary), else 0. Such steps stand
+        at the boundary anyway, so spent first the wait costs no time and lets them start
+        from the pair's Delta step (ALGORITHM.md 3.1, "The wait comes first")."""
         if not self.gate_holds_steps or not self.pairing.delta_ahead:  # no Delta lands before the round ends
             return 0.0
         took_s, began_at, boundary_at = self._last_exchange_s, self._steps_began_at, self.gate.shut_at

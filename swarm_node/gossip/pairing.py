@@ -40,10 +40,9 @@ The rule (symmetric, tolerant of joins, leaves and odd counts):
    accepts a proposal by taking its round early. Without this, two nodes whose
    boundaries fall at alternating times would each wait out the deadline while the
    other trains, and never meet. The round it opens so is held for that proposer
-   (``hold_for``): it starts reserved for it rather than seeking. (Opened seeking, the
-   round proposed to some other peer in the same loop turn, before the handler that
-   opened it could answer, and refused its own proposer ``busy``: in a stage of 64,
-   no round was ever paired by the rule, and 3 proposals in 4 were refused.)
+   (``hold_for``): it starts reserved for it rather than seeking, since a round opened
+   seeking may propose to some other peer in the same loop turn, before the handler
+   that opened it can answer, and then refuse its own proposer ``busy``.
 
 The coordinator does not do I/O itself: it is given ``propose(peer, timeout)``,
 ``send(peer, payload, timeout)`` and ``candidates()`` so it can run in-process under test.

@@ -28,10 +28,8 @@ finite. Then it is held to our scale, the norm of our own Delta now over a whole
   is two or more rounds away (so the one behind catches up instead). Far is measured
   in our scale, and, when the partner is ahead, in its own Delta's if that is smaller:
   the partner judges us in its scale, and the one behind may take the larger steps
-  (it did: its Delta norm was at least 1.2x theirs). (Judged in its own scale only, a
-  stage-0 peer held 35 s and left 60 rounds behind went on averaging with partners
-  that declined it every time, and never caught up: 4 minutes later it was still 120
-  rounds and 25 tolerances from its stage.) Otherwise it counts as the point
+  (judged in its own scale only, a peer far behind would go on averaging with partners
+  that decline it every time, and never catch up). Otherwise it counts as the point
   ``clip_ratio`` times our scale on the way to it, so partners apart converge again a
   step at a time and an attacker pulls by a bounded amount.
 - An accepted Delta above ``clip_ratio`` times our scale is scaled down to it.

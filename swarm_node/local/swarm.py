@@ -57,9 +57,10 @@ __all__ = ["ChaosPlan", "Child", "LocalConfig", "LocalSwarm", "daemon_sockets", 
            "remove_stale_sockets", "run_local"]
 
 # Every node of a local swarm imports torch and starts its DHT at the same moment, on
-# this machine's cores, while the bootstrap has to answer them all: 32 nodes on 2 cores
-# took minutes to reach it, and at the join's own default (60 s) 10 to 26 of them gave
-# up ("none of the initial peers answered"). So each node gets this long a core it shares.
+# this machine's cores, while the bootstrap has to answer them all: so a node's start-up
+# deadline grows with the nodes a core serves, this long each (the join's fixed 60 s
+# is too short for dozens of nodes on a few cores: docs/ARCHITECTURE.md, "Why it is
+# this way").
 STARTUP_S_PER_NODE_A_CORE = 15.0
 # What each node process runs (after the interpreter): tests put a node with a fault of
 # their choosing here (tests/swarm/local_faults.py).

@@ -173,8 +173,8 @@ class Membership:
     def _merge(self, stage: int, found: Entries) -> None:
         """What a read found joins what we hold; a peer it did not return stays until its
         record expires. A DHT read merges the entries of the replicas that answered in
-        time, so on a busy machine or link it returns part of a key: replacing the view
-        with each read left 32 nodes on 2 cores seeing 1 to 8 of their 15 stage peers.
+        time, so on a busy machine or link it returns part of a key: a view replaced by
+        each read would see only a few of its stage's peers.
         A peer that leaves says so in its record; one that crashed leaves no sooner
         either way, since its record stays in the DHT until it expires."""
         entries = self._entries.setdefault(stage, {})
@@ -202,7 +202,7 @@ class Membership:
             await asyncio.sleep(self.cadence.poll_s * random.uniform(0.8, 1.2))
             try:
                 # A read the DHT is slow to answer still brings the peers it found: cut it
-                # off late (on 2 cores running 32 nodes, a third of the reads took over 4 s)
+                # off late (on a busy machine many reads take seconds)
                 async with asyncio.timeout(max(READ_DEADLINE_S, self.cadence.poll_s * 5)):
                     await self.refresh()
             except TimeoutError:

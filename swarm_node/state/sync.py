@@ -12,7 +12,7 @@ and adopts the state only if they vouch for it (state/check.py); on any failure 
 refusal it tries the next donor, and bans a refused donor only when the check says an
 honest majority disowns it. The inner optimizer's moments come too (the inner
 state is never averaged, but a joiner is a copy of its donor: with fresh moments its
-Deltas were 2-4x its partners' for rounds, refused as poisoned); no witness vouches for
+Deltas are several times its partners', refused as poisoned); no witness vouches for
 them, so they are held to what any Adam could have made (InnerOptimizer.moments_problem)."""
 
 from __future__ import annotations
@@ -190,9 +190,9 @@ class StateSync:
     async def _donors(self) -> list[str]:
         """Live peers of our stage that claim to be ahead of us, among those that exist
         (peers we have reached before, and peers that answer a status request now), in
-        random order: what a peer claims never puts it first (a liar claiming 100,000
-        more steps was every joiner's first donor). A forged record has nobody behind
-        it: 30 of them claiming the most once took every donor slot."""
+        random order: what a peer claims never puts it first (a liar claiming the most
+        steps would be every joiner's first donor), and a forged record, which has nobody
+        behind it, takes no donor slot."""
         own_step = self.worker.inner_step
         ahead = [p for p, r in self.donors().items() if r.inner_step > own_step and not self.guard.is_poisoned(p)]
         donors = await self._existing(ahead)

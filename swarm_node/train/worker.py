@@ -292,15 +292,14 @@ class StageWorker:
     @torch.no_grad()
     def snapshot(self) -> dict:
         """theta, phi and momentum that belong together, then the inner optimizer's
-        moments (InnerOptimizer.moment_tensors): a last-stage copy with fresh moments made
-        Deltas 1.7-2.5x its donor's for the six rounds measured, whatever its lr ramp (4x
-        its partners' in 2 x 2 runs with joiners, refused as poisoned).
+        moments (InnerOptimizer.moment_tensors): a copy with fresh moments makes Deltas
+        several times its partners', which they refuse as poisoned.
 
         During an overlapped round theta goes on from our local outer step while phi is
-        still the last round's: a joiner that took that pair sent partners a first Delta
-        4-7x theirs (seen in 2 x 2 runs with joiners), was refused as poisoned, trained
-        alone, drifted off, and was in turn refused as a donor. So then the snapshot is the state the round's local-only
-        close would leave (the progress since it opened kept), the round counted as done."""
+        still the last round's, a pair whose Delta partners would refuse; so then the
+        snapshot is the state the round's local-only close would leave (the progress
+        since it opened kept), the round counted as done (docs/ARCHITECTURE.md, "Why it
+        is this way")."""
         theta = [p.detach().float().cpu().clone() for p in self.params]
         phi = [t.cpu().clone() for t in self.slow.phi] if self.slow else []
         momentum = [t.cpu().clone() for t in self.slow.momentum] if self.slow else []
