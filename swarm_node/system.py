@@ -18,7 +18,8 @@ T = TypeVar("T")
 WANTED_OPEN_FILES = 65_536
 MIN_OPEN_FILES = 4_096  # each peer connection costs the daemon a few descriptors
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")  # cgroup v2: "QUOTA PERIOD" or "max PERIOD"
-PROC_STAT = Path("/proc/stat")  # per-CPU clock ticks: "cpuN user nice system idle iowait irq softirq steal ..."
+# per-CPU clock ticks: "cpuN user nice system idle iowait irq softirq steal ..."
+PROC_STAT = Path("/proc/stat")
 
 
 def run_on_fast_loop(main: Coroutine[Any, Any, T]) -> T:

@@ -21,8 +21,10 @@ from swarm_node.spec import RunSpec
 MAX_SHARE_APART = 0.75
 MIN_ROUNDS_ALLOWED = 2
 
-SPREAD_RULE = (f"more than {MAX_SHARE_APART:.0%} of the newest checkpoint's inner steps apart (and, for a run with "
-               f"outer rounds, more than {MIN_ROUNDS_ALLOWED}*H steps, H being the run's method.inner_steps)")
+SPREAD_RULE = (
+    f"more than {MAX_SHARE_APART:.0%} of the newest checkpoint's inner steps apart (and, for a run with "
+    f"outer rounds, more than {MIN_ROUNDS_ALLOWED}*H steps, H being the run's method.inner_steps)"
+)
 
 
 @dataclass(frozen=True)
@@ -67,9 +69,11 @@ def check_stage_spread(spec: RunSpec, checkpoints: list[StageCheckpoint], *, for
     stage = checkpoints[0].stage
     listed = "; ".join(_describe(c) for c in checkpoints)
     if not force:
-        raise ConfigError(f"stage {stage}: the checkpoints are {reason} ({listed}), so their average is no model "
-                          "of the run; give checkpoints of about the same point of training, or pass --force to "
-                          "average them anyway")
+        raise ConfigError(
+            f"stage {stage}: the checkpoints are {reason} ({listed}), so their average is no model "
+            "of the run; give checkpoints of about the same point of training, or pass --force to "
+            "average them anyway"
+        )
     return f"stage {stage}: averaging checkpoints {reason} as --force asks ({listed})"
 
 

@@ -208,7 +208,8 @@ class PartnerCheck:
         return _scaled_within(delta, delta_norm, self.clip_ratio * reference)
 
     def check_phi(self, phi: list[torch.Tensor], own_phi: Sequence[torch.Tensor],
-                  own_delta: Callable[[], Sequence[torch.Tensor]], rounds_ahead: int = 0) -> list[torch.Tensor]:
+                  own_delta: Callable[[], Sequence[torch.Tensor]],
+                  rounds_ahead: int = 0) -> list[torch.Tensor]:
         """The partner's phi alone, as it counts (pulled within our scale)."""
         problem = fit_problem(phi, [p.shape for p in own_phi])
         if problem:
@@ -225,9 +226,13 @@ class PartnerCheck:
         bound = self.max_update_ratio * reference
         theirs = self._partner_delta_norm if rounds_ahead >= ROUNDS_APART else None
         scale = min(reference, theirs) if theirs else reference
-        if phi_distance > DISTANCE_SLACK * self.max_update_ratio * scale and abs(rounds_ahead) >= ROUNDS_APART:
+        if (
+            phi_distance > DISTANCE_SLACK * self.max_update_ratio * scale
+            and abs(rounds_ahead) >= ROUNDS_APART
+        ):
             whose = "our" if scale == reference else "its"
-            raise RoundsApart(f"partner's phi is {phi_distance / scale:.1f}x {whose} Delta norm away", rounds_ahead)
+            raise RoundsApart(f"partner's phi is {phi_distance / scale:.1f}x {whose} Delta norm away",
+                              rounds_ahead)
         # the spread as it was, up to where a partner rounds apart would be declined: pulled in
         # to what counts (1.5x our scale) it read honest replicas of a real run 3-4x closer
         # than they were, and joiners refused honest donors
@@ -268,4 +273,5 @@ def _pulled_within(phi: list[torch.Tensor], own_phi: Sequence[torch.Tensor], phi
     if phi_distance <= bound:
         return phi
     keep = bound / phi_distance
-    return [(o + (t.to(o.device, torch.float32) - o) * keep).to(t.device, t.dtype) for t, o in zip(phi, own_phi)]
+    return [(o + (t.to(o.device, torch.float32) - o) * keep).to(t.device, t.dtype) for t, o in zip(phi,
+                                                                                                   own_phi)]

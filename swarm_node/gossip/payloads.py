@@ -100,12 +100,14 @@ class PayloadSwap:
         self.pairing = pairing  # its rule says whose payload we take, and how, and who may fetch ours
         self.check = check
         self.exchange_s = exchange_s  # one payload exchange, both ways (a group member's: beside the others)
-        self.both_at_once = both_at_once  # False: the partner's payload only after ours is in (for comparison)
+        # False: the partner's payload only after ours is in (for comparison)
+        self.both_at_once = both_at_once
         self.round_early = round_early  # (wait_s) a group member's payload may pull our round forward
         self.on_delta = on_delta  # a partner's Delta is in, checked and landed (True: one we fetched)
         numel = sum(p.numel() for p in state.params)
         # phi and Delta in fp32 at most (an fp16 tensor out of range goes as fp32); blockwise, two tensors each
-        self.limits = FrameLimits(max_payload_bytes=2 * numel * 4 + (1 << 20), max_tensors=4 * len(state.params) + 16)
+        self.limits = FrameLimits(max_payload_bytes=2 * numel * 4 + (1 << 20),
+                                  max_tensors=4 * len(state.params) + 16)
         self.behind = False  # a partner rounds ahead was out of our scale: the node should catch up
         self.offer: Payload | None = None  # our payload while a round is open
         # after a round, our payload stays for its partners (on the loop's clock) until the
@@ -184,13 +186,15 @@ class PayloadSwap:
     async def _send_payload(self, peer: str, payload: Payload, deadline: float) -> None:
         for frame in (payload.delta, payload.phi) if isinstance(payload, PayloadParts) else (payload,):
             verdict = await self._asked_again_once(peer, lambda: self.transport.request(
-                peer, protocols.OUTER, frame, timeout_s=deadline - now(), max_response_bytes=CONTROL_MAX_BYTES,
+                peer, protocols.OUTER, frame, timeout_s=deadline - now(),
+                max_response_bytes=CONTROL_MAX_BYTES,
                 paced_request=True), deadline)
             yes, why = answer_is_yes(verdict)  # a few bytes: no need to wait for the compute thread
             if not yes:
                 raise Refused(why)
 
-    async def _asked_again_once(self, peer: str, ask: Callable[[], Awaitable[bytes]], deadline: float) -> bytes:
+    async def _asked_again_once(self, peer: str, ask: Callable[[], Awaitable[bytes]],
+                                deadline: float) -> bytes:
         """A payload part or fetch whose answer a stream reset lost (about one call in a
         thousand between healthy peers, see OuterExchange._propose_until_answered) is
         asked again: a partner that took our phi says yes again, and a fetch is served
@@ -214,7 +218,8 @@ class PayloadSwap:
 
     async def _fetch(self, peer: str, deadline: float, part: str | None = None):
         """The partner's payload, or one ``part`` of it, checked (a Delta also landed)."""
-        request = encode_frame({"kind": "outer-fetch", "spec": self.spec_hash, "round": self.state.outer_round,
+        request = encode_frame({"kind": "outer-fetch", "spec": self.spec_hash,
+                                "round": self.state.outer_round,
                                 **({} if part is None else {"part": part})})
         raw = await self._asked_again_once(peer, lambda: self.transport.request(
             peer, protocols.OUTER_FETCH, request, timeout_s=deadline - now(),
@@ -254,7 +259,8 @@ class PayloadSwap:
             kept, until = self._kept.get(remote, (None, 0.0))
             if kept is not None and now() < until:
                 return _payload_part(kept, part)
-            return encode_frame({"ok": False, "error": "not-ready" if self.offer is None else "no-reservation"})
+            return encode_frame({"ok": False,
+                                 "error": "not-ready" if self.offer is None else "no-reservation"})
         except ProtocolError as exc:
             self.guard.fault(remote, f"bad outer fetch ({exc})")
             return encode_frame({"ok": False, "error": "protocol"})
@@ -287,7 +293,8 @@ class PayloadSwap:
                 self._declined.pop(next(iter(self._declined)))
             if declines >= DECLINES_BEFORE_BACKOFF:
                 self.guard.failed(peer, reason="rounds-apart")
-            self.guard.note(peer, f"declining an outer exchange with {short_id(peer)} at round {theirs} (we are at "
+            self.guard.note(peer,
+                            f"declining an outer exchange with {short_id(peer)} at round {theirs} (we are at "
                                   f"{ours}): {exc}")
             raise
         except Refused as exc:

@@ -43,7 +43,8 @@ def rebalanced_stage(peers: Peers, own_id: str, stage: int, num_stages: int, rea
 
     Nobody behind a NAT moves: it can only hold stage 0."""
     stages = range(num_stages)
-    announced = {s: [p for p, r in peers.get(s, {}).items() if r.state in ("training", "joining")] for s in stages}
+    announced = {s: [p for p, r in peers.get(s, {}).items() if r.state in ("training",
+                                                                           "joining")] for s in stages}
     announced[stage].append(own_id)
     count = {s: len(members) for s, members in announced.items()}
     stranded = stage != 0 and count[stage] >= 2 and bool(announced[0]) and not any(

@@ -44,7 +44,11 @@ def round_table(*, inner_phase_s: float = 60.0, vocab_size: int = 32_000, seq_le
                 stage_counts: Sequence[int] = (1, 2, 4)) -> str:
     """Per named size and stage count: what the largest stage's round needs each way
     with ``inner_phase_s`` of inner steps between rounds, in the default codec."""
-    header = "| model | " + " | ".join("one stage" if s == 1 else f"each of {s} stages" for s in stage_counts) + " |"
+    header = (
+        "| model | "
+        + " | ".join("one stage" if s == 1 else f"each of {s} stages" for s in stage_counts)
+        + " |"
+    )
     lines = [header, "|" + "---|" * (1 + len(stage_counts))]
     for size in NAMED_SIZES:
         if size in TEST_SIZES:

@@ -87,7 +87,8 @@ class Pacer:
         if queueing_s > c.target_s:
             self.slow_start = False
             now = self.clock()
-            if now - self._last_cut_s >= rtt_s:  # one cut a round trip: the samples after it still show the old queue
+            # one cut a round trip: the samples after it still show the old queue
+            if now - self._last_cut_s >= rtt_s:
                 self._last_cut_s = now
                 self.window_bytes = int(self.window_bytes * max(0.5, c.target_s / queueing_s))
         elif self.slow_start and queueing_s < c.target_s / 2:

@@ -77,7 +77,8 @@ def watch(pid: int, poll_s: float = POLL_S, grace_s: float = GRACE_S, rescan_s: 
     next_scan = 0.0
     while _alive(node):
         if time.monotonic() >= next_scan:
-            seen = {proc: seen[proc] if proc in seen else _socket_paths(proc[0])  # a command line never changes
+            # a command line never changes
+            seen = {proc: seen[proc] if proc in seen else _socket_paths(proc[0])
                     for proc in descendants(pid) if proc[0] != os.getpid()}
             next_scan = time.monotonic() + rescan_s
             after_scan(list(seen))

@@ -107,7 +107,8 @@ class SlowWeights:
     """A worker's outer state: phi (the weights after the last outer step) and the
     outer momentum buffer, kept in float32 beside the live parameters theta."""
 
-    def __init__(self, params: Sequence[torch.nn.Parameter], hyper: OuterHyper, device: torch.device | None = None):
+    def __init__(self, params: Sequence[torch.nn.Parameter], hyper: OuterHyper,
+                 device: torch.device | None = None):
         self.params = list(params)
         self.hyper = hyper
         self.phi = [p.detach().to(device=device, dtype=torch.float32, copy=True) for p in self.params]
@@ -176,14 +177,17 @@ class SlowWeights:
 
     @torch.no_grad()
     def local_close(self, own_phi: Tensors, own_delta: Tensors,
-                    theta_start: Tensors) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+                    theta_start: Tensors) -> tuple[list[torch.Tensor], list[torch.Tensor],
+                                                   list[torch.Tensor]]:
         """(theta, phi, momentum) as :meth:`apply_overlapped` of our own payload alone
         (the local-only close of an overlapped round) would leave them, without changing
         anything: the state of a replica that closed the round alone now."""
         h = self.hyper
-        phi, momentum = outer_update(self.phi, self.momentum, [own_phi], [own_delta], alpha=h.alpha, beta=h.beta,
+        phi, momentum = outer_update(self.phi, self.momentum, [own_phi], [own_delta], alpha=h.alpha,
+                                     beta=h.beta,
                                      gamma=h.gamma, nesterov=h.nesterov)
-        theta = [f + (p.detach().float().to(f.device) - start) for p, f, start in zip(self.params, phi, theta_start)]
+        theta = [f + (p.detach().float().to(f.device) - start) for p, f, start in zip(self.params, phi,
+                                                                                      theta_start)]
         return theta, phi, momentum
 
     def apply_local(self) -> None:

@@ -272,8 +272,10 @@ class _Tolerance:
                               NORM_K * torch.maximum(self.motion, inner_steps * self.progress_rate), self.phi)
         steps = min(max(1, candidate.round_steps), inner_steps)
         progress_ok = _within(_tensor_norms(candidate.progress),
-                              torch.maximum(NORM_K * steps * self.progress_rate, NORM_K * self.motion), self.phi)
-        checks = {"phi": ratio <= 1.0, "phi per tensor": per_tensor, "momentum": momentum_ok, "progress": progress_ok}
+                              torch.maximum(NORM_K * steps * self.progress_rate, NORM_K * self.motion),
+                              self.phi)
+        checks = {"phi": ratio <= 1.0, "phi per tensor": per_tensor, "momentum": momentum_ok,
+                  "progress": progress_ok}
         return ratio, [bound for bound, ok in checks.items() if not ok]
 
 

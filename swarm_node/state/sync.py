@@ -156,12 +156,14 @@ class StateSync:
                     self.guard.poisoned(donor, str(exc), what="state")
                     continue
                 except (PeerError, TimeoutError, ValueError) as exc:
-                    log.warning("state download from %s failed (%s); trying another donor", short_id(donor), exc)
+                    log.warning("state download from %s failed (%s); trying another donor", short_id(donor),
+                                exc)
                     continue
                 if not self._adoptable(donor, verdict):
                     continue
                 inner_step, outer_round = verdict.inner_step, verdict.outer_round
-                round_steps = min(state.inner_step - state.last_round_step, self.worker.spec.method.inner_steps)
+                round_steps = min(state.inner_step - state.last_round_step,
+                                  self.worker.spec.method.inner_steps)
                 await self.compute(self.worker.load_snapshot, inner_step, outer_round, state.tensors,
                                    max(0, inner_step - round_steps))
                 self.stats.downloaded_from, self.stats.downloaded_digest = donor, state.digest
@@ -194,7 +196,8 @@ class StateSync:
         steps would be every joiner's first donor), and a forged record, which has nobody
         behind it, takes no donor slot."""
         own_step = self.worker.inner_step
-        ahead = [p for p, r in self.donors().items() if r.inner_step > own_step and not self.guard.is_poisoned(p)]
+        ahead = [p for p,
+                 r in self.donors().items() if r.inner_step > own_step and not self.guard.is_poisoned(p)]
         donors = await self._existing(ahead)
         self.rng.shuffle(donors)
         if self.prefer is not None:
@@ -202,12 +205,15 @@ class StateSync:
                 donors.remove(self.prefer)
                 donors.insert(0, self.prefer)
             else:
-                self.guard.note(self.prefer, f"--state-from {short_id(self.prefer)}: not a live peer of our stage "
+                self.guard.note(self.prefer,
+                                f"--state-from {short_id(self.prefer)}: not a live peer of our stage "
                                              "ahead of us; choosing donors at random")
         return donors
 
     async def _existing(self, peers: list[str]) -> list[str]:
-        unknown = [p for p in peers if not self.guard.is_verified(p) and not self.guard.is_banned(p)][:MAX_PROBES]
+        unknown = [p for p in peers if not self.guard.is_verified(p) and not self.guard.is_banned(p)][
+            :MAX_PROBES
+        ]
         await asyncio.gather(*(self._probe(p) for p in unknown))
         return [p for p in peers if self.guard.is_verified(p)]
 
@@ -227,12 +233,14 @@ class StateSync:
         others = await self._existing(self.rng.sample(others, len(others)))
         asked = others[:MAX_WITNESSES]
         seed = secrets.randbelow(MAX_SKETCH_SEED)  # drawn now: the donor could not aim at it
-        candidate, said = await asyncio.gather(self.compute(state.sketch, seed), self.witnesses.gather(asked, seed))
+        candidate, said = await asyncio.gather(self.compute(state.sketch, seed), self.witnesses.gather(asked,
+                                                                                                       seed))
         self.stats.state_check_s += self.clock() - started
         verdict = check_state(candidate, said, inner_steps=self.worker.spec.method.inner_steps,
                               asked=len(asked))
         if not asked:
-            log.warning("the state from %s is not checked: it is the only live peer of stage %d", short_id(donor),
+            log.warning("the state from %s is not checked: it is the only live peer of stage %d",
+                        short_id(donor),
                         self.worker.stage.stage_index)
         return verdict
 
@@ -270,7 +278,9 @@ class StateSync:
             raise ProtocolError(f"state digest {digest} does not match the donor's {snap_id}")
         inner_step, outer_round, last_round_step = check_state_counters(meta)
         if inner_step <= self.worker.inner_step:
-            raise ProtocolError(f"its state (step {inner_step}) is not ahead of ours (step {self.worker.inner_step})")
+            raise ProtocolError(
+                f"its state (step {inner_step}) is not ahead of ours (step {self.worker.inner_step})"
+            )
         problem = self.worker.snapshot_problem(tensors)
         if problem:
             raise ImpossibleState(problem)

@@ -63,8 +63,10 @@ def encode_forward(header: dict, host: HostCopy, targets: torch.Tensor) -> bytes
     for t in tensors:
         if t.is_floating_point() and not finite(t):
             nan = int(torch.isnan(t).sum())
-            raise OwnOutputNotFinite(f"{nan} NaN and {int(torch.isinf(t).sum())} infinite values among {t.numel()} "
-                                     f"of our {t.dtype} activations")
+            raise OwnOutputNotFinite(
+                f"{nan} NaN and {int(torch.isinf(t).sum())} infinite values among {t.numel()} "
+                f"of our {t.dtype} activations"
+            )
     return encode_frame(header, [*tensors, targets.to(torch.int32)])
 
 

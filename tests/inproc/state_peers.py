@@ -14,7 +14,8 @@ from swarm_node.spec import RunSpec
 from swarm_node.train.worker import StageWorker
 from swarm_node.wire.frames import encode_frame
 
-SPEC = RunSpec(run_id="checked", model_size="debug", num_stages=2, seq_len=16, batch_size=4, samples_per_step=4)
+SPEC = RunSpec(run_id="checked", model_size="debug", num_stages=2, seq_len=16, batch_size=4,
+               samples_per_step=4)
 STEP, ROUND = 500, 25
 
 
@@ -34,7 +35,8 @@ def replica(base: StageWorker, seed: int, scale: float = 1.0) -> StageParts:
 class Stage:
     """Peers of stage 1 answering status, state and sketch requests in process."""
 
-    def __init__(self, peers: dict[str, StageParts], *, silent: tuple[str, ...] = (), busy: tuple[str, ...] = ()):
+    def __init__(self, peers: dict[str, StageParts], *, silent: tuple[str, ...] = (), busy: tuple[str,
+                                                                                                  ...] = ()):
         self.syncs = {p: parts.state_sync() for p, parts in peers.items()}
         self.witnesses = {p: parts.witnesses() for p, parts in peers.items()}
         self.silent = silent  # exist, serve state, but never answer a sketch request

@@ -156,7 +156,8 @@ class TestBed(ClosedOnFailure):
         self._next_index += 1
         public = f"{WAN_SUBNET}.{10 + index}"
         namespace = f"{self.prefix}-{name}"
-        host = Host(name, namespace, LAN_SUBNET + ".2" if behind_nat else public, public, behind_nat, rate_mbit,
+        host = Host(name, namespace, LAN_SUBNET + ".2" if behind_nat else public, public, behind_nat,
+                    rate_mbit,
                     rtt_ms, router=f"{namespace}-nat" if behind_nat else None, port=f"p{index}")
         try:
             self._add_namespace(namespace)
@@ -180,7 +181,8 @@ class TestBed(ClosedOnFailure):
         """Bytes the host has sent into its access link: everything (payloads, DHT,
         libp2p and TCP/IP headers), the same count for any program."""
         edge, edge_dev = host.edge
-        shown = subprocess.run(["ip", "-n", edge, "-s", "-j", "link", "show", "dev", edge_dev], capture_output=True,
+        shown = subprocess.run(["ip", "-n", edge, "-s", "-j", "link", "show", "dev", edge_dev],
+                               capture_output=True,
                                text=True, check=True, timeout=30).stdout
         return int(json.loads(shown)[0]["stats64"]["tx"]["bytes"])
 

@@ -18,7 +18,8 @@ print(type(sys.modules["scipy.optimize"]).__name__)
 
 
 def test_scipy_optimize_waits_for_its_first_use():
-    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120,
+                         check=True)
     deferred, balance, after = out.stdout.split("\n")[:3]
     assert deferred.split()[0] == "_ImportedOnFirstUse" and int(deferred.split()[1]) < 20
     assert sum(int(share) for share in balance.strip("()").split(",")) == 100
