@@ -19,7 +19,8 @@ DEFAULT_PORT = 31337
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="swarm-bootstrap",
-        description="Host the bootstrap peer of a swarm-node run: a DHT peer that trains nothing, publishes the "
+        description="Host the bootstrap peer of a swarm-node run: a DHT peer that trains nothing, publishes "
+                    "the "
         "run spec, and serves a status dashboard. Prints the multiaddrs volunteers pass to "
         "`swarm-node join --initial-peers`.",
     )

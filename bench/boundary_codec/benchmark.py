@@ -161,12 +161,14 @@ def markdown(result: dict) -> str:
         "",
         f"```bash\n{rerun_command(NAME, result['mode'])}\n```",
         "",
-        f"{s['runs']} simulator runs, 4 x 2 NoLoCo, {s['tokens']:,} tokens each; the codec `{CODEC}` sized per "
+        f"{s['runs']} simulator runs, 4 x 2 NoLoCo, {s['tokens']:,} tokens each; the codec `{CODEC}` sized "
+        f"per "
         "ratio with every byte on the wire counted (values, steps, token ids, frame).",
         "",
         f"![{NAME}](bench/results/{NAME}.png)",
         "",
-        "| width | codec | ratio asked | values a token (bits) | bytes a token fwd / back | seed | val loss | "
+        "| width | codec | ratio asked | values a token (bits) | bytes a token fwd / back | seed | val loss "
+        "| "
         "over fp16 (%) |",
         "|---|---|---|---|---|---|---|---|",
     ]

@@ -122,17 +122,24 @@ def _setup(result: dict) -> str:
         f"({s['num_parameters']:,} parameters) on the bundled corpus (CPython docstrings, byte tokens): "
         f"{s['steps']} inner steps of a fixed global batch of {s['global_batch']} x {s['seq_len']} tokens, "
         f"split over the DP replicas, so every method and grid sees the same {s['tokens_per_run']:,} tokens. "
-        f"Seeds {', '.join(map(str, s['seeds']))}; a seed fixes the initial weights and data order of all methods, "
+        f"Seeds {', '.join(map(str, s['seeds']))}; a seed fixes the initial weights and data order of all "
+        f"methods, "
         f"so gaps are paired by seed. Inner: AdamW, warm-up then cosine, {tuning}. Outer: NoLoCo H = "
-        f"{noloco['inner_steps']} ({noloco['outer_rounds']} rounds), heavy-ball momentum {noloco['outer_momentum']}, "
-        f"outer lr {noloco['outer_lr']}, gamma {noloco['outer_gamma']}, pairs; DiLoCo H = {diloco['inner_steps']} "
+        f"{noloco['inner_steps']} ({noloco['outer_rounds']} rounds), heavy-ball momentum "
+        f"{noloco['outer_momentum']}, "
+        f"outer lr {noloco['outer_lr']}, gamma {noloco['outer_gamma']}, pairs; DiLoCo H = "
+        f"{diloco['inner_steps']} "
         f"({diloco['outer_rounds']} rounds), heavy-ball momentum {diloco['outer_momentum']}, outer lr "
         f"{diloco['outer_lr']} (the reference code's). The scaling rows take the scaling-law paper's outer "
-        f"optimizer, Nesterov momentum {s['scaling_momentum']}, with the outer lr swept per M. Perplexity is exp of "
-        f"the mean validation loss over random paths (each batch through DP paths of a random worker per stage, "
+        f"optimizer, Nesterov momentum {s['scaling_momentum']}, with the outer lr swept per M. Perplexity is "
+        f"exp of "
+        f"the mean validation loss over random paths (each batch through DP paths of a random worker per "
+        f"stage, "
         "the same draws for every run: how a swarm routes) on "
-        f"{s['val_windows']} of the corpus's {s['all_val_windows']} held-out windows; \"fixed\" over the paths "
-        "\"worker r at every stage\" (what fixed routing trains), \"consensus\" one model of each stage's mean weights."
+        f"{s['val_windows']} of the corpus's {s['all_val_windows']} held-out windows; \"fixed\" over the "
+        f"paths "
+        "\"worker r at every stage\" (what fixed routing trains), \"consensus\" one model of each stage's "
+        "mean weights."
     )
 
 
@@ -140,7 +147,8 @@ def _grid_table(rows: list[dict], grid: str) -> str:
     lines = [
         f"**DP x PP = {grid}**",
         "",
-        "| method | perplexity, random paths (mean) | spread: std; min-max | gap to DDP (min..max over seeds) | "
+        "| method | perplexity, random paths (mean) | spread: std; min-max | gap to DDP (min..max over "
+        "seeds) | "
         "fixed paths | consensus | paper ppl (Small, C4) | paper gap to FSDP |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -168,10 +176,12 @@ def _scaling_table(result: dict) -> str:
     )
     lines = [
         f"DiLoCo with M replicas (PP = 1, the same global batch) against DDP on grid "
-        f"{result['summary']['scaling_reference']}, eval loss in nats per byte. The outer lr was swept on the "
+        f"{result['summary']['scaling_reference']}, eval loss in nats per byte. The outer lr was swept on "
+        f"the "
         f"first seed (outer lr -> eval loss: {tried}); the best one ran on every seed:",
         "",
-        "| M | outer lr, momentum | DiLoCo eval loss (mean ± std) | DDP eval loss | excess over DDP (min..max) | "
+        "| M | outer lr, momentum | DiLoCo eval loss (mean ± std) | DDP eval loss | excess over DDP "
+        "(min..max) | "
         "paper 35M | paper 2.4B |",
         "|---|---|---|---|---|---|---|",
     ]
@@ -191,10 +201,12 @@ def _sweep_table(result: dict) -> str:
     rows = _rows(result["rows"], "sweep")
     lines = [
         f"**NoLoCo's open settings** on grid {s['sweep_grid']} (pipeline stages, random routing), one at a "
-        f"time from the paper's settings (alpha = momentum, beta = outer lr, gamma = pull towards the pair's mean); "
+        f"time from the paper's settings (alpha = momentum, beta = outer lr, gamma = pull towards the pair's "
+        f"mean); "
         f"chosen on seed {s['seeds'][0]}: **{s['noloco_choice']}**.",
         "",
-        "| setting | outer gain beta/(1-alpha) | eval loss, first seed | seeds | gap to the paper's (paired) | "
+        "| setting | outer gain beta/(1-alpha) | eval loss, first seed | seeds | gap to the paper's (paired) "
+        "| "
         "eval-loss gap to DiLoCo (min..max) | weight spread |",
         "|---|---|---|---|---|---|---|",
     ]
@@ -203,7 +215,8 @@ def _sweep_table(result: dict) -> str:
             "-"
             if r["gap_to_diloco_pct"] is None
             else (
-                f"{r['gap_to_diloco_pct']:+.2f} % ({r['gap_to_diloco_min_pct']:+.2f}..{r['gap_to_diloco_max_pct']:+.2f})"
+                f"{r['gap_to_diloco_pct']:+.2f} % "
+                f"({r['gap_to_diloco_min_pct']:+.2f}..{r['gap_to_diloco_max_pct']:+.2f})"
             )
         )
         setting = "the paper's" if r["variant"] == NOLOCO_DEFAULT else r["variant"]
@@ -225,12 +238,16 @@ def _wire_table(result: dict) -> str:
         else ""
     )
     lines = [
-        f"**How a round moves** (issue 16) on grid {rows[0]['grid']}, NoLoCo at the paper's settings{at_choice}, "
+        f"**How a round moves** (issue 16) on grid {rows[0]['grid']}, NoLoCo at the paper's "
+        f"settings{at_choice}, "
         "every seed: "
-        "the overlapped round (ALGORITHM.md 3.1) landing half a round to two rounds late, the outer payload in "
+        "the overlapped round (ALGORITHM.md 3.1) landing half a round to two rounds late, the outer payload "
+        "in "
         "near4-3 (3.2), activations and their gradients in int8, each against the blocking round with "
-        "phi, Delta and activations in 16 bits, paired by seed; the bar is 1 %. A round is never more than one "
-        "behind: one still under way at the next boundary holds the steps there until it lands, so two rounds "
+        "phi, Delta and activations in 16 bits, paired by seed; the bar is 1 %. A round is never more than "
+        "one "
+        "behind: one still under way at the next boundary holds the steps there until it lands, so two "
+        "rounds "
         "late trains as one round late (the wait is idle time, not tokens).",
         "",
         "| variant | payload | activations | lands (steps late) | eval loss (mean ± std) | "
@@ -332,7 +349,8 @@ def _checks(result: dict) -> str:
     excess = " -> ".join(f"{e:+.2f} % (M {m})" for m, e in zip(order["m"], order["excess_pct"]))
     return "\n".join(
         [
-            f"- DDP best in every grid: {_yes(ddp['holds'])} (lowest mean perplexity: {best}); every other method "
+            f"- DDP best in every grid: {_yes(ddp['holds'])} (lowest mean perplexity: {best}); every other "
+            f"method "
             f"behind DDP in every seed: {_yes(ddp['every_seed'])}.",
             *(
                 [
@@ -343,7 +361,8 @@ def _checks(result: dict) -> str:
                 if local
                 else []
             ),
-            f"- NoLoCo at or below DiLoCo in every grid: {_yes(nd['holds'])} (NoLoCo relative to DiLoCo: {nd_grids}).",
+            f"- NoLoCo at or below DiLoCo in every grid: {_yes(nd['holds'])} (NoLoCo relative to DiLoCo: "
+            f"{nd_grids}).",
             f"- Gaps to DDP grow with DP: {_yes(grow['holds'])} ({series}).",
             f"- DiLoCo's excess over DDP rises with M: {_yes(order['holds'])} ({excess}).",
         ]
@@ -364,7 +383,8 @@ def _meaning(result: dict) -> str:
     if not failed:
         text = (
             "All checks hold: at equal tokens DDP is best, NoLoCo matches or beats DiLoCo, and the "
-            "low-communication methods fall further behind as data parallelism grows, as in the paper's table "
+            "low-communication methods fall further behind as data parallelism grows, as in the paper's "
+            "table "
             "and the scaling-law paper."
         )
     else:
@@ -408,13 +428,16 @@ def _why_noloco_behind(rows: list[dict]) -> str:
         noloco, diloco = grids.get((grid, "noloco")), grids.get((grid, "diloco"))
         if noloco and diloco and noloco["ppl_mean"] > diloco["ppl_mean"]:
             parts.append(
-                f"{grid}: weight spread {noloco['weight_std_mean']:.1e} against {diloco['weight_std_mean']:.1e}, "
+                f"{grid}: weight spread {noloco['weight_std_mean']:.1e} against "
+                f"{diloco['weight_std_mean']:.1e}, "
                 f"consensus ppl {noloco['consensus_ppl_mean']:.3f} against {diloco['consensus_ppl_mean']:.3f}"
             )
     return (
         (
-            "Why, measured: NoLoCo's workers of a stage end apart where DiLoCo's are equal after each all-worker "
-            "step, and a random path crosses workers that disagree; the mean of NoLoCo's workers (consensus) is "
+            "Why, measured: NoLoCo's workers of a stage end apart where DiLoCo's are equal after each "
+            "all-worker "
+            "step, and a random path crosses workers that disagree; the mean of NoLoCo's workers (consensus) "
+            "is "
             "closer to DiLoCo (" + "; ".join(parts) + ")."
         )
         if parts
@@ -440,7 +463,8 @@ def _gain_evidence(result: dict) -> str:
                        for r in same_pull)
     text = (
         f" Second, the outer step's gain: NoLoCo's Delta is the mean of a pair, not of all DP workers, so it "
-        f"is noisier, and the paper's settings apply a steady Delta beta / (1 - alpha) = {default['outer_gain']:.2f} "
+        f"is noisier, and the paper's settings apply a steady Delta beta / (1 - alpha) = "
+        f"{default['outer_gain']:.2f} "
         f"times per round against DiLoCo's {outer_gain(diloco):.2f}. In the sweep on {sweep[0]['grid']} "
         f"(first seed, gamma {default['outer_gamma']:g}) the loss rises with the gain: {listed}."
     )
@@ -448,7 +472,8 @@ def _gain_evidence(result: dict) -> str:
     if no_pull is not None:
         text += (
             f" Without the pull towards the pair's mean ({no_pull['variant']}) the workers drift apart "
-            f"(weight spread {no_pull['weight_std_mean']:.1e} against {default['weight_std_mean']:.1e}) and the "
+            f"(weight spread {no_pull['weight_std_mean']:.1e} against {default['weight_std_mean']:.1e}) and "
+            f"the "
             f"loss is {no_pull['gap_to_default_pct']:+.2f} % off that at the paper's settings."
         )
     if best["gap_to_diloco_pct"] is not None:
@@ -490,7 +515,8 @@ def markdown(result: dict) -> str:
     grids = list(dict.fromkeys(r["grid"] for r in result["rows"] if r["kind"] == "grid"))
     parts = [
         "## convergence: NoLoCo vs DiLoCo vs DDP vs local at equal tokens",
-        f"{result['mode'].capitalize()} run, {result['wall_s']:.0f} s on {result['machine']['cpu_count']} CPUs:",
+        f"{result['mode'].capitalize()} run, {result['wall_s']:.0f} s on {result['machine']['cpu_count']} "
+        f"CPUs:",
         f"```bash\n{rerun_command(NAME, result['mode'])}\n```",
         _setup(result),
         "![convergence](bench/results/convergence.png)",

@@ -384,20 +384,25 @@ def markdown(result: dict) -> str:
         "",
         f"`{rerun_command(NAME, result['mode'])}` ({result['mode']} mode, {result['wall_s']:.0f} s)",
         "",
-        f"{s['volunteers']} volunteers, each a host of its own in the multi-host test bed (a network namespace; its "
+        f"{s['volunteers']} volunteers, each a host of its own in the multi-host test bed (a network "
+        f"namespace; its "
         f"uplink and downlink shaped to {s['rate_mbit']} Mbit/s with `tc tbf` unless the row says otherwise, "
         f"{RTT_MS:.0f} ms round trip between volunteers), train the whole model (one stage) with the others "
         "through the bootstrap's join line, one torch thread each, and stop at the same inner step in every "
         "scenario; each writes a checkpoint after every round. Compute utilisation: wall time in forward, "
-        "backward and inner steps over the wall time from the start of training to the last inner step. Held: "
+        "backward and inner steps over the wall time from the start of training to the last inner step. "
+        "Held: "
         "how long the node's steps stood still for each round. Bytes: what the node sent (its payloads and "
         "messages) per round with a partner, and everything its host sent into its link per round. Tokens/s: "
-        "per node, against one process training the same model alone on this machine (the volunteers share its "
+        "per node, against one process training the same model alone on this machine (the volunteers share "
+        "its "
         "2 cores with their daemons and the bed's latency stage; with 4 volunteers 0.5 is the most each can "
         "get).",
         "",
-        "| scenario | phi and Delta | compute utilisation | held per round | bytes sent per round with a partner | "
-        "into the link per round | rounds with a partner / local (alone) | tokens/s vs alone | final val loss |",
+        "| scenario | phi and Delta | compute utilisation | held per round | bytes sent per round with a "
+        "partner | "
+        "into the link per round | rounds with a partner / local (alone) | tokens/s vs alone | final val "
+        "loss |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in (r for r in one_stage if "compute_utilisation" in r):
@@ -447,9 +452,12 @@ def markdown(result: dict) -> str:
         "",
         f"![compute utilisation and loss against time](bench/results/{NAME}.png)",
         "",
-        f"Overlapped and compressed rounds keep compute utilisation at {s['utilisation_overlapped_compressed']:.0%} "
-        f"or more on every node, against at most {s['utilisation_blocking_fp16']:.0%} for the blocking 16-bit "
-        f"round on the same links; they send {s['bytes_per_round_vs_blocking_fp16']:.2f}x its bytes per round "
+        f"Overlapped and compressed rounds keep compute utilisation at "
+        f"{s['utilisation_overlapped_compressed']:.0%} "
+        f"or more on every node, against at most {s['utilisation_blocking_fp16']:.0%} for the blocking "
+        f"16-bit "
+        f"round on the same links; they send {s['bytes_per_round_vs_blocking_fp16']:.2f}x its bytes per "
+        f"round "
         f"with a partner; the final loss differs by {s['final_loss_vs_blocking_fp16']:+.1%}. "
         f"hivemind.Optimizer's final validation loss, {to_loss['target']:.4f}, is reached after "
         f"{_seconds(to_loss['ours_s'])} of training by swarm-node and {_seconds(to_loss['theirs_s'])} by "
@@ -504,7 +512,8 @@ def _rounds_as_run(rounds: dict) -> list[str]:
     ]
     lines += [
         f"| {names[m]} | {r['round_s']:.1f} s | {r['inner_phase_s']:.1f} s | "
-        f"{r['bytes_per_partner_round'] / 1e6:.2f} MB | {r['held_s_per_round']:.1f} s | {r['utilisation']:.0%} |"
+        f"{r['bytes_per_partner_round'] / 1e6:.2f} MB | {r['held_s_per_round']:.1f} s | "
+        f"{r['utilisation']:.0%} |"
         for m, r in rounds.items()
     ]
     return [*lines, ""]

@@ -184,7 +184,8 @@ def _agreement(rows: list[dict]) -> str:
     check = _rows(rows, "paper_check")
     outside = [r for r in check if abs(r["simulated"] - r["paper"]) > r["paper_rounding"]]
     text = (
-        f"{len(check) - len(outside)} of {len(check)} simulated figures agree with the paper's to its rounding "
+        f"{len(check) - len(outside)} of {len(check)} simulated figures agree with the paper's to its "
+        f"rounding "
         f"(whole numbers for the ratio, two decimals for the barrier); all are within "
         f"{max(abs(r['rel_diff']) for r in check) * 100:.1f}% of it."
     )
@@ -213,7 +214,8 @@ def _interpretation_text(summary: dict) -> str:
             f"matches the paper more closely than the one reported, \"{used}\" ({diffs[used] * 100:.0f}%)."
         )
     return (
-        f"Of the readings tried, \"{used}\" is the closest to the paper ({diffs[used] * 100:.0f}% mean absolute "
+        f"Of the readings tried, \"{used}\" is the closest to the paper ({diffs[used] * 100:.0f}% mean "
+        f"absolute "
         f"difference); the next, \"{ranked[1]}\", is {diffs[ranked[1]] * 100:.0f}% off, so we take it to "
         "be the model behind the paper's figures."
     )
@@ -272,13 +274,15 @@ def _measured_section(result: dict) -> str:
     rows, s = result["rows"], result["summary"]
     tables = [
         (
-            f"Measured message times projected: a tree all-reduce among {_projected_n(rows)} peers vs one pair "
+            f"Measured message times projected: a tree all-reduce among {_projected_n(rows)} peers vs one "
+            f"pair "
             "exchange (seconds), at each spread of message times:",
             _message_table,
             "measured_messages",
         ),
         (
-            "Measured all-reduce / pair round times at small N (bench.sync_cost) and the tree model with equal "
+            "Measured all-reduce / pair round times at small N (bench.sync_cost) and the tree model with "
+            "equal "
             "message times:",
             _small_n_table,
             "measured_small_n",

@@ -379,10 +379,14 @@ def print_table(result: dict) -> None:
     for r in result["runs"]:
         s, g, c = r["store"], r["get"], r["cold_get"] or {}
         print(
-            f"{r['P']:>3} {r['m']:>3} | {s['actor_bytes']:>9.0f} {s['others_bytes']:>8.0f} {s['rpcs']['find']:>5.1f} "
-            f"{s['replicas_written']:>4.1f} {s['other_finds']:>7.1f} {s.get('wire_bytes', float('nan')):>8.0f} | "
-            f"{g['actor_rx']:>8.0f} {g['others_bytes']:>8.0f} {g['served_by_others']:>8.0f} {g['responders']:>5.1f} "
-            f"{g['actor_rpcs']['find']:>5.1f} {g['rpcs']['store_cache']:>4.1f} {g.get('wire_bytes', float('nan')):>8.0f} | "
+            f"{r['P']:>3} {r['m']:>3} | {s['actor_bytes']:>9.0f} {s['others_bytes']:>8.0f} "
+            f"{s['rpcs']['find']:>5.1f} "
+            f"{s['replicas_written']:>4.1f} {s['other_finds']:>7.1f} "
+            f"{s.get('wire_bytes', float('nan')):>8.0f} | "
+            f"{g['actor_rx']:>8.0f} {g['others_bytes']:>8.0f} {g['served_by_others']:>8.0f} "
+            f"{g['responders']:>5.1f} "
+            f"{g['actor_rpcs']['find']:>5.1f} {g['rpcs']['store_cache']:>4.1f} "
+            f"{g.get('wire_bytes', float('nan')):>8.0f} | "
             f"{c.get('actor_rx', float('nan')):>8.0f} {c.get('responders', float('nan')):>4.1f}"
         )
     print("\nidle (after one publish with the TTL and two reads by all): per node per minute")
@@ -434,8 +438,10 @@ async def run(args) -> dict:
                 run_result = await measure_key(swarm, P, m, args, rng)
                 result["runs"].append(run_result)
                 print(
-                    f"  m={m}: {time.monotonic() - t1:.1f}s  store {run_result['store']['actor_bytes']:.0f} B, "
-                    f"get rx {run_result['get']['actor_rx']:.0f} B from {run_result['get']['responders']:.1f} "
+                    f"  m={m}: {time.monotonic() - t1:.1f}s  store {run_result['store']['actor_bytes']:.0f} "
+                    f"B, "
+                    f"get rx {run_result['get']['actor_rx']:.0f} B from "
+                    f"{run_result['get']['responders']:.1f} "
                     f"responders",
                     flush=True,
                 )

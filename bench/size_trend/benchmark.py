@@ -349,7 +349,8 @@ def markdown(result: dict) -> str:
         "",
         f"![{NAME}](bench/results/{NAME}.png)",
         "",
-        "Parameters are one replica's, all stages, and (the size the plot is drawn on) those outside the input "
+        "Parameters are one replica's, all stages, and (the size the plot is drawn on) those outside the "
+        "input "
         "embedding and the LM head, which are most of the smaller models' parameters; tokens per parameter "
         "count all of them; epochs are passes over the training tokens.",
         "",
@@ -366,7 +367,8 @@ def markdown(result: dict) -> str:
     lines += ["", "NoLoCo over DiLoCo, paired by seed:", "",
               "| size | NoLoCo | against DiLoCo at | NoLoCo over DiLoCo (%) |", "|---|---|---|---|"]
     lines += [
-        f"| {r['model']} | {r['noloco']} | {r['against']} | {r['noloco_over_diloco_pct']:+.2f} ± {r['sd']:.2f} |"
+        f"| {r['model']} | {r['noloco']} | {r['against']} | {r['noloco_over_diloco_pct']:+.2f} ± "
+        f"{r['sd']:.2f} |"
         for r in rows
         if r["kind"] == "trend"
     ]
@@ -380,7 +382,8 @@ def markdown(result: dict) -> str:
             "|---|---|---|---|---|",
         ]
         lines += [
-            f"| {r['model']} | {r['outer_lr']:g} | {r['seeds']} | {r['gap_to_ddp_pct']:+.2f} ± {r['sd']:.2f} | "
+            f"| {r['model']} | {r['outer_lr']:g} | {r['seeds']} | {r['gap_to_ddp_pct']:+.2f} ± {r['sd']:.2f} "
+            f"| "
             f"{', '.join(f'{k}: {v:+.2f}' for k, v in r['sweep_first_seed'].items())} |"
             for r in m1
         ]
@@ -393,7 +396,8 @@ def markdown(result: dict) -> str:
         lines += ["", "Ablations (first seed), against the same method's run at its defaults:", "",
                   "| size | ablation | method | val loss | change (%) |", "|---|---|---|---|---|"]
         lines += [
-            f"| {r['model']} | {r['ablation']} | {r['method']} | {r['val_loss']:.4f} | {r['change_pct']:+.2f} |"
+            f"| {r['model']} | {r['ablation']} | {r['method']} | {r['val_loss']:.4f} | "
+            f"{r['change_pct']:+.2f} |"
             for r in ablations
         ]
     lines += ["", f"**Answer.** {s['answer']}"]
@@ -441,7 +445,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         result.note(
             f"{len(runs)} runs on {args.workers} processes of one torch thread each: "
-            f"{time.perf_counter() - started:.0f} s wall, {result.summary['run_cpu_s_total']:.0f} CPU-seconds."
+            f"{time.perf_counter() - started:.0f} s wall, {result.summary['run_cpu_s_total']:.0f} "
+            f"CPU-seconds."
         )
     plot(result.rows, result.path(".png"))
     result.write()

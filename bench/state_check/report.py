@@ -65,7 +65,8 @@ def markdown(result: dict) -> str:
     if cost:
         lines += [
             "",
-            f"A sketch of a `small` stage's state ({cost['parameters'] / 1e6:.1f}M parameters: theta, phi and "
+            f"A sketch of a `small` stage's state ({cost['parameters'] / 1e6:.1f}M parameters: theta, phi "
+            f"and "
             f"momentum, {cost['state_bytes'] / 1e6:.0f} MB) took {cost['seconds']:.2f} s on one CPU thread "
             f"({cost['state_mb_per_s']:.0f} MB/s of state).",
         ]

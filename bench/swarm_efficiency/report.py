@@ -103,10 +103,13 @@ def _intro(s: dict) -> str:
     )
     return (
         f"Model `{s['model']}` ({s['num_parameters']:,} parameters), sequence length {s['seq_len']}, "
-        f"{s['batch_size']} sequences per micro-batch and per inner step, NoLoCo with H = {s['inner_steps']}, the "
-        f"bundled corpus. Plain training: the whole model in one process with {s['plain_threads']} torch threads "
+        f"{s['batch_size']} sequences per micro-batch and per inner step, NoLoCo with H = "
+        f"{s['inner_steps']}, the "
+        f"bundled corpus. Plain training: the whole model in one process with {s['plain_threads']} torch "
+        f"threads "
         f"(what the swarm's nodes have together: `swarm-node local` gives each one), "
-        f"{s['tokens_per_s_plain']:,.0f} tokens/s ({s['tokens_per_s_plain_cores']:,.0f} with one thread per core, "
+        f"{s['tokens_per_s_plain']:,.0f} tokens/s ({s['tokens_per_s_plain_cores']:,.0f} with one thread per "
+        f"core, "
         f"{s['cores']} cores). Swarm in steady state (stage-0 inner steps {s['window_steps'][0]} to "
         f"{s['window_steps'][1]}): {layouts}."
     )
@@ -119,10 +122,12 @@ def _f2(x: float | None) -> str:
 def _tables(result: dict) -> list[str]:
     s = result["summary"]
     return [
-        "Throughput in the steady window (`whole run`: `tokens_per_s` of the `swarm-node local` summary, start-up "
+        "Throughput in the steady window (`whole run`: `tokens_per_s` of the `swarm-node local` summary, "
+        "start-up "
         "and final evaluation included; tokens per CPU-second count the CPU time of all the run's processes; "
         "step time: between consecutive inner steps, intervals holding an outer round left out; outer round: "
-        "mean time from a node's round start (seeking a partner) to its outer step, in the window; outer rounds "
+        "mean time from a node's round start (seeking a partner) to its outer step, in the window; outer "
+        "rounds "
         "(with a partner) over the whole run; `others`: share of the machine other processes used meanwhile):",
         "",
         *_table(
@@ -147,7 +152,8 @@ def _tables(result: dict) -> list[str]:
             ],
         ),
         "",
-        "Where the machine's CPU time goes in the steady window (all cores together; the compute buckets split each "
+        "Where the machine's CPU time goes in the steady window (all cores together; the compute buckets "
+        "split each "
         "node's compute-thread CPU time, read from /proc, by that thread's cProfile):",
         "",
         *_table(
@@ -155,8 +161,10 @@ def _tables(result: dict) -> list[str]:
             [("layout", "layout", "s"), *[(c, MACHINE_LABELS[c], "pct") for c in MACHINE_COLUMNS]],
         ),
         "",
-        "Per stage: one node's compute thread over the window (mean over the stage's nodes; runnable but without a "
-        "core is `waiting for a core`, blocked is `idle`), and the CPU its other threads and processes use, in cores:",
+        "Per stage: one node's compute thread over the window (mean over the stage's nodes; runnable but "
+        "without a "
+        "core is `waiting for a core`, blocked is `idle`), and the CPU its other threads and processes use, "
+        "in cores:",
         "",
         *_table(
             _rows(result, "stages"),
@@ -172,8 +180,10 @@ def _tables(result: dict) -> list[str]:
         "",
         "p2pd's share of the swarm's own CPU time: "
         + ", ".join(f"{name} {_pct(v)}" for name, v in s["daemon_cpu_share"].items())
-        + f". Inner-step time of the {s['step_time_s']['layout']} swarm's nodes (`summary.step_time_s`, read by the "
-        f"latency-model benchmark): mean {s['step_time_s']['mean']:.3f} s, std {s['step_time_s']['std']:.3f} s over "
+        + f". Inner-step time of the {s['step_time_s']['layout']} swarm's nodes (`summary.step_time_s`, read "
+          f"by the "
+        f"latency-model benchmark): mean {s['step_time_s']['mean']:.3f} s, std {s['step_time_s']['std']:.3f} "
+        f"s over "
         f"{s['step_time_s']['n']} steps.",
     ]
 
@@ -191,37 +201,50 @@ def _meaning(result: dict) -> str:
         network = m["event_loops"] + m["dht"] + m["p2pd"] + m["driver"]
         verdict = "falls short of plain training by" if ratio < 1 else "beats plain training by"
         sentences.append(
-            f"The {name} swarm {verdict} {_pct(abs(1 - ratio))} in tokens/s ({_f2(s['cpu_ratio'][name])}x per "
-            f"CPU-second). Useful compute, the work plain training also does, gets {_pct(m['useful'])} of the "
+            f"The {name} swarm {verdict} {_pct(abs(1 - ratio))} in tokens/s ({_f2(s['cpu_ratio'][name])}x "
+            f"per "
+            f"CPU-second). Useful compute, the work plain training also does, gets {_pct(m['useful'])} of "
+            f"the "
             f"machine against {_pct(plain_useful)} in plain training; the rest goes to recomputation "
             f"({_pct(m['recompute'])}), (de)serialisation ({_pct(m['serialisation'])}), outer rounds "
-            f"({_pct(m['outer'])}), the networking stack (event loops, DHT processes, p2pd, driver: {_pct(network)}, "
+            f"({_pct(m['outer'])}), the networking stack (event loops, DHT processes, p2pd, driver: "
+            f"{_pct(network)}, "
             f"p2pd alone {_pct(m['p2pd'])}) and idle cores ({_pct(m['idle'])}); a compute thread is blocked "
-            f"(waiting for peers, the pipeline, a round partner, or the GIL) {_pct(sum(idle[name]) / len(idle[name]))} "
+            f"(waiting for peers, the pipeline, a round partner, or the GIL) "
+            f"{_pct(sum(idle[name]) / len(idle[name]))} "
             "of the time on average."
         )
     for row in _rows(result, "throughput"):
         if row.get("outer_rounds") and row["rounds_with_partner"] < row["outer_rounds"]:
             sentences.append(
-                f"In {row['layout']} only {row['rounds_with_partner']} of {row['outer_rounds']} outer rounds found "
-                f"a partner: a node seeks one for up to {s['round_timeout_s']:.0f} s before its local-only step, and "
-                f"rounds took {_f2(row['round_time_mean_s'])} s on average, during which its stage does not train."
+                f"In {row['layout']} only {row['rounds_with_partner']} of {row['outer_rounds']} outer rounds "
+                f"found "
+                f"a partner: a node seeks one for up to {s['round_timeout_s']:.0f} s before its local-only "
+                f"step, and "
+                f"rounds took {_f2(row['round_time_mean_s'])} s on average, during which its stage does not "
+                f"train."
             )
     sentences.append(
         "Recomputation is the price of the pipeline without stored activations (each non-last stage runs its "
-        "forward twice, about a third of its useful work); the one-stage layout has none and pays only for outer "
-        "rounds and a networking stack per process, which on a machine this small competes with compute for the "
+        "forward twice, about a third of its useful work); the one-stage layout has none and pays only for "
+        "outer "
+        "rounds and a networking stack per process, which on a machine this small competes with compute for "
+        "the "
         "same cores."
     )
     if s["other_processes_max"] > 0.05:
         sentences.append(
-            f"Other processes used up to {_pct(s['other_processes_max'])} of the machine during these measurements: "
-            "tokens/s ratios then also depend on how the scheduler shared the cores between one plain process and "
-            "the swarm's many, while the ratio per CPU-second does not; rerun on an idle machine for clean tokens/s."
+            f"Other processes used up to {_pct(s['other_processes_max'])} of the machine during these "
+            f"measurements: "
+            "tokens/s ratios then also depend on how the scheduler shared the cores between one plain "
+            "process and "
+            "the swarm's many, while the ratio per CPU-second does not; rerun on an idle machine for clean "
+            "tokens/s."
         )
         if s["tokens_per_s_plain_cores"] < 0.5 * s["tokens_per_s_plain"]:
             sentences.append(
-                f"Plain training with {s['cores']} threads suffers most from that load: with as many threads as "
+                f"Plain training with {s['cores']} threads suffers most from that load: with as many threads "
+                f"as "
                 "cores, libgomp spin-waits at its barriers while the other thread is descheduled (with "
                 f"{s['plain_threads']} threads it sees the oversubscription and spins briefly; "
                 "`OMP_WAIT_POLICY=PASSIVE` also avoids it)."
@@ -235,12 +258,17 @@ def fast_link_section(result: dict) -> list[str]:
     return [
         "### Fast link: libp2p streams against direct lanes",
         "",
-        f"A 2 x 2 swarm of the `{f['model']}` model, {f['batch_size']} x {f['seq_len']} tokens a micro-batch, on "
-        "loopback: the least compute per byte sent the CPU presets allow, still far more than a GPU's, so the bytes "
+        f"A 2 x 2 swarm of the `{f['model']}` model, {f['batch_size']} x {f['seq_len']} tokens a "
+        f"micro-batch, on "
+        "loopback: the least compute per byte sent the CPU presets allow, still far more than a GPU's, so "
+        "the bytes "
         "stay a few MB/s (bench/swarm_efficiency/fast_link.py). Transport: the "
-        "p2pd daemons and the nodes' threads other than compute (event loops, lanes, the wire thread), as a share "
-        "of all the cores' time in the steady window; MB/s: every byte the nodes sent over the whole run. Each "
-        f"path ran {f.get('runs_each', 1)} times, the two taking turns (A B B A); a row is the mean of its runs, "
+        "p2pd daemons and the nodes' threads other than compute (event loops, lanes, the wire thread), as a "
+        "share "
+        "of all the cores' time in the steady window; MB/s: every byte the nodes sent over the whole run. "
+        "Each "
+        f"path ran {f.get('runs_each', 1)} times, the two taking turns (A B B A); a row is the mean of its "
+        f"runs, "
         "micro-batches lost their sum.",
         "",
         *_table(
@@ -261,7 +289,8 @@ def fast_link_section(result: dict) -> list[str]:
             ],
         ),
         "",
-        f"Direct lanes: {f['speedup']:.2f}x the tokens/s of libp2p streams{_within(result)}; transport's share "
+        f"Direct lanes: {f['speedup']:.2f}x the tokens/s of libp2p streams{_within(result)}; transport's "
+        f"share "
         f"of the machine {100 * before:.0f} % before, {100 * after:.0f} % after.",
     ]
 

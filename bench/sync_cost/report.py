@@ -121,15 +121,18 @@ def speed_paragraph(result: dict, rounds: dict[tuple, dict]) -> str:
     at_largest = {c: r for c, r in matched.items() if c[2] == largest}
     model = math.log2(largest)
     text = (
-        f"**Without stragglers** the all-reduce's critical path was {_span(matched)} a matched pair round's over "
+        f"**Without stragglers** the all-reduce's critical path was {_span(matched)} a matched pair round's "
+        f"over "
         f"{len(matched)} configurations (at N = {largest}: "
         + "; ".join(f"{_where(result, c)}: {r:.2f}x" for c, r in at_largest.items())
         + f"). The paper's latency model (2t log2 N against 2t) expects {model:.0f}x at N = {largest}"
     )
     if max(at_largest.values()) < model:
         text += (
-            "; the measured gap is smaller. hivemind's all-reduce is a butterfly, not a tree: each peer sends "
-            "and receives about 2(N-1)/N payloads, in parallel, so on links without latency (no netem here) its "
+            "; the measured gap is smaller. hivemind's all-reduce is a butterfly, not a tree: each peer "
+            "sends "
+            "and receives about 2(N-1)/N payloads, in parallel, so on links without latency (no netem here) "
+            "its "
             "cost grows with N through bytes and CPU per peer, not through log2 N message latencies"
         )
     text += "."
@@ -139,8 +142,10 @@ def speed_paragraph(result: dict, rounds: dict[tuple, dict]) -> str:
             " The all-reduce beat a matched pair in "
             + "; ".join(_where(result, c) for c in faster)
             + ": with "
-            "few peers it moves about the same bytes per peer (one payload each way at N = 2) but sends while it "
-            "receives and pipelines its parts, while the node's exchange encodes, sends, decodes and checks the "
+            "few peers it moves about the same bytes per peer (one payload each way at N = 2) but sends "
+            "while it "
+            "receives and pipelines its parts, while the node's exchange encodes, sends, decodes and checks "
+            "the "
             "request in one piece, then does the same for the answer."
         )
     if node:
@@ -171,7 +176,8 @@ def protocol_paragraph(result: dict, rounds: dict[tuple, dict]) -> str:
     )
     if attempts > 1.05:
         text += (
-            "; the other refusals (`busy` from a peer already reserved or proposing elsewhere, `not-ready`) are "
+            "; the other refusals (`busy` from a peer already reserved or proposing elsewhere, `not-ready`) "
+            "are "
             "followed by a random back-off of 0.05-0.3 s"
         )
     messages = {(r["setting"],
@@ -194,7 +200,8 @@ def protocol_paragraph(result: dict, rounds: dict[tuple, dict]) -> str:
                    and r.get("matchmaking_s") is not None]
     if matchmaking:
         text += (
-            f". hivemind needed {min(matchmaking):.1f}-{max(matchmaking):.1f} s to form a group; it is kept off "
+            f". hivemind needed {min(matchmaking):.1f}-{max(matchmaking):.1f} s to form a group; it is kept "
+            f"off "
             "the critical path here, a plain `step()` pays it every round"
         )
     return text + "."
@@ -212,8 +219,10 @@ def failure_paragraph(result: dict, rounds: dict[tuple, dict]) -> str:
                       f"{r['failed'] + r['rounds']} rounds, {r['attempts']:.0f} proposals per peer"
                       for key, r in failed.items())
     return (
-        "**Where the node's pairing failed.** Some `pair` rounds ended without a partner (the local-only step "
-        f"after the seek deadline: the node's round_timeout_s plus the time of one exchange): {cases}. Matched "
+        "**Where the node's pairing failed.** Some `pair` rounds ended without a partner (the local-only "
+        "step "
+        f"after the seek deadline: the node's round_timeout_s plus the time of one exchange): {cases}. "
+        f"Matched "
         f"pairs in the same configurations failed in {twin_failed} of {twin_total} rounds. The errors the "
         "peers reported are in the caveats below."
     )
@@ -227,10 +236,13 @@ def straggler_paragraph(result: dict, rounds: dict[tuple, dict]) -> str:
     examples = "; ".join(f"{_where(result, c)}: " + " / ".join(_num(rounds[(*c, m, True)]["mean_idle_s"])
                                                                for m in METHODS) + " s" for c in configs)
     return (
-        f"**Stragglers** (the last quarter of the peers, at least one, {s['straggler_delay_s']:g} s late: an inner "
+        f"**Stragglers** (the last quarter of the peers, at least one, {s['straggler_delay_s']:g} s late: an "
+        f"inner "
         f"phase of {s['inner_phase_s']:g} s at slow factor {s['slow_factor']:g}). Mean idle per peer, pair / "
-        f"matched pair / all-reduce: {examples}. The all-reduce idles every punctual peer for the whole delay; "
-        "with matched pairs only a straggler's partner waits, and the node's pairing lets punctual peers pair "
+        f"matched pair / all-reduce: {examples}. The all-reduce idles every punctual peer for the whole "
+        f"delay; "
+        "with matched pairs only a straggler's partner waits, and the node's pairing lets punctual peers "
+        "pair "
         "among themselves (only one left over waits). With N = 2 the only "
         "partner is the straggler, so every method waits alike."
     )
@@ -240,10 +252,14 @@ def markdown(result: dict) -> str:
     rounds = _rounds(result)
     parts = [
         "## Sync cost: NoLoCo pair exchange vs hivemind all-reduce",
-        "The critical path of one outer round: each peer sends its phi and Delta (fp16) to one random peer of its "
-        "stage over one libp2p stream and gets the partner's back, with the node's own pairing, transport and "
-        "frame codec, against one `DecentralizedAverager` all-reduce over the same tensors among all N peers of "
-        f"the stage ({result['summary'].get('compression', 'fp16').upper()} compression). One process per peer, "
+        "The critical path of one outer round: each peer sends its phi and Delta (fp16) to one random peer "
+        "of its "
+        "stage over one libp2p stream and gets the partner's back, with the node's own pairing, transport "
+        "and "
+        "frame codec, against one `DecentralizedAverager` all-reduce over the same tensors among all N peers "
+        "of "
+        f"the stage ({result['summary'].get('compression', 'fp16').upper()} compression). One process per "
+        f"peer, "
         "each with its own DHT and libp2p daemon; stage sizes are tensors of that many fp32 parameters.",
         f"Command: `{rerun_command('sync_cost', result['mode'])}` ({result['mode']} mode; "
         "`--full` adds 50M parameters and 50 Mbit/s). "

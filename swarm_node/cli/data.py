@@ -15,7 +15,8 @@ def add_data_parser(sub) -> None:
     p = actions.add_parser(
         "prepare",
         help="tokenize a source into verified shards and a manifest",
-        description="Tokenize text files, a local Hugging Face dataset or a token file with the run's tokenizer "
+        description="Tokenize text files, a local Hugging Face dataset or a token file with the run's "
+                    "tokenizer "
         "(given, or trained on the text first with --train-tokenizer) into fixed-size token "
         "shards, and write a manifest of their sizes and SHA-256 hashes. Put the printed [data] "
         "table in the run spec, and start the bootstrap with --data OUT: volunteers then fetch "

@@ -80,7 +80,8 @@ def _run_export(args: argparse.Namespace) -> int:
     written = write_hf_checkpoint(assembled, args.out, _tokenizer_path(args, assembled))
     params = sum(t.numel() for t in assembled.state_dict.values())
     print(
-        f"wrote a Hugging Face Llama checkpoint of run {assembled.spec.run_id!r} ({params:,} parameters; peers "
+        f"wrote a Hugging Face Llama checkpoint of run {assembled.spec.run_id!r} ({params:,} parameters; "
+        f"peers "
         f"averaged per stage: {assembled.peers_per_stage}) to {args.out}:",
         file=sys.stderr,
     )

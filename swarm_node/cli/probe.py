@@ -105,7 +105,8 @@ def setup_probe_venv(path: Path) -> int:
                            text=True)
     if check.returncode != 0:
         print(
-            f"swarm-node probe: the probe does not start in {path}: {check.stdout.strip()}{check.stderr[-500:]}",
+            f"swarm-node probe: the probe does not start in {path}: "
+            f"{check.stdout.strip()}{check.stderr[-500:]}",
             file=sys.stderr,
         )
         return 1

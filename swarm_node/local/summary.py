@@ -76,7 +76,8 @@ def log_summary(summary: dict, config: LocalConfig) -> None:
     lost = [p for p in summary["peers"] if p["status"] == "lost"]
     consensus = summary["final_consensus_val_loss"]
     log.info(
-        "swarm: final val loss %s%s, %s tokens in %.1f s (%.0f tok/s), evaluated in %.1f s; %d of %d peers lost",
+        "swarm: final val loss %s%s, %s tokens in %.1f s (%.0f tok/s), evaluated in %.1f s; %d of %d peers "
+        "lost",
         f"{summary['final_val_loss']:.4f}" if summary["final_val_loss"] is not None else "n/a",
         f" (consensus model {consensus:.4f})" if consensus is not None else "",
         f"{summary['tokens']:,}",

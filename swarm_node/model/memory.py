@@ -356,7 +356,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(memory_table(vocab_size=args.vocab, batch_size=args.batch_size, seq_len=args.seq_len))
     if args.card_gib is not None:
         print(
-            f"\nThe largest micro-batch a {args.card_gib:g} GiB card holds ({format_bytes(CARD_RESERVE_BYTES)} kept "
+            f"\nThe largest micro-batch a {args.card_gib:g} GiB card holds "
+            f"({format_bytes(CARD_RESERVE_BYTES)} kept "
             f"for the CUDA context), bf16 autocast, {args.seq_len}-token sequences:\n"
         )
         print(micro_batch_table(card_gib=args.card_gib, vocab_size=args.vocab, seq_len=args.seq_len))

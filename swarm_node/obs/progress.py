@@ -101,7 +101,8 @@ def node_status_line(s: NodeSnapshot) -> str:
         step,
         f"loss {s.loss:.3f}" if s.loss is not None else "loss -",
         f"{s.tokens_per_s:,.0f} tok/s",
-        f"stage {s.stage} of {s.num_stages} with {s.peers_in_stage} other peer{'s' if s.peers_in_stage != 1 else ''}",
+        f"stage {s.stage} of {s.num_stages} with {s.peers_in_stage} other "
+        f"peer{'s' if s.peers_in_stage != 1 else ''}",
     ]
     if s.last_round is not None:
         who = f"with {s.last_partner}" if s.last_partner else "alone"

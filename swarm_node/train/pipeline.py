@@ -302,7 +302,8 @@ class Pipeline:
         if not self._own_output_logged:
             self._own_output_logged = True
             log.error(
-                "this node's own activations are not finite (%s): micro-batches are not sent; its weights may "
+                "this node's own activations are not finite (%s): micro-batches are not sent; its weights "
+                "may "
                 "have diverged (a lower learning rate, or restarting it to take the stage's state, helps)",
                 exc,
             )

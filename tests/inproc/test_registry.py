@@ -176,7 +176,8 @@ def test_a_record_claiming_to_outlive_what_nodes_publish_is_refused_and_logged_o
             asyncio.run(view.refresh(all_stages=True))
     assert set(view.peers[1]) == {"honest"}
     assert [r.getMessage() for r in caplog.records if "forged"[-6:] in r.getMessage()] == [
-        "ignoring peer forged: registry record refused: it claims to live 3600 s; nodes publish for at most 120 s"
+        "ignoring peer forged: registry record refused: it claims to live 3600 s; nodes publish for at most "
+        "120 s"
     ]
     with pytest.raises(ValueError, match="record_ttl_s"):
         NodeConfig(record_ttl_s=MAX_RECORD_TTL_S + 1)

@@ -36,7 +36,8 @@ def test_forged_records_cost_at_most_2_micro_batches_and_30_percent_of_tokens_pe
     forged, lost_forged = measure_window(boot, WINDOW_S)
     status = boot.status()
     print(
-        f"tokens/s undisturbed {undisturbed:.0f}, with forged records {forged:.0f} ({forged / undisturbed:.0%}); "
+        f"tokens/s undisturbed {undisturbed:.0f}, with forged records {forged:.0f} "
+        f"({forged / undisturbed:.0%}); "
         f"micro-batches lost {lost_undisturbed} then {lost_forged}; bootstrap: {status['num_peers']} peers, "
         f"{status['unverified_peers']} unverified records, {status['foreign_records']} refused, "
         f"loss {status['loss']}"

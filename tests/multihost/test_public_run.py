@@ -237,7 +237,8 @@ def test_training_outlives_every_bootstrap_and_a_restarted_one_lists_the_swarm_a
     wait_for(lambda: live <= {p["peer_id"] for p in boot.peers() if p["state"] == "training"}, 30,
              "the restarted bootstrap to list every live node", workdir)
     print(
-        f"the restarted bootstrap was up {up - restarted:.1f} s after its start and listed all {len(live)} live "
+        f"the restarted bootstrap was up {up - restarted:.1f} s after its start and listed all {len(live)} "
+        f"live "
         f"nodes {time.monotonic() - up:.1f} s later"
     )
     # it found them itself, from the peers it wrote down, not only through the nodes' redials
