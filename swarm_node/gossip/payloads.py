@@ -185,7 +185,7 @@ class PayloadSwap:
 
     async def _send_payload(self, peer: str, payload: Payload, deadline: float) -> None:
         for frame in (payload.delta, payload.phi) if isinstance(payload, PayloadParts) else (payload,):
-            verdict = await self._asked_again_once(peer, lambda: self.transport.request(
+            verdict = await self._asked_again_once(peer, lambda frame=frame: self.transport.request(
                 peer, protocols.OUTER, frame, timeout_s=deadline - now(),
                 max_response_bytes=CONTROL_MAX_BYTES,
                 paced_request=True), deadline)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from swarm_node.model.config import NAMED_SIZES, model_config
+from swarm_node.model.config import NAMED_SIZES, ModelConfig, model_config
 from swarm_node.model.memory import per_stage_count, stage_parameters
 from swarm_node.wire.outer_codec import outer_codec
 
@@ -55,7 +55,7 @@ def round_table(*, inner_phase_s: float = 60.0, vocab_size: int = 32_000, seq_le
             continue
         config = model_config(size, vocab_size=vocab_size, max_seq_len=seq_len)
 
-        def rate(stages: int) -> str:
+        def rate(stages: int, config: ModelConfig = config) -> str:
             largest = max(stage_parameters(config, num_stages=stages, stage_index=s) for s in range(stages))
             return _rate(round_mbit(largest, inner_phase_s))
 

@@ -244,7 +244,7 @@ def memory_table(*, vocab_size: int = 32_000, batch_size: int = 8, seq_len: int 
     for size in NAMED_SIZES:
         config = model_config(size, vocab_size=vocab_size, max_seq_len=seq_len)
 
-        def peaks(stages: int) -> str:
+        def peaks(stages: int, config: ModelConfig = config) -> str:
             _, gpu = largest_stage_memory(config, num_stages=stages, batch_size=batch_size, seq_len=seq_len,
                                           autocast_bf16=True)
             _, cpu = largest_stage_memory(config, num_stages=stages, batch_size=batch_size, seq_len=seq_len,
@@ -274,7 +274,7 @@ def vocab_table(*, vocabularies: Sequence[int] = VOCABULARIES, num_stages: int =
         for vocab in vocabularies:
             config = model_config(size, vocab_size=vocab, max_seq_len=seq_len)
 
-            def peak(stages: int) -> str:
+            def peak(stages: int, config: ModelConfig = config) -> str:
                 _, need = largest_stage_memory(config, num_stages=stages, batch_size=batch_size,
                                                seq_len=seq_len, autocast_bf16=True)
                 return format_bytes(need.peak_bytes)
@@ -312,7 +312,7 @@ def micro_batch_table(*, card_gib: float, vocab_size: int = 32_000, seq_len: int
     for size in NAMED_SIZES:
         config = model_config(size, vocab_size=vocab_size, max_seq_len=seq_len)
 
-        def cell(stages: int) -> str:
+        def cell(stages: int, config: ModelConfig = config) -> str:
             batch = largest_micro_batch(config, num_stages=stages, seq_len=seq_len,
                                         card_bytes=int(card_gib * 2**30))
             return "does not fit" if batch is None else f"{batch} ({batch * seq_len:,} tokens)"

@@ -33,7 +33,7 @@ from swarm_node.net.identity import short_id
 from swarm_node.net.lanes import LaneAnswer
 from swarm_node.net.pacing import Meter, read_paced, send_paced
 from swarm_node.net.refusals import Refusals
-from swarm_node.net.stalls import Flows, StallRule, Stalled, discard_counted, moved, read_counted
+from swarm_node.net.stalls import Flows, Stalled, StallRule, discard_counted, moved, read_counted
 from swarm_node.net.streams import LENGTH_BYTES, ip_of, pacer_for, read_length, write_frame
 
 log = logging.getLogger("swarm_node.net.transport")  # one transport in the logs, both sides

@@ -19,7 +19,6 @@ from functools import partial
 from swarm_node.data.source import RunData
 from swarm_node.errors import ConfigError, IncompatibleRun, SwarmError
 from swarm_node.gossip.exchange import ExchangeTimes, OuterExchange
-from swarm_node.spec_record import find_run_spec, peer_ids_of, publish_spec, require_version
 from swarm_node.membership.reachability import check_own_reachability, open_port_advice
 from swarm_node.membership.view import Membership
 from swarm_node.net import protocols
@@ -29,6 +28,7 @@ from swarm_node.net.lanes import lane_hosts
 from swarm_node.net.transport import ServeLimits, Transport, short_id
 from swarm_node.node_services import NodeServices
 from swarm_node.obs.endpoints import NodeStatus, handle_status_request
+from swarm_node.spec_record import find_run_spec, peer_ids_of, publish_spec, require_version
 from swarm_node.state.keeper import Checkpoints
 from swarm_node.state.sync import StateSync
 from swarm_node.state.witnesses import Witnesses

@@ -20,9 +20,9 @@ from __future__ import annotations
 import functools
 import random
 import sys
-from unittest import mock
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 import torch
 
