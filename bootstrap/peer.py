@@ -311,8 +311,8 @@ class BootstrapPeer:
             fix = ("if volunteers come from the internet, announce the address it sees instead"
                    if self.config.announce_maddrs else "pass --public-ip for volunteers on the internet")
             log.warning(
-                "this bootstrap announces private addresses only (%s): only machines on the same network "
-                "can join; %s",
+                "this bootstrap announces private addresses only (%s): only machines on the same network can "
+                "join; %s",
                 ", ".join(self.maddrs),
                 fix,
             )

@@ -162,14 +162,12 @@ def markdown(result: dict) -> str:
         f"```bash\n{rerun_command(NAME, result['mode'])}\n```",
         "",
         f"{s['runs']} simulator runs, 4 x 2 NoLoCo, {s['tokens']:,} tokens each; the codec `{CODEC}` sized "
-        f"per "
-        "ratio with every byte on the wire counted (values, steps, token ids, frame).",
+        f"per ratio with every byte on the wire counted (values, steps, token ids, frame).",
         "",
         f"![{NAME}](bench/results/{NAME}.png)",
         "",
         "| width | codec | ratio asked | values a token (bits) | bytes a token fwd / back | seed | val loss "
-        "| "
-        "over fp16 (%) |",
+        "| over fp16 (%) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in (r for r in rows if r["kind"] == "compare"):

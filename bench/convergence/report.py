@@ -117,29 +117,23 @@ def _setup(result: dict) -> str:
         else f"the `{s['model']}` model's suggested inner lr {s['inner_lr']:g}"
     )
     return (
-        "The project's simulator (`swarm_node.sim`: the real AdamW inner step and outer step, a fresh random "
-        f"route per micro-batch between stages) trains DP replicas x PP stages of the `{s['model']}` model "
-        f"({s['num_parameters']:,} parameters) on the bundled corpus (CPython docstrings, byte tokens): "
-        f"{s['steps']} inner steps of a fixed global batch of {s['global_batch']} x {s['seq_len']} tokens, "
-        f"split over the DP replicas, so every method and grid sees the same {s['tokens_per_run']:,} tokens. "
-        f"Seeds {', '.join(map(str, s['seeds']))}; a seed fixes the initial weights and data order of all "
-        f"methods, "
-        f"so gaps are paired by seed. Inner: AdamW, warm-up then cosine, {tuning}. Outer: NoLoCo H = "
-        f"{noloco['inner_steps']} ({noloco['outer_rounds']} rounds), heavy-ball momentum "
-        f"{noloco['outer_momentum']}, "
-        f"outer lr {noloco['outer_lr']}, gamma {noloco['outer_gamma']}, pairs; DiLoCo H = "
-        f"{diloco['inner_steps']} "
-        f"({diloco['outer_rounds']} rounds), heavy-ball momentum {diloco['outer_momentum']}, outer lr "
-        f"{diloco['outer_lr']} (the reference code's). The scaling rows take the scaling-law paper's outer "
-        f"optimizer, Nesterov momentum {s['scaling_momentum']}, with the outer lr swept per M. Perplexity is "
-        f"exp of "
-        f"the mean validation loss over random paths (each batch through DP paths of a random worker per "
-        f"stage, "
-        "the same draws for every run: how a swarm routes) on "
-        f"{s['val_windows']} of the corpus's {s['all_val_windows']} held-out windows; \"fixed\" over the "
-        f"paths "
-        "\"worker r at every stage\" (what fixed routing trains), \"consensus\" one model of each stage's "
-        "mean weights."
+        f"The project's simulator (`swarm_node.sim`: the real AdamW inner step and outer step, a fresh "
+        f"random route per micro-batch between stages) trains DP replicas x PP stages of the `{s['model']}` "
+        f"model ({s['num_parameters']:,} parameters) on the bundled corpus (CPython docstrings, byte "
+        f"tokens): {s['steps']} inner steps of a fixed global batch of {s['global_batch']} x {s['seq_len']} "
+        f"tokens, split over the DP replicas, so every method and grid sees the same {s['tokens_per_run']:,} "
+        f"tokens. Seeds {', '.join(map(str, s['seeds']))}; a seed fixes the initial weights and data order "
+        f"of all methods, so gaps are paired by seed. Inner: AdamW, warm-up then cosine, {tuning}. Outer: "
+        f"NoLoCo H = {noloco['inner_steps']} ({noloco['outer_rounds']} rounds), heavy-ball momentum "
+        f"{noloco['outer_momentum']}, outer lr {noloco['outer_lr']}, gamma {noloco['outer_gamma']}, pairs; "
+        f"DiLoCo H = {diloco['inner_steps']} ({diloco['outer_rounds']} rounds), heavy-ball momentum "
+        f"{diloco['outer_momentum']}, outer lr {diloco['outer_lr']} (the reference code's). The scaling rows "
+        f"take the scaling-law paper's outer optimizer, Nesterov momentum {s['scaling_momentum']}, with the "
+        f"outer lr swept per M. Perplexity is exp of the mean validation loss over random paths (each batch "
+        f"through DP paths of a random worker per stage, the same draws for every run: how a swarm routes) "
+        f"on {s['val_windows']} of the corpus's {s['all_val_windows']} held-out windows; \"fixed\" over the "
+        f"paths \"worker r at every stage\" (what fixed routing trains), \"consensus\" one model of each "
+        f"stage's mean weights."
     )
 
 
@@ -148,8 +142,7 @@ def _grid_table(rows: list[dict], grid: str) -> str:
         f"**DP x PP = {grid}**",
         "",
         "| method | perplexity, random paths (mean) | spread: std; min-max | gap to DDP (min..max over "
-        "seeds) | "
-        "fixed paths | consensus | paper ppl (Small, C4) | paper gap to FSDP |",
+        "seeds) | fixed paths | consensus | paper ppl (Small, C4) | paper gap to FSDP |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in (r for r in rows if r["kind"] == "grid" and r["grid"] == grid):
@@ -177,12 +170,10 @@ def _scaling_table(result: dict) -> str:
     lines = [
         f"DiLoCo with M replicas (PP = 1, the same global batch) against DDP on grid "
         f"{result['summary']['scaling_reference']}, eval loss in nats per byte. The outer lr was swept on "
-        f"the "
-        f"first seed (outer lr -> eval loss: {tried}); the best one ran on every seed:",
+        f"the first seed (outer lr -> eval loss: {tried}); the best one ran on every seed:",
         "",
         "| M | outer lr, momentum | DiLoCo eval loss (mean ± std) | DDP eval loss | excess over DDP "
-        "(min..max) | "
-        "paper 35M | paper 2.4B |",
+        "(min..max) | paper 35M | paper 2.4B |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in _rows(result["rows"], "scaling"):
@@ -202,12 +193,10 @@ def _sweep_table(result: dict) -> str:
     lines = [
         f"**NoLoCo's open settings** on grid {s['sweep_grid']} (pipeline stages, random routing), one at a "
         f"time from the paper's settings (alpha = momentum, beta = outer lr, gamma = pull towards the pair's "
-        f"mean); "
-        f"chosen on seed {s['seeds'][0]}: **{s['noloco_choice']}**.",
+        f"mean); chosen on seed {s['seeds'][0]}: **{s['noloco_choice']}**.",
         "",
         "| setting | outer gain beta/(1-alpha) | eval loss, first seed | seeds | gap to the paper's (paired) "
-        "| "
-        "eval-loss gap to DiLoCo (min..max) | weight spread |",
+        "| eval-loss gap to DiLoCo (min..max) | weight spread |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -239,16 +228,12 @@ def _wire_table(result: dict) -> str:
     )
     lines = [
         f"**How a round moves** (issue 16) on grid {rows[0]['grid']}, NoLoCo at the paper's "
-        f"settings{at_choice}, "
-        "every seed: "
-        "the overlapped round (ALGORITHM.md 3.1) landing half a round to two rounds late, the outer payload "
-        "in "
-        "near4-3 (3.2), activations and their gradients in int8, each against the blocking round with "
-        "phi, Delta and activations in 16 bits, paired by seed; the bar is 1 %. A round is never more than "
-        "one "
-        "behind: one still under way at the next boundary holds the steps there until it lands, so two "
-        "rounds "
-        "late trains as one round late (the wait is idle time, not tokens).",
+        f"settings{at_choice}, every seed: the overlapped round (ALGORITHM.md 3.1) landing half a round to "
+        f"two rounds late, the outer payload in near4-3 (3.2), activations and their gradients in int8, each "
+        f"against the blocking round with phi, Delta and activations in 16 bits, paired by seed; the bar is "
+        f"1 %. A round is never more than one behind: one still under way at the next boundary holds the "
+        f"steps there until it lands, so two rounds late trains as one round late (the wait is idle time, "
+        f"not tokens).",
         "",
         "| variant | payload | activations | lands (steps late) | eval loss (mean ± std) | "
         "gap to blocking fp16, same setting (min..max) | within 1 % |",
@@ -282,16 +267,15 @@ def _wall_table(result: dict) -> str:
     target = {r["grid"]: r["target_loss"] for r in _rows(result["rows"], "to_target")}
     lines = [
         "**Time to a target loss** (the highest final point of NoLoCo's and DiLoCo's validation-loss curves "
-        "(random paths, the first validation batches) over the seeds, per "
-        "grid: "
+        "(random paths, the first validation batches) over the seeds, per grid: "
         + ", ".join(f"{g}: {t:.3f}" for g, t in target.items())
         + "), in inner steps of compute, from "
         "the steps each method needed here and the cost of a step on the link "
         "(bench/convergence/wallclock.py: the paper's latency model, log-normal message times std/mean 0.5; "
         "barrier idle left out, which favours DDP and DiLoCo):",
         "",
-        "| link | grid | method | round | steps to target | cost per step | wall (steps of compute) | "
-        "vs DiLoCo |",
+        "| link | grid | method | round | steps to target | cost per step | wall (steps of compute) | vs "
+        "DiLoCo |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for link in links:
@@ -350,8 +334,7 @@ def _checks(result: dict) -> str:
     return "\n".join(
         [
             f"- DDP best in every grid: {_yes(ddp['holds'])} (lowest mean perplexity: {best}); every other "
-            f"method "
-            f"behind DDP in every seed: {_yes(ddp['every_seed'])}.",
+            f"method behind DDP in every seed: {_yes(ddp['every_seed'])}.",
             *(
                 [
                     f"- Local-only worst in every grid: {_yes(local['holds'])} (highest mean perplexity: "
@@ -384,8 +367,7 @@ def _meaning(result: dict) -> str:
         text = (
             "All checks hold: at equal tokens DDP is best, NoLoCo matches or beats DiLoCo, and the "
             "low-communication methods fall further behind as data parallelism grows, as in the paper's "
-            "table "
-            "and the scaling-law paper."
+            "table and the scaling-law paper."
         )
     else:
         text = (f"The paper's shape is only partly reproduced. Holds: {', '.join(held) or 'nothing'}. "
@@ -435,10 +417,8 @@ def _why_noloco_behind(rows: list[dict]) -> str:
     return (
         (
             "Why, measured: NoLoCo's workers of a stage end apart where DiLoCo's are equal after each "
-            "all-worker "
-            "step, and a random path crosses workers that disagree; the mean of NoLoCo's workers (consensus) "
-            "is "
-            "closer to DiLoCo (" + "; ".join(parts) + ")."
+            "all-worker step, and a random path crosses workers that disagree; the mean of NoLoCo's workers "
+            "(consensus) is closer to DiLoCo (" + "; ".join(parts) + ")."
         )
         if parts
         else ""
@@ -473,8 +453,7 @@ def _gain_evidence(result: dict) -> str:
         text += (
             f" Without the pull towards the pair's mean ({no_pull['variant']}) the workers drift apart "
             f"(weight spread {no_pull['weight_std_mean']:.1e} against {default['weight_std_mean']:.1e}) and "
-            f"the "
-            f"loss is {no_pull['gap_to_default_pct']:+.2f} % off that at the paper's settings."
+            f"the loss is {no_pull['gap_to_default_pct']:+.2f} % off that at the paper's settings."
         )
     if best["gap_to_diloco_pct"] is not None:
         text += (f" With {best['variant']} (gain {best['outer_gain']:.2f}) NoLoCo trails DiLoCo by "

@@ -262,7 +262,7 @@ def summarize(result: Result) -> None:
         key = f"{row['size']}/{row['stages']}"
         by_mode = pipelines.setdefault(key, {})
         by_mode[row["mode"]] = min(by_mode.get(row["mode"], float("inf")), row["tokens_per_s"])
-    for key, by_mode in pipelines.items():
+    for by_mode in pipelines.values():
         if "baseline" in by_mode:
             best = max(v for m, v in by_mode.items() if m != "baseline") if len(by_mode) > 1 else None
             by_mode["speedup"] = best / by_mode["baseline"] if best else None

@@ -52,25 +52,19 @@ def markdown(result: dict) -> str:
         f"{result['wall_s']:.0f} s, "
         f"{s.get('device_name', '?')}, torch {s.get('torch', '?')}, CUDA {s.get('cuda') or '-'})",
         "",
-        "One micro-batch of "
-        f"{s.get('batch_size')} x {s.get('seq_len')} tokens and its inner step, as a node runs them (a "
-        f"non-last "
-        "stage: forward, then the recomputed forward with the backward; the last: forward with loss and "
-        "backward; then clipping and AdamW), each stage on its own. `baseline`: eager, foreach AdamW, the "
-        "plain "
-        "cross-entropy; `fused`: torch's fused AdamW and the chunked loss; `compiled`: that with every "
-        "decoder "
-        "block through torch.compile (`--compile`). MFU counts model FLOPs (6 x matmul parameters + "
-        "12 x layers x hidden x sequence per token; the recomputed forward not counted) against the bf16 "
-        "matrix "
-        f"product measured in the same run ({s.get('measured_peak_tflops', 0):.0f} TFLOP/s) and the spec "
-        f"sheet's "
-        f"dense bf16 peak ({s.get('spec_peak_tflops') or 'unknown'} TFLOP/s). Flash attention taken by the "
-        f"model's attention: {s.get('flash_attention', 'not checked')}.",
+        f"One micro-batch of {s.get('batch_size')} x {s.get('seq_len')} tokens and its inner step, as a node "
+        f"runs them (a non-last stage: forward, then the recomputed forward with the backward; the last: "
+        f"forward with loss and backward; then clipping and AdamW), each stage on its own. `baseline`: "
+        f"eager, foreach AdamW, the plain cross-entropy; `fused`: torch's fused AdamW and the chunked loss; "
+        f"`compiled`: that with every decoder block through torch.compile (`--compile`). MFU counts model "
+        f"FLOPs (6 x matmul parameters + 12 x layers x hidden x sequence per token; the recomputed forward "
+        f"not counted) against the bf16 matrix product measured in the same run "
+        f"({s.get('measured_peak_tflops', 0):.0f} TFLOP/s) and the spec sheet's dense bf16 peak "
+        f"({s.get('spec_peak_tflops') or 'unknown'} TFLOP/s). Flash attention taken by the model's "
+        f"attention: {s.get('flash_attention', 'not checked')}.",
         "",
         "| model | vocab | stages | stage | mode | tokens/s | MFU (measured peak) | MFU (spec) | peak memory "
-        "GiB "
-        "| estimate GiB | peak / estimate | compile s |",
+        "GiB | estimate GiB | peak / estimate | compile s |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:

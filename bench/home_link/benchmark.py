@@ -385,24 +385,20 @@ def markdown(result: dict) -> str:
         f"`{rerun_command(NAME, result['mode'])}` ({result['mode']} mode, {result['wall_s']:.0f} s)",
         "",
         f"{s['volunteers']} volunteers, each a host of its own in the multi-host test bed (a network "
-        f"namespace; its "
-        f"uplink and downlink shaped to {s['rate_mbit']} Mbit/s with `tc tbf` unless the row says otherwise, "
-        f"{RTT_MS:.0f} ms round trip between volunteers), train the whole model (one stage) with the others "
-        "through the bootstrap's join line, one torch thread each, and stop at the same inner step in every "
-        "scenario; each writes a checkpoint after every round. Compute utilisation: wall time in forward, "
-        "backward and inner steps over the wall time from the start of training to the last inner step. "
-        "Held: "
-        "how long the node's steps stood still for each round. Bytes: what the node sent (its payloads and "
-        "messages) per round with a partner, and everything its host sent into its link per round. Tokens/s: "
-        "per node, against one process training the same model alone on this machine (the volunteers share "
-        "its "
-        "2 cores with their daemons and the bed's latency stage; with 4 volunteers 0.5 is the most each can "
-        "get).",
+        f"namespace; its uplink and downlink shaped to {s['rate_mbit']} Mbit/s with `tc tbf` unless the row "
+        f"says otherwise, {RTT_MS:.0f} ms round trip between volunteers), train the whole model (one stage) "
+        f"with the others through the bootstrap's join line, one torch thread each, and stop at the same "
+        f"inner step in every scenario; each writes a checkpoint after every round. Compute utilisation: "
+        f"wall time in forward, backward and inner steps over the wall time from the start of training to "
+        f"the last inner step. Held: how long the node's steps stood still for each round. Bytes: what the "
+        f"node sent (its payloads and messages) per round with a partner, and everything its host sent into "
+        f"its link per round. Tokens/s: per node, against one process training the same model alone on this "
+        f"machine (the volunteers share its 2 cores with their daemons and the bed's latency stage; with 4 "
+        f"volunteers 0.5 is the most each can get).",
         "",
         "| scenario | phi and Delta | compute utilisation | held per round | bytes sent per round with a "
-        "partner | "
-        "into the link per round | rounds with a partner / local (alone) | tokens/s vs alone | final val "
-        "loss |",
+        "partner | into the link per round | rounds with a partner / local (alone) | tokens/s vs alone | "
+        "final val loss |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in (r for r in one_stage if "compute_utilisation" in r):
@@ -431,14 +427,14 @@ def markdown(result: dict) -> str:
         "|---|---|---|---|---|---|",
         f"| {hive['steps']} | {hive['wall_s']:.0f} s | {hive['tokens_per_s_vs_alone']:.2f} | "
         f"{', '.join(f'{b / 1e6:.1f} MB' for b in hive['wire_bytes_per_round'])} | "
-        f"{hive['averaged_rounds']} averaged, {hive['failed_rounds']} failed | {hive['final_val_loss']:.4f} |",
+        f"{hive['averaged_rounds']} averaged, {hive['failed_rounds']} failed | "
+        f"{hive['final_val_loss']:.4f} |",
     ]
     lines += [
         "",
         "The critical path of a round, per node (mean seconds: the whole round from the boundary to the "
-        "outer step; preparing the payload; finding the partner; both payloads moving; the outer step; "
-        "the steps held after the boundary for the partner's Delta, when the last exchange outlasted "
-        "its steps):",
+        "outer step; preparing the payload; finding the partner; both payloads moving; the outer step; the "
+        "steps held after the boundary for the partner's Delta, when the last exchange outlasted its steps):",
         "",
         "| scenario | round | prepare | to partner | exchange | close | waited first |",
         "|---|---|---|---|---|---|---|",
@@ -453,19 +449,17 @@ def markdown(result: dict) -> str:
         f"![compute utilisation and loss against time](bench/results/{NAME}.png)",
         "",
         f"Overlapped and compressed rounds keep compute utilisation at "
-        f"{s['utilisation_overlapped_compressed']:.0%} "
-        f"or more on every node, against at most {s['utilisation_blocking_fp16']:.0%} for the blocking "
-        f"16-bit "
-        f"round on the same links; they send {s['bytes_per_round_vs_blocking_fp16']:.2f}x its bytes per "
-        f"round "
-        f"with a partner; the final loss differs by {s['final_loss_vs_blocking_fp16']:+.1%}. "
-        f"hivemind.Optimizer's final validation loss, {to_loss['target']:.4f}, is reached after "
-        f"{_seconds(to_loss['ours_s'])} of training by swarm-node and {_seconds(to_loss['theirs_s'])} by "
-        f"hivemind ({_ratio(s['time_to_hivemind_final_loss_ratio'])}). At {SLOW_RATE_MBIT:g} Mbit/s "
+        f"{s['utilisation_overlapped_compressed']:.0%} or more on every node, against at most "
+        f"{s['utilisation_blocking_fp16']:.0%} for the blocking 16-bit round on the same links; they send "
+        f"{s['bytes_per_round_vs_blocking_fp16']:.2f}x its bytes per round with a partner; the final loss "
+        f"differs by {s['final_loss_vs_blocking_fp16']:+.1%}. hivemind.Optimizer's final validation loss, "
+        f"{to_loss['target']:.4f}, is reached after {_seconds(to_loss['ours_s'])} of training by swarm-node "
+        f"and {_seconds(to_loss['theirs_s'])} by hivemind "
+        f"({_ratio(s['time_to_hivemind_final_loss_ratio'])}). At {SLOW_RATE_MBIT:g} Mbit/s "
         f"{s['slow_link_rounds_with_partner_share']:.0%} of the rounds had a partner (of those with another "
-        "peer in the stage: alone, a node takes the local-only step at once, as at the end of a run) and "
+        f"peer in the stage: alone, a node takes the local-only step at once, as at the end of a run) and "
         f"{s['slow_link_partners_backed_off_for_late_proposal_answers']} partners were backed off for a late "
-        "proposal answer.",
+        f"proposal answer.",
         "",
         *_rounds_as_run(s.get("rounds_as_run_here") or {}),
         "### Two stages x two volunteers: activations in fp16 against int8",

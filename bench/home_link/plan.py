@@ -47,7 +47,8 @@ METHOD_VOLUNTEERS = 4  # the methods' rounds side by side: DiLoCo's gathers 3 pa
 
 
 def method_scenario(method: str) -> str:
-    return f"{'DiLoCo' if method == 'diloco' else 'NoLoCo'}, overlapped + compressed, {METHOD_VOLUNTEERS} volunteers"
+    name = "DiLoCo" if method == "diloco" else "NoLoCo"
+    return f"{name}, overlapped + compressed, {METHOD_VOLUNTEERS} volunteers"
 
 
 def scenarios(full: bool) -> list[Scenario]:

@@ -27,11 +27,11 @@ from bench.common import ROOT
 from bench.common.snapshots import CheckpointCopier
 
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "multihost")]  # the test bed and its swarm helpers
-from netbed import Host, TestBed, host_env
-from swarm_hosts import VENV_BIN, BootstrapOnHost, Volunteer, wait_for
+from netbed import Host, TestBed, host_env  # noqa: E402 (found through the sys.path line above)
+from swarm_hosts import VENV_BIN, BootstrapOnHost, Volunteer, wait_for  # noqa: E402 (found through the sys.path line above)
 
-from swarm_node.spec import RunSpec
-from swarm_node.wire.outer_codec import outer_codec
+from swarm_node.spec import RunSpec  # noqa: E402
+from swarm_node.wire.outer_codec import outer_codec  # noqa: E402
 
 RTT_MS = 50.0  # between two volunteers: 25 ms on each one's access link
 TIME_LIMIT_S = 1800

@@ -61,7 +61,8 @@ INTERPRETATIONS = {
     "tree; pair = 2 t": "the same tree against two back-to-back message times",
     "tree; pair = slowest of N/2 pairs": "as if a pair round had a global barrier",
     "binomial tree; pair = 2 t": "a peer is its own child: one message per merge",
-    "barrier per tree level; pair = E[one pair exchange]": "each level waits for its slowest message anywhere",
+    "barrier per tree level; pair = E[one pair exchange]":
+        "each level waits for its slowest message anywhere",
 }
 
 
@@ -95,7 +96,7 @@ def interpretation_rows(curve: list[dict], samples: int) -> list[dict]:
     for cv, paper in PAPER_ALLREDUCE_RATIO.items():
         tree = next(r for r in curve if r["cv"] == cv and r["n_peers"] == n)["allreduce_t"]
         pair = pair_exchange_mean(cv)
-        def mean_path(sampler) -> float:
+        def mean_path(sampler, cv=cv) -> float:
             return float(sample_paths(sampler, rng, n, cv, samples).mean(dtype=np.float64))
 
         # in the order of INTERPRETATIONS

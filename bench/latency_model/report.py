@@ -180,13 +180,13 @@ def _step_table(rows: list[dict]) -> str:
 # ---- text ----
 
 def _agreement(rows: list[dict]) -> str:
-    """Which check rows miss the paper by more than its rounding, and whether that is beyond our Monte Carlo error."""
+    """Which check rows miss the paper by more than its rounding, and whether that is
+    beyond our Monte Carlo error."""
     check = _rows(rows, "paper_check")
     outside = [r for r in check if abs(r["simulated"] - r["paper"]) > r["paper_rounding"]]
     text = (
         f"{len(check) - len(outside)} of {len(check)} simulated figures agree with the paper's to its "
-        f"rounding "
-        f"(whole numbers for the ratio, two decimals for the barrier); all are within "
+        f"rounding (whole numbers for the ratio, two decimals for the barrier); all are within "
         f"{max(abs(r['rel_diff']) for r in check) * 100:.1f}% of it."
     )
     if outside:
@@ -215,9 +215,8 @@ def _interpretation_text(summary: dict) -> str:
         )
     return (
         f"Of the readings tried, \"{used}\" is the closest to the paper ({diffs[used] * 100:.0f}% mean "
-        f"absolute "
-        f"difference); the next, \"{ranked[1]}\", is {diffs[ranked[1]] * 100:.0f}% off, so we take it to "
-        "be the model behind the paper's figures."
+        f"absolute difference); the next, \"{ranked[1]}\", is {diffs[ranked[1]] * 100:.0f}% off, so we take "
+        f"it to be the model behind the paper's figures."
     )
 
 
@@ -275,15 +274,13 @@ def _measured_section(result: dict) -> str:
     tables = [
         (
             f"Measured message times projected: a tree all-reduce among {_projected_n(rows)} peers vs one "
-            f"pair "
-            "exchange (seconds), at each spread of message times:",
+            f"pair exchange (seconds), at each spread of message times:",
             _message_table,
             "measured_messages",
         ),
         (
             "Measured all-reduce / pair round times at small N (bench.sync_cost) and the tree model with "
-            "equal "
-            "message times:",
+            "equal message times:",
             _small_n_table,
             "measured_small_n",
         ),

@@ -231,7 +231,7 @@ async def measure_key(swarm: Swarm, P: int, m: int, args, rng: random.Random) ->
     await swarm.settle()
 
     stores, gets = [], []
-    for rep in range(args.reps):
+    for _ in range(args.reps):
         step += 1
         owner = rng.choice(owners)
         ok, deltas, snap, op_s, wire = await swarm.measure(partial(do_store, owner))
@@ -439,10 +439,8 @@ async def run(args) -> dict:
                 result["runs"].append(run_result)
                 print(
                     f"  m={m}: {time.monotonic() - t1:.1f}s  store {run_result['store']['actor_bytes']:.0f} "
-                    f"B, "
-                    f"get rx {run_result['get']['actor_rx']:.0f} B from "
-                    f"{run_result['get']['responders']:.1f} "
-                    f"responders",
+                    f"B, get rx {run_result['get']['actor_rx']:.0f} B from "
+                    f"{run_result['get']['responders']:.1f} responders",
                     flush=True,
                 )
             if args.idle_s > 0 and swarm.keys:

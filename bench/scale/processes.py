@@ -143,7 +143,8 @@ def run_processes(args: argparse.Namespace, run_dir: Path) -> tuple[dict, Memory
         except subprocess.TimeoutExpired:
             local.terminate()
             local.wait(timeout=60)
-            raise RuntimeError(f"the local swarm ran past {args.timeout_s} s; see {run_dir / 'local.log'}")
+            log_file = run_dir / "local.log"
+            raise RuntimeError(f"the local swarm ran past {args.timeout_s} s; see {log_file}") from None
         finally:
             stop.set()
             thread.join()
@@ -276,8 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     result.note(
         f"swarm-node local ran {summary['wall_s']:.0f} s (start-up, training, evaluation)"
         + (
-            "; these figures were computed again from its files (--from-run-dir) with the simulator as "
-            "it is now"
+            "; these figures were computed again from its files (--from-run-dir) with the simulator as it is "
+            "now"
             if args.from_run_dir
             else ""
         )

@@ -73,14 +73,12 @@ def _table(rows: list[dict]) -> str:
             lines.append(
                 f"| {label} | {r['peers_per_stage']} | {r['registry_shards']} | {r['rounds']} | "
                 f"{r['partner_share']:.3f} | {r['proposals_per_round']:.2f} | {r['refusals_per_round']:.2f} "
-                f"| "
-                f"{_num(r['to_partner_median_s'])}, {_num(r['to_partner_p99_s'])} | "
+                f"| {_num(r['to_partner_median_s'])}, {_num(r['to_partner_p99_s'])} | "
                 f"{_num(r['to_partner_median_rtts'], 1)} | {r['idle_per_round_s']:.2f} | "
                 f"{_kb_s(r['control_bytes_per_peer_min_median']):.1f}, "
                 f"{_kb_s(r['control_bytes_per_peer_min_p99']):.1f}, "
-                f"{_kb_s(r['control_bytes_per_peer_min_max']):.1f} | "
-                f"{100 * r['forwards_to_dead_share']:.2f} % / {100 * r['forwards_to_unreachable_share']:.2f} "
-                f"% / "
+                f"{_kb_s(r['control_bytes_per_peer_min_max']):.1f} | {100 * r['forwards_to_dead_share']:.2f} "
+                f"% / {100 * r['forwards_to_unreachable_share']:.2f} % / "
                 f"{100 * r['forwards_lost_share']:.2f} % | {r['crashes']}, {r['joins']} | {r['real_s']:.0f} |"
             )
     return "\n".join(lines)
@@ -139,8 +137,7 @@ def _processes(result: dict | None) -> str:
         "registry gets / min a peer | entries read / min | stores / min |",
         "|---|---|---|---|---|---|---|---|---|",
         f"| real processes | loopback, 2 cores shared: a proposal answered in {real['proposal_s_mean']:.2f} "
-        f"s, a "
-        f"DHT get {real['dht_get_s_mean']:.2f} s, a store {real['dht_store_s_mean']:.2f} s | "
+        f"s, a DHT get {real['dht_get_s_mean']:.2f} s, a store {real['dht_store_s_mean']:.2f} s | "
         f"{real['rounds_in_window']} | {real['partner_share']:.3f} | {real['proposals_per_round']:.2f} | "
         f"{real['refusals_per_round']:.2f} | "
         + " | ".join(f"{real['registry_ops_per_peer_min'][k]:.1f}" for k in ops)
@@ -167,30 +164,24 @@ def _processes(result: dict | None) -> str:
         if v:
             verdicts.append(
                 f"{links} links: rounds with a partner {100 * v['partner_share']['simulated']:.1f} % "
-                f"simulated against "
-                f"{100 * v['partner_share']['real']:.1f} % real ({v['partner_share']['points_apart']} points "
-                f"apart; the "
-                f"bar is 5), proposals per round {v['proposals_per_round']['simulated']} against "
-                f"{v['proposals_per_round']['real']} (x{v['proposals_per_round']['ratio']}; the bar is "
-                f"0.7-1.3)"
+                f"simulated against {100 * v['partner_share']['real']:.1f} % real "
+                f"({v['partner_share']['points_apart']} points apart; the bar is 5), proposals per round "
+                f"{v['proposals_per_round']['simulated']} against {v['proposals_per_round']['real']} "
+                f"(x{v['proposals_per_round']['ratio']}; the bar is 0.7-1.3)"
             )
     lines = [
         f"**{real['nodes']} real node processes** on this machine (`{result['command']}`, "
-        f"{result['wall_s']:.0f} s): "
-        f"`swarm-node local`, {real['stages']} stages x {real['peers_per_stage']} nodes, the debug model, "
-        f"one torch "
-        f"thread each, H = {real['inner_steps']}, the registry in {real.get('registry_shards', '?')} shards "
-        f"a stage; "
-        f"beside it the simulator with the same shape (the inner-step time the nodes measured, "
-        f"{real['step_s_median']:.2f} s, and how far apart the nodes' speeds were"
+        f"{result['wall_s']:.0f} s): `swarm-node local`, {real['stages']} stages x {real['peers_per_stage']} "
+        f"nodes, the debug model, one torch thread each, H = {real['inner_steps']}, the registry in "
+        f"{real.get('registry_shards', '?')} shards a stage; beside it the simulator with the same shape "
+        f"(the inner-step time the nodes measured, {real['step_s_median']:.2f} s, and how far apart the "
+        f"nodes' speeds were"
         + (f", log-normal sigma {real['step_s_log_sigma']:.2f}" if "step_s_log_sigma" in real else "")
         + (
             f"; the outer round's compute: {real['round_prepare_s_mean']:.2f} s at the boundary, "
             f"{max(0.0, real['round_exchange_s_mean'] - real['proposal_s_mean']):.2f} s to check the "
-            f"partner's "
-            f"payload, {real['round_close_s_mean']:.2f} s for the outer step, which leave a node busy for "
-            f"proposals "
-            f"({100 * real['refused_busy_share']:.0f} % of the real refusals)"
+            f"partner's payload, {real['round_close_s_mean']:.2f} s for the outer step, which leave a node "
+            f"busy for proposals ({100 * real['refused_busy_share']:.0f} % of the real refusals)"
             if "round_prepare_s_mean" in real
             else ""
         )
@@ -203,8 +194,7 @@ def _processes(result: dict | None) -> str:
         "; ".join(verdicts) + f". Micro-batches lost: {real['microbatches_lost']}.",
         "",
         "Memory per process kind (PSS, so pages a forked DHT child shares with its node count once; sampled "
-        "every "
-        "5 s):",
+        "every 5 s):",
         "",
         "| process | how many | PSS median (MB) | PSS max (MB) |",
         "|---|---|---|---|",
@@ -233,9 +223,9 @@ def _against_latency_model(rows: list[dict], model: dict | None) -> str:
     text = (
         f"Against the latency model of the NoLoCo paper (section 5.3, bench.latency_model): a NoLoCo round "
         f"waits for one pair exchange, and here the median time from a round's end to a partner is "
-        f"{span(rtts, 1) if rtts else '-'} round trips and the median round {span(rounds, 2)} s "
-        f"from {noloco[0]['peers_per_stage']} to {noloco[-1]['peers_per_stage']} peers a stage: it does not "
-        "grow with N"
+        f"{span(rtts, 1) if rtts else '-'} round trips and the median round {span(rounds, 2)} s from "
+        f"{noloco[0]['peers_per_stage']} to {noloco[-1]['peers_per_stage']} peers a stage: it does not grow "
+        f"with N"
     )
     ratios = (model or {}).get("summary", {}).get("allreduce_ratio_at_1024", {})
     if ratios:
@@ -259,14 +249,11 @@ def markdown(result: dict) -> str:
         f"{result['mode'].capitalize()} run, {result['wall_s']:.0f} s on {result['machine']['cpu_count']} "
         f"CPUs:",
         f"```bash\n{rerun_command(NAME, result['mode'])}\n```",
-        "The node's own Membership, PeerGuard, OuterExchange (PairingCoordinator, GroupRound for DiLoCo, the "
-        "partner checks), RoundGate and PeerChooser for every peer, on a virtual clock, around a model-free "
-        "stage "
-        "(the real outer-round code on 32 weights) and a modelled network (swarm_node/scale/network.py says "
-        "what "
-        f"is modelled and how). {s['duration_s']:.0f} virtual seconds a run, figures after two rounds of "
-        f"warm-up; "
-        f"scenario: {s['scenario']}.",
+        f"The node's own Membership, PeerGuard, OuterExchange (PairingCoordinator, GroupRound for DiLoCo, "
+        f"the partner checks), RoundGate and PeerChooser for every peer, on a virtual clock, around a "
+        f"model-free stage (the real outer-round code on 32 weights) and a modelled network "
+        f"(swarm_node/scale/network.py says what is modelled and how). {s['duration_s']:.0f} virtual seconds "
+        f"a run, figures after two rounds of warm-up; scenario: {s['scenario']}.",
         "![scale](bench/results/scale.png)",
         _table(rows),
         _by_kind(rows),

@@ -53,7 +53,8 @@ def answer(trend: list[dict], sizes: list[dict] = (), ablations: list[dict] = ()
     )
     if len(low) > 1:
         low_verdict, low_ahead = _trend(low, spread)
-        text += f" With outer momentum {LOW_ALPHA:g} the gap {low_verdict}; at the largest size NoLoCo is {low_ahead}."
+        text += (f" With outer momentum {LOW_ALPHA:g} the gap {low_verdict}; "
+                 f"at the largest size NoLoCo is {low_ahead}.")
     return (text + _budget(sizes, [first["model"], last["model"]])
             + _what_moves_noloco(ablations, spread, [r["model"] for r in ratio]))
 

@@ -350,9 +350,8 @@ def markdown(result: dict) -> str:
         f"![{NAME}](bench/results/{NAME}.png)",
         "",
         "Parameters are one replica's, all stages, and (the size the plot is drawn on) those outside the "
-        "input "
-        "embedding and the LM head, which are most of the smaller models' parameters; tokens per parameter "
-        "count all of them; epochs are passes over the training tokens.",
+        "input embedding and the LM head, which are most of the smaller models' parameters; tokens per "
+        "parameter count all of them; epochs are passes over the training tokens.",
         "",
         "| size | parameters: all, outside the embeddings | tokens / parameter | epochs | method | seeds | "
         "val loss | over DDP (%) |",
@@ -383,8 +382,7 @@ def markdown(result: dict) -> str:
         ]
         lines += [
             f"| {r['model']} | {r['outer_lr']:g} | {r['seeds']} | {r['gap_to_ddp_pct']:+.2f} ± {r['sd']:.2f} "
-            f"| "
-            f"{', '.join(f'{k}: {v:+.2f}' for k, v in r['sweep_first_seed'].items())} |"
+            f"| {', '.join(f'{k}: {v:+.2f}' for k, v in r['sweep_first_seed'].items())} |"
             for r in m1
         ]
         lines += ["", "The round itself costs M = 1 nothing: an outer step of lr 1 without momentum trains "

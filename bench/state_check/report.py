@@ -66,9 +66,8 @@ def markdown(result: dict) -> str:
         lines += [
             "",
             f"A sketch of a `small` stage's state ({cost['parameters'] / 1e6:.1f}M parameters: theta, phi "
-            f"and "
-            f"momentum, {cost['state_bytes'] / 1e6:.0f} MB) took {cost['seconds']:.2f} s on one CPU thread "
-            f"({cost['state_mb_per_s']:.0f} MB/s of state).",
+            f"and momentum, {cost['state_bytes'] / 1e6:.0f} MB) took {cost['seconds']:.2f} s on one CPU "
+            f"thread ({cost['state_mb_per_s']:.0f} MB/s of state).",
         ]
     lines += [""] + [f"- {n}" for n in result.get("notes", [])]
     lines += ["", f"![refused share by case](bench/results/{NAME}.png)"]

@@ -106,11 +106,9 @@ def _intro(s: dict) -> str:
         f"{s['batch_size']} sequences per micro-batch and per inner step, NoLoCo with H = "
         f"{s['inner_steps']}, the "
         f"bundled corpus. Plain training: the whole model in one process with {s['plain_threads']} torch "
-        f"threads "
-        f"(what the swarm's nodes have together: `swarm-node local` gives each one), "
+        f"threads (what the swarm's nodes have together: `swarm-node local` gives each one), "
         f"{s['tokens_per_s_plain']:,.0f} tokens/s ({s['tokens_per_s_plain_cores']:,.0f} with one thread per "
-        f"core, "
-        f"{s['cores']} cores). Swarm in steady state (stage-0 inner steps {s['window_steps'][0]} to "
+        f"core, {s['cores']} cores). Swarm in steady state (stage-0 inner steps {s['window_steps'][0]} to "
         f"{s['window_steps'][1]}): {layouts}."
     )
 
@@ -123,12 +121,11 @@ def _tables(result: dict) -> list[str]:
     s = result["summary"]
     return [
         "Throughput in the steady window (`whole run`: `tokens_per_s` of the `swarm-node local` summary, "
-        "start-up "
-        "and final evaluation included; tokens per CPU-second count the CPU time of all the run's processes; "
-        "step time: between consecutive inner steps, intervals holding an outer round left out; outer round: "
-        "mean time from a node's round start (seeking a partner) to its outer step, in the window; outer "
-        "rounds "
-        "(with a partner) over the whole run; `others`: share of the machine other processes used meanwhile):",
+        "start-up and final evaluation included; tokens per CPU-second count the CPU time of all the run's "
+        "processes; step time: between consecutive inner steps, intervals holding an outer round left out; "
+        "outer round: mean time from a node's round start (seeking a partner) to its outer step, in the "
+        "window; outer rounds (with a partner) over the whole run; `others`: share of the machine other "
+        "processes used meanwhile):",
         "",
         *_table(
             _rows(result, "throughput"),
@@ -153,8 +150,7 @@ def _tables(result: dict) -> list[str]:
         ),
         "",
         "Where the machine's CPU time goes in the steady window (all cores together; the compute buckets "
-        "split each "
-        "node's compute-thread CPU time, read from /proc, by that thread's cProfile):",
+        "split each node's compute-thread CPU time, read from /proc, by that thread's cProfile):",
         "",
         *_table(
             _rows(result, "machine"),
@@ -162,9 +158,8 @@ def _tables(result: dict) -> list[str]:
         ),
         "",
         "Per stage: one node's compute thread over the window (mean over the stage's nodes; runnable but "
-        "without a "
-        "core is `waiting for a core`, blocked is `idle`), and the CPU its other threads and processes use, "
-        "in cores:",
+        "without a core is `waiting for a core`, blocked is `idle`), and the CPU its other threads and "
+        "processes use, in cores:",
         "",
         *_table(
             _rows(result, "stages"),
@@ -183,8 +178,7 @@ def _tables(result: dict) -> list[str]:
         + f". Inner-step time of the {s['step_time_s']['layout']} swarm's nodes (`summary.step_time_s`, read "
           f"by the "
         f"latency-model benchmark): mean {s['step_time_s']['mean']:.3f} s, std {s['step_time_s']['std']:.3f} "
-        f"s over "
-        f"{s['step_time_s']['n']} steps.",
+        f"s over {s['step_time_s']['n']} steps.",
     ]
 
 
@@ -202,50 +196,39 @@ def _meaning(result: dict) -> str:
         verdict = "falls short of plain training by" if ratio < 1 else "beats plain training by"
         sentences.append(
             f"The {name} swarm {verdict} {_pct(abs(1 - ratio))} in tokens/s ({_f2(s['cpu_ratio'][name])}x "
-            f"per "
-            f"CPU-second). Useful compute, the work plain training also does, gets {_pct(m['useful'])} of "
-            f"the "
-            f"machine against {_pct(plain_useful)} in plain training; the rest goes to recomputation "
+            f"per CPU-second). Useful compute, the work plain training also does, gets {_pct(m['useful'])} "
+            f"of the machine against {_pct(plain_useful)} in plain training; the rest goes to recomputation "
             f"({_pct(m['recompute'])}), (de)serialisation ({_pct(m['serialisation'])}), outer rounds "
             f"({_pct(m['outer'])}), the networking stack (event loops, DHT processes, p2pd, driver: "
-            f"{_pct(network)}, "
-            f"p2pd alone {_pct(m['p2pd'])}) and idle cores ({_pct(m['idle'])}); a compute thread is blocked "
-            f"(waiting for peers, the pipeline, a round partner, or the GIL) "
-            f"{_pct(sum(idle[name]) / len(idle[name]))} "
-            "of the time on average."
+            f"{_pct(network)}, p2pd alone {_pct(m['p2pd'])}) and idle cores ({_pct(m['idle'])}); a compute "
+            f"thread is blocked (waiting for peers, the pipeline, a round partner, or the GIL) "
+            f"{_pct(sum(idle[name]) / len(idle[name]))} of the time on average."
         )
     for row in _rows(result, "throughput"):
         if row.get("outer_rounds") and row["rounds_with_partner"] < row["outer_rounds"]:
             sentences.append(
                 f"In {row['layout']} only {row['rounds_with_partner']} of {row['outer_rounds']} outer rounds "
-                f"found "
-                f"a partner: a node seeks one for up to {s['round_timeout_s']:.0f} s before its local-only "
-                f"step, and "
-                f"rounds took {_f2(row['round_time_mean_s'])} s on average, during which its stage does not "
-                f"train."
+                f"found a partner: a node seeks one for up to {s['round_timeout_s']:.0f} s before its "
+                f"local-only step, and rounds took {_f2(row['round_time_mean_s'])} s on average, during "
+                f"which its stage does not train."
             )
     sentences.append(
         "Recomputation is the price of the pipeline without stored activations (each non-last stage runs its "
         "forward twice, about a third of its useful work); the one-stage layout has none and pays only for "
-        "outer "
-        "rounds and a networking stack per process, which on a machine this small competes with compute for "
-        "the "
-        "same cores."
+        "outer rounds and a networking stack per process, which on a machine this small competes with "
+        "compute for the same cores."
     )
     if s["other_processes_max"] > 0.05:
         sentences.append(
             f"Other processes used up to {_pct(s['other_processes_max'])} of the machine during these "
-            f"measurements: "
-            "tokens/s ratios then also depend on how the scheduler shared the cores between one plain "
-            "process and "
-            "the swarm's many, while the ratio per CPU-second does not; rerun on an idle machine for clean "
-            "tokens/s."
+            f"measurements: tokens/s ratios then also depend on how the scheduler shared the cores between "
+            f"one plain process and the swarm's many, while the ratio per CPU-second does not; rerun on an "
+            f"idle machine for clean tokens/s."
         )
         if s["tokens_per_s_plain_cores"] < 0.5 * s["tokens_per_s_plain"]:
             sentences.append(
                 f"Plain training with {s['cores']} threads suffers most from that load: with as many threads "
-                f"as "
-                "cores, libgomp spin-waits at its barriers while the other thread is descheduled (with "
+                f"as cores, libgomp spin-waits at its barriers while the other thread is descheduled (with "
                 f"{s['plain_threads']} threads it sees the oversubscription and spins briefly; "
                 "`OMP_WAIT_POLICY=PASSIVE` also avoids it)."
             )
@@ -259,17 +242,12 @@ def fast_link_section(result: dict) -> list[str]:
         "### Fast link: libp2p streams against direct lanes",
         "",
         f"A 2 x 2 swarm of the `{f['model']}` model, {f['batch_size']} x {f['seq_len']} tokens a "
-        f"micro-batch, on "
-        "loopback: the least compute per byte sent the CPU presets allow, still far more than a GPU's, so "
-        "the bytes "
-        "stay a few MB/s (bench/swarm_efficiency/fast_link.py). Transport: the "
-        "p2pd daemons and the nodes' threads other than compute (event loops, lanes, the wire thread), as a "
-        "share "
-        "of all the cores' time in the steady window; MB/s: every byte the nodes sent over the whole run. "
-        "Each "
-        f"path ran {f.get('runs_each', 1)} times, the two taking turns (A B B A); a row is the mean of its "
-        f"runs, "
-        "micro-batches lost their sum.",
+        f"micro-batch, on loopback: the least compute per byte sent the CPU presets allow, still far more "
+        f"than a GPU's, so the bytes stay a few MB/s (bench/swarm_efficiency/fast_link.py). Transport: the "
+        f"p2pd daemons and the nodes' threads other than compute (event loops, lanes, the wire thread), as a "
+        f"share of all the cores' time in the steady window; MB/s: every byte the nodes sent over the whole "
+        f"run. Each path ran {f.get('runs_each', 1)} times, the two taking turns (A B B A); a row is the "
+        f"mean of its runs, micro-batches lost their sum.",
         "",
         *_table(
             _rows(result, "fast_link"),
@@ -290,8 +268,7 @@ def fast_link_section(result: dict) -> list[str]:
         ),
         "",
         f"Direct lanes: {f['speedup']:.2f}x the tokens/s of libp2p streams{_within(result)}; transport's "
-        f"share "
-        f"of the machine {100 * before:.0f} % before, {100 * after:.0f} % after.",
+        f"share of the machine {100 * before:.0f} % before, {100 * after:.0f} % after.",
     ]
 
 

@@ -333,24 +333,19 @@ def run_shaped(bench: Bench, settings: list[Setting]) -> None:
 
 NOTES = (
     "Every peer of a setting shares this machine's CPUs: with N = 8 on 2 cores the loopback times include "
-    "CPU "
-    "contention (each peer's libp2p daemon encrypts and copies every byte, each side casts and checks).",
+    "CPU contention (each peer's libp2p daemon encrypts and copies every byte, each side casts and checks).",
     "The pair round uses the node's PairingCoordinator; the seeking flags travel through a shared file at "
-    "once, "
-    "where the node reads them from registry records refreshed every heartbeat (2 s): the best case for "
-    "pairs.",
+    "once, where the node reads them from registry records refreshed every heartbeat (2 s): the best case "
+    "for pairs.",
     "The all-reduce's matchmaking runs before the round (pre-scheduled, as hivemind.Optimizer does it); a "
-    "plain "
-    "DecentralizedAverager.step() would add matchmaking_s to its critical path.",
+    "plain DecentralizedAverager.step() would add matchmaking_s to its critical path.",
     "tc netem is missing on these machines: the shaped settings limit bandwidth (tbf, both directions of "
-    "every "
-    "peer's link) but add no latency.",
+    "every peer's link) but add no latency.",
     "This benchmark found a pairing livelock in the node before commit 'pairing proposals': a request "
-    "carried the "
-    "whole payload, so every refusal cost a full upload, and at 10M parameters and N = 2 two peers' requests "
-    "crossed again and again (17 requests per peer, no partner in 20 s; pair rounds took 1.3-4x a matched "
-    "pair's "
-    "time). Pairing now starts with a few-byte proposal, and crossed proposals pair by peer id.",
+    "carried the whole payload, so every refusal cost a full upload, and at 10M parameters and N = 2 two "
+    "peers' requests crossed again and again (17 requests per peer, no partner in 20 s; pair rounds took "
+    "1.3-4x a matched pair's time). Pairing now starts with a few-byte proposal, and crossed proposals pair "
+    "by peer id.",
 )
 
 
@@ -406,9 +401,8 @@ def main(argv: list[str] | None = None) -> None:
     if plan.plain_rounds == 1:
         result.note(
             "One round per point (quick mode): single rounds on a shared 2-core machine are noisy, the "
-            "node's "
-            "pairing most (its refusals and back-offs are random). Read the direction of the ratios, not "
-            "their second digit; --full takes medians over several rounds."
+            "node's pairing most (its refusals and back-offs are random). Read the direction of the ratios, "
+            "not their second digit; --full takes medians over several rounds."
         )
     path = result.write()
     plot(json.loads(path.read_text()), result.path(".png"))

@@ -122,18 +122,15 @@ def speed_paragraph(result: dict, rounds: dict[tuple, dict]) -> str:
     model = math.log2(largest)
     text = (
         f"**Without stragglers** the all-reduce's critical path was {_span(matched)} a matched pair round's "
-        f"over "
-        f"{len(matched)} configurations (at N = {largest}: "
+        f"over {len(matched)} configurations (at N = {largest}: "
         + "; ".join(f"{_where(result, c)}: {r:.2f}x" for c, r in at_largest.items())
         + f"). The paper's latency model (2t log2 N against 2t) expects {model:.0f}x at N = {largest}"
     )
     if max(at_largest.values()) < model:
         text += (
             "; the measured gap is smaller. hivemind's all-reduce is a butterfly, not a tree: each peer "
-            "sends "
-            "and receives about 2(N-1)/N payloads, in parallel, so on links without latency (no netem here) "
-            "its "
-            "cost grows with N through bytes and CPU per peer, not through log2 N message latencies"
+            "sends and receives about 2(N-1)/N payloads, in parallel, so on links without latency (no netem "
+            "here) its cost grows with N through bytes and CPU per peer, not through log2 N message latencies"
         )
     text += "."
     faster = [c for c, r in matched.items() if r < 1]
@@ -143,10 +140,8 @@ def speed_paragraph(result: dict, rounds: dict[tuple, dict]) -> str:
             + "; ".join(_where(result, c) for c in faster)
             + ": with "
             "few peers it moves about the same bytes per peer (one payload each way at N = 2) but sends "
-            "while it "
-            "receives and pipelines its parts, while the node's exchange encodes, sends, decodes and checks "
-            "the "
-            "request in one piece, then does the same for the answer."
+            "while it receives and pipelines its parts, while the node's exchange encodes, sends, decodes "
+            "and checks the request in one piece, then does the same for the answer."
         )
     if node:
         slower = [c for c, r in node.items() if r < 1]
@@ -177,8 +172,7 @@ def protocol_paragraph(result: dict, rounds: dict[tuple, dict]) -> str:
     if attempts > 1.05:
         text += (
             "; the other refusals (`busy` from a peer already reserved or proposing elsewhere, `not-ready`) "
-            "are "
-            "followed by a random back-off of 0.05-0.3 s"
+            "are followed by a random back-off of 0.05-0.3 s"
         )
     messages = {(r["setting"],
                  r["params"]): r["message_s"] for r in result["rows"] if r["table"] == "message"}
@@ -201,8 +195,7 @@ def protocol_paragraph(result: dict, rounds: dict[tuple, dict]) -> str:
     if matchmaking:
         text += (
             f". hivemind needed {min(matchmaking):.1f}-{max(matchmaking):.1f} s to form a group; it is kept "
-            f"off "
-            "the critical path here, a plain `step()` pays it every round"
+            f"off the critical path here, a plain `step()` pays it every round"
         )
     return text + "."
 
@@ -219,12 +212,10 @@ def failure_paragraph(result: dict, rounds: dict[tuple, dict]) -> str:
                       f"{r['failed'] + r['rounds']} rounds, {r['attempts']:.0f} proposals per peer"
                       for key, r in failed.items())
     return (
-        "**Where the node's pairing failed.** Some `pair` rounds ended without a partner (the local-only "
-        "step "
-        f"after the seek deadline: the node's round_timeout_s plus the time of one exchange): {cases}. "
-        f"Matched "
-        f"pairs in the same configurations failed in {twin_failed} of {twin_total} rounds. The errors the "
-        "peers reported are in the caveats below."
+        f"**Where the node's pairing failed.** Some `pair` rounds ended without a partner (the local-only "
+        f"step after the seek deadline: the node's round_timeout_s plus the time of one exchange): {cases}. "
+        f"Matched pairs in the same configurations failed in {twin_failed} of {twin_total} rounds. The "
+        f"errors the peers reported are in the caveats below."
     )
 
 
@@ -237,14 +228,11 @@ def straggler_paragraph(result: dict, rounds: dict[tuple, dict]) -> str:
                                                                for m in METHODS) + " s" for c in configs)
     return (
         f"**Stragglers** (the last quarter of the peers, at least one, {s['straggler_delay_s']:g} s late: an "
-        f"inner "
-        f"phase of {s['inner_phase_s']:g} s at slow factor {s['slow_factor']:g}). Mean idle per peer, pair / "
-        f"matched pair / all-reduce: {examples}. The all-reduce idles every punctual peer for the whole "
-        f"delay; "
-        "with matched pairs only a straggler's partner waits, and the node's pairing lets punctual peers "
-        "pair "
-        "among themselves (only one left over waits). With N = 2 the only "
-        "partner is the straggler, so every method waits alike."
+        f"inner phase of {s['inner_phase_s']:g} s at slow factor {s['slow_factor']:g}). Mean idle per peer, "
+        f"pair / matched pair / all-reduce: {examples}. The all-reduce idles every punctual peer for the "
+        f"whole delay; with matched pairs only a straggler's partner waits, and the node's pairing lets "
+        f"punctual peers pair among themselves (only one left over waits). With N = 2 the only partner is "
+        f"the straggler, so every method waits alike."
     )
 
 
@@ -252,15 +240,12 @@ def markdown(result: dict) -> str:
     rounds = _rounds(result)
     parts = [
         "## Sync cost: NoLoCo pair exchange vs hivemind all-reduce",
-        "The critical path of one outer round: each peer sends its phi and Delta (fp16) to one random peer "
-        "of its "
-        "stage over one libp2p stream and gets the partner's back, with the node's own pairing, transport "
-        "and "
-        "frame codec, against one `DecentralizedAverager` all-reduce over the same tensors among all N peers "
-        "of "
-        f"the stage ({result['summary'].get('compression', 'fp16').upper()} compression). One process per "
-        f"peer, "
-        "each with its own DHT and libp2p daemon; stage sizes are tensors of that many fp32 parameters.",
+        f"The critical path of one outer round: each peer sends its phi and Delta (fp16) to one random peer "
+        f"of its stage over one libp2p stream and gets the partner's back, with the node's own pairing, "
+        f"transport and frame codec, against one `DecentralizedAverager` all-reduce over the same tensors "
+        f"among all N peers of the stage ({result['summary'].get('compression', 'fp16').upper()} "
+        f"compression). One process per peer, each with its own DHT and libp2p daemon; stage sizes are "
+        f"tensors of that many fp32 parameters.",
         f"Command: `{rerun_command('sync_cost', result['mode'])}` ({result['mode']} mode; "
         "`--full` adds 50M parameters and 50 Mbit/s). "
         f"Measured in {result['wall_s']:.0f} s on {result['machine']['cpu_count']} CPUs.",

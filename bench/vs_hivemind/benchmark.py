@@ -203,8 +203,7 @@ NOTES = (
     "hivemind's ProgressTracker starts an epoch when the swarm's estimated sample count says so, and a peer "
     "that finishes first leaves while the other may be averaging with it; its last point can come late.",
     "The hivemind payload is an estimate (averaging rounds x the butterfly share of the fp16 parameters); "
-    "the "
-    "wire columns are measured for both.",
+    "the wire columns are measured for both.",
 )
 
 
@@ -332,9 +331,8 @@ def _meaning(s: dict, methods: list[dict]) -> str:
         if per_peer > 1.5 * planned:
             parts.append(
                 f"{m['method']} averaged {per_peer:.1f} times per peer where its `target_batch_size` asks "
-                f"for {planned:.0f}: its ProgressTracker extrapolates the peers' sample rates, and "
-                "keeps counting while they wait for an averaging round, so short epochs come faster "
-                "and faster."
+                f"for {planned:.0f}: its ProgressTracker extrapolates the peers' sample rates, and keeps "
+                f"counting while they wait for an averaging round, so short epochs come faster and faster."
             )
     if s["extra_tokens_ours"]:
         parts.append(f"swarm-node trained {s['extra_tokens_ours']:.1%} more tokens than its steps x batch "
@@ -361,30 +359,25 @@ def markdown(result: dict) -> str:
         f"{s['peers']} peers, each a separate process, train the project's Llama-style model `{s['model']}` "
         f"({s['params']:,} parameters, one full stage) on their shards of the bundled corpus: "
         f"{s['steps_per_peer']} steps of {s['batch_size']} x {s['seq_len']} tokens per peer, AdamW at peak "
-        f"lr "
-        f"{s['lr']:g} with the same warm-up, cosine decay and clipping for both.",
+        f"lr {s['lr']:g} with the same warm-up, cosine decay and clipping for both.",
         "",
         f"- this project: `swarm-node local --stages 1 --replicas {s['peers']}` (NoLoCo, H = "
         f"{s['inner_steps']}, "
         "phi and Delta in fp16);",
         f"- hivemind ({hivemind}): `hivemind.Optimizer` with its own DHT per peer, `target_batch_size` = "
-        f"peers "
-        f"x batch x {s['inner_steps']} (an epoch per {s['inner_steps']} local steps of every peer, as often "
-        f"as "
-        f"NoLoCo's rounds), fp16 compression, `matchmaking_time` {s['matchmaking_s']:g} s (its docs: 3-5 s "
-        f"for "
-        f"small local runs), `averaging_timeout` {s['averaging_timeout_s']:g} s (its docs: about twice an "
-        "all-reduce, 3-4 s here with matchmaking). `use_local_updates=True` steps AdamW locally and averages "
-        "parameters every epoch, the mode that matches a low-communication trainer; the default mode "
-        "(`grad-averaging`, full mode only) all-reduces gradients and takes one optimizer step per epoch.",
+        f"peers x batch x {s['inner_steps']} (an epoch per {s['inner_steps']} local steps of every peer, as "
+        f"often as NoLoCo's rounds), fp16 compression, `matchmaking_time` {s['matchmaking_s']:g} s (its "
+        f"docs: 3-5 s for small local runs), `averaging_timeout` {s['averaging_timeout_s']:g} s (its docs: "
+        f"about twice an all-reduce, 3-4 s here with matchmaking). `use_local_updates=True` steps AdamW "
+        f"locally and averages parameters every epoch, the mode that matches a low-communication trainer; "
+        f"the default mode (`grad-averaging`, full mode only) all-reduces gradients and takes one optimizer "
+        f"step per epoch.",
         "",
         f"Weights were saved every {s['inner_steps']} steps and evaluated afterwards on the same "
         f"{s['eval_windows']} validation windows; a curve point is the mean over peers, at the time the last "
-        "peer got there. Bytes: each swarm ran in a network namespace of its own; its loopback counter "
-        "divided by "
-        "the number of peers is every byte sent per peer (payloads, DHT, libp2p and TCP/IP headers, "
-        "bootstrap "
-        "included). The payload column is what swarm-node's transports counted.",
+        f"peer got there. Bytes: each swarm ran in a network namespace of its own; its loopback counter "
+        f"divided by the number of peers is every byte sent per peer (payloads, DHT, libp2p and TCP/IP "
+        f"headers, bootstrap included). The payload column is what swarm-node's transports counted.",
         "",
         *_method_table(methods, s["target_val_loss"]),
         "",

@@ -425,10 +425,9 @@ def _declined(s: dict) -> str:
         return ""
     return (
         f" Short of the model: {s['refused_requests']} payloads were declined after they arrived in the real "
-        "run (a partner before its first round found them out of scale, or a reservation had lapsed); each "
-        "cost a full payload and together they took a round from "
-        f"{s['ideal_outer_vs_reference']:.2f} to {s['measured_outer_vs_reference']:.2f} of the reference's "
-        "bytes."
+        f"run (a partner before its first round found them out of scale, or a reservation had lapsed); each "
+        f"cost a full payload and together they took a round from {s['ideal_outer_vs_reference']:.2f} to "
+        f"{s['measured_outer_vs_reference']:.2f} of the reference's bytes."
     )
 
 
@@ -440,18 +439,15 @@ def markdown(result: dict) -> str:
         "",
         f"`{rerun_command(NAME, result['mode'])}` ({result['mode']} mode, {result['wall_s']:.0f} s)",
         "",
-        "What one worker sends (it receives as much), computed from the parameter counts of "
-        "`swarm_node/model/config.py` and the wire precisions of `swarm_node/wire/frames.py`. Project sizes "
-        "use "
-        "the bundled corpus's byte vocabulary and 8 x 64 tokens per step; the paper's Small/Medium/Large use "
-        "an "
-        "assumed 32k vocabulary and 8 x 1024 tokens per step (per-token figures of the outer methods scale "
-        f"inversely with that). N = {s['peers']} workers per stage; NoLoCo syncs every "
-        f"H = {s['noloco_inner_steps']} inner steps, DiLoCo every {s['diloco_inner_steps']} (the reference "
-        "code's defaults), DDP every step. A worker holding one of S stages sends 1/S of the outer figures. "
-        "\"DiLoCo here\" is `--method diloco` of this project, which swaps phi and Delta with every other "
-        "member "
-        "(an all-gather) instead of all-reducing Delta.",
+        f"What one worker sends (it receives as much), computed from the parameter counts of "
+        f"`swarm_node/model/config.py` and the wire precisions of `swarm_node/wire/frames.py`. Project sizes "
+        f"use the bundled corpus's byte vocabulary and 8 x 64 tokens per step; the paper's "
+        f"Small/Medium/Large use an assumed 32k vocabulary and 8 x 1024 tokens per step (per-token figures "
+        f"of the outer methods scale inversely with that). N = {s['peers']} workers per stage; NoLoCo syncs "
+        f"every H = {s['noloco_inner_steps']} inner steps, DiLoCo every {s['diloco_inner_steps']} (the "
+        f"reference code's defaults), DDP every step. A worker holding one of S stages sends 1/S of the "
+        f"outer figures. \"DiLoCo here\" is `--method diloco` of this project, which swaps phi and Delta "
+        f"with every other member (an all-gather) instead of all-reducing Delta.",
         "",
         "### Bytes per token trained, per worker",
         "",

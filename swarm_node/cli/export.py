@@ -81,8 +81,7 @@ def _run_export(args: argparse.Namespace) -> int:
     params = sum(t.numel() for t in assembled.state_dict.values())
     print(
         f"wrote a Hugging Face Llama checkpoint of run {assembled.spec.run_id!r} ({params:,} parameters; "
-        f"peers "
-        f"averaged per stage: {assembled.peers_per_stage}) to {args.out}:",
+        f"peers averaged per stage: {assembled.peers_per_stage}) to {args.out}:",
         file=sys.stderr,
     )
     for path in written:

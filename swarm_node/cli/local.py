@@ -83,8 +83,7 @@ def run_local(args: argparse.Namespace) -> int:
     if method.has_outer_step and method.inner_steps > args.steps:
         logging.getLogger("swarm_node.local").warning(
             "--steps %d is shorter than one outer round (H = %d inner steps): the nodes will not exchange "
-            "weights; "
-            "lower --inner-steps or raise --steps",
+            "weights; lower --inner-steps or raise --steps",
             args.steps,
             method.inner_steps,
         )

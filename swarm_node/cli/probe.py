@@ -36,11 +36,10 @@ def add_probe_parser(sub) -> None:
         "probe",
         help="check a node from outside with py-libp2p: connect, ping, identify, status",
         description="Dial a node with py-libp2p (another libp2p implementation) over TCP with "
-        "Noise or TLS and yamux, ping it, read its identify record and ask its "
-        "status over /swarm-node/status/1.0.0 (docs/PROTOCOL.md). The last line is the "
-        "verdict; the exit status is 0 when the node answered. py-libp2p lives in "
-        "a virtual environment of its own: create it once with `swarm-node probe "
-        "--setup`.",
+        "Noise or TLS and yamux, ping it, read its identify record and ask its status over "
+        "/swarm-node/status/1.0.0 (docs/PROTOCOL.md). The last line is the verdict; the exit status is 0 "
+        "when the node answered. py-libp2p lives in a virtual environment of its own: create it once with "
+        "`swarm-node probe --setup`.",
     )
     p.add_argument("maddr", nargs="?", metavar="MADDR",
                    help="the node's multiaddr, ending in /p2p/<peer id> (as its log prints it)")
@@ -65,7 +64,8 @@ def _run_probe(args: argparse.Namespace) -> int:
     python = args.probe_python or venv_python(probe_venv())
     if not python.exists():
         print(
-            f"swarm-node probe: py-libp2p is not set up ({python} is missing): run `swarm-node probe --setup`",
+            f"swarm-node probe: py-libp2p is not set up ({python} is missing): "
+            "run `swarm-node probe --setup`",
             file=sys.stderr,
         )
         return EXIT_NOT_SET_UP

@@ -67,9 +67,8 @@ def assemble(paths: list[Path], *, force: bool = False) -> AssembledModel:
         this_spec = RunSpec.from_dict(meta["spec"])
         if spec is not None and this_spec.spec_hash() != spec.spec_hash():
             raise ConfigError(
-                f"{path} belongs to run spec {this_spec.spec_hash()} (run {this_spec.run_id!r}), "
-                f"{spec_path} to {spec.spec_hash()} (run {spec.run_id!r}): give checkpoints of one "
-                "run only"
+                f"{path} belongs to run spec {this_spec.spec_hash()} (run {this_spec.run_id!r}), {spec_path} "
+                f"to {spec.spec_hash()} (run {spec.run_id!r}): give checkpoints of one run only"
             )
         spec, spec_path, vocab_size = this_spec, spec_path or path, meta["vocab_size"]
         names = meta["param_names"]

@@ -201,7 +201,8 @@ class PartnerCheck:
             return delta
         bound = self.max_update_ratio * reference
         if delta_norm > bound:
-            why = f"partner's Delta norm {delta_norm:.3g} is {delta_norm / reference:.1f}x our own {reference:.3g}"
+            why = (f"partner's Delta norm {delta_norm:.3g} is {delta_norm / reference:.1f}x "
+                   f"our own {reference:.3g}")
             if rounds_ahead == 0:
                 raise Poisoned(why)
             raise RoundsApart(why, rounds_ahead)

@@ -1,15 +1,15 @@
 """A round's payload, (phi, Delta), both ways between partners (``/swarm-node/outer`` and
 ``/swarm-node/outer-fetch``), and what comes checked before it counts.
 
-What it owns: our payload's frames (a pair's go as two parts, Delta ahead of phi; a
-DiLoCo group's whole), offered while our round is open and kept a while after it for
-the partners whose fetch comes late; the caller side, which sends ours (answered with
-the partner's verdict) while it fetches the partner's, both paced bodies
-(net/pacing.py) so proposals, heartbeats and forwards keep their deadlines beside
-them; the answering side, which hands a partner's payload to the round's pairing
-(gossip/round_pairing.py: a pair's only from the peer we reserved, a group's from any
-member) and answers its verdict; and the checks of gossip/partner_check.py on all that
-comes, a Delta landed on our steps the moment it passes (ALGORITHM.md 3.1). A partner that sends a poisoned update is banned
+What it owns: our payload's frames (a pair's go as two parts, Delta ahead of phi; a DiLoCo
+group's whole), offered while our round is open and kept a while after it for the partners
+whose fetch comes late; the caller side, which sends ours (answered with the partner's
+verdict) while it fetches the partner's, both paced bodies (net/pacing.py) so proposals,
+heartbeats and forwards keep their deadlines beside them; the answering side, which hands
+a partner's payload to the round's pairing (gossip/round_pairing.py: a pair's only from
+the peer we reserved, a group's from any member) and answers its verdict; and the checks
+of gossip/partner_check.py on all that comes, a Delta landed on our steps the moment it
+passes (ALGORITHM.md 3.1). A partner that sends a poisoned update is banned
 (net/guard.py); one rounds apart is declined, and backed off if it keeps coming.
 
 Who the partner is and when a round opens and ends is gossip/exchange.py's."""
@@ -105,7 +105,8 @@ class PayloadSwap:
         self.round_early = round_early  # (wait_s) a group member's payload may pull our round forward
         self.on_delta = on_delta  # a partner's Delta is in, checked and landed (True: one we fetched)
         numel = sum(p.numel() for p in state.params)
-        # phi and Delta in fp32 at most (an fp16 tensor out of range goes as fp32); blockwise, two tensors each
+        # phi and Delta in fp32 at most (an fp16 tensor out of range goes as fp32);
+        # blockwise, two tensors each
         self.limits = FrameLimits(max_payload_bytes=2 * numel * 4 + (1 << 20),
                                   max_tensors=4 * len(state.params) + 16)
         self.behind = False  # a partner rounds ahead was out of our scale: the node should catch up

@@ -197,7 +197,9 @@ class NodeStartup:
         """Resume from the checkpoint, then download a live peer's state when the stage is
         ahead of us (far ahead, after a checkpoint). Returns the data position resumed."""
         cfg, data = self.config, None
-        behind = lambda: self.membership.steps_behind(self.worker.inner_step)
+        def behind() -> int:
+            return self.membership.steps_behind(self.worker.inner_step)
+
         if resume is not None:
             data = await self.checkpoints.resume(self.worker, *resume)
             self.stats.resumed_from_step = self.worker.inner_step

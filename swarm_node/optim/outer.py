@@ -12,11 +12,11 @@ worker makes the gamma term vanish and gives DiLoCo.
 Overlapped (ALGORITHM.md section 3.1): at the boundary a worker snapshots theta_s and
 sends (phi_i, Delta_i = theta_s - phi_i), keeps taking inner steps, and when the group's
 payloads are in applies the same update to phi and carries the progress made meanwhile
-onto it: theta_i <- phi_i(new) + (theta_i - theta_s). With no steps in between it is
-the blocking step exactly. A group's Delta that lands ahead of its phi moves theta_s
-(and theta with it) to the group's Delta step at once; phi follows when it lands. With ``nesterov=True`` the step
-looks ahead: phi_i <- phi_i + g + alpha * delta_i, where g is the bracketed update
-(torch SGD's Nesterov form with lr folded into beta).
+onto it: theta_i <- phi_i(new) + (theta_i - theta_s). With no steps in between it is the
+blocking step exactly. A group's Delta that lands ahead of its phi moves theta_s (and
+theta with it) to the group's Delta step at once; phi follows when it lands. With
+``nesterov=True`` the step looks ahead: phi_i <- phi_i + g + alpha * delta_i, where g is
+the bracketed update (torch SGD's Nesterov form with lr folded into beta).
 
 Group means are accumulated in float64 (on the CPU for MPS tensors, which have no
 float64): the sum of a few float32 tensors is then exact in practice, so every member

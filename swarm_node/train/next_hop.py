@@ -74,7 +74,8 @@ class NextHop:
                 raise NotEnoughPeers(
                     f"no stage-{next_stage} peer completed the micro-batch after {attempts} attempts"
                 )
-            # one unverified peer at most per micro-batch: a flood of forged records cannot use up its attempts
+            # one unverified peer at most per micro-batch: a flood of forged records cannot use up
+            # its attempts
             probe = not any(not self.guard.is_verified(p) for p in tried)
             peer = self.chooser.choose(self._candidates(probe), exclude=tried, per_peer=FORWARD_PER_CALLER)
             if peer is None:  # none known, all tried, or all as busy with us as they take

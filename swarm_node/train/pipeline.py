@@ -303,8 +303,8 @@ class Pipeline:
             self._own_output_logged = True
             log.error(
                 "this node's own activations are not finite (%s): micro-batches are not sent; its weights "
-                "may "
-                "have diverged (a lower learning rate, or restarting it to take the stage's state, helps)",
+                "may have diverged (a lower learning rate, or restarting it to take the stage's state, "
+                "helps)",
                 exc,
             )
 

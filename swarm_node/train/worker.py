@@ -67,9 +67,8 @@ class Pullback(torch.autograd.Function):
     @staticmethod
     def forward(ctx, out: torch.Tensor, grad_output: torch.Tensor) -> torch.Tensor:
         if out.shape != grad_output.shape:
-            raise ValueError(
-                f"a gradient of shape {tuple(grad_output.shape)} for an output of {tuple(out.shape)}"
-            )
+            raise ValueError(f"a gradient of shape {tuple(grad_output.shape)} for an output of "
+                             f"{tuple(out.shape)}")
         ctx.save_for_backward(grad_output)
         return out.new_zeros(())
 
@@ -81,12 +80,9 @@ class Pullback(torch.autograd.Function):
 
 class StageWorker:
     def __init__(self, spec: RunSpec, stage_index: int, vocab_size: int, device: str = "cpu"):
-        # the simulator's alone until the node carries its frames
-        if spec.activation_codec in BOUNDARY_CODECS:
-            raise ConfigError(
-                f"activation_codec {spec.activation_codec} runs in the simulator only (swarm-node "
-                "sim); a swarm sends fp32, fp16, bf16 or int8 activations"
-            )
+        if spec.activation_codec in BOUNDARY_CODECS:  # the simulator's until the node carries its frames
+            raise ConfigError(f"activation_codec {spec.activation_codec} runs in the simulator only "
+                              "(swarm-node sim); a swarm sends fp32, fp16, bf16 or int8 activations")
         self.spec = spec
         self.device = torch.device(device)
         self.autocast_dtype = training_precision(self.device)  # None: fp32
@@ -96,8 +92,7 @@ class StageWorker:
                                                 layers_per_stage=spec.layers_per_stage, device=self.device)
         self.params = list(self.stage.parameters())
         self.inner = InnerOptimizer(self.params, spec.inner)  # fused AdamW on CUDA (optim/inner.py)
-        # --compile: seconds its blocks took to compile (train/compiled.py)
-        self.compile_s: float | None = None
+        self.compile_s: float | None = None  # --compile: seconds its blocks took (train/compiled.py)
         self.slow = SlowWeights(self.params, spec.method.outer) if spec.method.has_outer_step else None
         self.codec = outer_codec(spec.outer_codec)
         self.encoder = OuterEncoder(self.codec) if self.slow else None
@@ -182,8 +177,7 @@ class StageWorker:
         if self.pending_microbatches > 1:
             grads = [p.grad for p in self.params if p.grad is not None]
             if grads:
-                # one launch on CUDA, not one per tensor
-                torch._foreach_div_(grads, self.pending_microbatches)
+                torch._foreach_div_(grads, self.pending_microbatches)  # one launch on CUDA, not per tensor
         self.inner.step()
         self.last_step_at = time.monotonic()
         self.pending_samples = 0
@@ -214,10 +208,8 @@ class StageWorker:
     def can_round_early(self) -> bool:
         """Past half of this round: joining a partner's round now keeps the pair in
         phase, instead of both waiting out deadlines at alternating boundaries."""
-        return (
-            self.slow is not None
-            and self.inner_step - self.last_round_step >= self.spec.method.inner_steps // 2
-        )
+        return (self.slow is not None
+                and self.inner_step - self.last_round_step >= self.spec.method.inner_steps // 2)
 
     def force_round(self) -> None:
         self.round_forced = True
@@ -383,9 +375,8 @@ class StageWorker:
         optimizer = self.inner.moments_state_dict()
         for index, state in optimizer["state"].items():
             for name, value in state.items():
-                tensors[f"adam.{index}.{name}"] = (
-                    value.clone() if torch.is_tensor(value) else torch.tensor(value)
-                )
+                tensors[f"adam.{index}.{name}"] = value.clone() if torch.is_tensor(value) else \
+                    torch.tensor(value)
         tensors["rng.torch"] = torch.get_rng_state()
         meta = {"stage": self.stage.stage_index, "vocab_size": self.model_config.vocab_size,
                 "param_names": [name for name, _ in self.stage.named_parameters()],
@@ -403,20 +394,15 @@ class StageWorker:
             for i, p in enumerate(self.params):
                 theta = tensors[f"theta.{i}"]
                 if theta.shape != p.shape:
-                    raise ValueError(
-                        f"theta.{i} has shape {tuple(theta.shape)}, this stage needs {tuple(p.shape)}"
-                    )
+                    raise ValueError(f"theta.{i} is {tuple(theta.shape)}, this stage needs {tuple(p.shape)}")
                 p.copy_(theta.to(p.device, p.dtype))
                 grad = tensors.get(f"grad.{i}")
                 p.grad = None if grad is None else grad.to(p.device, p.dtype).clone()
             if self.slow is not None:
                 n = len(self.params)
-                self.slow.load_state_dict(
-                    {
-                        "phi": [tensors[f"phi.{i}"].to(self.device) for i in range(n)],
-                        "momentum": [tensors[f"momentum.{i}"].to(self.device) for i in range(n)],
-                    }
-                )
+                self.slow.load_state_dict({"phi": [tensors[f"phi.{i}"].to(self.device) for i in range(n)],
+                                           "momentum": [tensors[f"momentum.{i}"].to(self.device)
+                                                        for i in range(n)]})
             if self.encoder is not None:
                 for kind, feedback in self.encoder.feedback.items():
                     if feedback is not None and f"feedback.{kind}.0" in tensors:
@@ -437,9 +423,7 @@ class StageWorker:
             self.loss_ema = meta["loss_ema"]
             torch.set_rng_state(tensors["rng.torch"])
         except KeyError as exc:
-            raise ValueError(
-                f"the checkpoint lacks {exc}: it was written for another stage or model"
-            ) from None
+            raise ValueError(f"the checkpoint lacks {exc}: written for another stage or model") from None
 
     def theta_digest(self) -> str:
         return tensor_digest([p.detach().float().cpu() for p in self.params])

@@ -200,7 +200,8 @@ from swarm_node.net.dht import SwarmDHT
 
 
 def caught_and_ignored(pid):
-    fields = dict(line.split(":", 1) for line in open(f"/proc/{pid}/status").read().splitlines() if ":" in line)
+    lines = open(f"/proc/{pid}/status").read().splitlines()
+    fields = dict(line.split(":", 1) for line in lines if ":" in line)
     return int(fields["SigCgt"], 16), int(fields["SigIgn"], 16)
 
 

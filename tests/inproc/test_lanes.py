@@ -23,10 +23,10 @@ from swarm_node.errors import PeerError, PeerRefused, ProtocolError
 from swarm_node.net import lane_auth, lanes, protocols
 from swarm_node.net.dht import SwarmDHT
 from swarm_node.net.lanes import LANE_HELLO, Lane, LanePool, Offer, Tickets
-
-ACCEPTED, REFUSED = b"\x01", b"\x00"
 from swarm_node.net.serving import caller_address
 from swarm_node.net.transport import ServeLimits, Transport
+
+ACCEPTED, REFUSED = b"\x01", b"\x00"
 
 BULK = protocols.FORWARD  # any bulk protocol: the transport does not look inside
 BULK_PACED = protocols.OUTER

@@ -64,7 +64,8 @@ def test_every_joiner_refuses_each_hostile_state_then_trains_from_an_honest_dono
             step = int(adopted.group(2))
             me = joiner.peer_id()  # the tail logs show
             wait_for(
-                lambda: any(p["peer_id"].endswith(me) and p["inner_step"] >= step + 10 for p in boot.peers()),
+                lambda me=me, step=step: any(p["peer_id"].endswith(me) and p["inner_step"] >= step + 10
+                                             for p in boot.peers()),
                 180,
                 f"the {case} joiner to train on",
                 tmp_path,
@@ -79,11 +80,12 @@ def test_every_joiner_refuses_each_hostile_state_then_trains_from_an_honest_dono
 
 def test_a_liar_beside_the_only_honest_peer_poisons_no_joiner_and_frames_nobody(bed, tmp_path):
     """Stage 0 of one honest peer, then the hostile one serving its state times 1.5 (its
-    own download is the honest peer's, unchecked: the only live peer), then two joiners
-    at once, one asking the honest peer first, one the liar. The first has only the liar
-    to witness; a lone dissenter bans nobody, so the honest peer stays on the panel for
-    the liar's state, which it refuses (one line, no ban). (Before: the honest peer banned on "0 of 1", then the
-    liar's state taken unchecked as the only live peer: 1 of 2 joiners in 2 of 3 runs.)"""
+    own download is the honest peer's, unchecked: the only live peer), then two joiners at
+    once, one asking the honest peer first, one the liar. The first has only the liar to
+    witness; a lone dissenter bans nobody, so the honest peer stays on the panel for the
+    liar's state, which it refuses (one line, no ban). (Before: the honest peer banned on
+    "0 of 1", then the liar's state taken unchecked as the only live peer: 1 of 2 joiners
+    in 2 of 3 runs.)"""
     spec = run_spec_file(tmp_path, inner_steps=10, run_id="hostile-pair")
     boot = BootstrapOnHost(bed, bed.add_host("boot"), tmp_path, "--run-spec", str(spec))
     line = boot.join_line()

@@ -238,8 +238,7 @@ def test_training_outlives_every_bootstrap_and_a_restarted_one_lists_the_swarm_a
              "the restarted bootstrap to list every live node", workdir)
     print(
         f"the restarted bootstrap was up {up - restarted:.1f} s after its start and listed all {len(live)} "
-        f"live "
-        f"nodes {time.monotonic() - up:.1f} s later"
+        f"live nodes {time.monotonic() - up:.1f} s later"
     )
     # it found them itself, from the peers it wrote down, not only through the nodes' redials
     # (which may list them first: its own dials' line comes when they are done)

@@ -3,7 +3,7 @@
     namespace PREFIX-wan        bridge br0: "the internet", 10.201.0.0/24
       port pN  <-- access link -->  namespace PREFIX-NAME   eth0 10.201.0.(10+N)   (a public host)
       port pN  <-- access link -->  namespace PREFIX-NAME-nat  wan0 10.201.0.(10+N)  (a home router)
-                                        lan0 192.168.1.1  <-- veth -->  namespace PREFIX-NAME  eth0 192.168.1.2
+                                        lan0 192.168.1.1  <- veth ->  namespace PREFIX-NAME  eth0 192.168.1.2
 
 An access link is a veth pair, or, when the host asks for latency, a pair of TAP devices
 joined by ``delay.py`` (``tc netem`` is missing here). Rates are ``tc tbf`` on both ends of

@@ -81,10 +81,8 @@ def test_of_two_joins_started_together_on_one_port_one_goes_on_and_the_other_say
         errors = (tmp_path / ("a.err" if loser is racers[0] else "b.err")).read_text()
         assert errors.splitlines()[-1] == (
             f"swarm-node join: error: TCP port {port} is in use (another swarm-node on this machine is "
-            f"starting "
-            "or running there): pass --port with a free port (and forward that one if this machine is behind "
-            "a "
-            "router)"
+            f"starting or running there): pass --port with a free port (and forward that one if this machine "
+            f"is behind a router)"
         ), errors
         assert "Traceback" not in errors
         assert winner.poll() is None  # still holding the port

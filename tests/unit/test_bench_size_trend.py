@@ -138,8 +138,7 @@ def test_the_answer_follows_the_numbers():
                                                       ("tiny", "diloco", "frozen input embedding", 9.0)]]
     assert answer(shrinking, sizes, ablations[:-1]).endswith(
         " What moves NoLoCo at tiny (first seed, against its run at the paper's settings, beyond the "
-        "spread): "
-        "alpha 0.7 +6.00 %, beta 0.5 -4.00 %."
+        "spread): alpha 0.7 +6.00 %, beta 0.5 -4.00 %."
     )  # the largest size's, beyond the seeds' spread, largest first
     frozen = [{"model": "tiny", "method": "noloco", "ablation": "frozen input embedding", "change_pct": 10.0}]
     assert answer(shrinking, sizes, ablations + frozen).endswith(
@@ -157,11 +156,9 @@ def test_the_answer_follows_the_numbers():
                       "change_pct": 2.0}]
     assert answer(shrinking, sizes, only_debug + ablations[1:2] + tiny_ddp_only).endswith(
         " What moves NoLoCo (first seed, against its run at the paper's settings, beyond the spread; each "
-        "setting at "
-        "the largest size that has run it): at tiny beta 0.5 -4.00 %; at debug alpha 0.7 +7.00 %, groups of "
-        "3 "
-        "+3.00 %. Run on every method it concerns: frozen input embedding at debug ddp +11.00 %, noloco "
-        "+12.00 %."
+        "setting at the largest size that has run it): at tiny beta 0.5 -4.00 %; at debug alpha 0.7 +7.00 %, "
+        "groups of 3 +3.00 %. Run on every method it concerns: frozen input embedding at debug ddp +11.00 %, "
+        "noloco +12.00 %."
     )
     assert "debug alpha 0.7" not in answer(shrinking, sizes, only_debug + ablations[1:4])  # tiny has run it
 

@@ -138,7 +138,8 @@ def test_a_peer_is_shown_training_only_while_it_makes_progress():
     """A record saying "training" at step 0 with every micro-batch lost is no training
     peer (the defect: a dashboard listed nodes that trained nothing as training)."""
     view = SwarmView("r", HASH, num_stages=2)
-    shown = lambda: {p["short_id"]: p["state"] for s in view.status()["stages"] for p in s["peers"]}
+    def shown():
+        return {p["short_id"]: p["state"] for s in view.status()["stages"] for p in s["peers"]}
     view.ingest(0.0, {"a": rec(0, lost=5), "b": rec(1, state="joining")})
     assert shown() == {"a": "starting", "b": "joining"}
     view.ingest(2.0, {"a": rec(0, inner_step=3, recent_steps=3), "b": rec(1, recent_microbatches=4)})

@@ -34,7 +34,8 @@ from swarm_node.optim import default_method
 from swarm_node.spec import RunSpec
 from swarm_node.train.rounds import step_if_ready
 from swarm_node.train.worker import StageWorker
-spec = RunSpec(run_id="imports", model_size="debug", num_stages=2, seq_len=16, batch_size=4, samples_per_step=4,
+spec = RunSpec(run_id="imports", model_size="debug", num_stages=2, seq_len=16, batch_size=4,
+               samples_per_step=4,
                data=DataSpec(kind="synthetic"), method=default_method("noloco", inner_steps=2))
 first, last = StageWorker(spec, 0, 16), StageWorker(spec, 1, 16)
 for _ in range(2):

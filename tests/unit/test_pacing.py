@@ -26,8 +26,10 @@ from swarm_node.net.pacing import (
     send_paced,
 )
 
+DEFAULT_PACER = PacerConfig()
 
-def simulate(rate_mbit: float, rtt_s: float, body_bytes: int, config: PacerConfig = PacerConfig(),
+
+def simulate(rate_mbit: float, rtt_s: float, body_bytes: int, config: PacerConfig = DEFAULT_PACER,
              reverse_queue_s: Callable[[float], float] = lambda t: 0.0):
     """One paced transfer over a bottleneck link (a FIFO at ``rate_mbit``, ``rtt_s`` of
     propagation), in virtual time; acknowledgements wait ``reverse_queue_s(t)`` more on

@@ -99,7 +99,7 @@ def met_each_round(partner, early: bool, seed: int = 0) -> str:
         check.note_own_delta(own, (ours[1] - ours[0]) / H, *([ours] if early else []))
         claim = [theirs] if early else []
         try:
-            check.check_delta(partner(walk(theirs, seed=r)), phi, lambda: own, 0, *claim)
+            check.check_delta(partner(walk(theirs, seed=r)), phi, lambda own=own: own, 0, *claim)
             seen += "."
         except Poisoned:
             seen += "P"
