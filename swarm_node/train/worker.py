@@ -394,7 +394,8 @@ class StageWorker:
             for i, p in enumerate(self.params):
                 theta = tensors[f"theta.{i}"]
                 if theta.shape != p.shape:
-                    raise ValueError(f"theta.{i} is {tuple(theta.shape)}, this stage needs {tuple(p.shape)}")
+                    raise ValueError(f"theta.{i} has shape {tuple(theta.shape)}, this stage needs "
+                                     f"{tuple(p.shape)}")
                 p.copy_(theta.to(p.device, p.dtype))
                 grad = tensors.get(f"grad.{i}")
                 p.grad = None if grad is None else grad.to(p.device, p.dtype).clone()
