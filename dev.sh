@@ -3,7 +3,8 @@
 # (with torch's CPU build unless the venv already has a torch), then runs what you ask for.
 #
 #   ./dev.sh demo        a local swarm (2 stages x 2 node processes) on the bundled corpus
-#   ./dev.sh test        the default test suite (slow tests excluded)
+#   ./dev.sh test        ruff (as lint), then the default test suite (slow tests excluded)
+#   ./dev.sh lint        only ruff over swarm_node, bootstrap, bench and tests (pyproject's rules)
 #   ./dev.sh test-unit   only the unit tier (CI runs it on each supported Python)
 #   ./dev.sh test-slow   only the slow tests (long convergence runs)
 #   ./dev.sh test-gpu    only the GPU tier (tests/gpu; needs a CUDA device, skipped without one)
@@ -85,6 +86,14 @@ ensure_torch() {
     fi
 }
 
+lint() {
+    # The rules are pyproject.toml's [tool.ruff.lint]; ruff is pinned in the test extra.
+    "$VENV/bin/ruff" check --quiet swarm_node bootstrap bench tests || {
+        echo "dev.sh: ruff found the violations above (\`$VENV/bin/ruff check --fix\` fixes some); no tests run" >&2
+        return 1
+    }
+}
+
 cmd="${1:-help}"
 shift || true
 case "$cmd" in
@@ -96,11 +105,16 @@ case "$cmd" in
         ;;
     test)
         ensure_venv
+        lint
         # One worker per core, a test file per worker: most tests wait on processes and
         # networks, and a file's tests share its swarm. Files go out in the order
         # tests/conftest.py sets (the longest first).
         exec "$VENV/bin/python" -m pytest -q -n "${SWARM_TEST_WORKERS:-auto}" --dist loadfile \
             --no-loadscope-reorder "$@"
+        ;;
+    lint)
+        ensure_venv
+        lint
         ;;
     test-unit)
         ensure_venv
@@ -123,7 +137,7 @@ case "$cmd" in
         exec bash --rcfile <(echo "source $VENV/bin/activate")
         ;;
     *)
-        sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
         [[ "$cmd" == help || "$cmd" == -h || "$cmd" == --help ]] || exit 2
         ;;
 esac

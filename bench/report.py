@@ -11,7 +11,8 @@ from bench.common import ROOT
 from bench.common.results import RESULTS_DIR, load
 
 DOC = ROOT / "BENCHMARKS.md"
-SECTIONS = ("transport", "sync_cost", "latency_model", "swarm_efficiency", "convergence", "size_trend", "vs_hivemind", "wire_bytes", "home_link",
+SECTIONS = ("transport", "sync_cost", "latency_model", "swarm_efficiency", "convergence", "size_trend",
+            "vs_hivemind", "wire_bytes", "home_link",
             "scale", "state_check", "gpu_step")
 # Benchmarks that need a CUDA card (bench/run_all.py leaves them out; their results come
 # from a GPU machine: bench/gpu_step/device_check.sh).
@@ -63,8 +64,10 @@ def render(results_dir: Path = RESULTS_DIR) -> str:
             continue
         m = result["machine"]
         card = result["summary"].get("device_name") if name in NEEDS_GPU else None
-        index.append(f"| [{name}](#{name}) | {TITLES[name]} | {result['mode']} | "
-                     f"{card or str(m['cpu_count']) + ' CPUs'}, torch {m['torch']} | {result['wall_s']:.0f} s |")
+        index.append(
+            f"| [{name}](#{name}) | {TITLES[name]} | {result['mode']} | "
+            f"{card or str(m['cpu_count']) + ' CPUs'}, torch {m['torch']} | {result['wall_s']:.0f} s |"
+        )
         module = importlib.import_module(f"bench.{name}.benchmark")
         sections.append(f'<a id="{name}"></a>\n\n' + module.markdown(result).strip() + "\n")
     return HEADER.format(index="\n".join(index)) + "\n" + "\n".join(sections)

@@ -16,7 +16,8 @@ import time
 
 from bench import report
 
-ORDER = ("transport", "sync_cost", "swarm_efficiency", "latency_model", "home_link", "convergence", "size_trend", "vs_hivemind", "wire_bytes",
+ORDER = ("transport", "sync_cost", "swarm_efficiency", "latency_model", "home_link", "convergence",
+         "size_trend", "vs_hivemind", "wire_bytes",
          "scale", "state_check")
 QUICK_BUDGET_S = 20 * 60  # 12-15 of them the home-link benchmark's shaped links
 

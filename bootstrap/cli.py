@@ -11,16 +11,19 @@ from swarm_node.cli import options, peer_options
 from swarm_node.errors import ConfigError, SwarmError
 from swarm_node.net.maddr import check_ip, check_maddrs
 
-DEFAULT_IDENTITY = Path(os.environ.get("XDG_CONFIG_HOME", Path.home() / ".config")) / "swarm-node" / "bootstrap.key"
+DEFAULT_IDENTITY = Path(os.environ.get("XDG_CONFIG_HOME",
+                                       Path.home() / ".config")) / "swarm-node" / "bootstrap.key"
 DEFAULT_PORT = 31337
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="swarm-bootstrap",
-        description="Host the bootstrap peer of a swarm-node run: a DHT peer that trains nothing, publishes the "
-                    "run spec, and serves a status dashboard. Prints the multiaddrs volunteers pass to "
-                    "`swarm-node join --initial-peers`.")
+        description="Host the bootstrap peer of a swarm-node run: a DHT peer that trains nothing, publishes "
+                    "the "
+        "run spec, and serves a status dashboard. Prints the multiaddrs volunteers pass to "
+        "`swarm-node join --initial-peers`.",
+    )
     peer_options.version(p, program="swarm-bootstrap")
     peer_options.identity(p, default=DEFAULT_IDENTITY)
     p.add_argument("--run-spec", type=Path, default=None,
@@ -34,9 +37,14 @@ def build_parser() -> argparse.ArgumentParser:
     peer_options.startup_timeout(p, default=60.0)
     p.add_argument("--no-reachability-check", action="store_true",
                    help="skip dialling the announced addresses at start-up")
-    p.add_argument("--maddrs-file", type=Path, default=None, metavar="PATH",
-                   help="also write the multiaddrs to this file, one per line, once serving (for nodes started "
-                        "with `swarm-node join --initial-peers-file`, e.g. in docker compose)")
+    p.add_argument(
+        "--maddrs-file",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="also write the multiaddrs to this file, one per line, once serving (for nodes started "
+        "with `swarm-node join --initial-peers-file`, e.g. in docker compose)",
+    )
     peer_options.verbose(p)
     return p
 
@@ -53,7 +61,9 @@ def _addresses(args: argparse.Namespace) -> tuple[tuple[str, ...], tuple[str, ..
             raise ConfigError("use either --public-ip/--port or --host-maddrs/--announce-maddrs, not both")
         port = DEFAULT_PORT if args.port is None else args.port
         if port == 0:
-            raise ConfigError("--public-ip needs a fixed --port (1-65535): volunteers must know it in advance")
+            raise ConfigError(
+                "--public-ip needs a fixed --port (1-65535): volunteers must know it in advance"
+            )
         proto = "ip6" if ":" in args.public_ip else "ip4"
         any_addr = "::" if proto == "ip6" else "0.0.0.0"
         return (f"/{proto}/{any_addr}/tcp/{port}",), (f"/{proto}/{args.public_ip}/tcp/{port}",)

@@ -47,8 +47,11 @@ class KnownPeers:
         except FileNotFoundError:
             return []
         except (OSError, ValueError) as exc:  # JSONDecodeError is a ValueError
-            log.warning("ignoring the remembered peers in %s (%s); the swarm is found through the nodes' redials",
-                        self.path, exc)
+            log.warning(
+                "ignoring the remembered peers in %s (%s); the swarm is found through the nodes' redials",
+                self.path,
+                exc,
+            )
             self.peers = {}
         self._saved = {p: list(a) for p, a in self.peers.items()}
         return [f"{addr}/p2p/{peer}" for peer, addrs in reversed(self.peers.items()) for addr in addrs]

@@ -43,7 +43,7 @@ VERIFY_TIMEOUT_S = 5.0
 REPROBE_MIN_S, REPROBE_MAX_S = 4.0, 60.0  # a peer that did not answer is asked again after this, doubling
 REMEMBER_EVERY_S = 10.0  # how often the verified peers' addresses are written down
 # A restart dials the peers it wrote down twice, a pause apart: on a loaded host a dial
-# that has not answered in 5 s (1 of 4 in a test beside other work) mostly answers then.
+# that has not answered in 5 s mostly answers then.
 REMEMBERED_DIALS = 2
 REMEMBERED_REDIAL_PAUSE_S = 3.0
 
@@ -106,8 +106,10 @@ class BootstrapPeer:
                                             identity_path=str(cfg.identity_path),
                                             startup_timeout_s=cfg.startup_timeout_s)
             if self.dht.client_mode:
-                raise SwarmError("the initial peers cannot reach this bootstrap, so it cannot serve volunteers; "
-                                 "fix the announce address or the firewall (docs/HOSTS.md, 'Ports and addresses')")
+                raise SwarmError(
+                    "the initial peers cannot reach this bootstrap, so it cannot serve volunteers; "
+                    "fix the announce address or the firewall (docs/HOSTS.md, 'Ports and addresses')"
+                )
             self.spec = await self._resolve_spec()
             # joining nodes ask us to dial them back: can others reach them?
             self.transport = Transport(await self.dht.replicate_p2p())
@@ -119,7 +121,8 @@ class BootstrapPeer:
                 log.warning("the DHT did not accept the run spec; retrying in the publish loop")
             self.maddrs = ordered_for_others(self.dht.visible_maddrs())
             port = await server.start(cfg.http_host, cfg.http_port)
-            self.on_ready(Ready(self.dht.peer_id, self.maddrs, _http_url(cfg.http_host, port), self.spec.run_id,
+            self.on_ready(Ready(self.dht.peer_id, self.maddrs, _http_url(cfg.http_host, port),
+                                self.spec.run_id,
                                 spec_key(self.dht.peer_id)))
             self._advise_on_addresses()
             async with asyncio.TaskGroup() as tg:
@@ -149,12 +152,15 @@ class BootstrapPeer:
     async def _resolve_spec(self) -> RunSpec:
         cfg = self.config
         if cfg.run_spec is None and not cfg.initial_peers:
-            raise ConfigError("give --run-spec RUN.toml (or --initial-peers of a running bootstrap to serve its run)")
+            raise ConfigError(
+                "give --run-spec RUN.toml (or --initial-peers of a running bootstrap to serve its run)"
+            )
         if not cfg.initial_peers:
             return cfg.run_spec
         # A second bootstrap of a run must publish the very spec the first one does.
         run_id = cfg.run_id or (cfg.run_spec.run_id if cfg.run_spec else None)
-        spec, publisher = await find_run_spec(self.dht, cfg.initial_peers, run_id=run_id, local_spec=cfg.run_spec)
+        spec, publisher = await find_run_spec(self.dht, cfg.initial_peers, run_id=run_id,
+                                              local_spec=cfg.run_spec)
         if publisher is not None:
             log.info("serving run %r as published by %s", spec.run_id, short_id(publisher))
         return spec
@@ -165,7 +171,9 @@ class BootstrapPeer:
         data, folder = self.spec.data, self.config.data_dir
         if data.kind != "manifest":
             if folder is not None:
-                raise ConfigError(f"--data {folder}: the run spec's data is {data.describe()}, not a prepared dataset")
+                raise ConfigError(
+                    f"--data {folder}: the run spec's data is {data.describe()}, not a prepared dataset"
+                )
             return
         if folder is None:
             log.warning("the run's data is a prepared dataset but this bootstrap serves none (--data DIR): "
@@ -178,7 +186,9 @@ class BootstrapPeer:
                               f"({data.manifest_sha256[:16]}…); prepare it again or fix the spec")
         missing = [e.name for e in manifest.files().values() if not (folder / e.name).is_file()]
         if missing:
-            raise ConfigError(f"--data {folder} lacks {len(missing)} of the manifest's files ({missing[0]}, ...)")
+            raise ConfigError(
+                f"--data {folder} lacks {len(missing)} of the manifest's files ({missing[0]}, ...)"
+            )
         self.data_server, self.data_guard = data_service(cache, self.spec, self._verified_live,
                                                          refusals=self.transport.refusals)
         await self.data_server.serve(self.transport, self.data_guard.admit)
@@ -205,7 +215,8 @@ class BootstrapPeer:
         while True:
             try:
                 async with asyncio.timeout(max(5.0, self.config.poll_period_s * 2)):
-                    records, unreadable = await read_registry(self.dht, self.spec.run_id, self.spec.num_stages,
+                    records, unreadable = await read_registry(self.dht, self.spec.run_id,
+                                                              self.spec.num_stages,
                                                               self.spec.registry_shards)
                 for event in self.view.ingest(time.time(), records, len(unreadable)):
                     log.info("%s", event)
@@ -269,7 +280,9 @@ class BootstrapPeer:
         while True:
             await asyncio.sleep(2.0)
             if not self.dht.is_alive():
-                raise SwarmError("the DHT process died; restart the bootstrap (same --identity keeps its address)")
+                raise SwarmError(
+                    "the DHT process died; restart the bootstrap (same --identity keeps its address)"
+                )
 
     async def _check_reachability(self) -> None:
         checked = [m.rsplit("/p2p/", 1)[0] for m in self.maddrs if address_scope(m) != "unspecified"]
@@ -288,15 +301,21 @@ class BootstrapPeer:
     def _advise_on_addresses(self) -> None:
         scopes = {address_scope(m) for m in self.maddrs}
         if scopes <= {"loopback"}:
-            log.warning("this bootstrap announces loopback addresses only: peers on other machines cannot join. "
-                        "For a public run use --public-ip IP --port PORT (or --host-maddrs /ip4/0.0.0.0/tcp/PORT "
-                        "--announce-maddrs /ip4/IP/tcp/PORT)")
+            log.warning(
+                "this bootstrap announces loopback addresses only: peers on other machines cannot join. "
+                "For a public run use --public-ip IP --port PORT (or --host-maddrs /ip4/0.0.0.0/tcp/PORT "
+                "--announce-maddrs /ip4/IP/tcp/PORT)"
+            )
         elif "public" not in scopes and "dns" not in scopes:
             # an address given on purpose (--public-ip on a LAN, a test bed) needs no advice to give one
             fix = ("if volunteers come from the internet, announce the address it sees instead"
                    if self.config.announce_maddrs else "pass --public-ip for volunteers on the internet")
-            log.warning("this bootstrap announces private addresses only (%s): only machines on the same network "
-                        "can join; %s", ", ".join(self.maddrs), fix)
+            log.warning(
+                "this bootstrap announces private addresses only (%s): only machines on the same network can "
+                "join; %s",
+                ", ".join(self.maddrs),
+                fix,
+            )
 
     # -- HTTP ------------------------------------------------------------------------
     def _routes(self) -> dict:

@@ -53,7 +53,8 @@ class PeerRow:
                 "reachable": r.reachable, "recent_steps": r.recent_steps,
                 "recent_microbatches": r.recent_microbatches,
                 "version": r.version, "throughput_samples_per_s": r.throughput, "queue": r.queue,
-                "inner_step": r.inner_step, "outer_round": r.outer_round, "seeking": r.seeking, "loss": r.loss,
+                "inner_step": r.inner_step, "outer_round": r.outer_round, "seeking": r.seeking,
+                "loss": r.loss,
                 "tokens": r.tokens, "microbatches_lost": r.lost, "partner_rounds": r.partner_rounds,
                 "local_rounds": r.local_rounds, "last_error": r.last_error, "verified": self.verified,
                 "seen_for_s": round(self.last_seen_s - self.first_seen_s, 1)}
@@ -121,15 +122,19 @@ class SwarmView:
                 events.append(f"peer {peer[-6:]} of stage {row.record.stage} vanished without leaving")
         self.foreign_records = foreign
         self.verified &= {*self.peers, *self._unseen}
-        new_tokens = sum(max(0, row.record.tokens - previous[p].record.tokens) if p in previous else row.record.tokens
-                         for p, row in self.peers.items() if row.record.stage == 0 and row.verified)
+        new_tokens = sum(
+            max(0, row.record.tokens - previous[p].record.tokens) if p in previous else row.record.tokens
+            for p, row in self.peers.items()
+            if row.record.stage == 0 and row.verified
+        )
         self.tokens_total += new_tokens
         tokens_per_s = None
         if previous_poll is not None and now_s > previous_poll:
             tokens_per_s = new_tokens / (now_s - previous_poll)
         self.last_poll_s = now_s
         self.history.append({"t": round(now_s, 3), "loss": self.swarm_loss(), "tokens_per_s": tokens_per_s,
-                             "peers": sum(r.verified for r in self.peers.values()), "tokens": self.tokens_total})
+                             "peers": sum(r.verified for r in self.peers.values()),
+                             "tokens": self.tokens_total})
         return events
 
     def _note_changes(self, now_s: float, peer: str, old: PeerRecord, new: PeerRecord) -> None:
@@ -137,7 +142,8 @@ class SwarmView:
             self._fail(now_s, peer, new.stage, f"lost {new.lost - old.lost} micro-batches: {new.last_error}")
         elif new.local_rounds > old.local_rounds and len(self.stage_rows(new.stage)) > 1:
             # a peer alone in its stage has nobody to pair with: that is no failure
-            self._fail(now_s, peer, new.stage, f"{new.local_rounds - old.local_rounds} round(s) without a partner")
+            self._fail(now_s, peer, new.stage,
+                       f"{new.local_rounds - old.local_rounds} round(s) without a partner")
         elif new.last_error and new.last_error != old.last_error and "no partner" not in new.last_error:
             self._fail(now_s, peer, new.stage, new.last_error)
 
@@ -147,8 +153,10 @@ class SwarmView:
                               "what": what[:200]})
 
     def stage_rows(self, stage: int, verified_only: bool = False) -> list[PeerRow]:
-        return sorted((r for r in self.peers.values() if r.record.stage == stage and (r.verified or not verified_only)),
-                      key=lambda r: r.peer_id)
+        return sorted(
+            (r for r in self.peers.values() if r.record.stage == stage and (r.verified or not verified_only)),
+            key=lambda r: r.peer_id,
+        )
 
     def swarm_loss(self) -> float | None:
         """Median training loss (EMA) reported by the last stage's verified training peers."""
@@ -165,12 +173,14 @@ class SwarmView:
         for stage in range(self.num_stages):
             rows = self.stage_rows(stage)
             counted = [r for r in rows if r.verified]
-            stages.append({"stage": stage, "num_peers": len(counted), "unverified_peers": len(rows) - len(counted),
+            stages.append({"stage": stage, "num_peers": len(counted),
+                           "unverified_peers": len(rows) - len(counted),
                            "throughput_samples_per_s": round(sum(r.record.throughput for r in counted), 3),
                            "peers": [r.to_json() for r in rows]})
         return {"run_id": self.run_id, "spec_hash": self.spec_hash, "num_stages": self.num_stages,
                 "num_peers": sum(r.verified for r in self.peers.values()),
-                "unverified_peers": len(self.unverified()), "loss": self.swarm_loss(), "tokens": self.tokens_total,
+                "unverified_peers": len(self.unverified()), "loss": self.swarm_loss(),
+                "tokens": self.tokens_total,
                 "tokens_per_s": self.tokens_per_s(), "stages": stages, "recent_failures": list(self.failures),
                 "failures_total": self.failures_total, "foreign_records": self.foreign_records,
                 "last_poll": self.last_poll_s}
@@ -184,20 +194,33 @@ def prometheus_text(view: SwarmView, *, up: bool, peer_id: str, version: str, no
     metric = out.metric
 
     metric("swarm_bootstrap_info", "gauge", "This bootstrap peer and the run it serves.",
-           [({"run_id": view.run_id, "spec_hash": view.spec_hash, "peer_id": peer_id, "version": version}, 1)])
+           [({"run_id": view.run_id, "spec_hash": view.spec_hash, "peer_id": peer_id, "version": version},
+             1)])
     metric("swarm_bootstrap_up", "gauge", "1 while the bootstrap's DHT is running.", [({}, 1 if up else 0)])
     metric("swarm_bootstrap_uptime_seconds", "gauge", "Seconds since the bootstrap started.",
            [({}, now_s - view.started_s)])
-    metric("swarm_peers", "gauge", "Verified peers (they answered us) with a live registry record, by stage "
-           "and state (training: with progress in the last minute; starting: none yet; stalled: none lately).",
-           [({"stage": s, "state": st}, sum(1 for r in view.stage_rows(s, verified_only=True) if r.state == st))
-            for s in range(view.num_stages) for st in SHOWN_STATES])
+    metric(
+        "swarm_peers",
+        "gauge",
+        "Verified peers (they answered us) with a live registry record, by stage "
+        "and state (training: with progress in the last minute; starting: none yet; stalled: none lately).",
+        [
+            (
+                {"stage": s, "state": st},
+                sum(1 for r in view.stage_rows(s, verified_only=True) if r.state == st),
+            )
+            for s in range(view.num_stages)
+            for st in SHOWN_STATES
+        ],
+    )
     metric("swarm_unverified_records", "gauge", "Registry records whose peer has not answered us (yet).",
            [({}, len(view.unverified()))])
-    metric("swarm_stage_throughput_samples_per_second", "gauge", "Sum of the stage's verified peers' throughput.",
+    metric("swarm_stage_throughput_samples_per_second", "gauge",
+           "Sum of the stage's verified peers' throughput.",
            [({"stage": s}, sum(r.record.throughput for r in view.stage_rows(s, verified_only=True)))
             for s in range(view.num_stages)])
-    metric("swarm_tokens", "counter", "Tokens fed into the pipeline by stage-0 peers, as seen by this bootstrap.",
+    metric("swarm_tokens", "counter",
+           "Tokens fed into the pipeline by stage-0 peers, as seen by this bootstrap.",
            [({}, view.tokens_total)])
     metric("swarm_tokens_per_second", "gauge", "Swarm tokens/s over the last polls.",
            [({}, view.tokens_per_s() or 0.0)])
@@ -218,12 +241,14 @@ def prometheus_text(view: SwarmView, *, up: bool, peer_id: str, version: str, no
          lambda r: r.throughput),
         ("swarm_peer_queue", "gauge", "Micro-batches waiting or in flight at the peer.", lambda r: r.queue),
         ("swarm_peer_microbatches_lost", "counter", "Micro-batches the peer gave up on.", lambda r: r.lost),
-        ("swarm_peer_partner_rounds", "counter", "Outer rounds averaged with a partner.", lambda r: r.partner_rounds),
+        ("swarm_peer_partner_rounds", "counter", "Outer rounds averaged with a partner.",
+         lambda r: r.partner_rounds),
         ("swarm_peer_local_rounds", "counter", "Outer rounds without a partner.", lambda r: r.local_rounds),
     ]
     for name, kind, help_text, value_of in per_peer:
         metric(name, kind, help_text, [({"peer": r.peer_id, "stage": r.record.stage}, value_of(r.record))
                                        for r in rows])
     metric("swarm_peer_loss", "gauge", "Last stage: the peer's training loss (EMA).",
-           [({"peer": r.peer_id, "stage": r.record.stage}, r.record.loss) for r in rows if r.record.loss is not None])
+           [({"peer": r.peer_id, "stage": r.record.stage},
+             r.record.loss) for r in rows if r.record.loss is not None])
     return out.text()

@@ -38,7 +38,8 @@ class NodeConfig:
     # the same math, so peers of a run may differ in it
     compile_stage: bool = False
     threads: int | None = None  # torch threads of the compute thread (None: torch's default)
-    compute_share: float = 1.0  # compute at most this share of the time (train/compute.py), for a shared machine
+    # compute at most this share of the time (train/compute.py), for a shared machine
+    compute_share: float = 1.0
     data_shard: tuple[int, int] | None = None  # (shard id, shard count); default: from the peer id
     # A prepared dataset (data kind manifest) is fetched into data_cache_dir/<manifest
     # hash>, kept within data_cache_gb (None: unbounded) by evicting shards trained.
@@ -60,7 +61,8 @@ class NodeConfig:
     hop_timeout_s: float = 30.0  # deadline of one micro-batch through the rest of the pipeline
     hop_retries: int = 3
     round_timeout_s: float = 20.0  # how long to seek a partner before the local-only step
-    exchange_timeout_s: float = 30.0  # floor of an outer exchange's deadline; larger stages get more, see below
+    # floor of an outer exchange's deadline; larger stages get more, see below
+    exchange_timeout_s: float = 30.0
     # The slowest upload a peer of the run is expected to have. An exchange's deadline
     # stretches to three times one payload's time at this rate (the two move at once:
     # the slack is for a shared or slower link; 50M parameters in near4-3 at 20 Mbit/s:
@@ -122,7 +124,9 @@ class NodeConfig:
         if self.checkpoint_every_rounds < 1:
             raise ValueError("checkpoint_every_rounds must be >= 1")
         if self.record_ttl_s > MAX_RECORD_TTL_S:
-            raise ValueError(f"record_ttl_s must be at most {MAX_RECORD_TTL_S:.0f}: peers refuse longer-lived records")
+            raise ValueError(
+                f"record_ttl_s must be at most {MAX_RECORD_TTL_S:.0f}: peers refuse longer-lived records"
+            )
         if self.heartbeat_s * 3 > self.record_ttl_s:
             raise ValueError("heartbeat_s must be well inside record_ttl_s (at most a third)")
         if self.state_from is not None and not _BASE58.fullmatch(self.state_from):

@@ -13,7 +13,8 @@ from swarm_node.net.guard import PeerGuard
 from swarm_node.net.transport import Requester
 from swarm_node.obs.stats import NodeStats
 
-Compute = Callable[..., Awaitable[Any]]  # train/compute.py's ComputeThread, or inline where no thread is wanted
+# train/compute.py's ComputeThread, or inline where no thread is wanted
+Compute = Callable[..., Awaitable[Any]]
 
 
 @dataclass(frozen=True)

@@ -59,9 +59,11 @@ def check_model_split(model_size: str, num_stages: int, layers_per_stage: Sequen
         split_layers(layers, num_stages, layers_per_stage)
     except ValueError:
         if layers_per_stage is not None:
-            raise ConfigError(f"{names.layers} {','.join(map(str, layers_per_stage))} does not fit the {model_size} "
-                              f"model's {layers} layers in {num_stages} stages: give {num_stages} counts that sum to "
-                              f"{layers}, none negative and at least 1 for each middle stage") from None
+            raise ConfigError(
+                f"{names.layers} {','.join(map(str, layers_per_stage))} does not fit the {model_size} "
+                f"model's {layers} layers in {num_stages} stages: give {num_stages} counts that sum to "
+                f"{layers}, none negative and at least 1 for each middle stage"
+            ) from None
         # The even split fails only when there are more stages than layers (and more than two).
         fixes = [f"{names.stages} {max(layers, 2)} or fewer"]
         bigger = [f"{name}: {n} layers" for name, n in layers_of.items() if n >= num_stages]
@@ -72,8 +74,10 @@ def check_model_split(model_size: str, num_stages: int, layers_per_stage: Sequen
             explicit = [0] + [1] * (num_stages - 2) + [spare]
             fixes.append(f"{names.layers} {','.join(map(str, explicit))}")
         choices = fixes[0] if len(fixes) == 1 else f"{', '.join(fixes[:-1])} or {fixes[-1]}"
-        raise ConfigError(f"the {model_size} model has {layers} layers, which cannot be split into {num_stages} "
-                          f"stages: use {choices}") from None
+        raise ConfigError(
+            f"the {model_size} model has {layers} layers, which cannot be split into {num_stages} "
+            f"stages: use {choices}"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -129,21 +133,27 @@ class RunSpec:
         # `swarm-node local` all refuse an impossible model before any process or daemon starts.
         check_model_split(self.model_size, self.num_stages, self.layers_per_stage, SPEC_NAMES)
         if self.outer_codec not in OUTER_CODECS:
-            raise ConfigError(f"unknown outer_codec {self.outer_codec!r}; choose one of {', '.join(OUTER_CODECS)}")
+            raise ConfigError(
+                f"unknown outer_codec {self.outer_codec!r}; choose one of {', '.join(OUTER_CODECS)}"
+            )
         if self.activation_codec not in (*ACTIVATION_CODECS, *BOUNDARY_CODECS):
             raise ConfigError(f"unknown activation_codec {self.activation_codec!r}; choose one of "
                               f"{', '.join((*ACTIVATION_CODECS, *BOUNDARY_CODECS))}")
         ratio = self.activation_ratio
         if self.activation_codec in BOUNDARY_CODECS:
             if type(ratio) not in (int, float) or not 1 < ratio < float("inf"):
-                raise ConfigError(f"activation_codec {self.activation_codec} needs activation_ratio, a number "
-                                  f"above 1 (32: a 32nd of fp16's bytes), got {ratio!r}")
+                raise ConfigError(
+                    f"activation_codec {self.activation_codec} needs activation_ratio, a number "
+                    f"above 1 (32: a 32nd of fp16's bytes), got {ratio!r}"
+                )
         elif ratio is not None:
             raise ConfigError(f"activation_ratio sizes a coded boundary; activation_codec "
                               f"{self.activation_codec} takes none")
         if self.method.name not in SWARM_METHODS:
-            raise ConfigError(f"method {self.method.name!r} runs only in the simulator (swarm-node sim); a swarm "
-                              f"trains with {', '.join(SWARM_METHODS)}")
+            raise ConfigError(
+                f"method {self.method.name!r} runs only in the simulator (swarm-node sim); a swarm "
+                f"trains with {', '.join(SWARM_METHODS)}"
+            )
 
     def model(self, vocab_size: int):
         """(the ModelConfig this run trains, with its coded boundary when it has one; the

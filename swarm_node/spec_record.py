@@ -58,7 +58,8 @@ class SpecRecord:
         if not isinstance(raw, dict):
             raise ProtocolError("run-spec record is not a map")
         fields = {name: raw.get(key) for name, key in (("run_id", "run_id"), ("spec_json", "spec"),
-                                                        ("spec_hash", "spec_hash"), ("min_version", "min_version"))}
+                                                        ("spec_hash", "spec_hash"), ("min_version",
+                                                                                     "min_version"))}
         for name, value in fields.items():
             limit = MAX_SPEC_JSON_CHARS if name == "spec_json" else 128
             if not isinstance(value, str) or not value or len(value) > limit:
@@ -72,12 +73,16 @@ class SpecRecord:
         try:
             spec = RunSpec.from_dict(json.loads(self.spec_json))
         except (ValueError, RecursionError) as exc:  # ConfigError, bad JSON, a number of over 4,300 digits
-            raise IncompatibleRun(f"the spec of run {self.run_id!r} does not parse with swarm-node {__version__} "
-                                  f"({exc}); upgrade, or ask the run's host which version it uses") from None
+            raise IncompatibleRun(
+                f"the spec of run {self.run_id!r} does not parse with swarm-node {__version__} "
+                f"({exc}); upgrade, or ask the run's host which version it uses"
+            ) from None
         if spec.spec_hash() != self.spec_hash:
-            raise IncompatibleRun(f"the spec of run {self.run_id!r} hashes to {spec.spec_hash()} here but to "
-                                  f"{self.spec_hash} where it was published: the two software versions read it "
-                                  "differently; use the run's version of swarm-node")
+            raise IncompatibleRun(
+                f"the spec of run {self.run_id!r} hashes to {spec.spec_hash()} here but to "
+                f"{self.spec_hash} where it was published: the two software versions read it "
+                "differently; use the run's version of swarm-node"
+            )
         _check_local_paths(spec)
         return spec
 
@@ -92,8 +97,10 @@ def _check_local_paths(spec: RunSpec) -> None:
             continue
         path = PurePosixPath(value)
         if path.is_absolute() or ".." in path.parts or value.startswith("~"):
-            raise IncompatibleRun(f"the run spec asks for data file {value!r}; a published spec may only name "
-                                  "files relative to the directory you start the node in")
+            raise IncompatibleRun(
+                f"the run spec asks for data file {value!r}; a published spec may only name "
+                "files relative to the directory you start the node in"
+            )
 
 
 async def publish_spec(dht: SwarmDHT, spec: RunSpec, ttl_s: float = SPEC_TTL_S) -> bool:
@@ -151,15 +158,18 @@ async def find_run_spec(dht: SwarmDHT, initial_peers: Sequence[str], *, run_id: 
                          "with --config RUN_SPEC")
     distinct = {record.spec_hash: (peer, record) for peer, record in found.items()}
     if len(distinct) > 1:
-        listing = "; ".join(f"run {r.run_id!r} (spec {h}) from {short_id(p)}" for h, (p, r) in distinct.items())
+        listing = "; ".join(f"run {r.run_id!r} (spec {h}) from {short_id(p)}" for h, (p,
+                                                                                      r) in distinct.items())
         raise ConfigError(f"the initial peers publish different runs: {listing}. Choose one with --run-id, "
                           "or give only the initial peers of the run you mean")
     publisher, record = next(iter(distinct.values()))
     spec = record.parse()
     if local_spec is not None and local_spec.spec_hash() != spec.spec_hash():
-        raise IncompatibleRun(f"your run spec file has hash {local_spec.spec_hash()} but run {spec.run_id!r} "
-                              f"(published by {short_id(publisher)}) has {spec.spec_hash()}; leave the file out to "
-                              "use the published spec, or fix it")
+        raise IncompatibleRun(
+            f"your run spec file has hash {local_spec.spec_hash()} but run {spec.run_id!r} "
+            f"(published by {short_id(publisher)}) has {spec.spec_hash()}; leave the file out to "
+            "use the published spec, or fix it"
+        )
     log.info("joining run %r (spec %s, published by %s)", spec.run_id, spec.spec_hash(), short_id(publisher))
     require_version(spec.run_id, spec.min_version)
     return spec, publisher

@@ -18,7 +18,8 @@ T = TypeVar("T")
 WANTED_OPEN_FILES = 65_536
 MIN_OPEN_FILES = 4_096  # each peer connection costs the daemon a few descriptors
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")  # cgroup v2: "QUOTA PERIOD" or "max PERIOD"
-PROC_STAT = Path("/proc/stat")  # per-CPU clock ticks: "cpuN user nice system idle iowait irq softirq steal ..."
+# per-CPU clock ticks: "cpuN user nice system idle iowait irq softirq steal ..."
+PROC_STAT = Path("/proc/stat")
 
 
 def run_on_fast_loop(main: Coroutine[Any, Any, T]) -> T:
@@ -115,9 +116,8 @@ def default_threads() -> int:
     """Torch CPU threads for a process that should use the cores nobody else is using: the
     free cores (a core counts when at least 80 % of it is idle), at least one. Erring low
     is cheap and erring high is not: OpenMP threads outnumbering the free cores spin,
-    waiting for each other at every operation while preempted (with both cores of a
-    2-core machine busy, a simulator run took twice as long with 2 threads as with 1;
-    on an idle machine 2 threads were twice as fast)."""
+    waiting for each other at every operation while preempted (on a busy 2-core
+    machine, 2 threads run at about half the speed of 1)."""
     return max(1, int(free_cores() + 0.2))
 
 

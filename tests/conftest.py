@@ -59,7 +59,8 @@ def chromium() -> str:
                        capture_output=True, timeout=900)
         path = chromium_binary()
     if path is None:
-        message = "chromium is missing and could not be installed (needs root and apt-get: apt-get install chromium)"
+        message = ("chromium is missing and could not be installed "
+                   "(needs root and apt-get: apt-get install chromium)")
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)

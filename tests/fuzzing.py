@@ -29,10 +29,13 @@ def fuzz_settings(max_examples: int) -> settings:
 # Any value msgpack carries, nested a little (what a header field may hold).
 scalars = (st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.floats() | st.text(max_size=20)
            | st.binary(max_size=20))
-junk = st.recursive(scalars, lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=8), kids,
-                                                                                       max_size=3), max_leaves=8)
+junk = st.recursive(scalars, lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=8),
+                                                                                       kids,
+                                                                                       max_size=3),
+                    max_leaves=8)
 # Numbers near the edges a check must hold: NaN, infinities, zero, huge, negative.
-edgy_numbers = st.sampled_from([float("nan"), float("inf"), -float("inf"), 0, -0.0, -1, 1e300, 2**63, 2**64 - 1,
+edgy_numbers = st.sampled_from([float("nan"), float("inf"), -float("inf"), 0, -0.0, -1, 1e300, 2**63,
+                                2**64 - 1,
                                 -2**63, 0.5, True, False])
 
 
@@ -106,7 +109,8 @@ def frame_of(header: dict, tensors: list[torch.Tensor]) -> bytes:
         return len(head).to_bytes(4, "little") + head
 
 
-def frames(header: dict, tensors: list[torch.Tensor] = (), *, any_bytes: int = 300) -> st.SearchStrategy[bytes]:
+def frames(header: dict, tensors: list[torch.Tensor] = (), *,
+           any_bytes: int = 300) -> st.SearchStrategy[bytes]:
     """What a hostile peer sends where ``header`` and ``tensors`` belong: random bytes, the
     valid frame mutated, the valid frame with its fields and tensors bent, or the valid
     frame itself. ``header`` may be a decoded one (its version is dropped)."""

@@ -16,4 +16,6 @@ def wait_for(condition, timeout_s: float, what: str, logs: Path | None = None, i
         if value:
             return value
         time.sleep(interval_s)  # polling interval, not synchronisation
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}" + (f"; logs in {logs}" if logs else ""))
+    raise AssertionError(
+        f"timed out after {timeout_s}s waiting for {what}" + (f"; logs in {logs}" if logs else "")
+    )

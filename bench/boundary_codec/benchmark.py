@@ -52,7 +52,8 @@ class Ledger:
 
     @staticmethod
     def _key(fields: dict) -> str:
-        wanted = {k: v for k, v in fields.items() if k in CodecJob.__dataclass_fields__ or k in ("data_sha256",)}
+        wanted = {k: v for k,
+                  v in fields.items() if k in CodecJob.__dataclass_fields__ or k in ("data_sha256",)}
         wanted.pop("section", None)
         wanted.pop("data", None)
         return json.dumps(wanted, sort_keys=True)
@@ -130,8 +131,10 @@ def plot(rows: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.2))
     compares = [r for r in rows if r["kind"] == "compare"]
     for hidden in sorted({r["hidden"] for r in compares}):
-        mine = sorted((r for r in compares if r["hidden"] == hidden and r["codec"] == CODEC and r["seed"] == 0),
-                      key=lambda r: r["ratio"])
+        mine = sorted(
+            (r for r in compares if r["hidden"] == hidden and r["codec"] == CODEC and r["seed"] == 0),
+            key=lambda r: r["ratio"],
+        )
         ax.plot([r["ratio_achieved"] for r in mine], [r["gap_to_fp16_pct"] for r in mine], "o-",
                 label=f"{CODEC}, width {hidden}")
     for codec, marker in (("int8", "s"), (PRECISION_CHECK, "^"), (METHOD_CHECK, "v")):
@@ -153,21 +156,31 @@ def plot(rows: list[dict], path: Path) -> None:
 
 def markdown(result: dict) -> str:
     s, rows = result["summary"], result["rows"]
-    lines = [f"## {NAME}: a coded stage boundary against fp16 activations", "",
-             f"```bash\n{rerun_command(NAME, result['mode'])}\n```", "",
-             f"{s['runs']} simulator runs, 4 x 2 NoLoCo, {s['tokens']:,} tokens each; the codec `{CODEC}` sized per "
-             "ratio with every byte on the wire counted (values, steps, token ids, frame).", "",
-             f"![{NAME}](bench/results/{NAME}.png)", "",
-             "| width | codec | ratio asked | values a token (bits) | bytes a token fwd / back | seed | val loss | "
-             "over fp16 (%) |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"## {NAME}: a coded stage boundary against fp16 activations",
+        "",
+        f"```bash\n{rerun_command(NAME, result['mode'])}\n```",
+        "",
+        f"{s['runs']} simulator runs, 4 x 2 NoLoCo, {s['tokens']:,} tokens each; the codec `{CODEC}` sized "
+        f"per ratio with every byte on the wire counted (values, steps, token ids, frame).",
+        "",
+        f"![{NAME}](bench/results/{NAME}.png)",
+        "",
+        "| width | codec | ratio asked | values a token (bits) | bytes a token fwd / back | seed | val loss "
+        "| over fp16 (%) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in (r for r in rows if r["kind"] == "compare"):
         ratio = "" if r["ratio"] is None else f"{r['ratio']:g}x"
-        lines.append(f"| {r['hidden']} | {r['codec']} | {ratio} | {r['width']} ({r['bits']}) | "
-                     f"{r['forward_bytes_per_token']:.1f} / {r['backward_bytes_per_token']:.1f} | {r['seed']} | "
-                     f"{r['val_loss']:.4f} | {r['gap_to_fp16_pct']:+.2f} |")
+        lines.append(
+            f"| {r['hidden']} | {r['codec']} | {ratio} | {r['width']} ({r['bits']}) | "
+            f"{r['forward_bytes_per_token']:.1f} / {r['backward_bytes_per_token']:.1f} | {r['seed']} | "
+            f"{r['val_loss']:.4f} | {r['gap_to_fp16_pct']:+.2f} |"
+        )
     a = s["answer"]
     curve = ", ".join(f"{k}x: {v:+.2f} ({a['seeds'][k]} seeds)" for k, v in a["curve"].items()) or "none yet"
-    lines += ["", f"**Answer.** Curve at width 768 (gap to fp16, %, mean over seeds): {curve}; best ratio within "
+    lines += ["",
+              f"**Answer.** Curve at width 768 (gap to fp16, %, mean over seeds): {curve}; best ratio within "
                   f"+{TARGET_PCT:g} %: {a['best_ratio_within_target']}."]
     lines += [f"\n{n}" for n in result.get("notes", [])]
     return "\n".join(lines) + "\n"
@@ -177,8 +190,12 @@ def _options(parser) -> None:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                         help="parallel simulator processes of one torch thread each (default: CPUs)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    parser.add_argument("--sections", type=lambda text: tuple(text.split(",")), default=None,
-                        help="with --full: only these of curve, seed, width (a long plan one part per sitting)")
+    parser.add_argument(
+        "--sections",
+        type=lambda text: tuple(text.split(",")),
+        default=None,
+        help="with --full: only these of curve, seed, width (a long plan one part per sitting)",
+    )
     parser.add_argument("--ratio", type=float, default=CHOSEN_RATIO,
                         help="with --full: the ratio the second seed and the narrower widths run at")
     parser.add_argument("--from-ledger", action="store_true",

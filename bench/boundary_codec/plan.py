@@ -60,7 +60,8 @@ class CodecJob:
     seq_len: int = SEQ_LEN
     eval_batches: int = 8  # the final loss: 8 batches of 64 windows over random paths, as size_trend's
     curve_every: int = 250
-    curve_batches: int = 2  # the curve's points, on the first batches (an evaluation at width 768: 10 CPU-s a batch)
+    # the curve's points, on the first batches (an evaluation at width 768: 10 CPU-s a batch)
+    curve_batches: int = 2
     device: str = "cpu"
 
     def key_fields(self) -> dict:
@@ -116,5 +117,6 @@ def full_jobs(data: str, device: str = "cpu", ratio: float = CHOSEN_RATIO) -> li
 
 def quick_jobs(data: str) -> list[CodecJob]:
     """Seconds: the debug model, a few steps, fp16 against the codec at 16x."""
-    return [CodecJob("quick", "debug", None, codec, r, 0, 6, data, INNER_LR["debug"], eval_batches=1, curve_every=3,
+    return [CodecJob("quick", "debug", None, codec, r, 0, 6, data, INNER_LR["debug"], eval_batches=1,
+                     curve_every=3,
                      curve_batches=1) for codec, r in (("fp16", None), (CODEC, 16.0))]

@@ -19,9 +19,11 @@ def sim_config(job: CodecJob):
     from swarm_node.sim.config import SimConfig
 
     inner = InnerHyper(lr=job.inner_lr, warmup_steps=default_warmup_steps(job.steps), total_steps=job.steps)
-    return SimConfig(method=default_method("noloco", inner_steps=job.h), inner=inner, data=DataSpec.parse(job.data),
+    return SimConfig(method=default_method("noloco", inner_steps=job.h), inner=inner,
+                     data=DataSpec.parse(job.data),
                      replicas=job.dp, stages=job.pp, model_size=job.model, num_layers=job.layers,
-                     seq_len=job.seq_len, batch_size=job.global_batch // job.dp, steps=job.steps, seed=job.seed,
+                     seq_len=job.seq_len, batch_size=job.global_batch // job.dp, steps=job.steps,
+                     seed=job.seed,
                      eval_batches=job.eval_batches, eval_batch_size=64, activation_codec=job.codec,
                      activation_ratio=job.ratio, outer_codec="near4-3", device=job.device)
 
@@ -56,7 +58,8 @@ def run_job(job: CodecJob, resume_dir: Path | None = None) -> dict:
         per_value = {"fp16": 2.0, "int8": 1 + 4 / 256, "fp32": 4.0}[job.codec]
         forward_b, backward_b = per_value * hidden + 4, per_value * hidden
         width, bits = hidden, {"fp16": 16, "int8": 8, "fp32": 32}[job.codec]
-    row = {"kind": "run", "label": job.label, **job.key_fields(), "hidden": hidden, "width": width, "bits": bits,
+    row = {"kind": "run", "label": job.label, **job.key_fields(), "hidden": hidden, "width": width,
+           "bits": bits,
            "forward_bytes_per_token": forward_b, "backward_bytes_per_token": backward_b,
            "ratio_achieved": 2 * hidden / forward_b, "val_loss": val_loss, "ppl": perplexity(val_loss),
            "loss_curve": curve, "tokens": config.steps * config.tokens_per_step,

@@ -76,7 +76,8 @@ def binomial_tree_paths(rng: np.random.Generator, n_peers: int, cv: float, sampl
         ready = np.maximum(pairs[:, :, 0], pairs[:, :, 1] + message_times(rng, pairs.shape[:2], cv))
     reached = np.zeros((samples, 1), dtype=np.float32)
     for _ in range(levels):
-        reached = np.stack([reached, reached + message_times(rng, reached.shape, cv)], axis=2).reshape(samples, -1)
+        reached = np.stack([reached, reached + message_times(rng, reached.shape, cv)],
+                           axis=2).reshape(samples, -1)
     return ready[:, 0] + reached.max(axis=1)
 
 
@@ -121,7 +122,8 @@ def allreduce_to_pair_ratio(rng: np.random.Generator, n_peers: int, cv: float, s
     allreduce = sample_paths(tree_paths, rng, n_peers, cv, samples)
     pair = pair_exchange_mean(cv)
     mean = float(allreduce.mean(dtype=np.float64))
-    return {"ratio": mean / pair, "stderr": float(allreduce.std(dtype=np.float64)) / math.sqrt(samples) / pair,
+    return {"ratio": mean / pair,
+            "stderr": float(allreduce.std(dtype=np.float64)) / math.sqrt(samples) / pair,
             "allreduce_t": mean, "pair_t": pair}
 
 
@@ -133,7 +135,8 @@ def random_pairs(rng: np.random.Generator, replicas: int, n_workers: int) -> tup
     return order[:, 0::2], order[:, 1::2]
 
 
-def pairwise_barrier(rng: np.random.Generator, done: np.ndarray, exchange: np.ndarray | None = None) -> np.ndarray:
+def pairwise_barrier(rng: np.random.Generator, done: np.ndarray,
+                     exchange: np.ndarray | None = None) -> np.ndarray:
     """Clocks after one NoLoCo outer round: both partners continue from the later of their two clocks.
 
     A slow worker delays its partner, who carries the delay into the next round's pair, so
@@ -184,7 +187,8 @@ class _Run:
 
     def result(self) -> dict:
         diloco_s, noloco_s = float(self.diloco.mean()), float(self.clocks.max(axis=1).mean())
-        return {"rounds": self.rounds, "diloco_s": diloco_s, "noloco_s": noloco_s, "ratio": diloco_s / noloco_s}
+        return {"rounds": self.rounds, "diloco_s": diloco_s, "noloco_s": noloco_s,
+                "ratio": diloco_s / noloco_s}
 
 
 def barrier_run_times(rng: np.random.Generator, n_workers: int, variants: list[Variant], step_mu: float,

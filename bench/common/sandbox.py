@@ -52,7 +52,8 @@ class Sandbox:
     def _kill_leftovers(self) -> None:
         """Only our processes live in this namespace; none may outlive it (a node whose
         parent was killed hard would otherwise keep running)."""
-        pids = subprocess.run(["ip", "netns", "pids", self.name], capture_output=True, text=True).stdout.split()
+        pids = subprocess.run(["ip", "netns", "pids", self.name], capture_output=True,
+                              text=True).stdout.split()
         for pid in pids:
             try:
                 os.kill(int(pid), signal.SIGKILL)

@@ -37,7 +37,8 @@ class CheckpointCopier:
         except (OSError, ValueError, json.JSONDecodeError):
             return False  # replaced while we read it; the next one will do
         path = self.snapshot_dir / f"snap-r{replica}-{meta['inner_step']:07d}.pt"
-        torch.save({"step": meta["inner_step"], "sync": meta.get("outer_round"), "time": written, "state": state},
+        torch.save({"step": meta["inner_step"], "sync": meta.get("outer_round"), "time": written,
+                    "state": state},
                    path)
         return True
 

@@ -66,7 +66,8 @@ def run_plan(plan: Plan, workers: int) -> tuple[list[dict], dict]:
         first = plan.seeds[0]
         chosen = {"inner_lr": inner_lr, "scaling_outer_lr": scaling_choices(runs, first),
                   "noloco": sweep_choice(runs, plan.sweep_grid, first, NOLOCO_DEFAULT)}
-        runs += runner.run(confirming_jobs(plan, inner_lr, chosen["scaling_outer_lr"], chosen["noloco"]), "confirm")
+        runs += runner.run(confirming_jobs(plan, inner_lr, chosen["scaling_outer_lr"], chosen["noloco"]),
+                           "confirm")
     return runs, chosen
 
 
@@ -86,10 +87,12 @@ def summarise(result: Result, plan: Plan, runs: list[dict], chosen: dict, home_l
     wire = wire_rows(runs, WIRE_BASELINE, [v.label for v in plan.wire_variants]
                      + [wire_label(v.label, chosen["noloco"]) for v in plan.wire_at_choice])
     result.rows = (grids + scaling + scaling_sweep_rows(runs, first, chosen["scaling_outer_lr"])
-                   + sweep_rows(runs, plan.sweep_grid, first, NOLOCO_DEFAULT) + wire + to_target + walls + runs)
+                   + sweep_rows(runs, plan.sweep_grid, first,
+                                NOLOCO_DEFAULT) + wire + to_target + walls + runs)
     checks = {"ddp_best": check_ddp_best(grids), "local_worst": check_local_worst(grids),
               "noloco_le_diloco": check_noloco_vs_diloco(grids, runs),
-              "gaps_grow_with_dp": check_gaps_grow_with_dp(grids), "scaling_order": check_scaling_order(scaling)}
+              "gaps_grow_with_dp": check_gaps_grow_with_dp(grids),
+              "scaling_order": check_scaling_order(scaling)}
     grid_run = next(r for r in runs if r["section"] == "grid")
     result.summary = {
         "model": plan.model, "num_parameters": grid_run["num_parameters"], "steps": plan.steps,
@@ -105,7 +108,8 @@ def summarise(result: Result, plan: Plan, runs: list[dict], chosen: dict, home_l
         "inner_steps": {m: plan.h_of(m) or default_method(m).inner_steps for m in ("noloco", "diloco")},
         # issue 16's bar, beside the paper's shape (not part of it)
         "wire_within_1pct": None if not wire else {
-            "holds": all(r["within_bar"] for r in wire), "gaps_pct": {r["variant"]: round(r["gap_pct"], 3) for r in wire}},
+            "holds": all(r["within_bar"] for r in wire), "gaps_pct": {r["variant"]: round(r["gap_pct"],
+                                                                                          3) for r in wire}},
         "home_link": None if home is None else {
             "payload_steps": round(home.payload_steps, 1), "rate_mbit": home_link.get("rate_mbit"),
             "rounds_as_run_here": {m: {"round_steps": round(r.round_steps, 1), "utilisation": r.utilisation,
@@ -116,18 +120,28 @@ def summarise(result: Result, plan: Plan, runs: list[dict], chosen: dict, home_l
 def _options(parser) -> None:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                         help="parallel simulator processes (default: CPUs)")
-    parser.add_argument("--wire-only", action="store_true",
-                        help="run only the wire section (the overlapped round and the codecs) with the last result's "
-                             "inner lr, and put its runs into that result in place of any earlier ones")
-    parser.add_argument("--wire-at-choice", action="store_true",
-                        help="as --wire-only, but only the wire variants at the NoLoCo setting the last result's "
-                             "sweep chose (when it is not the defaults)")
-    parser.add_argument("--resummarise", action="store_true",
-                        help="train nothing: recompute the tables from the runs in the last result of this mode "
-                             "(after a new home_link result, for the time-to-target table)")
+    parser.add_argument(
+        "--wire-only",
+        action="store_true",
+        help="run only the wire section (the overlapped round and the codecs) with the last result's "
+        "inner lr, and put its runs into that result in place of any earlier ones",
+    )
+    parser.add_argument(
+        "--wire-at-choice",
+        action="store_true",
+        help="as --wire-only, but only the wire variants at the NoLoCo setting the last result's "
+        "sweep chose (when it is not the defaults)",
+    )
+    parser.add_argument(
+        "--resummarise",
+        action="store_true",
+        help="train nothing: recompute the tables from the runs in the last result of this mode "
+        "(after a new home_link result, for the time-to-target table)",
+    )
 
 
-def _resummarise(plan: Plan, result: Result, workers: int | None = None, at_choice_only: bool = False) -> None:
+def _resummarise(plan: Plan, result: Result, workers: int | None = None,
+                 at_choice_only: bool = False) -> None:
     """The last result of this mode with its tables recomputed from its runs; when and
     how it ran stay as they were. With ``workers``, the wire section's runs are made
     first (on that result's inner lr and NoLoCo choice; ``at_choice_only``: only those at
@@ -174,10 +188,12 @@ def main(argv: list[str] | None = None) -> int:
     home_link = load("home_link")
     summarise(result, plan, runs, chosen, home_link["summary"] if home_link else None)
     cpu_s = result.summary["run_cpu_s_total"]
-    result.note(f"{len(runs)} simulator runs on {args.workers} processes of one torch thread each: "
-                f"{time.perf_counter() - started:.0f} s wall, {cpu_s:.0f} CPU-seconds inside the runs, so about "
-                f"{cpu_s / args.workers:.0f} s on {args.workers} otherwise idle cores; the wall time grows with "
-                "whatever else the machine runs, the CPU time much less.")
+    result.note(
+        f"{len(runs)} simulator runs on {args.workers} processes of one torch thread each: "
+        f"{time.perf_counter() - started:.0f} s wall, {cpu_s:.0f} CPU-seconds inside the runs, so about "
+        f"{cpu_s / args.workers:.0f} s on {args.workers} otherwise idle cores; the wall time grows with "
+        "whatever else the machine runs, the CPU time much less."
+    )
     if home_link is None:
         result.note("No bench/results/home_link.json: the wall-clock table has the fast link only; "
                     "run python -m bench.home_link first for the home link.")

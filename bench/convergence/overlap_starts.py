@@ -36,7 +36,8 @@ BASELINE = "blocking fp16"
 LATES = {"half": ("half a round", 0.5), "one": ("one round", 1.0), "two": ("two rounds", 2.0)}
 
 
-def jobs(seeds: list[int], starts: list[str], inner_lr: float, choice: str, landings: tuple[str, ...] = ("whole",),
+def jobs(seeds: list[int], starts: list[str], inner_lr: float, choice: str, landings: tuple[str,
+                                                                                            ...] = ("whole",),
          lates: tuple[str, ...] = ("half",)) -> list[Job]:
     dp, pp = FULL.wire_grid
     override = {} if choice == NOLOCO_DEFAULT else noloco_override(*_split(choice))
@@ -64,7 +65,8 @@ def _split(choice: str) -> tuple[str, float]:
 def main(argv: list[str] | None = None) -> int:
     def options(parser) -> None:
         parser.add_argument("--seeds", default="0,1,2", help="comma-separated (default: %(default)s)")
-        parser.add_argument("--starts", default=",".join(OVERLAP_STARTS), help="comma-separated (default: all)")
+        parser.add_argument("--starts", default=",".join(OVERLAP_STARTS),
+                            help="comma-separated (default: all)")
         parser.add_argument("--landings", default="whole", help="comma-separated (default: %(default)s)")
         parser.add_argument("--lates", default="half", help="comma-separated, of half, one and two "
                                                             "(default: %(default)s)")
@@ -94,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     with Runner(max(1, args.workers)) as runner:
         runs = runner.run(jobs(seeds, starts, inner_lr, choice, landings, lates), NAME)
     result.rows = wire_rows(runs, BASELINE) + runs
-    result.summary = {"seeds": seeds, "inner_lr": inner_lr, "noloco_choice": choice, "landings": list(landings),
+    result.summary = {"seeds": seeds, "inner_lr": inner_lr, "noloco_choice": choice,
+                      "landings": list(landings),
                       "lates": list(lates),
                       "gaps_pct": {r["variant"]: round(r["gap_pct"], 3) for r in result.rows
                                    if r.get("kind") == "wire" and r["gap_pct"] is not None}}

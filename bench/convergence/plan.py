@@ -28,7 +28,8 @@ WIRE_VARIANTS = (WireVariant(WIRE_BASELINE), WireVariant("overlapped, half a rou
                  WireVariant("overlapped, one round late", latency_rounds=1.0),
                  WireVariant("overlapped, two rounds late", latency_rounds=2.0),
                  WireVariant("near4-3 payload", outer_codec="near4-3"),
-                 WireVariant("overlapped, half a round late, near4-3 (the node's default)", outer_codec="near4-3",
+                 WireVariant("overlapped, half a round late, near4-3 (the node's default)",
+                             outer_codec="near4-3",
                              latency_rounds=0.5),
                  WireVariant("int8 activations", activation_codec="int8"))
 
@@ -179,7 +180,8 @@ def wire_jobs(plan: Plan, inner_lr: float | None, choice: str = NOLOCO_DEFAULT) 
         raise ValueError("the wire section needs NoLoCo's H in the plan")
     return [Job("wire", dp, pp, "noloco", seed, plan, inner_lr=inner_lr, variant=wire_label(v.label, choice),
                 outer_codec=v.outer_codec, activation_codec=v.activation_codec,
-                outer_latency_steps=None if v.latency_rounds is None else round(v.latency_rounds * h), **override)
+                outer_latency_steps=None if v.latency_rounds is None else round(v.latency_rounds * h),
+                **override)
             for v in variants for seed in plan.seeds]
 
 

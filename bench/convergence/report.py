@@ -10,7 +10,8 @@ from bench.convergence.stats import METHOD_ORDER
 
 NAME = "convergence"
 METHOD_COLOURS = {"ddp": "#1f4e79", "noloco": "#2e8b57", "diloco": "#c0642f", "local": "#8c8c8c"}
-CHECK_TITLES = {"ddp_best": "DDP best", "local_worst": "local-only worst", "noloco_le_diloco": "NoLoCo at or below DiLoCo",
+CHECK_TITLES = {"ddp_best": "DDP best", "local_worst": "local-only worst",
+                "noloco_le_diloco": "NoLoCo at or below DiLoCo",
                 "gaps_grow_with_dp": "gaps growing with DP", "scaling_order": "DiLoCo's excess rising with M"}
 
 
@@ -38,8 +39,10 @@ def plot(rows: list[dict], path, plt) -> None:
         mine = [next((r for r in per_grid if r["grid"] == g and r["method"] == method), None) for g in grids]
         points = [(i + (k - 1.5) * 0.15, r) for i, r in enumerate(mine) if r is not None]
         means = [r["ppl_mean"] for _, r in points]
-        left.errorbar([x for x, _ in points], means, fmt="o", capsize=3, color=METHOD_COLOURS[method], label=method,
-                      yerr=_min_max_bars(means, [r["ppl_min"] for _, r in points], [r["ppl_max"] for _, r in points]))
+        left.errorbar([x for x, _ in points], means, fmt="o", capsize=3, color=METHOD_COLOURS[method],
+                      label=method,
+                      yerr=_min_max_bars(means, [r["ppl_min"] for _, r in points], [r["ppl_max"] for _,
+                                                                                    r in points]))
     left.set_xticks(range(len(grids)), [f"DP x PP = {g}" for g in grids])
     left.set_ylabel("validation perplexity, random paths (bytes)")
     left.set_title("perplexity at equal tokens (bars: min-max over seeds)")
@@ -103,74 +106,108 @@ def _setup(result: dict) -> str:
     noloco = next(r for r in runs if r["method"] == "noloco" and r["section"] == "grid")
     diloco = next(r for r in runs if r["method"] == "diloco" and r["section"] == "grid")
     tuned = sorted((r for r in runs if r["section"] == "tune"), key=lambda r: r["inner_lr"])
-    tuning = ("the inner lr tuned once for DDP on grid " f"{tuned[0]['dp']} x {tuned[0]['pp']} (seed {tuned[0]['seed']}: "
-              + ", ".join(f"lr {r['inner_lr']:g} -> ppl {r['ppl']:.3f}" for r in tuned)
-              + f") and used by every method: {s['inner_lr']:g}") if tuned else \
-        f"the `{s['model']}` model's suggested inner lr {s['inner_lr']:g}"
+    tuning = (
+        (
+            "the inner lr tuned once for DDP on grid "
+            f"{tuned[0]['dp']} x {tuned[0]['pp']} (seed {tuned[0]['seed']}: "
+            + ", ".join(f"lr {r['inner_lr']:g} -> ppl {r['ppl']:.3f}" for r in tuned)
+            + f") and used by every method: {s['inner_lr']:g}"
+        )
+        if tuned
+        else f"the `{s['model']}` model's suggested inner lr {s['inner_lr']:g}"
+    )
     return (
-        "The project's simulator (`swarm_node.sim`: the real AdamW inner step and outer step, a fresh random "
-        f"route per micro-batch between stages) trains DP replicas x PP stages of the `{s['model']}` model "
-        f"({s['num_parameters']:,} parameters) on the bundled corpus (CPython docstrings, byte tokens): "
-        f"{s['steps']} inner steps of a fixed global batch of {s['global_batch']} x {s['seq_len']} tokens, "
-        f"split over the DP replicas, so every method and grid sees the same {s['tokens_per_run']:,} tokens. "
-        f"Seeds {', '.join(map(str, s['seeds']))}; a seed fixes the initial weights and data order of all methods, "
-        f"so gaps are paired by seed. Inner: AdamW, warm-up then cosine, {tuning}. Outer: NoLoCo H = "
-        f"{noloco['inner_steps']} ({noloco['outer_rounds']} rounds), heavy-ball momentum {noloco['outer_momentum']}, "
-        f"outer lr {noloco['outer_lr']}, gamma {noloco['outer_gamma']}, pairs; DiLoCo H = {diloco['inner_steps']} "
-        f"({diloco['outer_rounds']} rounds), heavy-ball momentum {diloco['outer_momentum']}, outer lr "
-        f"{diloco['outer_lr']} (the reference code's). The scaling rows take the scaling-law paper's outer "
-        f"optimizer, Nesterov momentum {s['scaling_momentum']}, with the outer lr swept per M. Perplexity is exp of "
-        f"the mean validation loss over random paths (each batch through DP paths of a random worker per stage, "
-        "the same draws for every run: how a swarm routes) on "
-        f"{s['val_windows']} of the corpus's {s['all_val_windows']} held-out windows; \"fixed\" over the paths "
-        "\"worker r at every stage\" (what fixed routing trains), \"consensus\" one model of each stage's mean weights.")
+        f"The project's simulator (`swarm_node.sim`: the real AdamW inner step and outer step, a fresh "
+        f"random route per micro-batch between stages) trains DP replicas x PP stages of the `{s['model']}` "
+        f"model ({s['num_parameters']:,} parameters) on the bundled corpus (CPython docstrings, byte "
+        f"tokens): {s['steps']} inner steps of a fixed global batch of {s['global_batch']} x {s['seq_len']} "
+        f"tokens, split over the DP replicas, so every method and grid sees the same {s['tokens_per_run']:,} "
+        f"tokens. Seeds {', '.join(map(str, s['seeds']))}; a seed fixes the initial weights and data order "
+        f"of all methods, so gaps are paired by seed. Inner: AdamW, warm-up then cosine, {tuning}. Outer: "
+        f"NoLoCo H = {noloco['inner_steps']} ({noloco['outer_rounds']} rounds), heavy-ball momentum "
+        f"{noloco['outer_momentum']}, outer lr {noloco['outer_lr']}, gamma {noloco['outer_gamma']}, pairs; "
+        f"DiLoCo H = {diloco['inner_steps']} ({diloco['outer_rounds']} rounds), heavy-ball momentum "
+        f"{diloco['outer_momentum']}, outer lr {diloco['outer_lr']} (the reference code's). The scaling rows "
+        f"take the scaling-law paper's outer optimizer, Nesterov momentum {s['scaling_momentum']}, with the "
+        f"outer lr swept per M. Perplexity is exp of the mean validation loss over random paths (each batch "
+        f"through DP paths of a random worker per stage, the same draws for every run: how a swarm routes) "
+        f"on {s['val_windows']} of the corpus's {s['all_val_windows']} held-out windows; \"fixed\" over the "
+        f"paths \"worker r at every stage\" (what fixed routing trains), \"consensus\" one model of each "
+        f"stage's mean weights."
+    )
 
 
 def _grid_table(rows: list[dict], grid: str) -> str:
-    lines = [f"**DP x PP = {grid}**", "",
-             "| method | perplexity, random paths (mean) | spread: std; min-max | gap to DDP (min..max over seeds) | "
-             "fixed paths | consensus | paper ppl (Small, C4) | paper gap to FSDP |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"**DP x PP = {grid}**",
+        "",
+        "| method | perplexity, random paths (mean) | spread: std; min-max | gap to DDP (min..max over "
+        "seeds) | fixed paths | consensus | paper ppl (Small, C4) | paper gap to FSDP |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in (r for r in rows if r["kind"] == "grid" and r["grid"] == grid):
         gap = "0 (reference)" if r["method"] == "ddp" else \
             f"{_pct(r['gap_to_ddp_pct'], 2)} ({r['gap_min_pct']:+.2f}..{r['gap_max_pct']:+.2f})"
-        lines.append(f"| {r['method']} | {r['ppl_mean']:.3f} | {r['ppl_std']:.3f}; {r['ppl_min']:.3f}-"
-                     f"{r['ppl_max']:.3f} | {gap} | {r['fixed_ppl_mean']:.3f} | {r['consensus_ppl_mean']:.3f} | "
-                     f"{_num(r['paper_ppl'], 1)} | {_pct(r['paper_gap_pct']) if r['method'] != 'ddp' else '-'} |")
+        lines.append(
+            f"| {r['method']} | {r['ppl_mean']:.3f} | {r['ppl_std']:.3f}; {r['ppl_min']:.3f}-"
+            f"{r['ppl_max']:.3f} | {gap} | {r['fixed_ppl_mean']:.3f} | {r['consensus_ppl_mean']:.3f} | "
+            f"{_num(r['paper_ppl'], 1)} | {_pct(r['paper_gap_pct']) if r['method'] != 'ddp' else '-'} |"
+        )
     return "\n".join(lines)
 
 
 def _scaling_table(result: dict) -> str:
     sweep = _rows(result["rows"], "scaling_sweep")
-    tried = "; ".join(f"M {m}: " + ", ".join(f"{r['outer_lr']:g} -> {r['val_loss']:.4f}" + (" (best)" if r["chosen"]
-                                                                                         else "")
-                                             for r in sweep if r["m"] == m)
-                      for m in dict.fromkeys(r["m"] for r in sweep))
-    lines = [f"DiLoCo with M replicas (PP = 1, the same global batch) against DDP on grid "
-             f"{result['summary']['scaling_reference']}, eval loss in nats per byte. The outer lr was swept on the "
-             f"first seed (outer lr -> eval loss: {tried}); the best one ran on every seed:", "",
-             "| M | outer lr, momentum | DiLoCo eval loss (mean ± std) | DDP eval loss | excess over DDP (min..max) | "
-             "paper 35M | paper 2.4B |", "|---|---|---|---|---|---|---|"]
+    tried = "; ".join(
+        f"M {m}: "
+        + ", ".join(
+            f"{r['outer_lr']:g} -> {r['val_loss']:.4f}" + (" (best)" if r["chosen"] else "")
+            for r in sweep
+            if r["m"] == m
+        )
+        for m in dict.fromkeys(r["m"] for r in sweep)
+    )
+    lines = [
+        f"DiLoCo with M replicas (PP = 1, the same global batch) against DDP on grid "
+        f"{result['summary']['scaling_reference']}, eval loss in nats per byte. The outer lr was swept on "
+        f"the first seed (outer lr -> eval loss: {tried}); the best one ran on every seed:",
+        "",
+        "| M | outer lr, momentum | DiLoCo eval loss (mean ± std) | DDP eval loss | excess over DDP "
+        "(min..max) | paper 35M | paper 2.4B |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in _rows(result["rows"], "scaling"):
-        lines.append(f"| {r['m']} | {r['outer_lr']}, {_momentum_text(r)} | "
-                     f"{r['val_loss_mean']:.4f} ± {r['val_loss_std']:.4f} | "
-                     f"{_num(r['ddp_val_loss_mean'], 4)} | {_pct(r['excess_pct'], 2)} ({r['excess_min_pct']:+.2f}.."
-                     f"{r['excess_max_pct']:+.2f}) | {_pct(r['paper_35m_excess_pct'])} | "
-                     f"{_pct(r['paper_2_4b_excess_pct'])} |")
+        lines.append(
+            f"| {r['m']} | {r['outer_lr']}, {_momentum_text(r)} | "
+            f"{r['val_loss_mean']:.4f} ± {r['val_loss_std']:.4f} | "
+            f"{_num(r['ddp_val_loss_mean'], 4)} | {_pct(r['excess_pct'], 2)} ({r['excess_min_pct']:+.2f}.."
+            f"{r['excess_max_pct']:+.2f}) | {_pct(r['paper_35m_excess_pct'])} | "
+            f"{_pct(r['paper_2_4b_excess_pct'])} |"
+        )
     return "\n".join(lines)
 
 
 def _sweep_table(result: dict) -> str:
     s = result["summary"]
     rows = _rows(result["rows"], "sweep")
-    lines = [f"**NoLoCo's open settings** on grid {s['sweep_grid']} (pipeline stages, random routing), one at a "
-             f"time from the paper's settings (alpha = momentum, beta = outer lr, gamma = pull towards the pair's mean); "
-             f"chosen on seed {s['seeds'][0]}: **{s['noloco_choice']}**.", "",
-             "| setting | outer gain beta/(1-alpha) | eval loss, first seed | seeds | gap to the paper's (paired) | "
-             "eval-loss gap to DiLoCo (min..max) | weight spread |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"**NoLoCo's open settings** on grid {s['sweep_grid']} (pipeline stages, random routing), one at a "
+        f"time from the paper's settings (alpha = momentum, beta = outer lr, gamma = pull towards the pair's "
+        f"mean); chosen on seed {s['seeds'][0]}: **{s['noloco_choice']}**.",
+        "",
+        "| setting | outer gain beta/(1-alpha) | eval loss, first seed | seeds | gap to the paper's (paired) "
+        "| eval-loss gap to DiLoCo (min..max) | weight spread |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        to_diloco = "-" if r["gap_to_diloco_pct"] is None else (
-            f"{r['gap_to_diloco_pct']:+.2f} % ({r['gap_to_diloco_min_pct']:+.2f}..{r['gap_to_diloco_max_pct']:+.2f})")
+        to_diloco = (
+            "-"
+            if r["gap_to_diloco_pct"] is None
+            else (
+                f"{r['gap_to_diloco_pct']:+.2f} % "
+                f"({r['gap_to_diloco_min_pct']:+.2f}..{r['gap_to_diloco_max_pct']:+.2f})"
+            )
+        )
         setting = "the paper's" if r["variant"] == NOLOCO_DEFAULT else r["variant"]
         lines.append(f"| {setting} | {_num(r.get('outer_gain'), 2)} | {_num(r['first_seed_val_loss'], 4)} | "
                      f"{r['seeds']} | "
@@ -183,17 +220,25 @@ def _wire_table(result: dict) -> str:
     if not rows:
         return ""
     choice = next((r["variant"].split("; ", 1)[1] for r in rows if "; " in r["variant"]), None)
-    at_choice = (f"; then the main variants again at the setting the NoLoCo sweep chose ({choice}), each against "
-                 "the blocking round at that setting" if choice else "")
-    lines = [f"**How a round moves** (issue 16) on grid {rows[0]['grid']}, NoLoCo at the paper's settings{at_choice}, "
-             "every seed: "
-             "the overlapped round (ALGORITHM.md 3.1) landing half a round to two rounds late, the outer payload in "
-             "near4-3 (3.2), activations and their gradients in int8, each against the blocking round with "
-             "phi, Delta and activations in 16 bits, paired by seed; the bar is 1 %. A round is never more than one "
-             "behind: one still under way at the next boundary holds the steps there until it lands, so two rounds "
-             "late trains as one round late (the wait is idle time, not tokens).", "",
-             "| variant | payload | activations | lands (steps late) | eval loss (mean ± std) | "
-             "gap to blocking fp16, same setting (min..max) | within 1 % |", "|---|---|---|---|---|---|---|"]
+    at_choice = (
+        f"; then the main variants again at the setting the NoLoCo sweep chose ({choice}), each against "
+        "the blocking round at that setting"
+        if choice
+        else ""
+    )
+    lines = [
+        f"**How a round moves** (issue 16) on grid {rows[0]['grid']}, NoLoCo at the paper's "
+        f"settings{at_choice}, every seed: the overlapped round (ALGORITHM.md 3.1) landing half a round to "
+        f"two rounds late, the outer payload in near4-3 (3.2), activations and their gradients in int8, each "
+        f"against the blocking round with phi, Delta and activations in 16 bits, paired by seed; the bar is "
+        f"1 %. A round is never more than one behind: one still under way at the next boundary holds the "
+        f"steps there until it lands, so two rounds late trains as one round late (the wait is idle time, "
+        f"not tokens).",
+        "",
+        "| variant | payload | activations | lands (steps late) | eval loss (mean ± std) | "
+        "gap to blocking fp16, same setting (min..max) | within 1 % |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         gap = "-" if r["gap_pct"] is None else (
             f"{r['gap_pct']:+.2f} % ({r['gap_min_pct']:+.2f}..{r['gap_max_pct']:+.2f})")
@@ -213,19 +258,26 @@ def _wall_table(result: dict) -> str:
         here = "; ".join(f"{m}'s round {r['round_steps']:g} inner steps beside compute at utilisation "
                          f"{r['utilisation']:.2f}" for m, r in home["rounds_as_run_here"].items())
         peers = {r["peers"] for r in home["rounds_as_run_here"].values()}
-        links["home"] = (f"the home link measured by bench.home_link ({home['rate_mbit']} Mbit/s: a 16-bit copy "
-                         f"takes {home['payload_steps']:g} inner steps; this project's overlapped, compressed "
-                         f"rounds among {', '.join(map(str, sorted(peers)))} volunteers: {here}; DiLoCo's "
-                         "round scaled to a grid's DP by the payloads it gathers)")
+        links["home"] = (
+            f"the home link measured by bench.home_link ({home['rate_mbit']} Mbit/s: a 16-bit copy "
+            f"takes {home['payload_steps']:g} inner steps; this project's overlapped, compressed "
+            f"rounds among {', '.join(map(str, sorted(peers)))} volunteers: {here}; DiLoCo's "
+            "round scaled to a grid's DP by the payloads it gathers)"
+        )
     target = {r["grid"]: r["target_loss"] for r in _rows(result["rows"], "to_target")}
-    lines = ["**Time to a target loss** (the highest final point of NoLoCo's and DiLoCo's validation-loss curves "
-             "(random paths, the first validation batches) over the seeds, per "
-             "grid: " + ", ".join(f"{g}: {t:.3f}" for g, t in target.items()) + "), in inner steps of compute, from "
-             "the steps each method needed here and the cost of a step on the link "
-             "(bench/convergence/wallclock.py: the paper's latency model, log-normal message times std/mean 0.5; "
-             "barrier idle left out, which favours DDP and DiLoCo):", "",
-             "| link | grid | method | round | steps to target | cost per step | wall (steps of compute) | "
-             "vs DiLoCo |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "**Time to a target loss** (the highest final point of NoLoCo's and DiLoCo's validation-loss curves "
+        "(random paths, the first validation batches) over the seeds, per grid: "
+        + ", ".join(f"{g}: {t:.3f}" for g, t in target.items())
+        + "), in inner steps of compute, from "
+        "the steps each method needed here and the cost of a step on the link "
+        "(bench/convergence/wallclock.py: the paper's latency model, log-normal message times std/mean 0.5; "
+        "barrier idle left out, which favours DDP and DiLoCo):",
+        "",
+        "| link | grid | method | round | steps to target | cost per step | wall (steps of compute) | vs "
+        "DiLoCo |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for link in links:
         for r in (w for w in walls if w["link"] == link):
             method = f"{r['method']} ({r['setting']})" if r.get("setting") else r["method"]
@@ -249,11 +301,15 @@ def _wall_reading(walls: list[dict], links: dict) -> str:
                 parts.append(f"{link} link, {round_kind} round{at}: {_span(ratios)}")
     if not parts:
         return ""
-    return ("NoLoCo's wall time to the target against DiLoCo's, both with the same kind of round (below 1: "
-            "NoLoCo first): " + "; ".join(parts) + ". Where the ratio is above 1, NoLoCo's cheaper round does not "
-            "make up for the extra steps it needs here; the 'as run here' rows cost both methods' rounds as this "
-            "project's node runs them (overlapped, compressed, measured), where NoLoCo's moves one partner's "
-            "payload and DiLoCo's every other peer's.")
+    return (
+        "NoLoCo's wall time to the target against DiLoCo's, both with the same kind of round (below 1: "
+        "NoLoCo first): "
+        + "; ".join(parts)
+        + ". Where the ratio is above 1, NoLoCo's cheaper round does not "
+        "make up for the extra steps it needs here; the 'as run here' rows cost both methods' rounds as this "
+        "project's node runs them (overlapped, compressed, measured), where NoLoCo's moves one partner's "
+        "payload and DiLoCo's every other peer's."
+    )
 
 
 def _span(ratios: list[float]) -> str:
@@ -266,20 +322,34 @@ def _checks(result: dict) -> str:
     ddp, nd, grow, order = c["ddp_best"], c["noloco_le_diloco"], c["gaps_grow_with_dp"], c["scaling_order"]
     local = c.get("local_worst")
     best = ", ".join(f"{g}: {m}" for g, m in ddp["best_by_grid"].items())
-    nd_grids = "; ".join(f"{g}: {v['diff_pct']:+.2f} %{_paired_range(v)} ({v['seeds_holding']} of {v['seeds']} "
-                         "seeds at or below)" for g, v in nd["by_grid"].items())
-    series = "; ".join(f"{name}: " + " -> ".join(f"{gap:+.2f} % (DP {dp})" for dp, gap in zip(v["dp"], v["gap_pct"]))
+    nd_grids = "; ".join(
+        f"{g}: {v['diff_pct']:+.2f} %{_paired_range(v)} ({v['seeds_holding']} of {v['seeds']} "
+        "seeds at or below)"
+        for g, v in nd["by_grid"].items()
+    )
+    series = "; ".join(f"{name}: " + " -> ".join(f"{gap:+.2f} % (DP {dp})" for dp, gap in zip(v["dp"],
+                                                                                              v["gap_pct"]))
                        for name, v in grow["series"].items())
     excess = " -> ".join(f"{e:+.2f} % (M {m})" for m, e in zip(order["m"], order["excess_pct"]))
-    return "\n".join([
-        f"- DDP best in every grid: {_yes(ddp['holds'])} (lowest mean perplexity: {best}); every other method "
-        f"behind DDP in every seed: {_yes(ddp['every_seed'])}.",
-        *([f"- Local-only worst in every grid: {_yes(local['holds'])} (highest mean perplexity: "
-           + ", ".join(f"{g}: {m}" for g, m in local["worst_by_grid"].items()) + ")."] if local else []),
-        f"- NoLoCo at or below DiLoCo in every grid: {_yes(nd['holds'])} (NoLoCo relative to DiLoCo: {nd_grids}).",
-        f"- Gaps to DDP grow with DP: {_yes(grow['holds'])} ({series}).",
-        f"- DiLoCo's excess over DDP rises with M: {_yes(order['holds'])} ({excess}).",
-    ])
+    return "\n".join(
+        [
+            f"- DDP best in every grid: {_yes(ddp['holds'])} (lowest mean perplexity: {best}); every other "
+            f"method behind DDP in every seed: {_yes(ddp['every_seed'])}.",
+            *(
+                [
+                    f"- Local-only worst in every grid: {_yes(local['holds'])} (highest mean perplexity: "
+                    + ", ".join(f"{g}: {m}" for g, m in local["worst_by_grid"].items())
+                    + ")."
+                ]
+                if local
+                else []
+            ),
+            f"- NoLoCo at or below DiLoCo in every grid: {_yes(nd['holds'])} (NoLoCo relative to DiLoCo: "
+            f"{nd_grids}).",
+            f"- Gaps to DDP grow with DP: {_yes(grow['holds'])} ({series}).",
+            f"- DiLoCo's excess over DDP rises with M: {_yes(order['holds'])} ({excess}).",
+        ]
+    )
 
 
 def _paired_range(check: dict) -> str:
@@ -294,9 +364,11 @@ def _meaning(result: dict) -> str:
     held = [CHECK_TITLES[n] for n, c in s["checks"].items() if c["holds"]]
     failed = [CHECK_TITLES[n] for n, c in s["checks"].items() if not c["holds"]]
     if not failed:
-        text = ("All checks hold: at equal tokens DDP is best, NoLoCo matches or beats DiLoCo, and the "
-                "low-communication methods fall further behind as data parallelism grows, as in the paper's table "
-                "and the scaling-law paper.")
+        text = (
+            "All checks hold: at equal tokens DDP is best, NoLoCo matches or beats DiLoCo, and the "
+            "low-communication methods fall further behind as data parallelism grows, as in the paper's "
+            "table and the scaling-law paper."
+        )
     else:
         text = (f"The paper's shape is only partly reproduced. Holds: {', '.join(held) or 'nothing'}. "
                 f"Does not hold: {', '.join(failed)}.")
@@ -304,8 +376,10 @@ def _meaning(result: dict) -> str:
             text += " " + _where_noloco_behind(s["checks"]["noloco_le_diloco"]) + " " + _why_noloco_behind(
                 result["rows"]) + _gain_evidence(result)
     if result["mode"] == "quick":
-        text += (f" This is the quick mode, sized for `make bench` ({s['steps']} steps per run): read it as a "
-                 "smoke test of the pipeline and run `--full` for the comparison with the paper.")
+        text += (
+            f" This is the quick mode, sized for `make bench` ({s['steps']} steps per run): read it as a "
+            "smoke test of the pipeline and run `--full` for the comparison with the paper."
+        )
     return text + " " + _gaps_against_paper(result["rows"])
 
 
@@ -315,8 +389,14 @@ def _where_noloco_behind(check: dict) -> str:
     ahead = [g for g, v in check["by_grid"].items() if v["diff_pct"] <= 0]
     text = "NoLoCo trails DiLoCo in " + "; ".join(
         f"{g} ({v['diff_pct']:+.2f} %, "
-        + ("in every seed)" if v["seeds_holding"] == 0 else f"in {v['seeds'] - v['seeds_holding']} of {v['seeds']} "
-           "seeds only, within the spread between seeds)") for g, v in behind.items())
+        + (
+            "in every seed)"
+            if v["seeds_holding"] == 0
+            else f"in {v['seeds'] - v['seeds_holding']} of {v['seeds']} "
+            "seeds only, within the spread between seeds)"
+        )
+        for g, v in behind.items()
+    )
     if ahead:
         text += " and is ahead in " + ", ".join(ahead)
     return text + "."
@@ -329,18 +409,28 @@ def _why_noloco_behind(rows: list[dict]) -> str:
     for grid in dict.fromkeys(g for g, _ in grids):
         noloco, diloco = grids.get((grid, "noloco")), grids.get((grid, "diloco"))
         if noloco and diloco and noloco["ppl_mean"] > diloco["ppl_mean"]:
-            parts.append(f"{grid}: weight spread {noloco['weight_std_mean']:.1e} against {diloco['weight_std_mean']:.1e}, "
-                         f"consensus ppl {noloco['consensus_ppl_mean']:.3f} against {diloco['consensus_ppl_mean']:.3f}")
-    return ("Why, measured: NoLoCo's workers of a stage end apart where DiLoCo's are equal after each all-worker "
-            "step, and a random path crosses workers that disagree; the mean of NoLoCo's workers (consensus) is "
-            "closer to DiLoCo (" + "; ".join(parts) + ").") if parts else ""
+            parts.append(
+                f"{grid}: weight spread {noloco['weight_std_mean']:.1e} against "
+                f"{diloco['weight_std_mean']:.1e}, "
+                f"consensus ppl {noloco['consensus_ppl_mean']:.3f} against {diloco['consensus_ppl_mean']:.3f}"
+            )
+    return (
+        (
+            "Why, measured: NoLoCo's workers of a stage end apart where DiLoCo's are equal after each "
+            "all-worker step, and a random path crosses workers that disagree; the mean of NoLoCo's workers "
+            "(consensus) is closer to DiLoCo (" + "; ".join(parts) + ")."
+        )
+        if parts
+        else ""
+    )
 
 
 def _gain_evidence(result: dict) -> str:
     """The sweep read as one variable: the outer gain beta / (1 - alpha) that a steady
     Delta gets, against DiLoCo's, with the loss each gain reached."""
     sweep = [r for r in _rows(result["rows"], "sweep") if r.get("outer_gain") is not None]
-    diloco = next((r for r in result["rows"] if r.get("section") == "grid" and r.get("method") == "diloco"), None)
+    diloco = next((r for r in result["rows"] if r.get("section") == "grid" and r.get("method") == "diloco"),
+                  None)
     if len(sweep) < 2 or diloco is None:
         return ""
     from bench.convergence.stats import outer_gain
@@ -351,15 +441,20 @@ def _gain_evidence(result: dict) -> str:
     best = min(sweep, key=lambda r: r["val_loss_mean"] if r["seeds"] > 1 else float("inf"))
     listed = "; ".join(f"{r['variant']}: gain {r['outer_gain']:.2f}, loss {r['first_seed_val_loss']:.4f}"
                        for r in same_pull)
-    text = (f" Second, the outer step's gain: NoLoCo's Delta is the mean of a pair, not of all DP workers, so it "
-            f"is noisier, and the paper's settings apply a steady Delta beta / (1 - alpha) = {default['outer_gain']:.2f} "
-            f"times per round against DiLoCo's {outer_gain(diloco):.2f}. In the sweep on {sweep[0]['grid']} "
-            f"(first seed, gamma {default['outer_gamma']:g}) the loss rises with the gain: {listed}.")
+    text = (
+        f" Second, the outer step's gain: NoLoCo's Delta is the mean of a pair, not of all DP workers, so it "
+        f"is noisier, and the paper's settings apply a steady Delta beta / (1 - alpha) = "
+        f"{default['outer_gain']:.2f} "
+        f"times per round against DiLoCo's {outer_gain(diloco):.2f}. In the sweep on {sweep[0]['grid']} "
+        f"(first seed, gamma {default['outer_gamma']:g}) the loss rises with the gain: {listed}."
+    )
     no_pull = next((r for r in sweep if r["outer_gamma"] == 0.0), None)
     if no_pull is not None:
-        text += (f" Without the pull towards the pair's mean ({no_pull['variant']}) the workers drift apart "
-                 f"(weight spread {no_pull['weight_std_mean']:.1e} against {default['weight_std_mean']:.1e}) and the "
-                 f"loss is {no_pull['gap_to_default_pct']:+.2f} % off that at the paper's settings.")
+        text += (
+            f" Without the pull towards the pair's mean ({no_pull['variant']}) the workers drift apart "
+            f"(weight spread {no_pull['weight_std_mean']:.1e} against {default['weight_std_mean']:.1e}) and "
+            f"the loss is {no_pull['gap_to_default_pct']:+.2f} % off that at the paper's settings."
+        )
     if best["gap_to_diloco_pct"] is not None:
         text += (f" With {best['variant']} (gain {best['outer_gain']:.2f}) NoLoCo trails DiLoCo by "
                  f"{best['gap_to_diloco_pct']:+.2f} % in eval loss ({best['gap_to_diloco_min_pct']:+.2f}.."
@@ -372,9 +467,12 @@ def _gain_evidence(result: dict) -> str:
 
 def _gaps_against_paper(rows: list[dict]) -> str:
     pairs = [(r["gap_to_ddp_pct"], r["paper_gap_pct"]) for r in rows
-             if r["kind"] == "grid" and r["method"] in ("noloco", "diloco") and r["paper_gap_pct"] is not None]
-    text = ("Absolute perplexities are not comparable with the paper's (byte tokens of a small corpus and a tiny "
-            "model against BPE tokens of C4 and 125M parameters); compare the gaps to DDP in %.")
+             if r["kind"] == "grid" and r["method"] in ("noloco",
+                                                        "diloco") and r["paper_gap_pct"] is not None]
+    text = (
+        "Absolute perplexities are not comparable with the paper's (byte tokens of a small corpus and a tiny "
+        "model against BPE tokens of C4 and 125M parameters); compare the gaps to DDP in %."
+    )
     if pairs:
         ours, paper = [p[0] for p in pairs], [p[1] for p in pairs]
         text += (f" NoLoCo's and DiLoCo's gaps here span {min(ours):+.1f} % to {max(ours):+.1f} %, "
@@ -385,16 +483,19 @@ def _gaps_against_paper(rows: list[dict]) -> str:
 def _ddp_note(rows: list[dict]) -> str:
     ddp = [r for r in rows if r["kind"] == "grid" and r["method"] == "ddp"]
     values = ", ".join(f"{r['ppl_mean']:.3f} ({r['grid']})" for r in ddp)
-    return ("DDP is the same computation in every grid (the same global batch, averaged gradients) except that "
-            "each stage clips its own gradient norm, so PP = 1 and PP = 2 clip differently; its perplexity: "
-            f"{values}. Each grid's gaps are measured against its own DDP.")
+    return (
+        "DDP is the same computation in every grid (the same global batch, averaged gradients) except that "
+        "each stage clips its own gradient norm, so PP = 1 and PP = 2 clip differently; its perplexity: "
+        f"{values}. Each grid's gaps are measured against its own DDP."
+    )
 
 
 def markdown(result: dict) -> str:
     grids = list(dict.fromkeys(r["grid"] for r in result["rows"] if r["kind"] == "grid"))
     parts = [
         "## convergence: NoLoCo vs DiLoCo vs DDP vs local at equal tokens",
-        f"{result['mode'].capitalize()} run, {result['wall_s']:.0f} s on {result['machine']['cpu_count']} CPUs:",
+        f"{result['mode'].capitalize()} run, {result['wall_s']:.0f} s on {result['machine']['cpu_count']} "
+        f"CPUs:",
         f"```bash\n{rerun_command(NAME, result['mode'])}\n```",
         _setup(result),
         "![convergence](bench/results/convergence.png)",

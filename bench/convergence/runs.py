@@ -29,7 +29,8 @@ def sim_config(job: Job):
     plan = job.plan
     if plan.global_batch % job.dp:
         raise ValueError(f"global batch {plan.global_batch} does not split over {job.dp} replicas")
-    inner = InnerHyper(lr=job.inner_lr or suggested_lr(plan.model), warmup_steps=default_warmup_steps(plan.steps),
+    inner = InnerHyper(lr=job.inner_lr or suggested_lr(plan.model),
+                       warmup_steps=default_warmup_steps(plan.steps),
                        total_steps=plan.steps)
     return SimConfig(method=job_method(job), inner=inner, data=DataSpec.parse(plan.data), device=plan.device,
                      freeze_input_embedding=job.freeze_embedding,
@@ -62,7 +63,8 @@ def _train(sim, every: int, curve_batches: int, curve: list, start: int, on_step
     for step in range(start, sim.config.steps + 1):
         sim.advance(step)
         if step % every == 0:
-            curve.append([step, round(sim.evaluate_random_paths(EVAL_PATHS_SEED, max_batches=curve_batches), 5)])
+            curve.append([step, round(sim.evaluate_random_paths(EVAL_PATHS_SEED, max_batches=curve_batches),
+                                      5)])
         on_step(step)
     return curve
 
@@ -120,7 +122,8 @@ def run_job(job: Job, resume_dir: Path | None = None) -> dict:
                 "next_step": step + 1, "cpu_s": state["cpu_s"] + time.process_time() - cpu_started,
                 "wall_s": state["wall_s"] + time.perf_counter() - wall_started})
 
-    curve = _train(sim, job.plan.curve_every, job.plan.curve_batches, state["curve"], state["next_step"], on_step)
+    curve = _train(sim, job.plan.curve_every, job.plan.curve_batches, state["curve"], state["next_step"],
+                   on_step)
     val_loss = sim.evaluate_random_paths(EVAL_PATHS_SEED)
     fixed_val_loss = sim.evaluate()
     consensus_loss = path_val_loss(sim.consensus_stages(), sim.data, batch_size=config.eval_batch_size,
@@ -178,14 +181,18 @@ class Runner:
     def run(self, jobs: list[Job], phase: str, on_row=lambda row: None) -> list[dict]:
         """Every job's row; ``on_row`` sees each as it finishes (a ledger writes it down)."""
         rows = []
-        for n, row in enumerate(self._pool.imap_unordered(partial(run_job, resume_dir=self.resume_dir), jobs), 1):
+        for n, row in enumerate(self._pool.imap_unordered(partial(run_job, resume_dir=self.resume_dir), jobs),
+                                1):
             rows.append(row)
             on_row(row)
             label = f" {row['variant']}" if row["variant"] else ""
             lrs = f" inner lr {row['inner_lr']:g}" if row["section"] == "tune" else ""
             outer = f" outer lr {row['outer_lr']:g}" if row["section"] == "scaling" else ""
-            print(f"{phase} [{n}/{len(jobs)}] {row['section']} {row['dp']} x {row['pp']} {row['method']}{label}"
-                  f"{lrs}{outer} seed {row['seed']}: ppl {row['ppl']:.3f} ({row['wall_s']:.1f} s)",
-                  file=sys.stderr, flush=True)
+            print(
+                f"{phase} [{n}/{len(jobs)}] {row['section']} {row['dp']} x {row['pp']} {row['method']}{label}"
+                f"{lrs}{outer} seed {row['seed']}: ppl {row['ppl']:.3f} ({row['wall_s']:.1f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
         return sorted(rows, key=lambda r: (r["section"], r["pp"], r["dp"], r["method"], r["variant"],
                                            r["outer_lr"] or 0.0, r["seed"]))

@@ -76,11 +76,13 @@ def grid_rows(runs: Sequence[dict]) -> list[dict]:
             gaps = paired_gaps_pct(_by_seed(mine, "ppl"), ddp_ppl)
             paper_ppl = paper.get(method)
             rows.append({
-                "kind": "grid", "dp": dp, "pp": pp, "grid": f"{dp} x {pp}", "method": method, "seeds": len(mine),
+                "kind": "grid", "dp": dp, "pp": pp, "grid": f"{dp} x {pp}", "method": method,
+                "seeds": len(mine),
                 "ppl_mean": ppl["mean"], "ppl_std": ppl["std"], "ppl_min": ppl["min"], "ppl_max": ppl["max"],
                 "gap_to_ddp_pct": statistics.fmean(gaps) if gaps else None,
                 "gap_min_pct": min(gaps) if gaps else None, "gap_max_pct": max(gaps) if gaps else None,
-                "fixed_ppl_mean": statistics.fmean(perplexity(r.get("fixed_val_loss", r["val_loss"])) for r in mine),
+                "fixed_ppl_mean": statistics.fmean(perplexity(r.get("fixed_val_loss",
+                                                                    r["val_loss"])) for r in mine),
                 "consensus_ppl_mean": statistics.fmean(perplexity(r["consensus_val_loss"]) for r in mine),
                 "weight_std_mean": statistics.fmean(r["weight_std"] for r in mine),
                 "paper_ppl": paper_ppl,
@@ -101,12 +103,14 @@ def scaling_rows(runs: Sequence[dict], reference_grid: tuple[int, int]) -> list[
         loss = spread([r["val_loss"] for r in mine])
         excess = paired_gaps_pct(_by_seed(mine, "val_loss"), ddp_loss)
         rows.append({
-            "kind": "scaling", "m": m, "outer_lr": mine[0]["outer_lr"], "outer_momentum": mine[0]["outer_momentum"],
+            "kind": "scaling", "m": m, "outer_lr": mine[0]["outer_lr"],
+            "outer_momentum": mine[0]["outer_momentum"],
             "nesterov": mine[0]["nesterov"], "seeds": len(mine),
             "val_loss_mean": loss["mean"], "val_loss_std": loss["std"],
             "ddp_val_loss_mean": statistics.fmean(ddp_loss.values()) if ddp_loss else None,
             "excess_pct": statistics.fmean(excess) if excess else None,
-            "excess_min_pct": min(excess) if excess else None, "excess_max_pct": max(excess) if excess else None,
+            "excess_min_pct": min(excess) if excess else None,
+            "excess_max_pct": max(excess) if excess else None,
             "paper_35m_excess_pct": PAPER_SCALING_EXCESS_PCT["35M"].get(m),
             "paper_2_4b_excess_pct": PAPER_SCALING_EXCESS_PCT["2.4B"].get(m),
         })
@@ -136,7 +140,8 @@ def check_local_worst(rows: Sequence[dict]) -> dict:
     """In every grid local-only training (no communication) has the highest mean
     perplexity: any averaging at all should beat none."""
     grids = sorted({r["grid"] for r in rows})
-    worst = {g: max((r for r in rows if r["grid"] == g), key=lambda r: r["ppl_mean"])["method"] for g in grids}
+    worst = {g: max((r for r in rows if r["grid"] == g),
+                    key=lambda r: r["ppl_mean"])["method"] for g in grids}
     return {"holds": bool(worst) and all(m == "local" for m in worst.values()), "worst_by_grid": worst}
 
 
@@ -153,9 +158,13 @@ def check_noloco_vs_diloco(rows: Sequence[dict], runs: Sequence[dict]) -> dict:
         select = {"section": "grid", "dp": r["dp"], "pp": r["pp"]}
         paired = paired_gaps_pct(_by_seed(_select(runs, method="noloco", **select), "ppl"),
                                  _by_seed(_select(runs, method="diloco", **select), "ppl"))
-        by_grid[r["grid"]] = {"diff_pct": 100.0 * (r["ppl_mean"] / diloco["ppl_mean"] - 1.0),
-                              "seeds_holding": sum(d <= 0 for d in paired), "seeds": len(paired),
-                              "paired_min_pct": min(paired, default=None), "paired_max_pct": max(paired, default=None)}
+        by_grid[r["grid"]] = {
+            "diff_pct": 100.0 * (r["ppl_mean"] / diloco["ppl_mean"] - 1.0),
+            "seeds_holding": sum(d <= 0 for d in paired),
+            "seeds": len(paired),
+            "paired_min_pct": min(paired, default=None),
+            "paired_max_pct": max(paired, default=None),
+        }
     return {"holds": bool(by_grid) and all(v["diff_pct"] <= 0 for v in by_grid.values()),
             "every_seed": bool(by_grid) and all(v["seeds_holding"] == v["seeds"] for v in by_grid.values()),
             "by_grid": by_grid}
@@ -201,7 +210,8 @@ def scaling_sweep_rows(runs: Sequence[dict], seed: int, chosen: dict[int, float]
     """What the outer-lr sweep of the scaling rows saw on ``seed``."""
     return [{"kind": "scaling_sweep", "m": r["dp"], "outer_lr": r["outer_lr"], "val_loss": r["val_loss"],
              "chosen": chosen.get(r["dp"]) == r["outer_lr"]}
-            for r in sorted(_select(runs, section="scaling", seed=seed), key=lambda r: (r["dp"], r["outer_lr"]))]
+            for r in sorted(_select(runs, section="scaling", seed=seed), key=lambda r: (r["dp"],
+                                                                                        r["outer_lr"]))]
 
 
 def with_default_label(runs: Iterable[dict], default: str) -> list[dict]:
@@ -224,7 +234,8 @@ def sweep_rows(runs: Sequence[dict], grid: tuple[int, int], seed: int, default: 
         to_default = paired_gaps_pct(losses, defaults)
         to_diloco = paired_gaps_pct(losses, diloco)
         rows.append({"kind": "sweep", "grid": f"{dp} x {pp}", "variant": variant, "seeds": len(mine),
-                     "first_seed_val_loss": losses.get(seed), "val_loss_mean": statistics.fmean(losses.values()),
+                     "first_seed_val_loss": losses.get(seed),
+                     "val_loss_mean": statistics.fmean(losses.values()),
                      "gap_to_default_pct": statistics.fmean(to_default) if to_default else None,
                      "gap_to_diloco_pct": statistics.fmean(to_diloco) if to_diloco else None,
                      "gap_to_diloco_min_pct": min(to_diloco) if to_diloco else None,
@@ -246,7 +257,8 @@ def outer_gain(run: dict) -> float | None:
 def sweep_choice(runs: Sequence[dict], grid: tuple[int, int], seed: int, default: str) -> str:
     """The NoLoCo setting with the lowest loss on ``seed`` (the defaults' label if they won)."""
     dp, pp = grid
-    candidates = with_default_label(_select(runs, section="grid", dp=dp, pp=pp, method="noloco", seed=seed), default)
+    candidates = with_default_label(_select(runs, section="grid", dp=dp, pp=pp, method="noloco", seed=seed),
+                                    default)
     return best_by_loss(candidates + _select(runs, section="sweep", dp=dp, pp=pp, seed=seed), "variant")
 
 
@@ -289,7 +301,8 @@ def steps_to_target_rows(runs: Sequence[dict], choice: str | None = None) -> lis
                 continue
             steps = [steps_to_target(r["loss_curve"], target) for r in of_kind]
             rows.append({"kind": "to_target", "dp": dp, "pp": pp, "grid": f"{dp} x {pp}", "method": method,
-                         "setting": setting or "", "target_loss": target, "inner_steps": of_kind[0]["inner_steps"],
+                         "setting": setting or "", "target_loss": target,
+                         "inner_steps": of_kind[0]["inner_steps"],
                          "steps": None if None in steps else statistics.fmean(steps)})
     return rows
 

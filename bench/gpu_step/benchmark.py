@@ -68,7 +68,8 @@ BYTE_VOCAB = 256  # the bundled corpus (what the issue's measurements used)
 PAPER_VOCAB = 32_000
 # Dense bf16 tensor-core peaks from the vendors' spec sheets (TFLOP/s, no sparsity), by
 # the first name fragment that the card's name holds.
-SPEC_BF16_TFLOPS = (("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.4), ("H200", 989.4), ("GH200", 989.4),
+SPEC_BF16_TFLOPS = (("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.4), ("H200", 989.4), ("GH200",
+                                                                                                  989.4),
                     ("B200", 2250.0), ("A100", 312.0), ("L40S", 362.1), ("L4", 121.0), ("A10", 125.0),
                     ("RTX 4090", 165.2), ("RTX 3090", 71.0))
 
@@ -171,7 +172,9 @@ def node_step(worker, inputs: torch.Tensor, targets: torch.Tensor, grad: torch.T
 
 def set_mode(worker, mode: str) -> float | None:
     """Switch the worker to ``mode``; returns the compile time when compiling."""
-    worker.inner.fused = mode != "baseline" and (fused_by_default(worker.device) or worker.device.type == "cpu")
+    worker.inner.fused = mode != "baseline" and (
+        fused_by_default(worker.device) or worker.device.type == "cpu"
+    )
     worker.stage.loss_chunk_logits = None if mode == "baseline" else LOSS_CHUNK_LOGITS
     uncompile_blocks(worker.stage)
     return compile_stage(worker) if mode == "compiled" else None
@@ -227,13 +230,21 @@ def run_case(plan: Plan, size: str, vocab: int, stages: int, peaks: dict, result
                 torch.cuda.empty_cache()
                 continue
             estimate = estimates[None if mode == "baseline" else LOSS_CHUNK_LOGITS]
-            row = {"size": size, "vocab": vocab, "stages": stages, "stage": stage, **row,
-                   "batch_size": plan.batch_size, "seq_len": plan.seq_len,
-                   "params": sum(p.numel() for p in worker.params), "flops_per_token": flops,
-                   "mfu_measured": flops * row["tokens_per_s"] / (peaks["measured"] * 1e12),
-                   "mfu_spec": flops * row["tokens_per_s"] / (peaks["spec"] * 1e12) if peaks["spec"] else None,
-                   "estimate_bytes": estimate,
-                   "peak_over_estimate": row["peak_bytes"] / estimate if row["peak_bytes"] else None}
+            row = {
+                "size": size,
+                "vocab": vocab,
+                "stages": stages,
+                "stage": stage,
+                **row,
+                "batch_size": plan.batch_size,
+                "seq_len": plan.seq_len,
+                "params": sum(p.numel() for p in worker.params),
+                "flops_per_token": flops,
+                "mfu_measured": flops * row["tokens_per_s"] / (peaks["measured"] * 1e12),
+                "mfu_spec": flops * row["tokens_per_s"] / (peaks["spec"] * 1e12) if peaks["spec"] else None,
+                "estimate_bytes": estimate,
+                "peak_over_estimate": row["peak_bytes"] / estimate if row["peak_bytes"] else None,
+            }
             result.add(**row)
             print(_line(row), flush=True)
         del worker
@@ -251,7 +262,7 @@ def summarize(result: Result) -> None:
         key = f"{row['size']}/{row['stages']}"
         by_mode = pipelines.setdefault(key, {})
         by_mode[row["mode"]] = min(by_mode.get(row["mode"], float("inf")), row["tokens_per_s"])
-    for key, by_mode in pipelines.items():
+    for by_mode in pipelines.values():
         if "baseline" in by_mode:
             best = max(v for m, v in by_mode.items() if m != "baseline") if len(by_mode) > 1 else None
             by_mode["speedup"] = best / by_mode["baseline"] if best else None
@@ -276,8 +287,11 @@ def _sync(device: torch.device) -> None:
 def _extra(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cuda", help="cuda[:N] (default) or cpu (with --quick)")
     parser.add_argument("--quick", action="store_true", help="the CPU smoke run: debug model, a few steps")
-    parser.add_argument("--replot", action="store_true",
-                        help="only draw the plot again from OUT_DIR/gpu_step.json (a result from a GPU machine)")
+    parser.add_argument(
+        "--replot",
+        action="store_true",
+        help="only draw the plot again from OUT_DIR/gpu_step.json (a result from a GPU machine)",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

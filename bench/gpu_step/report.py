@@ -46,31 +46,40 @@ def _pct(value: float | None) -> str:
 def markdown(result: dict) -> str:
     s = result["summary"]
     lines = [
-        "## gpu_step: a stage's step on one card", "",
-        f"`{rerun_command(NAME, result['mode'])}` on a CUDA machine ({result['mode']} mode, {result['wall_s']:.0f} s, "
-        f"{s.get('device_name', '?')}, torch {s.get('torch', '?')}, CUDA {s.get('cuda') or '-'})", "",
-        "One micro-batch of "
-        f"{s.get('batch_size')} x {s.get('seq_len')} tokens and its inner step, as a node runs them (a non-last "
-        "stage: forward, then the recomputed forward with the backward; the last: forward with loss and "
-        "backward; then clipping and AdamW), each stage on its own. `baseline`: eager, foreach AdamW, the plain "
-        "cross-entropy; `fused`: torch's fused AdamW and the chunked loss; `compiled`: that with every decoder "
-        "block through torch.compile (`--compile`). MFU counts model FLOPs (6 x matmul parameters + "
-        "12 x layers x hidden x sequence per token; the recomputed forward not counted) against the bf16 matrix "
-        f"product measured in the same run ({s.get('measured_peak_tflops', 0):.0f} TFLOP/s) and the spec sheet's "
-        f"dense bf16 peak ({s.get('spec_peak_tflops') or 'unknown'} TFLOP/s). Flash attention taken by the "
-        f"model's attention: {s.get('flash_attention', 'not checked')}.", "",
-        "| model | vocab | stages | stage | mode | tokens/s | MFU (measured peak) | MFU (spec) | peak memory GiB "
-        "| estimate GiB | peak / estimate | compile s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        "## gpu_step: a stage's step on one card",
+        "",
+        f"`{rerun_command(NAME, result['mode'])}` on a CUDA machine ({result['mode']} mode, "
+        f"{result['wall_s']:.0f} s, "
+        f"{s.get('device_name', '?')}, torch {s.get('torch', '?')}, CUDA {s.get('cuda') or '-'})",
+        "",
+        f"One micro-batch of {s.get('batch_size')} x {s.get('seq_len')} tokens and its inner step, as a node "
+        f"runs them (a non-last stage: forward, then the recomputed forward with the backward; the last: "
+        f"forward with loss and backward; then clipping and AdamW), each stage on its own. `baseline`: "
+        f"eager, foreach AdamW, the plain cross-entropy; `fused`: torch's fused AdamW and the chunked loss; "
+        f"`compiled`: that with every decoder block through torch.compile (`--compile`). MFU counts model "
+        f"FLOPs (6 x matmul parameters + 12 x layers x hidden x sequence per token; the recomputed forward "
+        f"not counted) against the bf16 matrix product measured in the same run "
+        f"({s.get('measured_peak_tflops', 0):.0f} TFLOP/s) and the spec sheet's dense bf16 peak "
+        f"({s.get('spec_peak_tflops') or 'unknown'} TFLOP/s). Flash attention taken by the model's "
+        f"attention: {s.get('flash_attention', 'not checked')}.",
+        "",
+        "| model | vocab | stages | stage | mode | tokens/s | MFU (measured peak) | MFU (spec) | peak memory "
+        "GiB | estimate GiB | peak / estimate | compile s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in result["rows"]:
-        lines.append(f"| {r['size']} | {r['vocab']} | {r['stages']} | {r['stage']} | {r['mode']} | "
-                     f"{r['tokens_per_s']:,.0f} | {_pct(r['mfu_measured'])} | {_pct(r['mfu_spec'])} | "
-                     f"{_gib(r['peak_bytes'])} | {_gib(r['estimate_bytes'])} | {_num(r['peak_over_estimate'], 2)} | "
-                     f"{_num(r['compile_s'], 1)} |")
+        lines.append(
+            f"| {r['size']} | {r['vocab']} | {r['stages']} | {r['stage']} | {r['mode']} | "
+            f"{r['tokens_per_s']:,.0f} | {_pct(r['mfu_measured'])} | {_pct(r['mfu_spec'])} | "
+            f"{_gib(r['peak_bytes'])} | {_gib(r['estimate_bytes'])} | {_num(r['peak_over_estimate'], 2)} | "
+            f"{_num(r['compile_s'], 1)} |"
+        )
     pipelines = s.get("pipeline_tokens_per_s", {})
     if pipelines:
-        lines += ["", "The pipeline, one card a stage, runs at its slowest stage's rate (byte vocabulary):", "",
-                  "| model / stages | " + " | ".join(m for m in ("baseline", "fused", "compiled")) + " | speedup |",
+        lines += ["", "The pipeline, one card a stage, runs at its slowest stage's rate (byte vocabulary):",
+                  "",
+                  "| model / stages | " + " | ".join(m for m in ("baseline", "fused",
+                                                                 "compiled")) + " | speedup |",
                   "|---|---|---|---|---|"]
         for key, by_mode in pipelines.items():
             cells = [f"{by_mode[m]:,.0f}" if m in by_mode else "" for m in ("baseline", "fused", "compiled")]

@@ -81,7 +81,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from netbed import unavailable
 
 NAME = "home_link"
-EVAL_BATCHES = 4  # batches of 64 validation windows, the same for every scenario; 8 cost a minute of the quick budget
+# batches of 64 validation windows, the same for every scenario; 8 cost a minute of the quick budget
+EVAL_BATCHES = 4
 LATE_PROPOSAL = "failed to answer a proposal"  # what the node logs when it backs a partner off for it
 
 
@@ -154,7 +155,8 @@ def one_stage_row(plan: Plan, scenario: Scenario, rate: float, workdir: Path, al
         return hivemind_row(plan, scenario, rate, ran, alone_tokens_per_s, evaluator)
     volunteers = scenario.volunteers or plan.volunteers
     ran = run_one_stage(spec, volunteers, rate, workdir, blocking=scenario.blocking,
-                        param_names=evaluator.param_names, params=sum(p.numel() for p in evaluator.stage.parameters()))
+                        param_names=evaluator.param_names,
+                        params=sum(p.numel() for p in evaluator.stage.parameters()))
     nodes = ran.nodes
     rounds = [max(1, n["outer_rounds"]) for n in nodes]
     partnered = [max(1, n["rounds_with_partner"]) for n in nodes]
@@ -162,9 +164,11 @@ def one_stage_row(plan: Plan, scenario: Scenario, rate: float, workdir: Path, al
     curve = evaluator.curve(ran, volunteers, plan.inner_steps)
     tokens_per_step = spec.batch_size * spec.seq_len
     return dict(
-        scenario=scenario.name, method=scenario.method, volunteers=volunteers, codec=scenario.codec, rate_mbit=rate,
+        scenario=scenario.name, method=scenario.method, volunteers=volunteers, codec=scenario.codec,
+        rate_mbit=rate,
         # a volunteer's inner step here, compute only (the volunteers share the machine's cores)
-        step_s=round(statistics.mean(n["training_s"] / max(1, n["tokens"] // tokens_per_step) for n in nodes), 4),
+        step_s=round(statistics.mean(n["training_s"] / max(1, n["tokens"] // tokens_per_step) for n in nodes),
+                     4),
         compute_utilisation=[round(n["training_s"] / n["training_wall_s"], 3) for n in nodes],
         held_s_per_round=[round(n["round_held_s"] / r, 1) for n, r in zip(nodes, rounds)],
         critical_path_s=[_critical_path(n, r, p) for n, r, p in zip(nodes, rounds, partnered)],
@@ -187,7 +191,8 @@ def one_stage_row(plan: Plan, scenario: Scenario, rate: float, workdir: Path, al
 
 def _critical_path(node: dict, rounds: int, partnered: int) -> dict:
     """A node's mean round: from the boundary to the outer step, and its parts."""
-    return {"round": round(node["round_s"] / rounds, 2), "prepare": round(node["round_prepare_s"] / rounds, 2),
+    return {"round": round(node["round_s"] / rounds, 2), "prepare": round(node["round_prepare_s"] / rounds,
+                                                                          2),
             "to_partner": round(node["round_to_partner_s"] / partnered, 2),
             "exchange": round(node["round_exchange_s"] / max(1, node["round_exchanges"]), 2),
             "close": round(node["round_close_s"] / rounds, 2),
@@ -258,18 +263,21 @@ def main(argv: list[str] | None = None) -> int:
     tokens_per_step = base.batch_size * base.seq_len
     params = sum(p.numel() for p in StageWorker(base, 0, 16).params)
     evaluator = Evaluator(base)
-    result.note(f"Link: {rate} Mbit/s each way per volunteer, {RTT_MS:.0f} ms round trip between volunteers. "
-                f"The {plan.model} model has {params / 1e6:.2f}M parameters: a 16-bit round sends "
-                f"{4 * params / 1e6:.1f} MB each way, {2 * 4 * params * 8 / rate / 1e6:.0f} s for both payloads "
-                f"one after the other, against H = {plan.inner_steps} steps of {step_s:.2f} s alone "
-                f"({plan.volunteers} volunteers share 2 cores). A volunteer with one 60M-parameter stage on a "
-                f"consumer GPU (50 steps in 5-10 s) and a 20 Mbit/s uplink sees 240 MB: about 100 s, 10 times "
-                "its inner phase.")
+    result.note(
+        f"Link: {rate} Mbit/s each way per volunteer, {RTT_MS:.0f} ms round trip between volunteers. "
+        f"The {plan.model} model has {params / 1e6:.2f}M parameters: a 16-bit round sends "
+        f"{4 * params / 1e6:.1f} MB each way, {2 * 4 * params * 8 / rate / 1e6:.0f} s for both payloads "
+        f"one after the other, against H = {plan.inner_steps} steps of {step_s:.2f} s alone "
+        f"({plan.volunteers} volunteers share 2 cores). A volunteer with one 60M-parameter stage on a "
+        f"consumer GPU (50 steps in 5-10 s) and a 20 Mbit/s uplink sees 240 MB: about 100 s, 10 times "
+        "its inner phase."
+    )
     with tempfile.TemporaryDirectory(prefix="home-link-") as tmp:
         workdir = args.work_dir or Path(tmp)
         time_limit_s = float("inf")
         for scenario in scenarios(args.full):
-            row = one_stage_row(plan, scenario, rate, workdir, tokens_per_step / step_s, evaluator, time_limit_s)
+            row = one_stage_row(plan, scenario, rate, workdir, tokens_per_step / step_s, evaluator,
+                                time_limit_s)
             result.add(**row)
             if scenario.name == "overlapped + compressed":
                 time_limit_s = HIVEMIND_TIME_FACTOR * row["wall_s"]
@@ -298,10 +306,16 @@ def link_in_steps(params: int, rate_mbit: float, step_s: float, plan: Plan) -> d
 
 def summary(rows: list[dict], rate: float, plan: Plan, full: bool) -> dict:
     by_name = {r["scenario"]: r for r in rows}
-    blocking, best, hive = by_name["blocking fp16"], by_name["overlapped + compressed"], by_name["hivemind.Optimizer"]
+    blocking, best, hive = (
+        by_name["blocking fp16"],
+        by_name["overlapped + compressed"],
+        by_name["hivemind.Optimizer"],
+    )
     slow = by_name[f"overlapped + compressed at {SLOW_RATE_MBIT:g} Mbit/s"]
     # rounds that could have had a partner: not those with nobody else left in the stage
-    slow_rounds = sum(slow["rounds_with_partner"]) + sum(slow["local_only_rounds"]) - sum(slow["rounds_alone"])
+    slow_rounds = (
+        sum(slow["rounds_with_partner"]) + sum(slow["local_only_rounds"]) - sum(slow["rounds_alone"])
+    )
     to_loss = time_to_loss(best, hive)
     return {
         "rate_mbit": rate, "inner_steps": plan.inner_steps, "volunteers": plan.volunteers,
@@ -313,7 +327,8 @@ def summary(rows: list[dict], rate: float, plan: Plan, full: bool) -> dict:
         "time_to_hivemind_final_loss": to_loss,
         "time_to_hivemind_final_loss_ratio": None if to_loss["ours_s"] is None or not to_loss["theirs_s"]
         else round(to_loss["ours_s"] / to_loss["theirs_s"], 3),
-        "slow_link_rounds_with_partner_share": round(sum(slow["rounds_with_partner"]) / max(1, slow_rounds), 3),
+        "slow_link_rounds_with_partner_share": round(sum(slow["rounds_with_partner"]) / max(1, slow_rounds),
+                                                     3),
         "slow_link_partners_backed_off_for_late_proposal_answers":
             slow["partners_backed_off_for_a_late_proposal_answer"],
         "int8_activations_tokens_per_s_gain": {
@@ -331,7 +346,8 @@ def round_as_run(row: dict, inner_steps: int) -> dict:
     it, and the compute utilisation."""
     return {"volunteers": row["volunteers"], "inner_steps": inner_steps,
             "round_s": round(statistics.mean(c["round"] for c in row["critical_path_s"]), 2),
-            "inner_phase_s": round(row["step_s"] * inner_steps, 1), "utilisation": min(row["compute_utilisation"]),
+            "inner_phase_s": round(row["step_s"] * inner_steps, 1),
+            "utilisation": min(row["compute_utilisation"]),
             "held_s_per_round": round(statistics.mean(row["held_s_per_round"]), 1),
             "bytes_per_partner_round": round(statistics.mean(row["bytes_per_partner_round"]))}
 
@@ -364,25 +380,31 @@ def markdown(result: dict) -> str:
     s = result["summary"]
     one_stage = [r for r in result["rows"] if "curve" in r]
     lines = [
-        "## home_link: volunteers on shaped home links", "",
-        f"`{rerun_command(NAME, result['mode'])}` ({result['mode']} mode, {result['wall_s']:.0f} s)", "",
-        f"{s['volunteers']} volunteers, each a host of its own in the multi-host test bed (a network namespace; its "
-        f"uplink and downlink shaped to {s['rate_mbit']} Mbit/s with `tc tbf` unless the row says otherwise, "
-        f"{RTT_MS:.0f} ms round trip between volunteers), train the whole model (one stage) with the others "
-        "through the bootstrap's join line, one torch thread each, and stop at the same inner step in every "
-        "scenario; each writes a checkpoint after every round. Compute utilisation: wall time in forward, "
-        "backward and inner steps over the wall time from the start of training to the last inner step. Held: "
-        "how long the node's steps stood still for each round. Bytes: what the node sent (its payloads and "
-        "messages) per round with a partner, and everything its host sent into its link per round. Tokens/s: "
-        "per node, against one process training the same model alone on this machine (the volunteers share its "
-        "2 cores with their daemons and the bed's latency stage; with 4 volunteers 0.5 is the most each can "
-        "get).", "",
-        "| scenario | phi and Delta | compute utilisation | held per round | bytes sent per round with a partner | "
-        "into the link per round | rounds with a partner / local (alone) | tokens/s vs alone | final val loss |",
-        "|---|---|---|---|---|---|---|---|---|"]
+        "## home_link: volunteers on shaped home links",
+        "",
+        f"`{rerun_command(NAME, result['mode'])}` ({result['mode']} mode, {result['wall_s']:.0f} s)",
+        "",
+        f"{s['volunteers']} volunteers, each a host of its own in the multi-host test bed (a network "
+        f"namespace; its uplink and downlink shaped to {s['rate_mbit']} Mbit/s with `tc tbf` unless the row "
+        f"says otherwise, {RTT_MS:.0f} ms round trip between volunteers), train the whole model (one stage) "
+        f"with the others through the bootstrap's join line, one torch thread each, and stop at the same "
+        f"inner step in every scenario; each writes a checkpoint after every round. Compute utilisation: "
+        f"wall time in forward, backward and inner steps over the wall time from the start of training to "
+        f"the last inner step. Held: how long the node's steps stood still for each round. Bytes: what the "
+        f"node sent (its payloads and messages) per round with a partner, and everything its host sent into "
+        f"its link per round. Tokens/s: per node, against one process training the same model alone on this "
+        f"machine (the volunteers share its 2 cores with their daemons and the bed's latency stage; with 4 "
+        f"volunteers 0.5 is the most each can get).",
+        "",
+        "| scenario | phi and Delta | compute utilisation | held per round | bytes sent per round with a "
+        "partner | into the link per round | rounds with a partner / local (alone) | tokens/s vs alone | "
+        "final val loss |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in (r for r in one_stage if "compute_utilisation" in r):
         partners = ", ".join(f"{p}/{lo} ({al})" for p, lo, al in zip(r["rounds_with_partner"],
-                                                                    r["local_only_rounds"], r["rounds_alone"]))
+                                                                    r["local_only_rounds"],
+                                                                     r["rounds_alone"]))
         lines.append(
             f"| {r['scenario']} | {r['codec']} | {', '.join(f'{u:.0%}' for u in r['compute_utilisation'])} | "
             f"{', '.join(f'{h:.1f} s' for h in r['held_s_per_round'])} | "
@@ -390,52 +412,78 @@ def markdown(result: dict) -> str:
             f"{', '.join(f'{b / 1e6:.2f} MB' for b in r['wire_bytes_per_round'])} | {partners} | "
             f"{r['tokens_per_s_vs_alone']:.2f} | {r['final_val_loss']:.4f} |")
     hive = next(r for r in one_stage if "averaged_rounds" in r)
-    stopped = (f"; stopped at {HIVEMIND_TIME_FACTOR:g} times the wall time of the overlapped and compressed swarm"
-               if hive["stopped_at_time_limit"] else "")
-    lines += ["", f"hivemind.Optimizer on the same links (the same steps and schedule, local updates, parameters "
-              f"averaged in fp16 by all-reduce, as its docs set it up for a small run{stopped}):", "",
-              "| steps | training wall time | tokens/s vs alone | into the link per H steps | averaging rounds "
-              "(all peers) | final val loss |", "|---|---|---|---|---|---|",
-              f"| {hive['steps']} | {hive['wall_s']:.0f} s | {hive['tokens_per_s_vs_alone']:.2f} | "
-              f"{', '.join(f'{b / 1e6:.1f} MB' for b in hive['wire_bytes_per_round'])} | "
-              f"{hive['averaged_rounds']} averaged, {hive['failed_rounds']} failed | {hive['final_val_loss']:.4f} |"]
-    lines += ["", "The critical path of a round, per node (mean seconds: the whole round from the boundary to the "
-              "outer step; preparing the payload; finding the partner; both payloads moving; the outer step; "
-              "the steps held after the boundary for the partner's Delta, when the last exchange outlasted "
-              "its steps):", "",
-              "| scenario | round | prepare | to partner | exchange | close | waited first |",
-              "|---|---|---|---|---|---|---|"]
+    stopped = (
+        f"; stopped at {HIVEMIND_TIME_FACTOR:g} times the wall time of the overlapped and compressed swarm"
+        if hive["stopped_at_time_limit"]
+        else ""
+    )
+    lines += [
+        "",
+        f"hivemind.Optimizer on the same links (the same steps and schedule, local updates, parameters "
+        f"averaged in fp16 by all-reduce, as its docs set it up for a small run{stopped}):",
+        "",
+        "| steps | training wall time | tokens/s vs alone | into the link per H steps | averaging rounds "
+        "(all peers) | final val loss |",
+        "|---|---|---|---|---|---|",
+        f"| {hive['steps']} | {hive['wall_s']:.0f} s | {hive['tokens_per_s_vs_alone']:.2f} | "
+        f"{', '.join(f'{b / 1e6:.1f} MB' for b in hive['wire_bytes_per_round'])} | "
+        f"{hive['averaged_rounds']} averaged, {hive['failed_rounds']} failed | "
+        f"{hive['final_val_loss']:.4f} |",
+    ]
+    lines += [
+        "",
+        "The critical path of a round, per node (mean seconds: the whole round from the boundary to the "
+        "outer step; preparing the payload; finding the partner; both payloads moving; the outer step; the "
+        "steps held after the boundary for the partner's Delta, when the last exchange outlasted its steps):",
+        "",
+        "| scenario | round | prepare | to partner | exchange | close | waited first |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in (r for r in one_stage if "critical_path_s" in r):
         cells = [", ".join(f"{c.get(k, 0.0):.2f}" for c in r["critical_path_s"])
                  for k in ("round", "prepare", "to_partner", "exchange", "close", "waited_first")]
         lines.append(f"| {r['scenario']} | {' | '.join(cells)} |")
     to_loss = s["time_to_hivemind_final_loss"]
     lines += [
-        "", f"![compute utilisation and loss against time](bench/results/{NAME}.png)", "",
-        f"Overlapped and compressed rounds keep compute utilisation at {s['utilisation_overlapped_compressed']:.0%} "
-        f"or more on every node, against at most {s['utilisation_blocking_fp16']:.0%} for the blocking 16-bit "
-        f"round on the same links; they send {s['bytes_per_round_vs_blocking_fp16']:.2f}x its bytes per round "
-        f"with a partner; the final loss differs by {s['final_loss_vs_blocking_fp16']:+.1%}. "
-        f"hivemind.Optimizer's final validation loss, {to_loss['target']:.4f}, is reached after "
-        f"{_seconds(to_loss['ours_s'])} of training by swarm-node and {_seconds(to_loss['theirs_s'])} by "
-        f"hivemind ({_ratio(s['time_to_hivemind_final_loss_ratio'])}). At {SLOW_RATE_MBIT:g} Mbit/s "
+        "",
+        f"![compute utilisation and loss against time](bench/results/{NAME}.png)",
+        "",
+        f"Overlapped and compressed rounds keep compute utilisation at "
+        f"{s['utilisation_overlapped_compressed']:.0%} or more on every node, against at most "
+        f"{s['utilisation_blocking_fp16']:.0%} for the blocking 16-bit round on the same links; they send "
+        f"{s['bytes_per_round_vs_blocking_fp16']:.2f}x its bytes per round with a partner; the final loss "
+        f"differs by {s['final_loss_vs_blocking_fp16']:+.1%}. hivemind.Optimizer's final validation loss, "
+        f"{to_loss['target']:.4f}, is reached after {_seconds(to_loss['ours_s'])} of training by swarm-node "
+        f"and {_seconds(to_loss['theirs_s'])} by hivemind "
+        f"({_ratio(s['time_to_hivemind_final_loss_ratio'])}). At {SLOW_RATE_MBIT:g} Mbit/s "
         f"{s['slow_link_rounds_with_partner_share']:.0%} of the rounds had a partner (of those with another "
-        "peer in the stage: alone, a node takes the local-only step at once, as at the end of a run) and "
+        f"peer in the stage: alone, a node takes the local-only step at once, as at the end of a run) and "
         f"{s['slow_link_partners_backed_off_for_late_proposal_answers']} partners were backed off for a late "
-        "proposal answer.", "",
+        f"proposal answer.",
+        "",
         *_rounds_as_run(s.get("rounds_as_run_here") or {}),
-        "### Two stages x two volunteers: activations in fp16 against int8", "",
+        "### Two stages x two volunteers: activations in fp16 against int8",
+        "",
         f"The same links, the default outer codec, stage 0 stopping after {2 * s['inner_steps']} inner steps "
         f"(H = {s['inner_steps']}). "
-        "Tokens/s: the two stage-0 volunteers' together, from the start of training to their last step.", "",
+        "Tokens/s: the two stage-0 volunteers' together, from the start of training to their last step.",
+        "",
         "| activations | link | swarm tokens/s | micro-batches lost | bytes sent per token (all 4) |",
         "|---|---|---|---|---|",
-        *[f"| {r['activation_codec']} | {r['rate_mbit']} Mbit/s | {r['swarm_tokens_per_s']:,.0f} | "
-          f"{r['microbatches_lost']} | {r['bytes_per_token']:,.0f} |"
-          for r in result["rows"] if "swarm_tokens_per_s" in r], "",
-        "int8 activations against fp16, tokens/s: " + ", ".join(
-            f"{gain:.2f}x at {factor} the rate" for factor, gain in s["int8_activations_tokens_per_s_gain"].items())
-        + "."]
+        *[
+            f"| {r['activation_codec']} | {r['rate_mbit']} Mbit/s | {r['swarm_tokens_per_s']:,.0f} | "
+            f"{r['microbatches_lost']} | {r['bytes_per_token']:,.0f} |"
+            for r in result["rows"]
+            if "swarm_tokens_per_s" in r
+        ],
+        "",
+        "int8 activations against fp16, tokens/s: "
+        + ", ".join(
+            f"{gain:.2f}x at {factor} the rate"
+            for factor, gain in s["int8_activations_tokens_per_s_gain"].items()
+        )
+        + ".",
+    ]
     if result["notes"]:
         lines += ["", "Notes:", "", *[f"- {n}" for n in result["notes"]]]
     return "\n".join(lines) + "\n"
@@ -445,15 +493,23 @@ def _rounds_as_run(rounds: dict) -> list[str]:
     if not rounds:
         return []
     names = {"noloco": "NoLoCo (one random partner)", "diloco": "DiLoCo (every peer of the stage)"}
-    lines = [f"### One round of each method as the node runs it, {METHOD_VOLUNTEERS} volunteers", "",
-             "Both overlapped and compressed, on the same links, H = "
-             f"{next(iter(rounds.values()))['inner_steps']}: what the convergence benchmark's time to a target "
-             "loss charges each method's round on a home link.", "",
-             "| method | round (boundary to outer step) | inner phase beside it | bytes sent per round with a "
-             "partner | held per round | compute utilisation (lowest node) |", "|---|---|---|---|---|---|"]
-    lines += [f"| {names[m]} | {r['round_s']:.1f} s | {r['inner_phase_s']:.1f} s | "
-              f"{r['bytes_per_partner_round'] / 1e6:.2f} MB | {r['held_s_per_round']:.1f} s | {r['utilisation']:.0%} |"
-              for m, r in rounds.items()]
+    lines = [
+        f"### One round of each method as the node runs it, {METHOD_VOLUNTEERS} volunteers",
+        "",
+        "Both overlapped and compressed, on the same links, H = "
+        f"{next(iter(rounds.values()))['inner_steps']}: what the convergence benchmark's time to a target "
+        "loss charges each method's round on a home link.",
+        "",
+        "| method | round (boundary to outer step) | inner phase beside it | bytes sent per round with a "
+        "partner | held per round | compute utilisation (lowest node) |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {names[m]} | {r['round_s']:.1f} s | {r['inner_phase_s']:.1f} s | "
+        f"{r['bytes_per_partner_round'] / 1e6:.2f} MB | {r['held_s_per_round']:.1f} s | "
+        f"{r['utilisation']:.0%} |"
+        for m, r in rounds.items()
+    ]
     return [*lines, ""]
 
 

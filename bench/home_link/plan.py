@@ -47,14 +47,16 @@ METHOD_VOLUNTEERS = 4  # the methods' rounds side by side: DiLoCo's gathers 3 pa
 
 
 def method_scenario(method: str) -> str:
-    return f"{'DiLoCo' if method == 'diloco' else 'NoLoCo'}, overlapped + compressed, {METHOD_VOLUNTEERS} volunteers"
+    name = "DiLoCo" if method == "diloco" else "NoLoCo"
+    return f"{name}, overlapped + compressed, {METHOD_VOLUNTEERS} volunteers"
 
 
 def scenarios(full: bool) -> list[Scenario]:
     compressed = RunSpec().outer_codec
     return [Scenario("blocking fp16", blocking=True), *([Scenario("overlapped fp16")] if full else []),
             Scenario("overlapped + compressed", compressed), Scenario("hivemind.Optimizer", hivemind=True),
-            Scenario(f"overlapped + compressed at {SLOW_RATE_MBIT:g} Mbit/s", compressed, rate_mbit=SLOW_RATE_MBIT),
+            Scenario(f"overlapped + compressed at {SLOW_RATE_MBIT:g} Mbit/s", compressed,
+                     rate_mbit=SLOW_RATE_MBIT),
             *(Scenario(method_scenario(m), compressed, method=m, volunteers=METHOD_VOLUNTEERS)
               for m in ("noloco", "diloco"))]
 
@@ -75,6 +77,8 @@ def run_spec(plan: Plan, codec: str, stages: int = 1, activation_codec: str = "f
     steps = plan.rounds * plan.inner_steps
     return RunSpec(run_id=f"home-{method}-{codec}-{stages}-{activation_codec}", model_size=plan.model,
                    num_stages=stages, seq_len=plan.seq_len, batch_size=plan.batch_size,
-                   samples_per_step=plan.batch_size, total_steps=steps, data=DataSpec.parse(DATA), outer_codec=codec,
-                   activation_codec=activation_codec, method=default_method(method, inner_steps=plan.inner_steps),
+                   samples_per_step=plan.batch_size, total_steps=steps, data=DataSpec.parse(DATA),
+                   outer_codec=codec,
+                   activation_codec=activation_codec, method=default_method(method,
+                                                                            inner_steps=plan.inner_steps),
                    inner=InnerHyper(lr=plan.lr, warmup_steps=plan.inner_steps, total_steps=steps))

@@ -27,11 +27,11 @@ from bench.common import ROOT
 from bench.common.snapshots import CheckpointCopier
 
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "multihost")]  # the test bed and its swarm helpers
-from netbed import Host, TestBed, host_env
-from swarm_hosts import VENV_BIN, BootstrapOnHost, Volunteer, wait_for
+from netbed import Host, TestBed, host_env  # noqa: E402 (found through the sys.path line above)
+from swarm_hosts import VENV_BIN, BootstrapOnHost, Volunteer, wait_for  # noqa: E402 (found through the sys.path line above)
 
-from swarm_node.spec import RunSpec
-from swarm_node.wire.outer_codec import outer_codec
+from swarm_node.spec import RunSpec  # noqa: E402
+from swarm_node.wire.outer_codec import outer_codec  # noqa: E402
 
 RTT_MS = 50.0  # between two volunteers: 25 ms on each one's access link
 TIME_LIMIT_S = 1800
@@ -94,9 +94,11 @@ def run_one_stage(spec: RunSpec, volunteers: int, rate_mbit: float, workdir: Pat
                  "--no-state-download", "--slowest-link-mbit", str(rate_mbit), "--checkpoint-dir", "ckpt",
                  *(["--blocking-rounds", "--one-payload-at-a-time", "--round-timeout",
                     f"{blocking_seek_s(params, rate_mbit):.0f}"] if blocking else [])]
-        nodes = [Volunteer(bed, h, workdir, line, *extra, "--data-shard", f"{i}/{volunteers}", full_speed=True)
+        nodes = [Volunteer(bed, h, workdir, line, *extra, "--data-shard", f"{i}/{volunteers}",
+                           full_speed=True)
                  for i, h in enumerate(hosts)]
-        copier = CheckpointCopier({i: v.workdir / "ckpt" for i, v in enumerate(nodes)}, snapshots, param_names)
+        copier = CheckpointCopier({i: v.workdir / "ckpt" for i, v in enumerate(nodes)}, snapshots,
+                                  param_names)
         _wait_ticking(lambda: all(v.process.poll() is not None for v in nodes), copier.tick,
                       f"the volunteers to finish {steps} steps", workdir)
         _raise_for_failures(nodes)
@@ -154,9 +156,11 @@ def run_hivemind(spec: RunSpec, volunteers: int, rate_mbit: float, workdir: Path
         ran = Ran(spec, time.time(), snapshot_dir=snapshots)
         logs = [workdir / f"peer-{i}.log" for i in range(volunteers)]
         peers = [bed.popen(h, [*peer, "train", "--maddr-file", str(maddr_file), "--out-dir", str(snapshots),
-                               "--rank", str(i), "--peers", str(volunteers), "--model", spec.model_size, "--data",
+                               "--rank", str(i), "--peers", str(volunteers), "--model", spec.model_size,
+                               "--data",
                                data, "--seq-len", str(spec.seq_len), "--batch-size", str(spec.batch_size),
-                               "--steps", str(spec.total_steps), "--inner-steps", str(spec.method.inner_steps),
+                               "--steps", str(spec.total_steps), "--inner-steps",
+                               str(spec.method.inner_steps),
                                "--lr", str(spec.inner.lr), "--warmup-steps", str(spec.inner.warmup_steps),
                                "--seed", str(spec.seed), "--averaging-timeout-s", "60", *listen],
                            cwd=ROOT, env=host_env(), log=log)
@@ -166,7 +170,11 @@ def run_hivemind(spec: RunSpec, volunteers: int, rate_mbit: float, workdir: Path
             time.sleep(0.5)  # polling the peers' exit, not synchronisation
         ran.stopped_at_limit = any(p.poll() is None for p in peers)
         bed.stop_processes(*hosts)
-        failed = [str(log) for p, log in zip(peers, logs) if p.returncode not in (0, -15) and not ran.stopped_at_limit]
+        failed = [
+            str(log)
+            for p, log in zip(peers, logs)
+            if p.returncode not in (0, -15) and not ran.stopped_at_limit
+        ]
         if failed:
             raise RuntimeError(f"hivemind peers failed: {', '.join(failed)}")
         ran.tx_bytes = _sent(bed, hosts, before)

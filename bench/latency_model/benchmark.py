@@ -61,7 +61,8 @@ INTERPRETATIONS = {
     "tree; pair = 2 t": "the same tree against two back-to-back message times",
     "tree; pair = slowest of N/2 pairs": "as if a pair round had a global barrier",
     "binomial tree; pair = 2 t": "a peer is its own child: one message per merge",
-    "barrier per tree level; pair = E[one pair exchange]": "each level waits for its slowest message anywhere",
+    "barrier per tree level; pair = E[one pair exchange]":
+        "each level waits for its slowest message anywhere",
 }
 
 
@@ -95,10 +96,11 @@ def interpretation_rows(curve: list[dict], samples: int) -> list[dict]:
     for cv, paper in PAPER_ALLREDUCE_RATIO.items():
         tree = next(r for r in curve if r["cv"] == cv and r["n_peers"] == n)["allreduce_t"]
         pair = pair_exchange_mean(cv)
-        def mean_path(sampler) -> float:
+        def mean_path(sampler, cv=cv) -> float:
             return float(sample_paths(sampler, rng, n, cv, samples).mean(dtype=np.float64))
 
-        ratios = [tree / pair, tree / 2.0, tree / mean_path(slowest_pair_paths),  # in the order of INTERPRETATIONS
+        # in the order of INTERPRETATIONS
+        ratios = [tree / pair, tree / 2.0, tree / mean_path(slowest_pair_paths),
                   mean_path(binomial_tree_paths) / 2.0, mean_path(level_barrier_paths) / pair]
         rows += [{"table": "interpretation", "interpretation": name, "how": how, "cv": cv,
                   "ratio_at_1024": float(ratio), "paper": paper, "rel_diff": rel_diff(float(ratio), paper)}
@@ -114,10 +116,13 @@ def barrier_rows(step_mu: float, step_sigma: float, workers: int, part: int,
     rng = rng_for(part)
     rows = []
     for n, variants in variants_by_n.items():
-        results = barrier_run_times(rng, n, variants, step_mu, step_sigma, RUN_INNER_STEPS, max(1, workers // n))
+        results = barrier_run_times(rng, n, variants, step_mu, step_sigma, RUN_INNER_STEPS, max(1,
+                                                                                                workers // n))
         rows += [{"n_workers": n, "inner_steps": v.inner_steps, "message": v.message, "rounds": r["rounds"],
-                  "diloco_round_s": r["diloco_s"] / r["rounds"], "noloco_round_s": r["noloco_s"] / r["rounds"],
-                  "ratio": r["ratio"], "idle_fraction": 1 - 1 / r["ratio"]} for v, r in zip(variants, results)]
+                  "diloco_round_s": r["diloco_s"] / r["rounds"],
+                  "noloco_round_s": r["noloco_s"] / r["rounds"],
+                  "ratio": r["ratio"], "idle_fraction": 1 - 1 / r["ratio"]} for v, r in zip(variants,
+                                                                                            results)]
     return rows
 
 
@@ -161,7 +166,8 @@ def measured_step_rows(steps: dict, messages: dict, workers: int) -> list[dict]:
     (DiLoCo: barrier + tree all-reduce; NoLoCo: pairwise wait + pair exchange), one per network setting."""
     message_labels = {}
     for path, (msg_mean, msg_std) in largest_per_setting(messages).items():
-        msg_cv = 0.0 if msg_std is None else msg_std / msg_mean  # unknown spread: equal times, kindest to DiLoCo
+        # unknown spread: equal times, kindest to DiLoCo
+        msg_cv = 0.0 if msg_std is None else msg_std / msg_mean
         message_labels[(msg_mean, msg_cv)] = label(path)
     variants_by_n: dict[int, list[Variant]] = {}
     for n, h in PAPER_BARRIER_RATIO:
@@ -175,7 +181,8 @@ def measured_step_rows(steps: dict, messages: dict, workers: int) -> list[dict]:
             message = row.pop("message")
             rows.append({"table": "measured_steps", "step_label": step_label, "step_mean_s": mean_s,
                          "step_cv": std_s / mean_s, "message_label": message_labels.get(message, ""),
-                         "message_mean_s": message and message[0], "message_cv": message and message[1], **row})
+                         "message_mean_s": message and message[0], "message_cv": message and message[1],
+                         **row})
     return rows
 
 
@@ -199,14 +206,19 @@ def add_measured(result: Result, curve: list[dict], budget: dict) -> None:
         "step_time_s": source_note("swarm_efficiency", "step_time_s (with a spread)", swarm, bool(steps),
                                    "the paper's LogNormal(1, 0.5) step times")}
     if messages and all(std is None for _, std in messages.values()):
-        result.note("sync_cost.json gives one median per setting and size, no spread: the median stands in for "
-                    "the mean message time t, the all-reduce projections use each of the paper's std/t values, and "
-                    "the whole-round projection equal message times (the case kindest to DiLoCo).")
+        result.note(
+            "sync_cost.json gives one median per setting and size, no spread: the median stands in for "
+            "the mean message time t, the all-reduce projections use each of the paper's std/t values, and "
+            "the whole-round projection equal message times (the case kindest to DiLoCo)."
+        )
     check = [r for r in result.rows if r["table"] == "measured_steps"]
     result.summary["measured_barrier_ratio"] = {f"N = {r['n_workers']}, H = {r['inner_steps']}": r["ratio"]
                                                 for r in check if not r["message_label"]}
-    result.summary["measured_round_ratio"] = {f"{r['message_label']}, N = {r['n_workers']}, H = {r['inner_steps']}":
-                                              r["ratio"] for r in check if r["message_label"]}
+    result.summary["measured_round_ratio"] = {
+        f"{r['message_label']}, N = {r['n_workers']}, H = {r['inner_steps']}": r["ratio"]
+        for r in check
+        if r["message_label"]
+    }
 
 
 # ---- the run ----
@@ -215,8 +227,10 @@ def paper_check_rows(curve: list[dict], barrier: list[dict]) -> list[dict]:
     rows = []
     for cv, paper in PAPER_ALLREDUCE_RATIO.items():
         r = next(r for r in curve if r["cv"] == cv and r["n_peers"] == PEER_COUNTS[-1])
-        rows.append({"table": "paper_check", "quantity": ALLREDUCE_QUANTITY, "n": r["n_peers"], "cv": cv, "h": None,
-                     "setting": f"N = {r['n_peers']}, std/t = {cv:g}", "simulated": r["ratio"], "paper": paper,
+        rows.append({"table": "paper_check", "quantity": ALLREDUCE_QUANTITY, "n": r["n_peers"], "cv": cv,
+                     "h": None,
+                     "setting": f"N = {r['n_peers']}, std/t = {cv:g}", "simulated": r["ratio"],
+                     "paper": paper,
                      "rel_diff": rel_diff(r["ratio"], paper), "stderr": r["stderr"], "paper_rounding": 0.5})
     for (n, h), paper in PAPER_BARRIER_RATIO.items():
         r = next(r for r in barrier if r["n_workers"] == n and r["inner_steps"] == h)
@@ -229,15 +243,22 @@ def paper_check_rows(curve: list[dict], barrier: list[dict]) -> list[dict]:
 def summarise(result: Result) -> None:
     check = [r for r in result.rows if r["table"] == "paper_check"]
     interp = [r for r in result.rows if r["table"] == "interpretation" and r["cv"] > 0]
-    result.summary.update({
-        "allreduce_ratio_at_1024": {r["setting"]: r["simulated"] for r in check if r["quantity"] == ALLREDUCE_QUANTITY},
-        "barrier_ratio": {r["setting"]: r["simulated"] for r in check if r["quantity"] == BARRIER_QUANTITY},
-        "max_abs_rel_diff_vs_paper": max(abs(r["rel_diff"]) for r in check),
-        "interpretation_used": next(iter(INTERPRETATIONS)),
-        "interpretation_mean_abs_rel_diff": {
-            name: float(np.mean([abs(r["rel_diff"]) for r in interp if r["interpretation"] == name]))
-            for name in INTERPRETATIONS},
-    })
+    result.summary.update(
+        {
+            "allreduce_ratio_at_1024": {
+                r["setting"]: r["simulated"] for r in check if r["quantity"] == ALLREDUCE_QUANTITY
+            },
+            "barrier_ratio": {
+                r["setting"]: r["simulated"] for r in check if r["quantity"] == BARRIER_QUANTITY
+            },
+            "max_abs_rel_diff_vs_paper": max(abs(r["rel_diff"]) for r in check),
+            "interpretation_used": next(iter(INTERPRETATIONS)),
+            "interpretation_mean_abs_rel_diff": {
+                name: float(np.mean([abs(r["rel_diff"]) for r in interp if r["interpretation"] == name]))
+                for name in INTERPRETATIONS
+            },
+        }
+    )
 
 
 def run(mode: str, out_dir: Path) -> Result:
@@ -250,7 +271,8 @@ def run(mode: str, out_dir: Path) -> Result:
     result.rows += interpretation_rows(curve, budget["variants"])
     result.rows += [{"table": "barrier_curve", **r} for r in barrier]
     summarise(result)
-    result.summary.update(run_inner_steps=RUN_INNER_STEPS, step_lognormal={"mu": STEP_MU, "sigma2": STEP_SIGMA2})
+    result.summary.update(run_inner_steps=RUN_INNER_STEPS, step_lognormal={"mu": STEP_MU,
+                                                                           "sigma2": STEP_SIGMA2})
     add_measured(result, curve, budget)
     return result
 

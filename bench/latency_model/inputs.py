@@ -79,4 +79,6 @@ def source_note(name: str, key: str, result: dict | None, found: bool, default: 
     if not found:
         return (f"bench/results/{name}.json ({result.get('mode')}, {result.get('started')}) has no readable "
                 f"summary[\"{key}\"]: {default} stand alone.")
-    return f"{key} measured by bench/results/{name}.json ({result.get('mode')} mode, {result.get('started')})."
+    return (
+        f"{key} measured by bench/results/{name}.json ({result.get('mode')} mode, {result.get('started')})."
+    )

@@ -92,7 +92,8 @@ def _simulated(r: dict) -> str:
 
 def _paper_table(rows: list[dict]) -> str:
     return _table(["quantity", "setting", "simulated", "paper", "rel. diff"],
-                  [[r["quantity"], r["setting"], _simulated(r) + (f" ± {r['stderr']:.2g}" if r["stderr"] else ""),
+                  [[r["quantity"], r["setting"],
+                    _simulated(r) + (f" ± {r['stderr']:.2g}" if r["stderr"] else ""),
                     f"{r['paper']:g}", _pct(r["rel_diff"])]
                    for r in _rows(rows, "paper_check")])
 
@@ -112,9 +113,13 @@ def _interpretation_table(rows: list[dict], summary: dict) -> str:
     lines = [["paper", ""] + [f"{papers[cv]:g}" for cv in cvs] + [""]]
     for name in diffs:
         mine = [r for r in interp if r["interpretation"] == name]
-        lines.append([name, mine[0]["how"]] + [f"{r['ratio_at_1024']:.1f}" for cv in cvs for r in mine if r["cv"] == cv]
-                     + [f"{diffs[name] * 100:.0f}%"])
-    return _table(["reading", "meaning"] + [f"std/t = {cv:g}" for cv in cvs] + ["mean abs. diff (std/t > 0)"], lines)
+        lines.append(
+            [name, mine[0]["how"]]
+            + [f"{r['ratio_at_1024']:.1f}" for cv in cvs for r in mine if r["cv"] == cv]
+            + [f"{diffs[name] * 100:.0f}%"]
+        )
+    return _table(["reading", "meaning"] + [f"std/t = {cv:g}" for cv in cvs] + ["mean abs. diff (std/t > 0)"],
+                  lines)
 
 
 def _barrier_table(rows: list[dict]) -> str:
@@ -130,12 +135,14 @@ def _message_table(rows: list[dict]) -> str:
     """Per measured message time t: an all-reduce among many peers against one pair exchange, in seconds."""
     messages = _rows(rows, "measured_messages")
     cvs = sorted({r["cv"] for r in messages})
-    cell = {(r["label"], r["cv"]): f"{_seconds(r['allreduce_s'])} vs {_seconds(r['pair_s'])}" for r in messages}
+    cell = {(r["label"],
+             r["cv"]): f"{_seconds(r['allreduce_s'])} vs {_seconds(r['pair_s'])}" for r in messages}
     labels = {r["label"]: r["mean_s"] for r in messages}
     measured = {r["cv"] for r in messages if r["cv_source"] == "measured"}
     return _table(["setting / params", "message t"]
                   + [f"std/t = {cv:.2g}" + (" (measured)" if cv in measured else "") for cv in cvs],
-                  [[lab, _seconds(mean_s)] + [cell.get((lab, cv), "") for cv in cvs] for lab, mean_s in labels.items()])
+                  [[lab, _seconds(mean_s)] + [cell.get((lab, cv), "") for cv in cvs] for lab,
+                   mean_s in labels.items()])
 
 
 def _projected_n(rows: list[dict]) -> int | None:
@@ -148,14 +155,20 @@ def _small_n_table(rows: list[dict]) -> str:
     lines = []
     for lab in dict.fromkeys(r["label"] for r in small):
         cells = {r["n_peers"]: r for r in small if r["label"] == lab}
-        lines.append([lab] + [f"{cells[n]['measured']:.2f} ({cells[n]['model_equal_times']:.0f})" if n in cells else ""
-                              for n in ns])
+        lines.append(
+            [lab]
+            + [
+                f"{cells[n]['measured']:.2f} ({cells[n]['model_equal_times']:.0f})" if n in cells else ""
+                for n in ns
+            ]
+        )
     return _table(["setting / params"] + [f"N = {n}: measured (model)" for n in ns], lines)
 
 
 def _step_table(rows: list[dict]) -> str:
     steps = _rows(rows, "measured_steps")
-    return _table(["step times", "mean", "std/t", "messages (t, std/t)", "N", "H", "DiLoCo round", "NoLoCo round",
+    return _table(["step times", "mean", "std/t", "messages (t, std/t)", "N", "H", "DiLoCo round",
+                   "NoLoCo round",
                    "DiLoCo / NoLoCo"],
                   [[r["step_label"], _seconds(r["step_mean_s"]), f"{r['step_cv']:.2f}",
                     f"{r['message_label']} ({_seconds(r['message_mean_s'])}, {r['message_cv']:.2g})"
@@ -167,20 +180,28 @@ def _step_table(rows: list[dict]) -> str:
 # ---- text ----
 
 def _agreement(rows: list[dict]) -> str:
-    """Which check rows miss the paper by more than its rounding, and whether that is beyond our Monte Carlo error."""
+    """Which check rows miss the paper by more than its rounding, and whether that is
+    beyond our Monte Carlo error."""
     check = _rows(rows, "paper_check")
     outside = [r for r in check if abs(r["simulated"] - r["paper"]) > r["paper_rounding"]]
-    text = (f"{len(check) - len(outside)} of {len(check)} simulated figures agree with the paper's to its rounding "
-            f"(whole numbers for the ratio, two decimals for the barrier); all are within "
-            f"{max(abs(r['rel_diff']) for r in check) * 100:.1f}% of it.")
+    text = (
+        f"{len(check) - len(outside)} of {len(check)} simulated figures agree with the paper's to its "
+        f"rounding (whole numbers for the ratio, two decimals for the barrier); all are within "
+        f"{max(abs(r['rel_diff']) for r in check) * 100:.1f}% of it."
+    )
     if outside:
-        misses = "; ".join(f"{r['setting']}: {_simulated(r)} against {r['paper']:g}, {_pct(r['rel_diff'])}"
-                           + (f", Monte Carlo error ± {r['stderr']:.2g}" if r["stderr"] else "") for r in outside)
+        misses = "; ".join(
+            f"{r['setting']}: {_simulated(r)} against {r['paper']:g}, {_pct(r['rel_diff'])}"
+            + (f", Monte Carlo error ± {r['stderr']:.2g}" if r["stderr"] else "")
+            for r in outside
+        )
         text += f" Outside the rounding: {misses}."
         if any(r["stderr"] and abs(r["simulated"] - r["paper"]) > r["paper_rounding"] + 3 * r["stderr"]
                for r in outside):
-            text += (" That is beyond our Monte Carlo error, so it is a difference in the model's details (the "
-                     "paper states neither its tree layout nor its sample count), not noise.")
+            text += (
+                " That is beyond our Monte Carlo error, so it is a difference in the model's details (the "
+                "paper states neither its tree layout nor its sample count), not noise."
+            )
     return text
 
 
@@ -188,25 +209,31 @@ def _interpretation_text(summary: dict) -> str:
     diffs, used = summary["interpretation_mean_abs_rel_diff"], summary["interpretation_used"]
     ranked = sorted(diffs, key=diffs.get)
     if ranked[0] != used:
-        return (f"Note: the reading \"{ranked[0]}\" ({diffs[ranked[0]] * 100:.0f}% mean absolute difference) "
-                f"matches the paper more closely than the one reported, \"{used}\" ({diffs[used] * 100:.0f}%).")
-    return (f"Of the readings tried, \"{used}\" is the closest to the paper ({diffs[used] * 100:.0f}% mean absolute "
-            f"difference); the next, \"{ranked[1]}\", is {diffs[ranked[1]] * 100:.0f}% off, so we take it to "
-            "be the model behind the paper's figures.")
+        return (
+            f"Note: the reading \"{ranked[0]}\" ({diffs[ranked[0]] * 100:.0f}% mean absolute difference) "
+            f"matches the paper more closely than the one reported, \"{used}\" ({diffs[used] * 100:.0f}%)."
+        )
+    return (
+        f"Of the readings tried, \"{used}\" is the closest to the paper ({diffs[used] * 100:.0f}% mean "
+        f"absolute difference); the next, \"{ranked[1]}\", is {diffs[ranked[1]] * 100:.0f}% off, so we take "
+        f"it to be the model behind the paper's figures."
+    )
 
 
 def _meaning(result: dict) -> str:
     s = result["summary"]
     ratios, barrier = s["allreduce_ratio_at_1024"], s["barrier_ratio"]
     cvs = sorted({r["cv"] for r in _rows(result["rows"], "allreduce_curve")})
-    return (f"At N = 1024 a tree all-reduce's critical path is {min(ratios.values()):.1f}x to "
-            f"{max(ratios.values()):.1f}x that of one pair exchange as the spread of message times grows from "
-            f"std/t = {cvs[0]:g} to {cvs[-1]:g}: the tree waits for the slower message at every merge of every "
-            f"level, a pair only for its own two. DiLoCo's global barrier makes a run "
-            f"{(barrier['N = 1024, H = 100'] - 1) * 100:.0f}% longer than NoLoCo's pairwise waits at N = 1024, "
-            f"H = 100 ({(barrier['N = 1024, H = 50'] - 1) * 100:.0f}% at H = 50, "
-            f"{(barrier['N = 16, H = 100'] - 1) * 100:.0f}% at N = 16), even though a NoLoCo worker carries each "
-            f"delay on to its later partners. {_agreement(result['rows'])} {_interpretation_text(s)}")
+    return (
+        f"At N = 1024 a tree all-reduce's critical path is {min(ratios.values()):.1f}x to "
+        f"{max(ratios.values()):.1f}x that of one pair exchange as the spread of message times grows from "
+        f"std/t = {cvs[0]:g} to {cvs[-1]:g}: the tree waits for the slower message at every merge of every "
+        f"level, a pair only for its own two. DiLoCo's global barrier makes a run "
+        f"{(barrier['N = 1024, H = 100'] - 1) * 100:.0f}% longer than NoLoCo's pairwise waits at N = 1024, "
+        f"H = 100 ({(barrier['N = 1024, H = 50'] - 1) * 100:.0f}% at H = 50, "
+        f"{(barrier['N = 16, H = 100'] - 1) * 100:.0f}% at N = 16), even though a NoLoCo worker carries each "
+        f"delay on to its later partners. {_agreement(result['rows'])} {_interpretation_text(s)}"
+    )
 
 
 def _measured_text(result: dict) -> str:
@@ -215,21 +242,25 @@ def _measured_text(result: dict) -> str:
     small = _rows(rows, "measured_small_n")
     if small:
         above = [r for r in small if r["measured"] > r["model_equal_times"]]
-        parts.append(f"At small N, hivemind's all-reduce took more time relative to a pair round than the tree model "
-                     f"with equal message times predicts in {len(above)} of {len(small)} cases. The two are not "
-                     "the same algorithm: hivemind's all-reduce is a butterfly (each peer reduces 1/N of the tensor "
-                     "and exchanges parts with every other peer), so its bytes per peer stay near two payloads "
-                     "whatever N, while the tree sends whole payloads down 2 log2(N) sequential levels.")
+        parts.append(
+            f"At small N, hivemind's all-reduce took more time relative to a pair round than the tree model "
+            f"with equal message times predicts in {len(above)} of {len(small)} cases. The two are not "
+            "the same algorithm: hivemind's all-reduce is a butterfly (each peer reduces 1/N of the tensor "
+            "and exchanges parts with every other peer), so its bytes per peer stay near two payloads "
+            "whatever N, while the tree sends whole payloads down 2 log2(N) sequential levels."
+        )
     measured = s.get("measured_barrier_ratio") or {}
     key = "N = 1024, H = 100"
     if key in measured:
         spread = next(r["step_cv"] for r in _rows(rows, "measured_steps"))
         paper = s["step_lognormal"]
         paper_cv = math.sqrt(math.expm1(paper["sigma2"]))  # std/mean of a log-normal
-        parts.append(f"With the inner-step spread measured on this machine (std/t = {spread:.2f}; the paper's "
-                     f"LogNormal({paper['mu']:g}, {paper['sigma2']:g}) has {paper_cv:.2f}) the global barrier "
-                     f"costs DiLoCo {(measured[key] - 1) * 100:.0f}% at {key} (paper's spread: "
-                     f"{(s['barrier_ratio'][key] - 1) * 100:.0f}%).")
+        parts.append(
+            f"With the inner-step spread measured on this machine (std/t = {spread:.2f}; the paper's "
+            f"LogNormal({paper['mu']:g}, {paper['sigma2']:g}) has {paper_cv:.2f}) the global barrier "
+            f"costs DiLoCo {(measured[key] - 1) * 100:.0f}% at {key} (paper's spread: "
+            f"{(s['barrier_ratio'][key] - 1) * 100:.0f}%)."
+        )
     rounds = s.get("measured_round_ratio") or {}
     if rounds:
         best, worst = min(rounds, key=rounds.get), max(rounds, key=rounds.get)
@@ -240,17 +271,32 @@ def _measured_text(result: dict) -> str:
 
 def _measured_section(result: dict) -> str:
     rows, s = result["rows"], result["summary"]
-    tables = [(f"Measured message times projected: a tree all-reduce among {_projected_n(rows)} peers vs one pair "
-               "exchange (seconds), at each spread of message times:", _message_table, "measured_messages"),
-              ("Measured all-reduce / pair round times at small N (bench.sync_cost) and the tree model with equal "
-               "message times:", _small_n_table, "measured_small_n"),
-              ("Measured inner-step times: DiLoCo / NoLoCo, compute only and whole outer rounds:", _step_table,
-               "measured_steps")]
+    tables = [
+        (
+            f"Measured message times projected: a tree all-reduce among {_projected_n(rows)} peers vs one "
+            f"pair exchange (seconds), at each spread of message times:",
+            _message_table,
+            "measured_messages",
+        ),
+        (
+            "Measured all-reduce / pair round times at small N (bench.sync_cost) and the tree model with "
+            "equal message times:",
+            _small_n_table,
+            "measured_small_n",
+        ),
+        (
+            "Measured inner-step times: DiLoCo / NoLoCo, compute only and whole outer rounds:",
+            _step_table,
+            "measured_steps",
+        ),
+    ]
     parts = ["\n".join(f"- {text}" for text in s["input_sources"].values())]
     parts += [f"{title}\n\n{table(rows)}" for title, table, name in tables if _rows(rows, name)]
     if len(parts) == 1:
-        parts.append("Run `bench.sync_cost` and `bench.swarm_efficiency` first (`make bench` does) to project "
-                     "the model with this machine's message and inner-step times.")
+        parts.append(
+            "Run `bench.sync_cost` and `bench.swarm_efficiency` first (`make bench` does) to project "
+            "the model with this machine's message and inner-step times."
+        )
     parts += [_measured_text(result), "\n".join(f"- {text}" for text in result["notes"])]
     return "\n\n".join(part for part in parts if part)
 

@@ -51,7 +51,8 @@ def _cases(sizes: tuple[int, ...], one_key_up_to: int, diloco_up_to: int) -> tup
 
 PLANS = {"quick": Plan(duration_s=300.0, cases=_cases((16, 64), one_key_up_to=64, diloco_up_to=16)),
          # one key a stage at 256 peers would take 40 minutes of 2 cores to show what 16 and 64 show
-         "full": Plan(duration_s=900.0, cases=_cases((16, 64, 256, 1024), one_key_up_to=64, diloco_up_to=256))}
+         "full": Plan(duration_s=900.0, cases=_cases((16, 64, 256, 1024), one_key_up_to=64,
+                                                     diloco_up_to=256))}
 
 SCENARIO = dict(stages=2, inner_steps=50, step_s=1.0, unreachable_share=0.2, crash_per_hour=0.1,
                 rtt_ms=(10.0, 200.0), uplink_mbit_s=(5.0, 500.0))
@@ -68,7 +69,8 @@ def simulate(case: Case, duration_s: float, seed: int = 0) -> dict:
 
     torch.set_num_threads(1)
     config = ScaleConfig(peers_per_stage=case.peers, method=case.method, duration_s=duration_s, seed=seed,
-                         registry_shards=shards_for(case.peers) if case.shards is None else case.shards, **SCENARIO)
+                         registry_shards=shards_for(case.peers) if case.shards is None else case.shards,
+                         **SCENARIO)
     started, cpu = time.perf_counter(), time.process_time()
     figures = run(World(config).run())
     return figures.as_dict() | {"label": case.label, "registry_shards": config.registry_shards,
@@ -83,9 +85,11 @@ def run(mode: str, out_dir) -> Result:
         futures = [(case, pool.submit(simulate, case, plan.duration_s)) for case in plan.cases]
         for case, future in futures:
             row = result.add(kind="run", **future.result())
-            print(f"scale: {case.label} N = {case.peers}: partner share {row['partner_share']:.3f}, "
-                  f"{row['control_bytes_per_peer_min_median'] / 60e3:.1f} kB/s a peer ({row['real_s']:.0f} s)",
-                  flush=True)
+            print(
+                f"scale: {case.label} N = {case.peers}: partner share {row['partner_share']:.3f}, "
+                f"{row['control_bytes_per_peer_min_median'] / 60e3:.1f} kB/s a peer ({row['real_s']:.0f} s)",
+                flush=True,
+            )
     result.summary = {"scenario": {k: list(v) if isinstance(v, tuple) else v for k, v in SCENARIO.items()},
                       "duration_s": plan.duration_s, "cases": len(plan.cases)}
     return result

@@ -100,7 +100,8 @@ class Swarm:
 
     @staticmethod
     def totals(snap) -> int:
-        return sum(v for counts, _, _ in snap for k, v in counts.items() if k.endswith(".req") or k.endswith(".resp"))
+        return sum(v for counts, _, _ in snap for k,
+                   v in counts.items() if k.endswith(".req") or k.endswith(".resp"))
 
     async def settle(self, quiet_s: float = 0.35, max_s: float = 4.0):
         """Wait until no DHT RPC moves for ``quiet_s``; returns the last snapshot."""
@@ -153,7 +154,8 @@ def summarize(actor: int, deltas: list[dict], op_s: float, wire: int | None) -> 
         "actor_bytes": _node_bytes(me),
         "others_bytes": sum(map(_node_bytes, others)),
         # each RPC byte counted once (client side: request + response)
-        "network_bytes": sum(_get(d, "client", k, "req") + _get(d, "client", k, "resp") for d in deltas for k in KINDS),
+        "network_bytes": sum(_get(d, "client", k, "req") + _get(d, "client", k,
+                                                                "resp") for d in deltas for k in KINDS),
         "actor_rx": sum(_get(me, "client", k, "resp") + _get(me, "server", k, "req") for k in KINDS),
         "actor_tx": sum(_get(me, "client", k, "req") + _get(me, "server", k, "resp") for k in KINDS),
         "served_by_others": sum(_get(d, "server", k, "resp") for d in others for k in KINDS),
@@ -229,12 +231,14 @@ async def measure_key(swarm: Swarm, P: int, m: int, args, rng: random.Random) ->
     await swarm.settle()
 
     stores, gets = [], []
-    for rep in range(args.reps):
+    for _ in range(args.reps):
         step += 1
         owner = rng.choice(owners)
         ok, deltas, snap, op_s, wire = await swarm.measure(partial(do_store, owner))
         s = summarize(owner, deltas, op_s, wire)
-        s["replicas_written"] = _get(deltas[owner], "client", "store", "calls") - _get(deltas[owner], "client", "store", "fail")
+        s["replicas_written"] = _get(deltas[owner], "client", "store", "calls") - _get(deltas[owner],
+                                                                                       "client", "store",
+                                                                                       "fail")
         s["stored_ok"] = bool(ok)
         stores.append(s)
         reader = rng.randrange(P)
@@ -263,7 +267,8 @@ async def measure_idle(swarm: Swarm, P: int, args, rng: random.Random) -> dict:
     key = f"bench-dht-costs/P{P}/idle/{m}"
     swarm.keys.append(key)
     owners = rng.sample(range(P), m)
-    await asyncio.gather(*(swarm.nodes[i].store_signed(key, peer_record(i, 10**6), args.idle_ttl) for i in owners))
+    await asyncio.gather(*(swarm.nodes[i].store_signed(key, peer_record(i, 10**6),
+                                                       args.idle_ttl) for i in owners))
     # read twice by all (the registry polls): a read served from the node's own cache is
     # what arms hivemind's cache refresh (cache_refresh_before_expiry)
     for _ in range(2):
@@ -281,7 +286,9 @@ async def measure_idle(swarm: Swarm, P: int, args, rng: random.Random) -> dict:
         w = wire_bytes()
         deltas = [_delta(b[0], a[0]) for b, a in zip(prev, snap)]
         bins.append({"t_s": round(time.monotonic() - t0, 1),
-                     "rpc_bytes_all_nodes": sum(_get(d, "client", k, f) for d in deltas for k in KINDS for f in ("req", "resp")),
+                     "rpc_bytes_all_nodes": sum(_get(d, "client", k,
+                                                     f) for d in deltas for k in KINDS for f in ("req",
+                                                                                                 "resp")),
                      "rpcs": {k: _calls(deltas, k) for k in KINDS},
                      **({} if w is None else {"wire_bytes": w - prev_wire})})
         prev, prev_wire = snap, w
@@ -303,7 +310,9 @@ async def measure_idle(swarm: Swarm, P: int, args, rng: random.Random) -> dict:
         # sent + received per node, like the RPC figures (each wire byte leaves one node, reaches another)
         out["wire_bytes_per_node_per_min"] = 2 * (prev_wire - wire0) / P / elapsed_min
         if quiet:
-            out["after_expiry_wire_bytes_per_node_per_min"] = 2 * sum(b["wire_bytes"] for b in quiet) / P / quiet_min
+            out["after_expiry_wire_bytes_per_node_per_min"] = (
+                2 * sum(b["wire_bytes"] for b in quiet) / P / quiet_min
+            )
     return out
 
 
@@ -323,9 +332,12 @@ def fits(runs: list[dict]) -> dict:
     A = np.array([[g["rpcs"]["find"], g["entries_received"]] for g in gets])
     y = np.array([g["network_bytes"] for g in gets])
     (a2, e2), *_ = np.linalg.lstsq(A, y, rcond=None)
-    out["get_network"] = {"model": "network bytes (each counted once) = per_find * finds + per_entry * entries_received",
-                          "per_find": float(a2), "per_entry": float(e2),
-                          "max_rel_err": float(np.max(np.abs(A @ [a2, e2] - y) / y))}
+    out["get_network"] = {
+        "model": "network bytes (each counted once) = per_find * finds + per_entry * entries_received",
+        "per_find": float(a2),
+        "per_entry": float(e2),
+        "max_rel_err": float(np.max(np.abs(A @ [a2, e2] - y) / y)),
+    }
     # value bytes per entry as carried by find responses, exactly
     out["entry_bytes_in_find"] = float(sum(g["value_bytes_received"] for g in gets) /
                                        max(1, sum(g["entries_received"] for g in gets)))
@@ -333,9 +345,13 @@ def fits(runs: list[dict]) -> dict:
     A = np.array([[s["actor_rpcs"]["find"], s["entries_received"], s["replicas_written"]] for s in stores])
     y = np.array([s["actor_bytes"] for s in stores])
     coef, *_ = np.linalg.lstsq(A, y, rcond=None)
-    out["store_actor"] = {"model": "storer bytes = per_find * finds + per_entry * entries_received + per_replica * replicas",
-                          "per_find": float(coef[0]), "per_entry": float(coef[1]), "per_replica": float(coef[2]),
-                          "max_rel_err": float(np.max(np.abs(A @ coef - y) / y))}
+    out["store_actor"] = {
+        "model": "storer bytes = per_find * finds + per_entry * entries_received + per_replica * replicas",
+        "per_find": float(coef[0]),
+        "per_entry": float(coef[1]),
+        "per_replica": float(coef[2]),
+        "max_rel_err": float(np.max(np.abs(A @ coef - y) / y)),
+    }
     # what the wire adds (namespace loopback: TCP/IP, Noise, yamux, multistream, libp2p):
     # wire = rpc payload bytes + per_rpc * rpcs, over every measured window
     windows = [w for r in runs for w in (r["store"], r["get"]) if "wire_bytes" in w]
@@ -343,9 +359,13 @@ def fits(runs: list[dict]) -> dict:
         A = np.array([[sum(w["rpcs"].values())] for w in windows])
         y = np.array([w["wire_bytes"] - w["network_bytes"] for w in windows])
         (c,), *_ = np.linalg.lstsq(A, y, rcond=None)
-        out["wire_overhead"] = {"model": "wire bytes = rpc payload bytes + per_rpc * rpcs", "per_rpc": float(c),
-                                "max_rel_err_of_wire": float(np.max(np.abs(A[:, 0] * c - y) /
-                                                                    np.array([w["wire_bytes"] for w in windows])))}
+        out["wire_overhead"] = {
+            "model": "wire bytes = rpc payload bytes + per_rpc * rpcs",
+            "per_rpc": float(c),
+            "max_rel_err_of_wire": float(
+                np.max(np.abs(A[:, 0] * c - y) / np.array([w["wire_bytes"] for w in windows]))
+            ),
+        }
     return out
 
 
@@ -358,11 +378,17 @@ def print_table(result: dict) -> None:
     print("-" * len(hdr))
     for r in result["runs"]:
         s, g, c = r["store"], r["get"], r["cold_get"] or {}
-        print(f"{r['P']:>3} {r['m']:>3} | {s['actor_bytes']:>9.0f} {s['others_bytes']:>8.0f} {s['rpcs']['find']:>5.1f} "
-              f"{s['replicas_written']:>4.1f} {s['other_finds']:>7.1f} {s.get('wire_bytes', float('nan')):>8.0f} | "
-              f"{g['actor_rx']:>8.0f} {g['others_bytes']:>8.0f} {g['served_by_others']:>8.0f} {g['responders']:>5.1f} "
-              f"{g['actor_rpcs']['find']:>5.1f} {g['rpcs']['store_cache']:>4.1f} {g.get('wire_bytes', float('nan')):>8.0f} | "
-              f"{c.get('actor_rx', float('nan')):>8.0f} {c.get('responders', float('nan')):>4.1f}")
+        print(
+            f"{r['P']:>3} {r['m']:>3} | {s['actor_bytes']:>9.0f} {s['others_bytes']:>8.0f} "
+            f"{s['rpcs']['find']:>5.1f} "
+            f"{s['replicas_written']:>4.1f} {s['other_finds']:>7.1f} "
+            f"{s.get('wire_bytes', float('nan')):>8.0f} | "
+            f"{g['actor_rx']:>8.0f} {g['others_bytes']:>8.0f} {g['served_by_others']:>8.0f} "
+            f"{g['responders']:>5.1f} "
+            f"{g['actor_rpcs']['find']:>5.1f} {g['rpcs']['store_cache']:>4.1f} "
+            f"{g.get('wire_bytes', float('nan')):>8.0f} | "
+            f"{c.get('actor_rx', float('nan')):>8.0f} {c.get('responders', float('nan')):>4.1f}"
+        )
     print("\nidle (after one publish with the TTL and two reads by all): per node per minute")
     for i in result["idle"]:
         print(f"P={i['P']:>3} m={i['m']:>3}: rpc {i['rpc_bytes_per_node_per_min']:.0f} B/min "
@@ -376,33 +402,51 @@ def print_table(result: dict) -> None:
 async def run(args) -> dict:
     install_counters()
     rng = random.Random(args.seed)
-    result = {"meta": {"peers": args.peers, "records": args.records, "reps": args.reps, "ttl_s": args.ttl,
-                       "cold_gets": args.cold_gets, "idle_s": args.idle_s, "idle_ttl_s": args.idle_ttl,
-                       "wire_counted": wire_bytes() is not None, "method": "protobuf ByteSize per DHT RPC",
-                       "hivemind_defaults": "num_replicas=5 bucket_size=20 beam_size=20 cache_locally=True "
-                                            "cache_nearest=1 cache_on_store=True cache_refresh_before_expiry=5 "
-                                            "refresh_timeout=None"},
-              "runs": [], "idle": [], "startup": []}
+    result = {
+        "meta": {
+            "peers": args.peers,
+            "records": args.records,
+            "reps": args.reps,
+            "ttl_s": args.ttl,
+            "cold_gets": args.cold_gets,
+            "idle_s": args.idle_s,
+            "idle_ttl_s": args.idle_ttl,
+            "wire_counted": wire_bytes() is not None,
+            "method": "protobuf ByteSize per DHT RPC",
+            "hivemind_defaults": "num_replicas=5 bucket_size=20 beam_size=20 cache_locally=True "
+            "cache_nearest=1 cache_on_store=True cache_refresh_before_expiry=5 "
+            "refresh_timeout=None",
+        },
+        "runs": [],
+        "idle": [],
+        "startup": [],
+    }
     for P in args.peers:
         t0 = time.monotonic()
         swarm = await Swarm.start(P)
         try:
             start_s = time.monotonic() - t0
             snap = await swarm.settle()
-            result["startup"].append({"P": P, "start_s": start_s, "routing_table_sizes": sorted(s[2] for s in snap)})
-            print(f"P={P}: started in {start_s:.1f}s; routing tables {sorted(s[2] for s in snap)}", flush=True)
+            result["startup"].append({"P": P, "start_s": start_s,
+                                      "routing_table_sizes": sorted(s[2] for s in snap)})
+            print(f"P={P}: started in {start_s:.1f}s; routing tables {sorted(s[2] for s in snap)}",
+                  flush=True)
             for m in args.records:
                 if m > P:
                     continue
                 t1 = time.monotonic()
                 run_result = await measure_key(swarm, P, m, args, rng)
                 result["runs"].append(run_result)
-                print(f"  m={m}: {time.monotonic() - t1:.1f}s  store {run_result['store']['actor_bytes']:.0f} B, "
-                      f"get rx {run_result['get']['actor_rx']:.0f} B from {run_result['get']['responders']:.1f} "
-                      f"responders", flush=True)
+                print(
+                    f"  m={m}: {time.monotonic() - t1:.1f}s  store {run_result['store']['actor_bytes']:.0f} "
+                    f"B, get rx {run_result['get']['actor_rx']:.0f} B from "
+                    f"{run_result['get']['responders']:.1f} responders",
+                    flush=True,
+                )
             if args.idle_s > 0 and swarm.keys:
                 result["idle"].append(await measure_idle(swarm, P, args, rng))
-                print(f"  idle: {result['idle'][-1]['rpc_bytes_per_node_per_min']:.0f} B/node/min", flush=True)
+                print(f"  idle: {result['idle'][-1]['rpc_bytes_per_node_per_min']:.0f} B/node/min",
+                      flush=True)
         finally:
             await swarm.shutdown()
     if result["runs"]:
@@ -418,7 +462,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--records", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--cold-gets", type=int, default=3)
-    parser.add_argument("--ttl", type=float, default=300.0, help="TTL of the measured records (long: none expires)")
+    parser.add_argument("--ttl", type=float, default=300.0,
+                        help="TTL of the measured records (long: none expires)")
     parser.add_argument("--idle-s", type=float, default=60.0, help="idle window per P (0: skip)")
     parser.add_argument("--idle-ttl", type=float, default=15.0, help="TTL published before the idle window "
                                                                       "(the project's record_ttl_s)")

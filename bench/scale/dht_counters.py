@@ -100,6 +100,7 @@ async def child_counters(keys, _dht, node):
         found = []
         for where in (node.protocol.storage, node.protocol.cache):
             item = where.get(key_id)
-            found.append(len(item.value) if item is not None and isinstance(item.value, DictionaryDHTValue) else 0)
+            found.append(len(item.value) if item is not None and isinstance(item.value,
+                                                                            DictionaryDHTValue) else 0)
         held[key] = found  # [entries in storage, entries in cache]
     return dict(_COUNTS), held, len(node.protocol.routing_table.uid_to_peer_id)

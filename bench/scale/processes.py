@@ -121,7 +121,8 @@ def round_outcomes(log_text: str) -> list[tuple[int, bool]]:
 
 
 def run_processes(args: argparse.Namespace, run_dir: Path) -> tuple[dict, MemorySamples]:
-    cmd = [str(VENV_BIN / "swarm-node"), "local", "--stages", str(args.stages), "--replicas", str(args.replicas),
+    cmd = [str(VENV_BIN / "swarm-node"), "local", "--stages", str(args.stages), "--replicas",
+           str(args.replicas),
            "--model", "debug", "--data", "synthetic", "--steps", str(args.steps), "--inner-steps",
            str(args.inner_steps), "--threads-per-node", "1", "--eval-batches", "1", "--run-dir", str(run_dir),
            "--json-out", str(run_dir / "local-summary.json"), "--no-progress"]
@@ -142,13 +143,15 @@ def run_processes(args: argparse.Namespace, run_dir: Path) -> tuple[dict, Memory
         except subprocess.TimeoutExpired:
             local.terminate()
             local.wait(timeout=60)
-            raise RuntimeError(f"the local swarm ran past {args.timeout_s} s; see {run_dir / 'local.log'}")
+            log_file = run_dir / "local.log"
+            raise RuntimeError(f"the local swarm ran past {args.timeout_s} s; see {log_file}") from None
         finally:
             stop.set()
             thread.join()
     if returncode != 0:
         raise RuntimeError(f"swarm-node local failed ({returncode}); see {run_dir / 'local.log'}")
-    (run_dir / "memory.json").write_text(json.dumps({"by_kind": samples.by_kind, "processes": samples.processes}))
+    (run_dir / "memory.json").write_text(json.dumps({"by_kind": samples.by_kind,
+                                                     "processes": samples.processes}))
     return json.loads((run_dir / "local-summary.json").read_text()), samples
 
 
@@ -161,7 +164,11 @@ def read_run(run_dir: Path) -> tuple[dict, MemorySamples]:
 
 def real_figures(run_dir: Path, summary: dict) -> dict:
     nodes = [json.loads(p.read_text()) for p in sorted(run_dir.glob("summary-stage*.json"))]
-    outcomes = [o for log in sorted(run_dir.glob("node-s*.log")) for o in round_outcomes(log.read_text(errors="replace"))]
+    outcomes = [
+        o
+        for log in sorted(run_dir.glob("node-s*.log"))
+        for o in round_outcomes(log.read_text(errors="replace"))
+    ]
     window = [with_partner for round_no, with_partner in outcomes if round_no >= WARM_UP_ROUNDS]
     rounds = sum(n["rounds_with_partner"] + n["local_only_rounds"] for n in nodes)
     minutes = [n["training_wall_s"] / 60 for n in nodes if n["training_wall_s"] > 0]
@@ -169,31 +176,37 @@ def real_figures(run_dir: Path, summary: dict) -> dict:
     per_min = {k: statistics.mean(n[f"dht_{k}"] / m for n, m in zip(nodes, minutes))
                for k in ("gets", "entries_read", "stores")}
     proposals = sum(n["proposals_sent"] for n in nodes)
-    return {"nodes": len(nodes), "rounds": rounds, "rounds_in_window": len(window),
-            "partner_share": sum(window) / max(1, len(window)),
-            "partner_share_all_rounds": sum(n["rounds_with_partner"] for n in nodes) / max(1, rounds),
-            "proposals_per_round": proposals / max(1, rounds),
-            # what control messages and the DHT took here (2 cores for every process): the simulator's links
-            "proposal_s_mean": sum(n["proposal_s"] for n in nodes) / max(1, proposals),
-            "dht_get_s_mean": sum(n["dht_get_s"] for n in nodes) / max(1, sum(n["dht_gets"] for n in nodes)),
-            "dht_store_s_mean": sum(n["dht_store_s"] for n in nodes) / max(1, sum(n["dht_stores"] for n in nodes)),
-            "refusals_per_round": sum(n["proposals_refused"] for n in nodes) / max(1, rounds),
-            "step_s_median": statistics.median(step_s), "training_s_median": 60 * statistics.median(minutes),
-            # how far apart the nodes' speeds were: how many reach a round's end at once
-            "step_s_log_sigma": statistics.pstdev(math.log(s) for s in step_s),
-            # the outer round's parts on the compute thread (queueing behind inner steps
-            # included), which the model-free stage does in no time: a node busy with a
-            # round refuses proposals ("busy"), 4 in 10 of the real refusals
-            "round_prepare_s_mean": sum(n["round_prepare_s"] for n in nodes) / max(1, rounds),
-            "round_close_s_mean": sum(n["round_close_s"] for n in nodes) / max(1, rounds),
-            "round_exchange_s_mean": sum(n["round_exchange_s"] for n in nodes)
-            / max(1, sum(n["round_exchanges"] for n in nodes)),
-            "refused_busy_share": sum(n.get("proposals_refused_busy", 0) for n in nodes)
-            / max(1, sum(n["proposals_refused"] for n in nodes)),
-            "registry_ops_per_peer_min": per_min,
-            "microbatches_lost": sum(n["microbatches_lost"] for n in nodes),
-            "bytes_sent_per_peer_min": statistics.mean(n["bytes_sent"] / m for n, m in zip(nodes, minutes)),
-            "final_val_loss": summary.get("final_val_loss")}
+    return {
+        "nodes": len(nodes),
+        "rounds": rounds,
+        "rounds_in_window": len(window),
+        "partner_share": sum(window) / max(1, len(window)),
+        "partner_share_all_rounds": sum(n["rounds_with_partner"] for n in nodes) / max(1, rounds),
+        "proposals_per_round": proposals / max(1, rounds),
+        # what control messages and the DHT took here (2 cores for every process): the simulator's links
+        "proposal_s_mean": sum(n["proposal_s"] for n in nodes) / max(1, proposals),
+        "dht_get_s_mean": sum(n["dht_get_s"] for n in nodes) / max(1, sum(n["dht_gets"] for n in nodes)),
+        "dht_store_s_mean": sum(n["dht_store_s"] for n in nodes)
+        / max(1, sum(n["dht_stores"] for n in nodes)),
+        "refusals_per_round": sum(n["proposals_refused"] for n in nodes) / max(1, rounds),
+        "step_s_median": statistics.median(step_s),
+        "training_s_median": 60 * statistics.median(minutes),
+        # how far apart the nodes' speeds were: how many reach a round's end at once
+        "step_s_log_sigma": statistics.pstdev(math.log(s) for s in step_s),
+        # the outer round's parts on the compute thread (queueing behind inner steps
+        # included), which the model-free stage does in no time: a node busy with a
+        # round refuses proposals ("busy"), 4 in 10 of the real refusals
+        "round_prepare_s_mean": sum(n["round_prepare_s"] for n in nodes) / max(1, rounds),
+        "round_close_s_mean": sum(n["round_close_s"] for n in nodes) / max(1, rounds),
+        "round_exchange_s_mean": sum(n["round_exchange_s"] for n in nodes)
+        / max(1, sum(n["round_exchanges"] for n in nodes)),
+        "refused_busy_share": sum(n.get("proposals_refused_busy", 0) for n in nodes)
+        / max(1, sum(n["proposals_refused"] for n in nodes)),
+        "registry_ops_per_peer_min": per_min,
+        "microbatches_lost": sum(n["microbatches_lost"] for n in nodes),
+        "bytes_sent_per_peer_min": statistics.mean(n["bytes_sent"] / m for n, m in zip(nodes, minutes)),
+        "final_val_loss": summary.get("final_val_loss"),
+    }
 
 
 # The debug model's outer payload in near4-3 and one micro-batch's activations in fp16
@@ -223,7 +236,8 @@ def simulated_figures(args: argparse.Namespace, real: dict, seeds: int, calibrat
         config = ScaleConfig(peers_per_stage=args.replicas, stages=args.stages, inner_steps=args.inner_steps,
                              duration_s=real["training_s_median"], step_s=real["step_s_median"],
                              speed_sigma=real["step_s_log_sigma"], rtt_ms=rtt_ms,
-                             round_prepare_s=real["round_prepare_s_mean"], round_close_s=real["round_close_s_mean"],
+                             round_prepare_s=real["round_prepare_s_mean"],
+                             round_close_s=real["round_close_s_mean"],
                              # the exchange beyond its messages' round trip: decoding and checking
                              round_check_s=max(0.0, real["round_exchange_s_mean"] - real["proposal_s_mean"]),
                              uplink_mbit_s=(2000.0, 2000.0), straggler_share=0.0, record_delay_s=delay_s,
@@ -238,7 +252,8 @@ def simulated_figures(args: argparse.Namespace, real: dict, seeds: int, calibrat
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.scale.processes", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.scale.processes",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--stages", type=int, default=2)
     parser.add_argument("--replicas", type=int, default=16, help="node processes a stage")
     parser.add_argument("--steps", type=int, default=300, help="inner steps of each stage-0 node")
@@ -246,8 +261,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=3, help="simulator runs (seeds) beside the real one")
     parser.add_argument("--timeout-s", type=float, default=3600.0)
     parser.add_argument("--run-dir", type=Path, default=None, help="keep the nodes' logs and summaries here")
-    parser.add_argument("--from-run-dir", action="store_true",
-                        help="start nothing: figure the finished run in --run-dir again (and run the simulator)")
+    parser.add_argument(
+        "--from-run-dir",
+        action="store_true",
+        help="start nothing: figure the finished run in --run-dir again (and run the simulator)",
+    )
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
     args.out_dir.mkdir(parents=True, exist_ok=True)
@@ -256,9 +274,16 @@ def main(argv: list[str] | None = None) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     summary, samples = read_run(run_dir) if args.from_run_dir else run_processes(args, run_dir)
     real = real_figures(run_dir, summary)
-    result.note(f"swarm-node local ran {summary['wall_s']:.0f} s (start-up, training, evaluation)"
-                + ("; these figures were computed again from its files (--from-run-dir) with the simulator as "
-                   "it is now" if args.from_run_dir else "") + ".")
+    result.note(
+        f"swarm-node local ran {summary['wall_s']:.0f} s (start-up, training, evaluation)"
+        + (
+            "; these figures were computed again from its files (--from-run-dir) with the simulator as it is "
+            "now"
+            if args.from_run_dir
+            else ""
+        )
+        + "."
+    )
     result.add(kind="real", stages=args.stages, peers_per_stage=args.replicas, inner_steps=args.inner_steps,
                registry_shards=suggested_shards(args.replicas), **real)
     for kind, values in sorted(samples.by_kind.items()):
@@ -268,14 +293,16 @@ def main(argv: list[str] | None = None) -> int:
     for calibrated in (False, True):
         sims = simulated_figures(args, real, args.seeds, calibrated)
         for seed, sim in enumerate(sims):
-            result.add(kind="simulated", seed=seed, **{k: v for k, v in sim.items() if not isinstance(v, dict)},
+            result.add(kind="simulated", seed=seed, **{k: v for k, v in sim.items() if not isinstance(v,
+                                                                                                      dict)},
                        registry_ops_per_peer_min=sim["registry_ops_per_peer_min"])
         share = statistics.mean(s["partner_share"] for s in sims)
         proposals = statistics.mean(s["proposals_per_round"] for s in sims)
         result.summary[sims[0]["links"]] = {
             "partner_share": {"real": round(real["partner_share"], 3), "simulated": round(share, 3),
                               "points_apart": round(100 * abs(real["partner_share"] - share), 1)},
-            "proposals_per_round": {"real": round(real["proposals_per_round"], 2), "simulated": round(proposals, 2),
+            "proposals_per_round": {"real": round(real["proposals_per_round"], 2),
+                                    "simulated": round(proposals, 2),
                                     "ratio": round(proposals / real["proposals_per_round"], 2)
                                     if real["proposals_per_round"] else None}}
     path = result.write()

@@ -15,7 +15,8 @@ TARGET_PARTNER_SHARE, TARGET_RTTS, TARGET_CONTROL_KB_S = 0.95, 3.0, 10.0
 
 
 def _runs(rows: list[dict], label: str) -> list[dict]:
-    return sorted((r for r in rows if r.get("kind") == "run" and r["label"] == label), key=lambda r: r["peers_per_stage"])
+    return sorted((r for r in rows if r.get("kind") == "run" and r["label"] == label),
+                  key=lambda r: r["peers_per_stage"])
 
 
 def _kb_s(per_min: float) -> float:
@@ -40,7 +41,8 @@ def plot(rows: list[dict], out_dir: Path) -> None:
             axes[2].plot(n, [r["to_partner_p99_s"] or float("nan") for r in runs], color=COLOURS[label],
                          linestyle=":", marker="x", label=f"{label}, p99")
     axes[1].axhline(TARGET_CONTROL_KB_S, color="black", linewidth=0.8, linestyle="--", label="10 kB/s")
-    titles = ("rounds with a partner (live peers)", "control traffic per peer (kB/s)", "boundary to partner (s)")
+    titles = ("rounds with a partner (live peers)", "control traffic per peer (kB/s)",
+              "boundary to partner (s)")
     for ax, title in zip(axes, titles):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("peers per stage")
@@ -59,21 +61,26 @@ def _num(value, digits: int = 2) -> str:
 
 
 def _table(rows: list[dict]) -> str:
-    lines = ["| registry, method | peers a stage | shards | rounds | with a partner | proposals / round | "
-             "refusals / round | to a partner: median, p99 (s) | median (round trips) | idle / round (s) | "
-             "control kB/s a peer: median, p99, max | forwards to dead / unreachable / lost | crashes, joins | "
-             "real s |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| registry, method | peers a stage | shards | rounds | with a partner | proposals / round | "
+        "refusals / round | to a partner: median, p99 (s) | median (round trips) | idle / round (s) | "
+        "control kB/s a peer: median, p99, max | forwards to dead / unreachable / lost | crashes, joins | "
+        "real s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for label in LABELS:
         for r in _runs(rows, label):
             lines.append(
                 f"| {label} | {r['peers_per_stage']} | {r['registry_shards']} | {r['rounds']} | "
-                f"{r['partner_share']:.3f} | {r['proposals_per_round']:.2f} | {r['refusals_per_round']:.2f} | "
-                f"{_num(r['to_partner_median_s'])}, {_num(r['to_partner_p99_s'])} | "
+                f"{r['partner_share']:.3f} | {r['proposals_per_round']:.2f} | {r['refusals_per_round']:.2f} "
+                f"| {_num(r['to_partner_median_s'])}, {_num(r['to_partner_p99_s'])} | "
                 f"{_num(r['to_partner_median_rtts'], 1)} | {r['idle_per_round_s']:.2f} | "
-                f"{_kb_s(r['control_bytes_per_peer_min_median']):.1f}, {_kb_s(r['control_bytes_per_peer_min_p99']):.1f}, "
-                f"{_kb_s(r['control_bytes_per_peer_min_max']):.1f} | "
-                f"{100 * r['forwards_to_dead_share']:.2f} % / {100 * r['forwards_to_unreachable_share']:.2f} % / "
-                f"{100 * r['forwards_lost_share']:.2f} % | {r['crashes']}, {r['joins']} | {r['real_s']:.0f} |")
+                f"{_kb_s(r['control_bytes_per_peer_min_median']):.1f}, "
+                f"{_kb_s(r['control_bytes_per_peer_min_p99']):.1f}, "
+                f"{_kb_s(r['control_bytes_per_peer_min_max']):.1f} | {100 * r['forwards_to_dead_share']:.2f} "
+                f"% / {100 * r['forwards_to_unreachable_share']:.2f} % / "
+                f"{100 * r['forwards_lost_share']:.2f} % | {r['crashes']}, {r['joins']} | {r['real_s']:.0f} |"
+            )
     return "\n".join(lines)
 
 
@@ -87,9 +94,13 @@ def _by_kind(rows: list[dict]) -> str:
              "|---|" + "---|" * (len(kinds) + len(ops))]
     for r in runs:
         registry = r.get("registry_ops_per_peer_min", {})
-        lines.append(f"| {r['peers_per_stage']} | " + " | ".join(
-            f"{_kb_s(r['control_by_kind_per_peer_min'].get(k, 0.0)):.2f}" for k in kinds) + " | " + " | ".join(
-            f"{registry[k]:.1f}" if k in registry else "-" for k in ops) + " |")
+        lines.append(
+            f"| {r['peers_per_stage']} | "
+            + " | ".join(f"{_kb_s(r['control_by_kind_per_peer_min'].get(k, 0.0)):.2f}" for k in kinds)
+            + " | "
+            + " | ".join(f"{registry[k]:.1f}" if k in registry else "-" for k in ops)
+            + " |"
+        )
     return "\n".join(lines)
 
 
@@ -101,7 +112,8 @@ def _verdict(rows: list[dict]) -> str:
     holds = {
         "rounds with a partner >= 95 %": top["partner_share"] >= TARGET_PARTNER_SHARE,
         "median time to a partner < 3 round trips": (top["to_partner_median_rtts"] or 1e9) < TARGET_RTTS,
-        "control traffic < 10 kB/s for every peer": _kb_s(top["control_bytes_per_peer_min_max"]) < TARGET_CONTROL_KB_S,
+        "control traffic < 10 kB/s for every peer": _kb_s(top["control_bytes_per_peer_min_max"])
+        < TARGET_CONTROL_KB_S,
     }
     marks = "; ".join(f"{k}: **{'yes' if v else 'no'}**" for k, v in holds.items())
     return f"At N = {top['peers_per_stage']} a stage: {marks}."
@@ -120,13 +132,17 @@ def _processes(result: dict | None) -> str:
     def mean(runs: list[dict], key: str) -> float:
         return sum(r[key] for r in runs) / len(runs)
 
-    table = ["| | links | rounds | with a partner | proposals / round | refusals / round | "
-             "registry gets / min a peer | entries read / min | stores / min |", "|---|---|---|---|---|---|---|---|---|",
-             f"| real processes | loopback, 2 cores shared: a proposal answered in {real['proposal_s_mean']:.2f} s, a "
-             f"DHT get {real['dht_get_s_mean']:.2f} s, a store {real['dht_store_s_mean']:.2f} s | "
-             f"{real['rounds_in_window']} | {real['partner_share']:.3f} | {real['proposals_per_round']:.2f} | "
-             f"{real['refusals_per_round']:.2f} | "
-             + " | ".join(f"{real['registry_ops_per_peer_min'][k]:.1f}" for k in ops) + " |"]
+    table = [
+        "| | links | rounds | with a partner | proposals / round | refusals / round | "
+        "registry gets / min a peer | entries read / min | stores / min |",
+        "|---|---|---|---|---|---|---|---|---|",
+        f"| real processes | loopback, 2 cores shared: a proposal answered in {real['proposal_s_mean']:.2f} "
+        f"s, a DHT get {real['dht_get_s_mean']:.2f} s, a store {real['dht_store_s_mean']:.2f} s | "
+        f"{real['rounds_in_window']} | {real['partner_share']:.3f} | {real['proposals_per_round']:.2f} | "
+        f"{real['refusals_per_round']:.2f} | "
+        + " | ".join(f"{real['registry_ops_per_peer_min'][k]:.1f}" for k in ops)
+        + " |",
+    ]
     verdicts = []
     for links in ("loopback", "calibrated"):
         sims = [r for r in rows if r["kind"] == "simulated" and r.get("links", "loopback") == links]
@@ -135,35 +151,57 @@ def _processes(result: dict | None) -> str:
         how = ("round trips 0.1-1 ms, DHT ops of a lookup's round trips" if links == "loopback" else
                f"round trips {sims[0]['rtt_ms']:.0f} ms, a DHT get {sims[0]['dht_get_s']:.2f} s and a store "
                f"{sims[0]['dht_store_s']:.2f} s (mean)")
-        table.append(f"| simulator, mean of {len(sims)} seeds | {links}: {how} | {mean(sims, 'rounds'):.0f} | "
-                     f"{mean(sims, 'partner_share'):.3f} | {mean(sims, 'proposals_per_round'):.2f} | "
-                     f"{mean(sims, 'refusals_per_round'):.2f} | "
-                     + " | ".join(f"{sum(r['registry_ops_per_peer_min'][k] for r in sims) / len(sims):.1f}"
-                                  for k in ops) + " |")
+        table.append(
+            f"| simulator, mean of {len(sims)} seeds | {links}: {how} | {mean(sims, 'rounds'):.0f} | "
+            f"{mean(sims, 'partner_share'):.3f} | {mean(sims, 'proposals_per_round'):.2f} | "
+            f"{mean(sims, 'refusals_per_round'):.2f} | "
+            + " | ".join(
+                f"{sum(r['registry_ops_per_peer_min'][k] for r in sims) / len(sims):.1f}" for k in ops
+            )
+            + " |"
+        )
         v = s.get(links)
         if v:
             verdicts.append(
-                f"{links} links: rounds with a partner {100 * v['partner_share']['simulated']:.1f} % simulated against "
-                f"{100 * v['partner_share']['real']:.1f} % real ({v['partner_share']['points_apart']} points apart; the "
-                f"bar is 5), proposals per round {v['proposals_per_round']['simulated']} against "
-                f"{v['proposals_per_round']['real']} (x{v['proposals_per_round']['ratio']}; the bar is 0.7-1.3)")
+                f"{links} links: rounds with a partner {100 * v['partner_share']['simulated']:.1f} % "
+                f"simulated against {100 * v['partner_share']['real']:.1f} % real "
+                f"({v['partner_share']['points_apart']} points apart; the bar is 5), proposals per round "
+                f"{v['proposals_per_round']['simulated']} against {v['proposals_per_round']['real']} "
+                f"(x{v['proposals_per_round']['ratio']}; the bar is 0.7-1.3)"
+            )
     lines = [
-        f"**{real['nodes']} real node processes** on this machine (`{result['command']}`, {result['wall_s']:.0f} s): "
-        f"`swarm-node local`, {real['stages']} stages x {real['peers_per_stage']} nodes, the debug model, one torch "
-        f"thread each, H = {real['inner_steps']}, the registry in {real.get('registry_shards', '?')} shards a stage; "
-        f"beside it the simulator with the same shape (the inner-step time the nodes measured, "
-        f"{real['step_s_median']:.2f} s, and how far apart the nodes' speeds were"
+        f"**{real['nodes']} real node processes** on this machine (`{result['command']}`, "
+        f"{result['wall_s']:.0f} s): `swarm-node local`, {real['stages']} stages x {real['peers_per_stage']} "
+        f"nodes, the debug model, one torch thread each, H = {real['inner_steps']}, the registry in "
+        f"{real.get('registry_shards', '?')} shards a stage; beside it the simulator with the same shape "
+        f"(the inner-step time the nodes measured, {real['step_s_median']:.2f} s, and how far apart the "
+        f"nodes' speeds were"
         + (f", log-normal sigma {real['step_s_log_sigma']:.2f}" if "step_s_log_sigma" in real else "")
-        + (f"; the outer round's compute: {real['round_prepare_s_mean']:.2f} s at the boundary, "
-           f"{max(0.0, real['round_exchange_s_mean'] - real['proposal_s_mean']):.2f} s to check the partner's "
-           f"payload, {real['round_close_s_mean']:.2f} s for the outer step, which leave a node busy for proposals "
-           f"({100 * real['refused_busy_share']:.0f} % of the real refusals)" if "round_prepare_s_mean" in real else "")
+        + (
+            f"; the outer round's compute: {real['round_prepare_s_mean']:.2f} s at the boundary, "
+            f"{max(0.0, real['round_exchange_s_mean'] - real['proposal_s_mean']):.2f} s to check the "
+            f"partner's payload, {real['round_close_s_mean']:.2f} s for the outer step, which leave a node "
+            f"busy for proposals ({100 * real['refused_busy_share']:.0f} % of the real refusals)"
+            if "round_prepare_s_mean" in real
+            else ""
+        )
         + "; the debug model's payloads; no churn), on loopback links and on links "
-        "calibrated to what the real run measured. Rounds 0 and 1 are left out of both, as the simulator's warm-up.",
-        "", *table, "", "; ".join(verdicts) + f". Micro-batches lost: {real['microbatches_lost']}.", "",
-        "Memory per process kind (PSS, so pages a forked DHT child shares with its node count once; sampled every "
-        "5 s):", "", "| process | how many | PSS median (MB) | PSS max (MB) |", "|---|---|---|---|",
-        *(f"| {m['process']} | {m['count']} | {m['pss_mb_median']:.0f} | {m['pss_mb_max']:.0f} |" for m in memory),
+        "calibrated to what the real run measured. Rounds 0 and 1 are left out of both, as the simulator's "
+        "warm-up.",
+        "",
+        *table,
+        "",
+        "; ".join(verdicts) + f". Micro-batches lost: {real['microbatches_lost']}.",
+        "",
+        "Memory per process kind (PSS, so pages a forked DHT child shares with its node count once; sampled "
+        "every 5 s):",
+        "",
+        "| process | how many | PSS median (MB) | PSS max (MB) |",
+        "|---|---|---|---|",
+        *(
+            f"| {m['process']} | {m['count']} | {m['pss_mb_median']:.0f} | {m['pss_mb_max']:.0f} |"
+            for m in memory
+        ),
     ]
     if result.get("notes"):
         lines += ["", *(f"- {n}" for n in result["notes"])]
@@ -182,15 +220,18 @@ def _against_latency_model(rows: list[dict], model: dict | None) -> str:
         low, high = f"{min(values):.{digits}f}", f"{max(values):.{digits}f}"
         return low if low == high else f"{low}-{high}"
 
-    text = (f"Against the latency model of the NoLoCo paper (section 5.3, bench.latency_model): a NoLoCo round "
-            f"waits for one pair exchange, and here the median time from a round's end to a partner is "
-            f"{span(rtts, 1) if rtts else '-'} round trips and the median round {span(rounds, 2)} s "
-            f"from {noloco[0]['peers_per_stage']} to {noloco[-1]['peers_per_stage']} peers a stage: it does not "
-            "grow with N")
+    text = (
+        f"Against the latency model of the NoLoCo paper (section 5.3, bench.latency_model): a NoLoCo round "
+        f"waits for one pair exchange, and here the median time from a round's end to a partner is "
+        f"{span(rtts, 1) if rtts else '-'} round trips and the median round {span(rounds, 2)} s from "
+        f"{noloco[0]['peers_per_stage']} to {noloco[-1]['peers_per_stage']} peers a stage: it does not grow "
+        f"with N"
+    )
     ratios = (model or {}).get("summary", {}).get("allreduce_ratio_at_1024", {})
     if ratios:
         text += (", where the model's tree all-reduce costs "
-                 + ", ".join(f"{v:.0f}x a pair ({k.split(', ')[1]})" for k, v in ratios.items()) + " at N = 1024")
+                 + ", ".join(f"{v:.0f}x a pair ({k.split(', ')[1]})" for k,
+                             v in ratios.items()) + " at N = 1024")
     if barrier:
         sizes = {b["peers_per_stage"] for b in barrier}
         text += (". The barrier baseline here (DiLoCo's group round, every peer of the stage) took "
@@ -205,13 +246,14 @@ def markdown(result: dict) -> str:
     s = result["summary"]
     parts = [
         "## scale: hundreds of peers a stage on the swarm-scale simulator",
-        f"{result['mode'].capitalize()} run, {result['wall_s']:.0f} s on {result['machine']['cpu_count']} CPUs:",
+        f"{result['mode'].capitalize()} run, {result['wall_s']:.0f} s on {result['machine']['cpu_count']} "
+        f"CPUs:",
         f"```bash\n{rerun_command(NAME, result['mode'])}\n```",
-        "The node's own Membership, PeerGuard, OuterExchange (PairingCoordinator, GroupRound for DiLoCo, the "
-        "partner checks), RoundGate and PeerChooser for every peer, on a virtual clock, around a model-free stage "
-        "(the real outer-round code on 32 weights) and a modelled network (swarm_node/scale/network.py says what "
-        f"is modelled and how). {s['duration_s']:.0f} virtual seconds a run, figures after two rounds of warm-up; "
-        f"scenario: {s['scenario']}.",
+        f"The node's own Membership, PeerGuard, OuterExchange (PairingCoordinator, GroupRound for DiLoCo, "
+        f"the partner checks), RoundGate and PeerChooser for every peer, on a virtual clock, around a "
+        f"model-free stage (the real outer-round code on 32 weights) and a modelled network "
+        f"(swarm_node/scale/network.py says what is modelled and how). {s['duration_s']:.0f} virtual seconds "
+        f"a run, figures after two rounds of warm-up; scenario: {s['scenario']}.",
         "![scale](bench/results/scale.png)",
         _table(rows),
         _by_kind(rows),

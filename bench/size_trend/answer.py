@@ -19,11 +19,16 @@ def answer(trend: list[dict], sizes: list[dict] = (), ablations: list[dict] = ()
         def seeds(r: dict) -> str:
             return f"sd {r['sd']:.2f}, {r['seeds']} seeds" if r["seeds"] > 1 else "one seed"
 
-        return ", ".join(f"{r['noloco_over_diloco_pct']:+.2f} % ({seeds(r)}) at {r['body_parameters'] / 1e6:.2f}M"
-                         for r in rows)
+        return ", ".join(
+            f"{r['noloco_over_diloco_pct']:+.2f} % ({seeds(r)}) at {r['body_parameters'] / 1e6:.2f}M"
+            for r in rows
+        )
 
-    caveat = ("One seed, so no spread: these numbers smoke-test the benchmark and are no evidence either way. "
-              if max(r["seeds"] for r in ratio) < 2 else "")
+    caveat = (
+        "One seed, so no spread: these numbers smoke-test the benchmark and are no evidence either way. "
+        if max(r["seeds"] for r in ratio) < 2
+        else ""
+    )
     low_text = (f"; with outer momentum {LOW_ALPHA:g}, NoLoCo's is {at_each(low)}" if low else "")
     measured = (f"{caveat}At the paper's H ratio, NoLoCo's loss over DiLoCo's is {at_each(ratio)} parameters "
                 f"outside the embeddings{low_text}.")
@@ -32,18 +37,24 @@ def answer(trend: list[dict], sizes: list[dict] = (), ablations: list[dict] = ()
     first, last = ratio[0], ratio[-1]
     # a size on one seed (the largest, until its other seeds have run: plan.deferred) has
     # no spread of its own; the seeds of the sizes that have them stand in for it
-    spread = max(r["sd"] for r in ratio + low if r["seeds"] > 1 or r["model"] in (first["model"], last["model"]))
+    spread = max(r["sd"] for r in ratio + low if r["seeds"] > 1 or r["model"] in (first["model"],
+                                                                                  last["model"]))
     borrowed = [r for r in ratio if r["seeds"] < 2]
     if borrowed and not caveat:
         them = "them" if len(borrowed) > 1 else "it"
-        measured += (f" {' and '.join(r['model'] for r in borrowed)} on one seed so far: the spread beside {them} is "
-                     f"the other sizes' (sd up to {spread:.2f}).")
+        measured += (
+            f" {' and '.join(r['model'] for r in borrowed)} on one seed so far: the spread beside {them} is "
+            f"the other sizes' (sd up to {spread:.2f})."
+        )
     paper_verdict, paper_ahead = _trend(ratio, spread)
-    text = (f"{measured} From the smallest size to the largest the gap at the paper's settings {paper_verdict}; "
-            f"at the largest size NoLoCo with them is {paper_ahead}.")
+    text = (
+        f"{measured} From the smallest size to the largest the gap at the paper's settings {paper_verdict}; "
+        f"at the largest size NoLoCo with them is {paper_ahead}."
+    )
     if len(low) > 1:
         low_verdict, low_ahead = _trend(low, spread)
-        text += f" With outer momentum {LOW_ALPHA:g} the gap {low_verdict}; at the largest size NoLoCo is {low_ahead}."
+        text += (f" With outer momentum {LOW_ALPHA:g} the gap {low_verdict}; "
+                 f"at the largest size NoLoCo is {low_ahead}.")
     return (text + _budget(sizes, [first["model"], last["model"]])
             + _what_moves_noloco(ablations, spread, [r["model"] for r in ratio]))
 
@@ -56,10 +67,12 @@ def _what_moves_noloco(ablations: list[dict], spread: float, size_order: list[st
     several methods with each method's change, so one that moves every method alike is
     not read as NoLoCo's gap."""
     sizes = list(dict.fromkeys([*size_order, *(r["model"] for r in ablations)]))
-    ran: dict[str, dict[str, set[str]]] = {}  # ablation -> size -> the methods that ran it there, in plan order
+    # ablation -> size -> the methods that ran it there, in plan order
+    ran: dict[str, dict[str, set[str]]] = {}
     for r in ablations:
         ran.setdefault(r["ablation"], {}).setdefault(r["model"], set()).add(r["method"])
-    at = {label: max(by_size, key=lambda size: (by_size[size] == set().union(*by_size.values()), sizes.index(size)))
+    at = {label: max(by_size, key=lambda size: (by_size[size] == set().union(*by_size.values()),
+                                                sizes.index(size)))
           for label, by_size in ran.items()}  # ablation -> the size its figures are read at
     kept = [r for r in ablations if at[r["ablation"]] == r["model"]]
     shared = dict.fromkeys(r["ablation"] for r in kept if r["method"] != "noloco")
@@ -69,17 +82,25 @@ def _what_moves_noloco(ablations: list[dict], spread: float, size_order: list[st
                           key=lambda r: -abs(r["change_pct"])) for size in own_sizes}
     against = "first seed, against its run at the paper's settings, beyond the spread"
     if not any(moved.values()):
-        text = (f" None of NoLoCo's settings moves it at {' or '.join(own_sizes)} beyond the spread over seeds."
-                if own else "")
+        text = (
+            f" None of NoLoCo's settings moves it at {' or '.join(own_sizes)} beyond the spread over seeds."
+            if own
+            else ""
+        )
     elif len(own_sizes) == 1:
-        text = f" What moves NoLoCo at {own_sizes[0]} ({against}): {_changes(moved[own_sizes[0]], 'ablation')}."
+        text = (
+            f" What moves NoLoCo at {own_sizes[0]} ({against}): {_changes(moved[own_sizes[0]], 'ablation')}."
+        )
     else:
         each = "; ".join(f"at {size} {_changes(rows, 'ablation')}" for size, rows in moved.items() if rows)
         text = f" What moves NoLoCo ({against}; each setting at the largest size that has run it): {each}."
     if shared:
         where = len(set(at.values())) > 1  # name the size only where they differ
-        each = "; ".join(f"{label}{' at ' + at[label] if where else ''} "
-                         f"{_changes([r for r in kept if r['ablation'] == label], 'method')}" for label in shared)
+        each = "; ".join(
+            f"{label}{' at ' + at[label] if where else ''} "
+            f"{_changes([r for r in kept if r['ablation'] == label], 'method')}"
+            for label in shared
+        )
         text += f" Run on every method it concerns: {each}."
     return text
 
@@ -94,9 +115,11 @@ def _budget(sizes: list[dict], ends: list[str]) -> str:
     per_param = {r["model"]: r["tokens_per_parameter"] for r in sizes}
     if not all(m in per_param for m in ends):
         return ""
-    return (f" Every size trains on the same {sizes[0]['tokens'] / 1e6:.1f}M tokens, {per_param[ends[0]]:.1f} a "
-            f"parameter at the smallest and {per_param[ends[1]]:.1f} at the largest: the trend is of size and "
-            f"training length together.")
+    return (
+        f" Every size trains on the same {sizes[0]['tokens'] / 1e6:.1f}M tokens, {per_param[ends[0]]:.1f} a "
+        f"parameter at the smallest and {per_param[ends[1]]:.1f} at the largest: the trend is of size and "
+        f"training length together."
+    )
 
 
 def _trend(rows: list[dict], spread: float) -> tuple[str, str]:

@@ -74,10 +74,12 @@ class Ledger:
         method = job_method(job)
         inner_lr = job.inner_lr if job.inner_lr is not None else suggested_lr(job.plan.model)
         outer = method.outer
-        return (self.tag.get("data_sha256"), self.tag.get("device"), job.section, job.plan.model, job.dp, job.pp,
+        return (self.tag.get("data_sha256"), self.tag.get("device"), job.section, job.plan.model, job.dp,
+                job.pp,
                 job.method, job.seed, job.variant, round(inner_lr, 12), job.outer_lr, job.group_size,
                 job.freeze_embedding, job.plan.steps, method.inner_steps,
-                *(_outer_key(outer.alpha, outer.beta, outer.gamma, outer.nesterov) if outer else _outer_key()))
+                *(_outer_key(outer.alpha, outer.beta, outer.gamma,
+                             outer.nesterov) if outer else _outer_key()))
 
     @staticmethod
     def row_key(row: dict) -> tuple:
@@ -126,9 +128,12 @@ def run_plan(plan: SizePlan, workers: int, ledger: Ledger) -> tuple[list[dict], 
     data = subword_data(plan.corpus)
     ledger.tag = {"data_sha256": data_identity(data), "device": plan.device}
     # with a ledger, a run a stopped process left part-way goes on from where it was
-    resume = DATA_ROOT / "partial" / f"{ledger.tag['data_sha256'][:16]}-{plan.device}" if ledger.path else None
+    resume = (
+        DATA_ROOT / "partial" / f"{ledger.tag['data_sha256'][:16]}-{plan.device}" if ledger.path else None
+    )
     with Runner(workers, resume_dir=resume) as runner:
-        tuned = _by_size(ledger.run(runner, [j for s in plan.sizes for j in tuning_jobs(plan, s, data)], "tune"))
+        tuned = _by_size(ledger.run(runner, [j for s in plan.sizes for j in tuning_jobs(plan, s, data)],
+                                    "tune"))
         for _ in range(MAX_LR_EXTENSIONS):  # a best lr at the edge of the grid: look one step beyond it
             beyond = [replace(tuning_jobs(plan, size, data)[0], inner_lr=lr) for size, rows in tuned.items()
                       if (lr := _beyond_edge(rows, "inner_lr")) is not None]
@@ -220,7 +225,8 @@ def size_rows(runs: list[dict], chosen: dict, train_tokens: int) -> list[dict]:
                          "body_parameters": body_parameters(size), "method": name,
                          "seeds": len(runs_of), "val_loss": loss, "val_loss_sd": loss_sd,
                          "gap_to_ddp_pct": gap, "gap_to_ddp_pct_sd": gap_sd,
-                         "tokens": runs_of[0]["tokens"], "tokens_per_parameter": runs_of[0]["tokens"] / params,
+                         "tokens": runs_of[0]["tokens"],
+                         "tokens_per_parameter": runs_of[0]["tokens"] / params,
                          "epochs": runs_of[0]["tokens"] / train_tokens, "inner_lr": picks["inner_lr"]})
     return rows
 
@@ -260,7 +266,8 @@ def m1_rows(runs: list[dict], chosen: dict) -> list[dict]:
         gap, sd = _spread([_gap_pct(r["val_loss"], ddp[r["seed"]]) for r in best])
         sweep = {f"{r['outer_lr']:g}": round(_gap_pct(r["val_loss"], ddp[r["seed"]]), 2) for r in mine
                  if r["method"] == "diloco" and r["seed"] == min(ddp)}
-        rows.append({"kind": "m1", "model": size, "outer_lr": picks["m1_outer_lr"], "gap_to_ddp_pct": gap, "sd": sd,
+        rows.append({"kind": "m1", "model": size, "outer_lr": picks["m1_outer_lr"], "gap_to_ddp_pct": gap,
+                     "sd": sd,
                      "seeds": len(best), "sweep_first_seed": sweep})
     return rows
 
@@ -270,8 +277,18 @@ def ablation_rows(runs: list[dict], h: int) -> list[dict]:
     rows = []
     for r in (r for r in runs if r["section"] == "ablation"):
         variant = f"H={h}" if r["method"] in ("noloco", "diloco") else ""
-        base = next((b for b in runs if b["section"] == "size" and b["model"] == r["model"] and b["seed"] == r["seed"]
-                     and b["method"] == r["method"] and b["variant"] == variant), None)
+        base = next(
+            (
+                b
+                for b in runs
+                if b["section"] == "size"
+                and b["model"] == r["model"]
+                and b["seed"] == r["seed"]
+                and b["method"] == r["method"]
+                and b["variant"] == variant
+            ),
+            None,
+        )
         if base is None:
             continue
         rows.append({"kind": "ablation", "model": r["model"], "method": r["method"], "ablation": r["variant"],
@@ -292,8 +309,10 @@ def summarise(result: Result, plan: SizePlan, runs: list[dict], chosen: dict) ->
     result.summary = {"sizes": list(plan.sizes), "corpus": plan.corpus, "steps": plan.steps,
                       "seeds": list(plan.seeds), "grid": "4 x 2",
                       "h": plan.h, "global_batch": plan.global_batch, "seq_len": plan.seq_len, "vocab": VOCAB,
-                      "train_tokens": train_tokens, "chosen": chosen, "answer": answer(trend, sizes, ablations),
-                      "run_cpu_s_total": sum(r["cpu_s"] for r in runs), "runs": len(runs), "device": plan.device}
+                      "train_tokens": train_tokens, "chosen": chosen, "answer": answer(trend, sizes,
+                                                                                       ablations),
+                      "run_cpu_s_total": sum(r["cpu_s"] for r in runs), "runs": len(runs),
+                      "device": plan.device}
 
 
 def plot(rows: list[dict], path) -> None:
@@ -317,19 +336,27 @@ def plot(rows: list[dict], path) -> None:
 
 def markdown(result: dict) -> str:
     s, rows = result["summary"], result["rows"]
-    lines = [f"## {NAME}: does NoLoCo keep up with DiLoCo as the model grows?", "",
-             f"```bash\n{rerun_command(NAME, result['mode'])}\n```", "",
-             f"{s['runs']} simulator runs, {s['steps']} inner steps each, global batch {s['global_batch']} x "
-             f"{s['seq_len']} tokens, grid {s['grid']}, seeds {s['seeds']}; {CORPUS_TEXT[s['corpus']]} in "
-             f"BPE-{s['vocab']} tokens ({s['train_tokens']:,} training tokens); NoLoCo at H = {s['h']} (outer "
-             f"momentum 0.5, the paper's, and {LOW_ALPHA:g}, the node's default), DiLoCo at H = {s['h']} and "
-             f"{2 * s['h']}; inner lr tuned per size for DDP and used by every method.", "",
-             f"![{NAME}](bench/results/{NAME}.png)", "",
-             "Parameters are one replica's, all stages, and (the size the plot is drawn on) those outside the input "
-             "embedding and the LM head, which are most of the smaller models' parameters; tokens per parameter "
-             "count all of them; epochs are passes over the training tokens.", "",
-             "| size | parameters: all, outside the embeddings | tokens / parameter | epochs | method | seeds | "
-             "val loss | over DDP (%) |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"## {NAME}: does NoLoCo keep up with DiLoCo as the model grows?",
+        "",
+        f"```bash\n{rerun_command(NAME, result['mode'])}\n```",
+        "",
+        f"{s['runs']} simulator runs, {s['steps']} inner steps each, global batch {s['global_batch']} x "
+        f"{s['seq_len']} tokens, grid {s['grid']}, seeds {s['seeds']}; {CORPUS_TEXT[s['corpus']]} in "
+        f"BPE-{s['vocab']} tokens ({s['train_tokens']:,} training tokens); NoLoCo at H = {s['h']} (outer "
+        f"momentum 0.5, the paper's, and {LOW_ALPHA:g}, the node's default), DiLoCo at H = {s['h']} and "
+        f"{2 * s['h']}; inner lr tuned per size for DDP and used by every method.",
+        "",
+        f"![{NAME}](bench/results/{NAME}.png)",
+        "",
+        "Parameters are one replica's, all stages, and (the size the plot is drawn on) those outside the "
+        "input embedding and the LM head, which are most of the smaller models' parameters; tokens per "
+        "parameter count all of them; epochs are passes over the training tokens.",
+        "",
+        "| size | parameters: all, outside the embeddings | tokens / parameter | epochs | method | seeds | "
+        "val loss | over DDP (%) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in (r for r in rows if r["kind"] == "size"):
         lines.append(f"| {r['model']} | {r['parameters'] / 1e6:.2f}M, {r['body_parameters'] / 1e6:.2f}M | "
                      f"{r['tokens_per_parameter']:.1f} | "
@@ -338,14 +365,26 @@ def markdown(result: dict) -> str:
                      f"{r['gap_to_ddp_pct']:+.2f} ± {r['gap_to_ddp_pct_sd']:.2f} |")
     lines += ["", "NoLoCo over DiLoCo, paired by seed:", "",
               "| size | NoLoCo | against DiLoCo at | NoLoCo over DiLoCo (%) |", "|---|---|---|---|"]
-    lines += [f"| {r['model']} | {r['noloco']} | {r['against']} | {r['noloco_over_diloco_pct']:+.2f} ± {r['sd']:.2f} |"
-              for r in rows if r["kind"] == "trend"]
+    lines += [
+        f"| {r['model']} | {r['noloco']} | {r['against']} | {r['noloco_over_diloco_pct']:+.2f} ± "
+        f"{r['sd']:.2f} |"
+        for r in rows
+        if r["kind"] == "trend"
+    ]
     m1 = [r for r in rows if r["kind"] == "m1"]
     if m1:
-        lines += ["", "DiLoCo with one replica (M = 1, Nesterov 0.9, outer lr swept on the first seed) against DDP:",
-                  "", "| size | outer lr | seeds | over DDP (%) | sweep (first seed) |", "|---|---|---|---|---|"]
-        lines += [f"| {r['model']} | {r['outer_lr']:g} | {r['seeds']} | {r['gap_to_ddp_pct']:+.2f} ± {r['sd']:.2f} | "
-                  f"{', '.join(f'{k}: {v:+.2f}' for k, v in r['sweep_first_seed'].items())} |" for r in m1]
+        lines += [
+            "",
+            "DiLoCo with one replica (M = 1, Nesterov 0.9, outer lr swept on the first seed) against DDP:",
+            "",
+            "| size | outer lr | seeds | over DDP (%) | sweep (first seed) |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {r['model']} | {r['outer_lr']:g} | {r['seeds']} | {r['gap_to_ddp_pct']:+.2f} ± {r['sd']:.2f} "
+            f"| {', '.join(f'{k}: {v:+.2f}' for k, v in r['sweep_first_seed'].items())} |"
+            for r in m1
+        ]
         lines += ["", "The round itself costs M = 1 nothing: an outer step of lr 1 without momentum trains "
                       "exactly as DDP does (tests/sim/test_simulator.py), so a gap here is the outer step's "
                       f"momentum and lr over this plan's rounds ({s['steps']} steps at H = {M1_H}: "
@@ -354,8 +393,11 @@ def markdown(result: dict) -> str:
     if ablations:
         lines += ["", "Ablations (first seed), against the same method's run at its defaults:", "",
                   "| size | ablation | method | val loss | change (%) |", "|---|---|---|---|---|"]
-        lines += [f"| {r['model']} | {r['ablation']} | {r['method']} | {r['val_loss']:.4f} | {r['change_pct']:+.2f} |"
-                  for r in ablations]
+        lines += [
+            f"| {r['model']} | {r['ablation']} | {r['method']} | {r['val_loss']:.4f} | "
+            f"{r['change_pct']:+.2f} |"
+            for r in ablations
+        ]
     lines += ["", f"**Answer.** {s['answer']}"]
     lines += [f"\n{n}" for n in result.get("notes", [])]
     return "\n".join(lines) + "\n"
@@ -368,9 +410,13 @@ def _options(parser) -> None:
                         help="cuda adds the small model to the sizes")
     parser.add_argument("--from-ledger", action="store_true",
                         help="with --full: run nothing, write the page from the runs the ledger holds")
-    parser.add_argument("--sizes", type=lambda text: tuple(text.split(",")), default=None,
-                        help="comma-separated model sizes, smallest first (default: the plan's); a long plan can "
-                             "finish one size per sitting")
+    parser.add_argument(
+        "--sizes",
+        type=lambda text: tuple(text.split(",")),
+        default=None,
+        help="comma-separated model sizes, smallest first (default: the plan's); a long plan can "
+        "finish one size per sitting",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -389,12 +435,17 @@ def main(argv: list[str] | None = None) -> int:
     summarise(result, plan, runs, chosen)
     if args.from_ledger:
         result.wall_s = sum(r["wall_s"] for r in runs)
-        result.note(f"A plan under way: this page holds the {len(runs)} runs its ledger has so far "
-                    f"({result.wall_s:.0f} s of runs one after another, {result.summary['run_cpu_s_total']:.0f} "
-                    f"CPU-seconds, one torch thread each); `--full` goes on from them.")
+        result.note(
+            f"A plan under way: this page holds the {len(runs)} runs its ledger has so far "
+            f"({result.wall_s:.0f} s of runs one after another, {result.summary['run_cpu_s_total']:.0f} "
+            f"CPU-seconds, one torch thread each); `--full` goes on from them."
+        )
     else:
-        result.note(f"{len(runs)} runs on {args.workers} processes of one torch thread each: "
-                    f"{time.perf_counter() - started:.0f} s wall, {result.summary['run_cpu_s_total']:.0f} CPU-seconds.")
+        result.note(
+            f"{len(runs)} runs on {args.workers} processes of one torch thread each: "
+            f"{time.perf_counter() - started:.0f} s wall, {result.summary['run_cpu_s_total']:.0f} "
+            f"CPU-seconds."
+        )
     plot(result.rows, result.path(".png"))
     result.write()
     print(f"bench.{NAME}: done in {time.perf_counter() - started:.0f} s", file=sys.stderr)

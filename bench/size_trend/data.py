@@ -48,8 +48,10 @@ class Sdist:
 
 
 DOC_SDISTS = (
-    Sdist("Django", "5.1.4", "de450c09e91879fa5a307f696e57c851955c910a438a35e6b4c895e86bedc82a", "docs", ".txt"),
-    Sdist("sqlalchemy", "2.0.36", "7f2767680b6d2398aea7082e45a774b2b0767b5c8d8ffb9c8b683088ea9b29c5", "doc/build",
+    Sdist("Django", "5.1.4", "de450c09e91879fa5a307f696e57c851955c910a438a35e6b4c895e86bedc82a", "docs",
+          ".txt"),
+    Sdist("sqlalchemy", "2.0.36", "7f2767680b6d2398aea7082e45a774b2b0767b5c8d8ffb9c8b683088ea9b29c5",
+          "doc/build",
           ".rst"),
 )
 
@@ -69,7 +71,8 @@ def fetch_sdist(sdist: Sdist, folder: Path) -> Path:
     path = sdist.find(folder)
     if path is None:
         spec = f"{sdist.name}=={sdist.version}"
-        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-q",
+        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                               "-q",
                                "-d", str(folder), spec], capture_output=True, text=True)
         path = sdist.find(folder)
         if done.returncode != 0 or path is None:
@@ -103,11 +106,13 @@ def write_docs_corpus(text_dir: Path, downloads: Path) -> Path:
     named = [(f"corpus/{i}", text) for i, text in enumerate(bundled_documents())]
     for sdist in DOC_SDISTS:
         named += sdist_documents(sdist, fetch_sdist(sdist, downloads))
-    partial = text_dir.with_name(text_dir.name + ".partial")  # renamed whole: a folder that exists is complete
+    # renamed whole: a folder that exists is complete
+    partial = text_dir.with_name(text_dir.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
     for origin, text in named:
-        (partial / f"{hashlib.sha256(origin.encode()).hexdigest()[:16]}.txt").write_text(text, encoding="utf-8")
+        (partial / f"{hashlib.sha256(origin.encode()).hexdigest()[:16]}.txt").write_text(text,
+                                                                                         encoding="utf-8")
     shutil.rmtree(text_dir, ignore_errors=True)
     partial.rename(text_dir)
     return text_dir

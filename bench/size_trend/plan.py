@@ -25,7 +25,8 @@ from swarm_node.config import suggested_lr
 
 GRID = (4, 2)
 M1_H = 20  # DiLoCo's H in the M = 1 rows (the scaling-law paper's runs sync every few dozen steps)
-LOW_ALPHA = 0.3  # where NoLoCo's steady gain beta / (1 - alpha) is 1: the node's default (docs/ALGORITHM.md 3.4)
+# where NoLoCo's steady gain beta / (1 - alpha) is 1: the node's default (docs/ALGORITHM.md 3.4)
+LOW_ALPHA = 0.3
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,8 @@ class SizePlan:
     # The larger sizes' sweep: around the smallest's best, followed past its edge if the
     # best lies on one (as the inner lr is).
     m1_outer_lrs_larger: tuple[float, ...]
-    ablations: tuple[tuple[str, str, object], ...]  # (label, field, value): first seed, smallest and largest size
+    # (label, field, value): first seed, smallest and largest size
+    ablations: tuple[tuple[str, str, object], ...]
     corpus: str  # "bundled" or "docs" (data.py)
     global_batch: int = 64
     seq_len: int = 64
@@ -59,12 +61,14 @@ class SizePlan:
 # tuned lr is DDP's best at 4x the batch of a worker's local step, so the
 # low-communication methods are also run at half of it, to see whether the gaps follow
 # the lr rather than the method.
-OUTER_ABLATIONS = (("alpha 0.7", "outer_momentum", 0.7), ("beta 0.5", "outer_lr", 0.5), ("beta 1.0", "outer_lr", 1.0),
+OUTER_ABLATIONS = (("alpha 0.7", "outer_momentum", 0.7), ("beta 0.5", "outer_lr", 0.5), ("beta 1.0",
+                                                                                         "outer_lr", 1.0),
                    ("gamma 0.35", "outer_gamma", 0.35), ("gamma 1.0", "outer_gamma", 1.0))
 GAP_ABLATIONS = (("frozen input embedding", "freeze_embedding", True), ("groups of 3", "group_size", 3),
                  ("groups of 4", "group_size", 4))
 ABLATIONS = (*OUTER_ABLATIONS, *GAP_ABLATIONS, ("inner lr halved", "inner_lr_factor", 0.5))
-ABLATION_METHODS = {"inner_lr_factor": ("local", "diloco", "noloco"), "freeze_embedding": ("ddp", "diloco", "noloco")}
+ABLATION_METHODS = {"inner_lr_factor": ("local", "diloco", "noloco"), "freeze_embedding": ("ddp", "diloco",
+                                                                                           "noloco")}
 QUICK = SizePlan(sizes=("debug", "tiny"), steps=24, seeds=(0,), h=4, lr_factors=(1.0,), m1_outer_lrs=(0.7,),
                  m1_outer_lrs_larger=(0.7,),
                  ablations=GAP_ABLATIONS[:2], corpus="bundled", curve_every=12, eval_batches=2)
@@ -72,8 +76,10 @@ QUICK = SizePlan(sizes=("debug", "tiny"), steps=24, seeds=(0,), h=4, lr_factors=
 # over, so 0.1 is the plain inner optimizer's pace; debug's best of 0.2-1.0 was 0.2, the
 # edge, and of 0.1-1.0 0.2 (0.7 and 1.0 two and five times 0.4's gap to DDP): the larger
 # sizes sweep 0.1-0.4.
-FULL = SizePlan(sizes=("debug", "mini", "tiny"), steps=1000, seeds=(0, 1, 2), h=10, lr_factors=(0.5, 1.0, 2.0),
-                m1_outer_lrs=(0.1, 0.2, 0.4, 0.7, 1.0), m1_outer_lrs_larger=(0.1, 0.2, 0.4), ablations=ABLATIONS,
+FULL = SizePlan(sizes=("debug", "mini", "tiny"), steps=1000, seeds=(0, 1, 2), h=10, lr_factors=(0.5, 1.0,
+                                                                                                2.0),
+                m1_outer_lrs=(0.1, 0.2, 0.4, 0.7, 1.0), m1_outer_lrs_larger=(0.1, 0.2, 0.4),
+                ablations=ABLATIONS,
                 corpus="docs")
 
 
@@ -84,7 +90,8 @@ def with_gpu(plan: SizePlan) -> SizePlan:
 
 def tuning_jobs(plan: SizePlan, size: str, data: str) -> list[Job]:
     base = plan.base(size, data)
-    return [Job("tune", *GRID, "ddp", plan.seeds[0], base, inner_lr=suggested_lr(size) * f) for f in plan.lr_factors]
+    return [Job("tune", *GRID, "ddp", plan.seeds[0], base,
+                inner_lr=suggested_lr(size) * f) for f in plan.lr_factors]
 
 
 def method_jobs(plan: SizePlan, size: str, data: str, inner_lr: float) -> list[Job]:
@@ -106,7 +113,8 @@ def method_jobs(plan: SizePlan, size: str, data: str, inner_lr: float) -> list[J
     return jobs + [m1_job(plan, size, data, inner_lr, lr) for lr in lrs]
 
 
-def m1_job(plan: SizePlan, size: str, data: str, inner_lr: float, outer_lr: float, seed: int | None = None) -> Job:
+def m1_job(plan: SizePlan, size: str, data: str, inner_lr: float, outer_lr: float,
+           seed: int | None = None) -> Job:
     """DiLoCo with one replica at ``outer_lr`` (Nesterov 0.9), the first seed unless told."""
     return Job("m1", 1, 1, "diloco", plan.seeds[0] if seed is None else seed, _m1_plan(plan, size, data),
                inner_lr=inner_lr, outer_lr=outer_lr, outer_momentum=0.9, nesterov=True,

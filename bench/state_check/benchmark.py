@@ -61,7 +61,8 @@ class Swarm:
 
 
 SWARMS = {"quick": (Swarm(4, 5), Swarm(3, 5)),
-          "full": (Swarm(4, 5), Swarm(3, 5), Swarm(2, 5), Swarm(8, 5), Swarm(4, 10), Swarm(4, 5, method="diloco"),
+          "full": (Swarm(4, 5), Swarm(3, 5), Swarm(2, 5), Swarm(8, 5), Swarm(4, 10), Swarm(4, 5,
+                                                                                           method="diloco"),
                    Swarm(4, 5, late=True))}
 
 
@@ -75,7 +76,8 @@ class State:
     outer_round: int  # outer steps landed (overlapped: a round's lands after the next one opened)
 
     def sketch(self, seed: int):
-        return sketch_state(self.theta, self.phi, self.momentum, inner_step=self.step, outer_round=self.outer_round,
+        return sketch_state(self.theta, self.phi, self.momentum, inner_step=self.step,
+                            outer_round=self.outer_round,
                             round_steps=self.step % self.inner_steps, seed=seed)
 
 
@@ -114,7 +116,8 @@ def trained(swarm: Swarm, seed: int = 0) -> tuple[dict, dict, simulator.Simulato
                 for stage, workers in enumerate(sim.workers):
                     for r, w in enumerate(workers):
                         states.setdefault((stage, r), {})[step] = State(
-                            [p.detach().clone() for p in w.stage.parameters()], [t.clone() for t in w.slow.phi],
+                            [p.detach().clone() for p in w.stage.parameters()],
+                            [t.clone() for t in w.slow.phi],
                             [t.clone() for t in w.slow.momentum], step, h, sim.outer_rounds)
                         recent = partners.get((stage, r), [])[-SPREAD_ROUNDS:]
                         spread.setdefault((stage, r), {})[step] = (
@@ -143,15 +146,18 @@ def hostile(states: dict, sim: simulator.Simulator, stage: int, step: int, repli
 
     old = states[(stage, 0)][step - OLD_ROUNDS * h]
     cases = {
-        "scaled by 1.5": State([1.5 * t for t in honest.theta], [1.5 * t for t in honest.phi], honest.momentum,
+        "scaled by 1.5": State([1.5 * t for t in honest.theta], [1.5 * t for t in honest.phi],
+                               honest.momentum,
                                step, h, now),
-        "one tensor replaced": State(replaced(honest.theta), replaced(honest.phi), honest.momentum, step, h, now),
+        "one tensor replaced": State(replaced(honest.theta), replaced(honest.phi), honest.momentum, step, h,
+                                     now),
         f"{OLD_ROUNDS} rounds old": State(old.theta, old.phi, old.momentum, step, h, now),
         "another run's": State(other, other, [torch.zeros_like(t) for t in other], step, h, now),
     }
     if rms > 0:  # replicas that always average into one point have no spread to scale noise by
         cases["noise at 10x the spread"] = State([t + e for t, e in zip(honest.theta, noise)],
-                                                 [t + e for t, e in zip(honest.phi, noise)], honest.momentum, step, h,
+                                                 [t + e for t, e in zip(honest.phi, noise)], honest.momentum,
+                                                 step, h,
                                                  now)
     return cases
 
@@ -190,7 +196,8 @@ def measure_swarm(swarm: Swarm, result: Result, rng: random.Random) -> None:
                 colluding = check_state(candidate, {**said, "liar": Witness(candidate, None)}, inner_steps=h)
                 tally("with a colluding witness", not colluding.accepted)
     for case, (refused, checked) in counts.items():
-        result.add(swarm=swarm.label, replicas=swarm.replicas, inner_steps=h, method=swarm.method, late=swarm.late,
+        result.add(swarm=swarm.label, replicas=swarm.replicas, inner_steps=h, method=swarm.method,
+                   late=swarm.late,
                    case=case, checked=checked, refused=refused, refused_share=refused / checked)
     result.summary.setdefault("worst_honest_distance_ratio", {})[swarm.label] = round(worst_honest, 3)
     result.summary.setdefault("swarm_s", {})[swarm.label] = round(time.monotonic() - started, 1)
@@ -221,9 +228,11 @@ def run(mode: str, out_dir: Path) -> Result:
     result.summary["sketch_cost_small_stage"] = sketch_cost()
     result.note("Each honest check asks every other replica of the stage, as a joiner asks every live peer "
                 "(up to 8); the donor's own state counts as one vote for it (state/check.py).")
-    result.note("'with a colluding witness': the hostile donor's state again, with its own sketch added as one more "
-                "witness; with two honest witnesses that is a 2-against-2 tie, which stands (the limit "
-                "docs/ALGORITHM.md section 8 states).")
+    result.note(
+        "'with a colluding witness': the hostile donor's state again, with its own sketch added as one more "
+        "witness; with two honest witnesses that is a 2-against-2 tie, which stands (the limit "
+        "docs/ALGORITHM.md section 8 states)."
+    )
     return result
 
 

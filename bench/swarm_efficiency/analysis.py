@@ -17,7 +17,8 @@ import numpy as np
 # --- steady state -------------------------------------------------------------------
 
 
-def steady_window(step_times: Sequence[Sequence[float]], first_step: int, last_step: int) -> tuple[float, float]:
+def steady_window(step_times: Sequence[Sequence[float]], first_step: int, last_step: int) -> tuple[float,
+                                                                                                   float]:
     """The interval in which every node of ``step_times`` (one list of inner-step
     timestamps per stage-0 node) is between its inner steps ``first_step`` and
     ``last_step`` (1-based): from the last node to reach the first to the first node to
@@ -223,7 +224,8 @@ def classify(task: TaskStat, tid: int, parents: dict[int, int],
     return ("dht" if owner is not None else "driver"), stage
 
 
-def cpu_accounting(samples: Sequence[Sample], nodes: dict[int, NodeThreads], start: float, end: float) -> dict:
+def cpu_accounting(samples: Sequence[Sample], nodes: dict[int, NodeThreads], start: float,
+                   end: float) -> dict:
     """CPU seconds in [start, end] of every thread of the sampled tree, by role and by
     stage: ``{"roles": {role: s}, "stages": {stage: {role: s}}, "machine_busy": s,
     "machine_idle": s}``; per stage also ``compute_wait``, the compute threads' time

@@ -101,23 +101,37 @@ def _summarise(result: Result, plan: Plan, plains: dict, budget: int, cores: int
                analyses: dict[str, LayoutAnalysis]) -> None:
     latency_layout = "2x2" if "2x2" in analyses else next(iter(analyses))
     swarm_cpu = {name: 1.0 - a.machine["other_processes"] - a.machine["idle"] for name, a in analyses.items()}
-    result.summary.update({
-        "model": plan.model, "num_parameters": plains[budget]["num_parameters"], "seq_len": plan.seq_len,
-        "batch_size": plan.batch_size, "inner_steps": plan.inner_steps, "window_steps": list(plan.window),
-        "round_timeout_s": plan.round_timeout_s,
-        "plain_threads": budget, "cores": cores, "tokens_per_s_plain": plains[budget]["tokens_per_s"],
-        "tokens_per_s_plain_cores": plains[cores]["tokens_per_s"],
-        "tokens_per_s": {name: a.throughput["tokens_per_s"] for name, a in analyses.items()},
-        "ratio": {name: a.throughput["ratio"] for name, a in analyses.items()},
-        "ratio_cores": {name: a.throughput["ratio_cores"] for name, a in analyses.items()},
-        "cpu_ratio": {name: a.throughput["cpu_ratio"] for name, a in analyses.items()},
-        "other_processes_max": max(row["other_processes"] for row in result.rows if row["table"] == "machine"),
-        "daemon_cpu_share": {name: (a.machine["p2pd"] / swarm_cpu[name] if swarm_cpu[name] > 0 else None)
-                             for name, a in analyses.items()},
-        "step_time_s": {**ana.mean_std(analyses[latency_layout].step_times), "layout": latency_layout},
-    })
-    result.note("Plain training (in the benchmark process) and every swarm node's compute thread run under cProfile "
-                "with a CPU-time timer, so both sides pay its overhead.")
+    result.summary.update(
+        {
+            "model": plan.model,
+            "num_parameters": plains[budget]["num_parameters"],
+            "seq_len": plan.seq_len,
+            "batch_size": plan.batch_size,
+            "inner_steps": plan.inner_steps,
+            "window_steps": list(plan.window),
+            "round_timeout_s": plan.round_timeout_s,
+            "plain_threads": budget,
+            "cores": cores,
+            "tokens_per_s_plain": plains[budget]["tokens_per_s"],
+            "tokens_per_s_plain_cores": plains[cores]["tokens_per_s"],
+            "tokens_per_s": {name: a.throughput["tokens_per_s"] for name, a in analyses.items()},
+            "ratio": {name: a.throughput["ratio"] for name, a in analyses.items()},
+            "ratio_cores": {name: a.throughput["ratio_cores"] for name, a in analyses.items()},
+            "cpu_ratio": {name: a.throughput["cpu_ratio"] for name, a in analyses.items()},
+            "other_processes_max": max(
+                row["other_processes"] for row in result.rows if row["table"] == "machine"
+            ),
+            "daemon_cpu_share": {
+                name: (a.machine["p2pd"] / swarm_cpu[name] if swarm_cpu[name] > 0 else None)
+                for name, a in analyses.items()
+            },
+            "step_time_s": {**ana.mean_std(analyses[latency_layout].step_times), "layout": latency_layout},
+        }
+    )
+    result.note(
+        "Plain training (in the benchmark process) and every swarm node's compute thread run under cProfile "
+        "with a CPU-time timer, so both sides pay its overhead."
+    )
     result.note(f"Steady state: stage-0 inner steps {plan.window[0]}..{plan.window[1]} of {plan.steps}, "
                 f"outer rounds every {plan.inner_steps} inner steps (NoLoCo pairs).")
 

@@ -49,7 +49,8 @@ def run_fast_link(plan: Plan, result: Result, work: Path) -> None:
                                m[c] for c in ("useful", "recompute", "serialisation", "outer", "other")),
                            "idle_share": m["idle"], "stage0_blocked": stage0["idle"],
                            "mb_per_s_whole_run": moved / 1e6 / swarm.summary["wall_s"],
-                           "step_time_mean_s": t["step_time_mean_s"], "microbatches_lost": t["microbatches_lost"],
+                           "step_time_mean_s": t["step_time_mean_s"],
+                           "microbatches_lost": t["microbatches_lost"],
                            "other_processes": m["other_processes"]})
     rows = {}
     for path, measured in runs.items():
@@ -60,7 +61,8 @@ def run_fast_link(plan: Plan, result: Result, work: Path) -> None:
         result.add(**rows[path])
     before, after = rows["libp2p streams"], rows["direct lanes"]
     result.summary["fast_link"] = {
-        "model": plan.model, "seq_len": plan.seq_len, "batch_size": plan.batch_size, "runs_each": len(TURNS) // 2,
+        "model": plan.model, "seq_len": plan.seq_len, "batch_size": plan.batch_size,
+        "runs_each": len(TURNS) // 2,
         "tokens_per_s": {path: row["tokens_per_s"] for path, row in rows.items()},
         "transport_share": {path: row["transport_share"] for path, row in rows.items()},
         "speedup": after["tokens_per_s"] / before["tokens_per_s"]}

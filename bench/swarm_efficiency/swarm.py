@@ -52,10 +52,13 @@ class Plan:
         from swarm_node.optim import InnerHyper, default_method
         from swarm_node.spec import RunSpec
 
-        return RunSpec(run_id="bench-plain", model_size=self.model, num_stages=num_stages, seq_len=self.seq_len,
+        return RunSpec(run_id="bench-plain", model_size=self.model, num_stages=num_stages,
+                       seq_len=self.seq_len,
                        batch_size=self.batch_size, samples_per_step=self.batch_size, total_steps=self.steps,
-                       data=DataSpec.parse(self.data), method=default_method("noloco", inner_steps=self.inner_steps),
-                       inner=InnerHyper(lr=suggested_lr(self.model), warmup_steps=default_warmup_steps(self.steps),
+                       data=DataSpec.parse(self.data), method=default_method("noloco",
+                                                                             inner_steps=self.inner_steps),
+                       inner=InnerHyper(lr=suggested_lr(self.model),
+                                        warmup_steps=default_warmup_steps(self.steps),
                                         total_steps=self.steps))
 
 
@@ -147,11 +150,13 @@ def run_swarm(plan: Plan, stages: int, replicas: int, work_dir: Path, *, lanes: 
     summary_path = probe_dir / "summary.json"
     cmd = [sys.executable, "-m", PROBE_MODULE, "local", "--stages", str(stages), "--replicas", str(replicas),
            "--model", plan.model, "--data", plan.data, "--seq-len", str(plan.seq_len),
-           "--batch-size", str(plan.batch_size), "--steps", str(plan.steps), "--inner-steps", str(plan.inner_steps),
+           "--batch-size", str(plan.batch_size), "--steps", str(plan.steps), "--inner-steps",
+           str(plan.inner_steps),
            "--round-timeout", str(plan.round_timeout_s),
            "--run-dir", str(probe_dir / "run"), "--json-out", str(summary_path), "--no-progress",
            *([] if lanes else ["--no-lanes"])]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO),
+                                                                    os.environ.get("PYTHONPATH")])),
                **{PROBE_DIR_ENV: str(probe_dir), PROFILE_STEPS_ENV: f"{plan.window[0]}:{plan.window[1]}"})
     log_path = probe_dir / "driver.log"
     with open(log_path, "wb") as log:
@@ -184,7 +189,9 @@ def _stop_swarm(driver: subprocess.Popen, samples: list[ana.Sample], clean: bool
         except subprocess.TimeoutExpired:
             pass
     if not clean:
-        children = {task.pid for sample in samples for task in sample.tasks.values() if task.ppid == driver.pid}
+        children = {
+            task.pid for sample in samples for task in sample.tasks.values() if task.ppid == driver.pid
+        }
         for group in (driver.pid, *children):
             try:
                 os.killpg(group, signal.SIGKILL)
@@ -234,8 +241,16 @@ def analyse_swarm(run: SwarmRun, plan: Plan) -> LayoutAnalysis:
     swarm_cpu_s = sum(cpu["roles"].values())
     throughput["tokens_per_cpu_s"] = samples * plan.seq_len / swarm_cpu_s if swarm_cpu_s > 0 else None
     stage_shares = _stage_shares(run)
-    stages = [_stage_row(name, stage, cpu["stages"].get(stage, {}), stage_shares[stage],
-                         sum(n["stage"] == stage for n in run.nodes) * window) for stage in sorted(stage_shares)]
+    stages = [
+        _stage_row(
+            name,
+            stage,
+            cpu["stages"].get(stage, {}),
+            stage_shares[stage],
+            sum(n["stage"] == stage for n in run.nodes) * window,
+        )
+        for stage in sorted(stage_shares)
+    ]
     machine = _machine_row(name, cpu, stage_shares)
     throughput["other_processes"] = machine["other_processes"]
     return LayoutAnalysis(throughput, stages, machine, step_times)
@@ -256,7 +271,8 @@ def _stage_shares(run: SwarmRun) -> dict[int, dict[str, float]]:
             for stage, shares in by_stage.items()}
 
 
-def _stage_row(layout: str, stage: int, cpu: dict[str, float], shares: dict[str, float], node_seconds: float) -> dict:
+def _stage_row(layout: str, stage: int, cpu: dict[str, float], shares: dict[str, float],
+               node_seconds: float) -> dict:
     """Fractions of one node's window (mean over the stage's nodes): its compute thread's
     buckets, runqueue wait and idle time, and its other processes' CPU in cores."""
     busy = cpu.get("compute", 0.0) / node_seconds
@@ -265,7 +281,8 @@ def _stage_row(layout: str, stage: int, cpu: dict[str, float], shares: dict[str,
     row.update({column: busy * shares[column] for column in COMPUTE_COLUMNS})
     row.update({"wait_for_core": wait, "idle": max(0.0, 1.0 - busy - wait),
                 "event_loop_cores": cpu.get("event_loop", 0.0) / node_seconds,
-                "dht_cores": cpu.get("dht", 0.0) / node_seconds, "p2pd_cores": cpu.get("p2pd", 0.0) / node_seconds})
+                "dht_cores": cpu.get("dht", 0.0) / node_seconds, "p2pd_cores": cpu.get("p2pd",
+                                                                                       0.0) / node_seconds})
     return row
 
 
@@ -293,7 +310,8 @@ def plain_rows(plain: dict, reference: float) -> tuple[dict, dict]:
                   "tokens_per_cpu_s": plain["tokens_per_s"] * plain["window_s"] / plain["cpu_s"]}
     total = plain["machine_busy"] + plain["machine_idle"]
     machine = {"table": "machine", "layout": name, **{c: 0.0 for c in MACHINE_COLUMNS},
-               "useful": (plain["cpu_s"] - plain["other_cpu_s"]) / total, "other": plain["other_cpu_s"] / total,
+               "useful": (plain["cpu_s"] - plain["other_cpu_s"]) / total,
+               "other": plain["other_cpu_s"] / total,
                "other_processes": max(0.0, plain["machine_busy"] - plain["cpu_s"]) / total,
                "idle": plain["machine_idle"] / total}
     throughput["other_processes"] = machine["other_processes"]

@@ -185,7 +185,8 @@ def round_row(setting: Setting, params: int, members: list[int], method: str, sl
            "max_idle_s": None, "idle_by_peer_s": ""}
     if done:
         idle = idle_by_peer(done)
-        row.update(round_s=statistics.median(o["round_s"] for o in done), mean_idle_s=statistics.fmean(idle.values()),
+        row.update(round_s=statistics.median(o["round_s"] for o in done),
+                   mean_idle_s=statistics.fmean(idle.values()),
                    max_idle_s=max(idle.values()), idle_by_peer_s=idle_text(idle, slow))
     if method == "allreduce":
         row["matchmaking_s"] = median_or_none([o["matchmaking_s"] for o in done])
@@ -220,7 +221,8 @@ class Bench:
         (answer,) = swarm.call([0], "message", timeout_s=timeout * (self.plan.message_repeats + 1), to=1,
                                repeats=self.plan.message_repeats, request_timeout_s=timeout)
         message_s = statistics.median(answer["times_s"])
-        self.result.add(table="message", setting=setting.name, rate_mbit=setting.rate_mbit or 0, params=params,
+        self.result.add(table="message", setting=setting.name, rate_mbit=setting.rate_mbit or 0,
+                        params=params,
                         frame_bytes=answer["frame_bytes"], message_s=message_s,
                         mbit_per_s=answer["frame_bytes"] * 8 / message_s / 1e6)
 
@@ -230,13 +232,17 @@ class Bench:
         seek_s, request_s = pair_deadlines_s(rp.params, rp.rate_mbit)
         start_at = time.time() + 0.3  # time for the commands to arrive everywhere
         answers = swarm.call_each({r: dict(round_key=self._round_key, members=rp.members, start_at=start_at,
-                                           delay_s=rp.waits[r], request_timeout_s=request_s, round_timeout_s=seek_s,
-                                           **roles[r]) for r in rp.members}, "pair_round", timeout_s=rp.timeout_s)
+                                           delay_s=rp.waits[r], request_timeout_s=request_s,
+                                           round_timeout_s=seek_s,
+                                           **roles[r]) for r in rp.members}, "pair_round",
+                                  timeout_s=rp.timeout_s)
         attempts = statistics.fmean(a.get("attempts", 0) for a in answers.values())
         if not all(a["ok"] and a["partner"] is not None for a in answers.values()):
             errors = {r: a.get("error") or "no partner (local-only step)" for r, a in answers.items()}
-            self.result.note(f"a {'matched ' if matched else ''}pair round of {len(rp.members)} peers with "
-                             f"{rp.params / 1e6:g}M parameters failed ({attempts:.1f} proposals per peer): {errors}")
+            self.result.note(
+                f"a {'matched ' if matched else ''}pair round of {len(rp.members)} peers with "
+                f"{rp.params / 1e6:g}M parameters failed ({attempts:.1f} proposals per peer): {errors}"
+            )
             return {"failed": True, "attempts": attempts}
         return {**round_stats(answers), "failed": False, "attempts": attempts,
                 "exchange_s": median_or_none([a["exchange_s"] for a in answers.values()]),
@@ -250,8 +256,10 @@ class Bench:
                                    for r in rp.members}, "allreduce_go", timeout_s=rp.timeout_s * 2)
         if not all(a["ok"] and a["group_size"] == len(rp.members) for a in answers.values()):
             errors = {r: a.get("error") or f"group of {a.get('group_size')}" for r, a in answers.items()}
-            self.result.note(f"an all-reduce round of {len(rp.members)} peers with {rp.params / 1e6:g}M parameters "
-                             f"failed: {errors}")
+            self.result.note(
+                f"an all-reduce round of {len(rp.members)} peers with {rp.params / 1e6:g}M parameters "
+                f"failed: {errors}"
+            )
             return {"failed": True}
         return {**round_stats(answers), "failed": False,
                 "matchmaking_s": max(a["matchmaking_s"] for a in matched.values() if a["ok"])}
@@ -280,7 +288,8 @@ class Bench:
         self._averager_groups += 1
         swarm.call(members, "averager_open", timeout_s=120,
                    prefix=f"sba_{setting.name}_{params}_{num_peers}_{self._averager_groups}",
-                   group_size=num_peers, compression=self.plan.compression, matchmaking_s=self.plan.matchmaking_s)
+                   group_size=num_peers, compression=self.plan.compression,
+                   matchmaking_s=self.plan.matchmaking_s)
         try:
             for slow in variants:
                 self.run_method(swarm, setting, params, members, "allreduce", slow)
@@ -323,18 +332,20 @@ def run_shaped(bench: Bench, settings: list[Setting]) -> None:
 
 
 NOTES = (
-    "Every peer of a setting shares this machine's CPUs: with N = 8 on 2 cores the loopback times include CPU "
-    "contention (each peer's libp2p daemon encrypts and copies every byte, each side casts and checks).",
-    "The pair round uses the node's PairingCoordinator; the seeking flags travel through a shared file at once, "
-    "where the node reads them from registry records refreshed every heartbeat (2 s): the best case for pairs.",
-    "The all-reduce's matchmaking runs before the round (pre-scheduled, as hivemind.Optimizer does it); a plain "
-    "DecentralizedAverager.step() would add matchmaking_s to its critical path.",
-    "tc netem is missing on these machines: the shaped settings limit bandwidth (tbf, both directions of every "
-    "peer's link) but add no latency.",
-    "This benchmark found a pairing livelock in the node before commit 'pairing proposals': a request carried the "
-    "whole payload, so every refusal cost a full upload, and at 10M parameters and N = 2 two peers' requests "
-    "crossed again and again (17 requests per peer, no partner in 20 s; pair rounds took 1.3-4x a matched pair's "
-    "time). Pairing now starts with a few-byte proposal, and crossed proposals pair by peer id.",
+    "Every peer of a setting shares this machine's CPUs: with N = 8 on 2 cores the loopback times include "
+    "CPU contention (each peer's libp2p daemon encrypts and copies every byte, each side casts and checks).",
+    "The pair round uses the node's PairingCoordinator; the seeking flags travel through a shared file at "
+    "once, where the node reads them from registry records refreshed every heartbeat (2 s): the best case "
+    "for pairs.",
+    "The all-reduce's matchmaking runs before the round (pre-scheduled, as hivemind.Optimizer does it); a "
+    "plain DecentralizedAverager.step() would add matchmaking_s to its critical path.",
+    "tc netem is missing on these machines: the shaped settings limit bandwidth (tbf, both directions of "
+    "every peer's link) but add no latency.",
+    "This benchmark found a pairing livelock in the node before commit 'pairing proposals': a request "
+    "carried the whole payload, so every refusal cost a full upload, and at 10M parameters and N = 2 two "
+    "peers' requests crossed again and again (17 requests per peer, no partner in 20 s; pair rounds took "
+    "1.3-4x a matched pair's time). Pairing now starts with a few-byte proposal, and crossed proposals pair "
+    "by peer id.",
 )
 
 
@@ -371,7 +382,8 @@ def summarize(rows: list[dict], plan: Plan) -> dict:
     for setting, by_size in summary["round_time_s"].items():
         for params, by_n in by_size.items():
             for peers, times in by_n.items():
-                for key, pair in (("allreduce_over_pair", "pair"), ("allreduce_over_matched_pair", "pair_matched")):
+                for key, pair in (("allreduce_over_pair", "pair"), ("allreduce_over_matched_pair",
+                                                                    "pair_matched")):
                     if times.get(pair) and times.get("allreduce"):
                         _branch(summary[key], setting, params)[peers] = times["allreduce"] / times[pair]
     return summary
@@ -387,8 +399,10 @@ def main(argv: list[str] | None = None) -> None:
     result.summary = summarize(result.rows, plan)
     result.notes[:0] = NOTES
     if plan.plain_rounds == 1:
-        result.note("One round per point (quick mode): single rounds on a shared 2-core machine are noisy, the node's "
-                    "pairing most (its refusals and back-offs are random). Read the direction of the ratios, not "
-                    "their second digit; --full takes medians over several rounds.")
+        result.note(
+            "One round per point (quick mode): single rounds on a shared 2-core machine are noisy, the "
+            "node's pairing most (its refusals and back-offs are random). Read the direction of the ratios, "
+            "not their second digit; --full takes medians over several rounds."
+        )
     path = result.write()
     plot(json.loads(path.read_text()), result.path(".png"))

@@ -148,7 +148,8 @@ class BenchPeer:
             self.compute_s += time.monotonic() - started
 
     async def serve(self) -> None:
-        limits = ServeLimits(max_request_bytes=1 << 31, max_concurrent=4, max_per_peer=1, handler_timeout_s=600.0)
+        limits = ServeLimits(max_request_bytes=1 << 31, max_concurrent=4, max_per_peer=1,
+                             handler_timeout_s=600.0)
         await self.transport.serve(MESSAGE_PROTOCOL, self._handle_message, limits)
 
     # -- the payload ------------------------------------------------------------------
@@ -161,7 +162,8 @@ class BenchPeer:
             await self.transport.stop_serving(name)
         self.exchange = OuterExchange(
             spec_hash=SPEC_HASH, method="noloco", times=ExchangeTimes(round_timeout_s=60.0, exchange_s=600.0),
-            state=self.stage, gate=RoundGate(), services=NodeServices(self.compute, self.transport, PeerGuard(),
+            state=self.stage, gate=RoundGate(), services=NodeServices(self.compute, self.transport,
+                                                                      PeerGuard(),
                                                                         NodeStats()),
             candidates=lambda: self.candidates(), callers_expected=lambda: self.callers_expected,
             announce=self._announce, stopping=asyncio.Event(), own_id=self.transport.peer_id)
@@ -185,7 +187,8 @@ class BenchPeer:
         for _ in range(repeats + 1):  # the first, on a fresh stream and cold buffers, is not counted
             started = time.monotonic()
             _, frame = await self.compute(self.own_frame)
-            await self.transport.request(self.peer_ids[to], MESSAGE_PROTOCOL, frame, timeout_s=request_timeout_s,
+            await self.transport.request(self.peer_ids[to], MESSAGE_PROTOCOL, frame,
+                                         timeout_s=request_timeout_s,
                                          max_response_bytes=1 << 16)
             times.append(time.monotonic() - started)
         return {"times_s": times[1:], "frame_bytes": len(frame)}
@@ -204,7 +207,8 @@ class BenchPeer:
         elif not initiate:
             self.candidates = list
         else:
-            self.candidates = lambda: ([(self.peer_ids[partner], True)] if self.board.get(partner) == round_key
+            self.candidates = lambda: ([(self.peer_ids[partner],
+                                         True)] if self.board.get(partner) == round_key
                                        else [])
         self.callers_expected = partner is not None
 

@@ -67,7 +67,8 @@ def round_table(result: dict) -> str:
                       _num(_ratio(allr["round_s"], pair["round_s"])),
                       _num(_ratio(allr["round_s"], matched["round_s"]))])
     return _table(["setting", "params", "N", "pair s", "requests/peer", "matched pair s", "one exchange s",
-                   "all-reduce s", "matchmaking s (hidden)", "all-reduce / pair", "all-reduce / matched pair"], lines)
+                   "all-reduce s", "matchmaking s (hidden)", "all-reduce / pair",
+                   "all-reduce / matched pair"], lines)
 
 
 def straggler_table(result: dict) -> str:
@@ -79,8 +80,10 @@ def straggler_table(result: dict) -> str:
                 continue
             lines.append([_setting_label(result, config[0]), _size(config[1]), str(config[2]), method,
                           f"{row['stragglers']} x {row['delay_s']:g} s", _round_cell(row),
-                          _num(row["mean_idle_s"]), _num(row["max_idle_s"]), row["idle_by_peer_s"] or "failed"])
-    return _table(["setting", "params", "N", "method", "stragglers x delay", "round s", "mean idle s", "max idle s",
+                          _num(row["mean_idle_s"]), _num(row["max_idle_s"]),
+                          row["idle_by_peer_s"] or "failed"])
+    return _table(["setting", "params", "N", "method", "stragglers x delay", "round s", "mean idle s",
+                   "max idle s",
                    "idle by peer s"], lines)
 
 
@@ -110,27 +113,36 @@ def _span(ratios: dict[tuple, float]) -> str:
 
 
 def speed_paragraph(result: dict, rounds: dict[tuple, dict]) -> str:
-    matched, node = _ratios(rounds, "pair_matched", False, "round_s"), _ratios(rounds, "pair", False, "round_s")
+    matched, node = _ratios(rounds, "pair_matched", False, "round_s"), _ratios(rounds, "pair", False,
+                                                                               "round_s")
     if not matched:
         return "No configuration completed both a matched pair round and an all-reduce."
     largest = max(c[2] for c in matched)
     at_largest = {c: r for c, r in matched.items() if c[2] == largest}
     model = math.log2(largest)
-    text = (f"**Without stragglers** the all-reduce's critical path was {_span(matched)} a matched pair round's over "
-            f"{len(matched)} configurations (at N = {largest}: "
-            + "; ".join(f"{_where(result, c)}: {r:.2f}x" for c, r in at_largest.items())
-            + f"). The paper's latency model (2t log2 N against 2t) expects {model:.0f}x at N = {largest}")
+    text = (
+        f"**Without stragglers** the all-reduce's critical path was {_span(matched)} a matched pair round's "
+        f"over {len(matched)} configurations (at N = {largest}: "
+        + "; ".join(f"{_where(result, c)}: {r:.2f}x" for c, r in at_largest.items())
+        + f"). The paper's latency model (2t log2 N against 2t) expects {model:.0f}x at N = {largest}"
+    )
     if max(at_largest.values()) < model:
-        text += ("; the measured gap is smaller. hivemind's all-reduce is a butterfly, not a tree: each peer sends "
-                 "and receives about 2(N-1)/N payloads, in parallel, so on links without latency (no netem here) its "
-                 "cost grows with N through bytes and CPU per peer, not through log2 N message latencies")
+        text += (
+            "; the measured gap is smaller. hivemind's all-reduce is a butterfly, not a tree: each peer "
+            "sends and receives about 2(N-1)/N payloads, in parallel, so on links without latency (no netem "
+            "here) its cost grows with N through bytes and CPU per peer, not through log2 N message latencies"
+        )
     text += "."
     faster = [c for c, r in matched.items() if r < 1]
     if faster:
-        text += (" The all-reduce beat a matched pair in " + "; ".join(_where(result, c) for c in faster) + ": with "
-                 "few peers it moves about the same bytes per peer (one payload each way at N = 2) but sends while it "
-                 "receives and pipelines its parts, while the node's exchange encodes, sends, decodes and checks the "
-                 "request in one piece, then does the same for the answer.")
+        text += (
+            " The all-reduce beat a matched pair in "
+            + "; ".join(_where(result, c) for c in faster)
+            + ": with "
+            "few peers it moves about the same bytes per peer (one payload each way at N = 2) but sends "
+            "while it receives and pipelines its parts, while the node's exchange encodes, sends, decodes "
+            "and checks the request in one piece, then does the same for the answer."
+        )
     if node:
         slower = [c for c, r in node.items() if r < 1]
         text += f" Against the node's own pairing (`pair`) the all-reduce took {_span(node)} the time"
@@ -149,29 +161,42 @@ def protocol_paragraph(result: dict, rounds: dict[tuple, dict]) -> str:
     overhead = [o for o in overhead if o is not None]
     text = f"**The node's pairing.** Peers sent {attempts:.1f} proposals each per round on average"
     if overhead:
-        text += f", and a round took {_span({i: o for i, o in enumerate(overhead)})} a matched pair round's time"
-    text += (". A proposal is a few bytes and only an accepted one is followed by the payload, so a refusal costs "
-             "one round trip; two peers that propose to each other at once pair at once (the larger peer id "
-             "accepts)")
+        text += (
+            f", and a round took {_span({i: o for i, o in enumerate(overhead)})} a matched pair round's time"
+        )
+    text += (
+        ". A proposal is a few bytes and only an accepted one is followed by the payload, so a refusal costs "
+        "one round trip; two peers that propose to each other at once pair at once (the larger peer id "
+        "accepts)"
+    )
     if attempts > 1.05:
-        text += ("; the other refusals (`busy` from a peer already reserved or proposing elsewhere, `not-ready`) are "
-                 "followed by a random back-off of 0.05-0.3 s")
-    messages = {(r["setting"], r["params"]): r["message_s"] for r in result["rows"] if r["table"] == "message"}
+        text += (
+            "; the other refusals (`busy` from a peer already reserved or proposing elsewhere, `not-ready`) "
+            "are followed by a random back-off of 0.05-0.3 s"
+        )
+    messages = {(r["setting"],
+                 r["params"]): r["message_s"] for r in result["rows"] if r["table"] == "message"}
     per_message = [_ratio(r["exchange_s"], messages.get(key[:2])) for key, r in matched.items()
                    if r.get("exchange_s") and messages.get(key[:2])]
     if per_message:
         text += f". One exchange took {statistics.median(per_message):.1f} message times (median)"
         if statistics.median(per_message) > 1.5:
             text += ": the request and the answer cross one after the other, not at once"
-    computes = [r["compute_s"] / r["round_s"] for r in matched.values() if r.get("compute_s") and r["round_s"]]
+    computes = [
+        r["compute_s"] / r["round_s"] for r in matched.values() if r.get("compute_s") and r["round_s"]
+    ]
     if computes:
-        text += ("; torch work on the compute thread (cast, encode, decode, the node's finiteness and magnitude "
-                 f"checks, means) was {100 * statistics.median(computes):.0f}% of a matched round (median)")
+        text += (
+            "; torch work on the compute thread (cast, encode, decode, the node's finiteness and magnitude "
+            f"checks, means) was {100 * statistics.median(computes):.0f}% of a matched round (median)"
+        )
     matchmaking = [r["matchmaking_s"] for key, r in rounds.items() if key[3] == "allreduce"
                    and r.get("matchmaking_s") is not None]
     if matchmaking:
-        text += (f". hivemind needed {min(matchmaking):.1f}-{max(matchmaking):.1f} s to form a group; it is kept off "
-                 "the critical path here, a plain `step()` pays it every round")
+        text += (
+            f". hivemind needed {min(matchmaking):.1f}-{max(matchmaking):.1f} s to form a group; it is kept "
+            f"off the critical path here, a plain `step()` pays it every round"
+        )
     return text + "."
 
 
@@ -186,10 +211,12 @@ def failure_paragraph(result: dict, rounds: dict[tuple, dict]) -> str:
     cases = "; ".join(f"{_where(result, key[:3])}{' with stragglers' if key[4] else ''}: {r['failed']} of "
                       f"{r['failed'] + r['rounds']} rounds, {r['attempts']:.0f} proposals per peer"
                       for key, r in failed.items())
-    return ("**Where the node's pairing failed.** Some `pair` rounds ended without a partner (the local-only step "
-            f"after the seek deadline: the node's round_timeout_s plus the time of one exchange): {cases}. Matched "
-            f"pairs in the same configurations failed in {twin_failed} of {twin_total} rounds. The errors the "
-            "peers reported are in the caveats below.")
+    return (
+        f"**Where the node's pairing failed.** Some `pair` rounds ended without a partner (the local-only "
+        f"step after the seek deadline: the node's round_timeout_s plus the time of one exchange): {cases}. "
+        f"Matched pairs in the same configurations failed in {twin_failed} of {twin_total} rounds. The "
+        f"errors the peers reported are in the caveats below."
+    )
 
 
 def straggler_paragraph(result: dict, rounds: dict[tuple, dict]) -> str:
@@ -199,23 +226,26 @@ def straggler_paragraph(result: dict, rounds: dict[tuple, dict]) -> str:
     s = result["summary"]
     examples = "; ".join(f"{_where(result, c)}: " + " / ".join(_num(rounds[(*c, m, True)]["mean_idle_s"])
                                                                for m in METHODS) + " s" for c in configs)
-    return (f"**Stragglers** (the last quarter of the peers, at least one, {s['straggler_delay_s']:g} s late: an inner "
-            f"phase of {s['inner_phase_s']:g} s at slow factor {s['slow_factor']:g}). Mean idle per peer, pair / "
-            f"matched pair / all-reduce: {examples}. The all-reduce idles every punctual peer for the whole delay; "
-            "with matched pairs only a straggler's partner waits, and the node's pairing lets punctual peers pair "
-            "among themselves (only one left over waits). With N = 2 the only "
-            "partner is the straggler, so every method waits alike.")
+    return (
+        f"**Stragglers** (the last quarter of the peers, at least one, {s['straggler_delay_s']:g} s late: an "
+        f"inner phase of {s['inner_phase_s']:g} s at slow factor {s['slow_factor']:g}). Mean idle per peer, "
+        f"pair / matched pair / all-reduce: {examples}. The all-reduce idles every punctual peer for the "
+        f"whole delay; with matched pairs only a straggler's partner waits, and the node's pairing lets "
+        f"punctual peers pair among themselves (only one left over waits). With N = 2 the only partner is "
+        f"the straggler, so every method waits alike."
+    )
 
 
 def markdown(result: dict) -> str:
     rounds = _rounds(result)
     parts = [
         "## Sync cost: NoLoCo pair exchange vs hivemind all-reduce",
-        "The critical path of one outer round: each peer sends its phi and Delta (fp16) to one random peer of its "
-        "stage over one libp2p stream and gets the partner's back, with the node's own pairing, transport and "
-        "frame codec, against one `DecentralizedAverager` all-reduce over the same tensors among all N peers of "
-        f"the stage ({result['summary'].get('compression', 'fp16').upper()} compression). One process per peer, "
-        "each with its own DHT and libp2p daemon; stage sizes are tensors of that many fp32 parameters.",
+        f"The critical path of one outer round: each peer sends its phi and Delta (fp16) to one random peer "
+        f"of its stage over one libp2p stream and gets the partner's back, with the node's own pairing, "
+        f"transport and frame codec, against one `DecentralizedAverager` all-reduce over the same tensors "
+        f"among all N peers of the stage ({result['summary'].get('compression', 'fp16').upper()} "
+        f"compression). One process per peer, each with its own DHT and libp2p daemon; stage sizes are "
+        f"tensors of that many fp32 parameters.",
         f"Command: `{rerun_command('sync_cost', result['mode'])}` ({result['mode']} mode; "
         "`--full` adds 50M parameters and 50 Mbit/s). "
         f"Measured in {result['wall_s']:.0f} s on {result['machine']['cpu_count']} CPUs.",
@@ -252,7 +282,8 @@ def plot(result: dict, path) -> None:
             mine = [r for r in rows if (r["setting"], r["params"]) == (setting, params)
                     and (r["stragglers"] > 0) == slowed]
             for color, (method, style) in enumerate(zip(METHODS, ("o--", "o-", "s-"))):
-                points = sorted((r["peers"], r[key]) for r in mine if r["method"] == method and r[key] is not None)
+                points = sorted((r["peers"],
+                                 r[key]) for r in mine if r["method"] == method and r[key] is not None)
                 if points:
                     ax.plot(*zip(*points), style, label=method, color=f"C{color}")
             failed = [f"{r['method']} failed at N = {r['peers']}" for r in mine if r[key] is None]

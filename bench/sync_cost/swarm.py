@@ -54,7 +54,9 @@ class PeerProcess:
         try:
             answer = self._replies.get(timeout=timeout_s)
         except queue.Empty:
-            raise PeerFailed(f"peer {self.rank} did not answer within {timeout_s:.0f}s{self._log_tail()}") from None
+            raise PeerFailed(
+                f"peer {self.rank} did not answer within {timeout_s:.0f}s{self._log_tail()}"
+            ) from None
         if answer is None:
             raise PeerFailed(f"peer {self.rank} exited (code {self.proc.poll()}){self._log_tail()}")
         return answer
@@ -86,7 +88,8 @@ class PeerProcess:
 class Swarm(ClosedOnFailure):
     """``num_peers`` peer processes, on loopback or (``namespaces`` given) one per namespace."""
 
-    def __init__(self, num_peers: int, namespaces: Namespaces | None = None, startup_timeout_s: float = 120.0):
+    def __init__(self, num_peers: int, namespaces: Namespaces | None = None,
+                 startup_timeout_s: float = 120.0):
         self.num_peers = num_peers
         self.namespaces = namespaces
         self.startup_timeout_s = startup_timeout_s
@@ -116,7 +119,8 @@ class Swarm(ClosedOnFailure):
         try:
             return peer.receive(self.startup_timeout_s)
         except PeerFailed as exc:
-            print(f"peer {peer.rank} did not start, trying once more: {str(exc).splitlines()[0]}", file=sys.stderr)
+            print(f"peer {peer.rank} did not start, trying once more: {str(exc).splitlines()[0]}",
+                  file=sys.stderr)
             self.peers.remove(peer)
             peer.signal_group(signal.SIGKILL)
             peer.reap()

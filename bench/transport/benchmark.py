@@ -34,7 +34,8 @@ NAME = "transport"
 PEER = [sys.executable, "-m", "bench.transport.peer"]
 
 
-def _pair(prefix_server: list[str], prefix_client: list[str], server_host: str, client_host: str, megabytes: float,
+def _pair(prefix_server: list[str], prefix_client: list[str], server_host: str, client_host: str,
+          megabytes: float,
           repeats: int, log_dir: Path) -> dict:
     """Starts the serving side, measures from the other, stops both."""
     err = open(log_dir / "transport-serve.log", "ab")
@@ -117,25 +118,32 @@ def run(mode: str, out_dir: Path) -> Result:
                 measured = _pair(["ip", "netns", "exec", a.namespace], ["ip", "netns", "exec", b.namespace],
                                  a.address, b.address, megabytes, repeats, logs)
                 _add_rows(result, label, rate, measured)
-        result.note("links: veth pairs through a bridge, MTU 1500; shaped with tc tbf on both ends of each access "
-                    "link (bursts of 10 ms, 50 ms of queue): tbf on veth holds 1 and 10 Gbit/s as set, the CPUs "
-                    "(2 cores for both peers, their daemons and the shaping) set the pace above that")
+        result.note(
+            "links: veth pairs through a bridge, MTU 1500; shaped with tc tbf on both ends of each access "
+            "link (bursts of 10 ms, 50 ms of queue): tbf on veth holds 1 and 10 Gbit/s as set, the CPUs "
+            "(2 cores for both peers, their daemons and the shaping) set the pace above that"
+        )
     lane = {r["path"]: r for r in result.rows if r["way"] == "direct lane"}
     p2p = {r["path"]: r for r in result.rows if r["way"] == "libp2p stream"}
     result.summary = {f"{path}: direct lane / raw TCP": lane[path]["of_raw"] for path in lane}
     result.summary.update({f"{path}: direct lane / libp2p": round(lane[path]["mb_s"] / p2p[path]["mb_s"], 2)
                            for path in lane})
     size = int(megabytes * 1e6)
-    result.summary["fresh_body_ms"] = {"4 KiB pages": _fault_ms(size, False), "huge pages": _fault_ms(size, True)}
-    result.note(f"a lane reads a body into memory that holds it (raw TCP's sink reuses one 4 MiB buffer): up to "
-                f"{BODY_BUFFERS.max_kept_bytes >> 20} MiB the same buffers transfer after transfer, above that "
-                f"fresh memory: {megabytes:g} MB took {result.summary['fresh_body_ms']['4 KiB pages']:.0f} ms to "
-                f"fault in as a bytearray here and {result.summary['fresh_body_ms']['huge pages']:.0f} ms in "
-                "transparent huge pages (what a lane takes); a lane between hosts also encrypts and decrypts every "
-                "byte (TLS 1.3, AES-GCM) on the same 2 cores")
-    result.note(f"{megabytes:g} MB a transfer, {repeats} rounds of one transfer each way after one that opens the "
-                f"connections (MB/s: the median transfer's; of raw TCP: the median of each round's ratio); "
-                f"{time.monotonic() - started:.0f} s in all")
+    result.summary["fresh_body_ms"] = {"4 KiB pages": _fault_ms(size, False), "huge pages": _fault_ms(size,
+                                                                                                      True)}
+    result.note(
+        f"a lane reads a body into memory that holds it (raw TCP's sink reuses one 4 MiB buffer): up to "
+        f"{BODY_BUFFERS.max_kept_bytes >> 20} MiB the same buffers transfer after transfer, above that "
+        f"fresh memory: {megabytes:g} MB took {result.summary['fresh_body_ms']['4 KiB pages']:.0f} ms to "
+        f"fault in as a bytearray here and {result.summary['fresh_body_ms']['huge pages']:.0f} ms in "
+        "transparent huge pages (what a lane takes); a lane between hosts also encrypts and decrypts every "
+        "byte (TLS 1.3, AES-GCM) on the same 2 cores"
+    )
+    result.note(
+        f"{megabytes:g} MB a transfer, {repeats} rounds of one transfer each way after one that opens the "
+        f"connections (MB/s: the median transfer's; of raw TCP: the median of each round's ratio); "
+        f"{time.monotonic() - started:.0f} s in all"
+    )
     return result
 
 

@@ -25,7 +25,8 @@ from swarm_node.net.transport import ServeLimits, Transport
 from swarm_node.system import run_on_fast_loop
 
 WAYS = (("raw_tcp", "raw TCP (one Python stream)"), ("libp2p_plain", "libp2p stream"),
-        ("libp2p_paced", "libp2p stream, paced"), ("lane_plain", "direct lane"), ("lane_paced", "direct lane, paced"))
+        ("libp2p_paced", "libp2p stream, paced"), ("lane_plain", "direct lane"), ("lane_paced",
+                                                                                  "direct lane, paced"))
 PLAIN = protocols.FORWARD  # a bulk protocol with plain bodies (activations travel so)
 PACED = protocols.OUTER  # a bulk protocol with paced bodies (outer payloads travel so)
 MAX_BYTES = 1 << 30
@@ -117,7 +118,8 @@ async def measure(host: str, to: dict, megabytes: float, repeats: int) -> dict:
         else:
             path, body = way.split("_")
             await (libp2p if path == "libp2p" else lane).request(
-                to["peer_id"], PACED if body == "paced" else PLAIN, payload, timeout_s=600, max_response_bytes=16,
+                to["peer_id"], PACED if body == "paced" else PLAIN, payload, timeout_s=600,
+                max_response_bytes=16,
                 paced_request=body == "paced")
         out[way].append(time.perf_counter() - started)
 
@@ -145,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.role == "serve":
         run_on_fast_loop(serve(args.host))
     else:
-        print(json.dumps(run_on_fast_loop(measure(args.host, args.to, args.megabytes, args.repeats))), flush=True)
+        print(json.dumps(run_on_fast_loop(measure(args.host, args.to, args.megabytes, args.repeats))),
+              flush=True)
     return 0
 
 

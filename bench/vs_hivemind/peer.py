@@ -37,7 +37,8 @@ RUN_ID = "sbe-vs-hivemind"
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("role", choices=("bootstrap", "train"))
-    parser.add_argument("--maddr-file", type=Path, required=True, help="the bootstrap writes its multiaddrs here")
+    parser.add_argument("--maddr-file", type=Path, required=True,
+                        help="the bootstrap writes its multiaddrs here")
     parser.add_argument("--out-dir", type=Path)
     parser.add_argument("--rank", type=int, default=0)
     parser.add_argument("--peers", type=int, default=2)
@@ -54,9 +55,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--averaging-timeout-s", type=float, default=30.0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--warmup-steps", type=int, default=None, help="default: the project's for --steps")
-    parser.add_argument("--host-maddrs", nargs="+", default=None, metavar="MADDR",
-                        help="where the DHT listens (default: hivemind's, loopback only); e.g. /ip4/0.0.0.0/tcp/0 "
-                             "on a host others must reach")
+    parser.add_argument(
+        "--host-maddrs",
+        nargs="+",
+        default=None,
+        metavar="MADDR",
+        help="where the DHT listens (default: hivemind's, loopback only); e.g. /ip4/0.0.0.0/tcp/0 "
+        "on a host others must reach",
+    )
     return parser.parse_args(argv)
 
 
@@ -92,7 +98,8 @@ def epoch_schedule(args: argparse.Namespace, hyper: InnerHyper):
     per epoch, so the same warm-up and cosine run over epochs instead of steps."""
     epochs = max(1, args.steps // args.inner_steps)
     per_epoch = InnerHyper(lr=hyper.lr, warmup_steps=default_warmup_steps(epochs), total_steps=epochs)
-    return partial(torch.optim.lr_scheduler.LambdaLR, lr_lambda=lambda epoch: lr_at(epoch, per_epoch) / hyper.lr)
+    return partial(torch.optim.lr_scheduler.LambdaLR, lr_lambda=lambda epoch: lr_at(epoch,
+                                                                                    per_epoch) / hyper.lr)
 
 
 def make_optimizer(args: argparse.Namespace, dht, model: torch.nn.Module, hyper: InnerHyper):
@@ -112,7 +119,8 @@ def make_optimizer(args: argparse.Namespace, dht, model: torch.nn.Module, hyper:
         optimizer=partial(torch.optim.AdamW, lr=hyper.lr, betas=hyper.betas, eps=hyper.eps,
                           weight_decay=hyper.weight_decay),
         params=model.parameters(), scheduler=None if local else epoch_schedule(args, hyper),
-        use_local_updates=local, matchmaking_time=args.matchmaking_s, averaging_timeout=args.averaging_timeout_s,
+        use_local_updates=local, matchmaking_time=args.matchmaking_s,
+        averaging_timeout=args.averaging_timeout_s,
         grad_compression=Float16Compression(), state_averaging_compression=Float16Compression(),
         verbose=True)
 
@@ -120,7 +128,8 @@ def make_optimizer(args: argparse.Namespace, dht, model: torch.nn.Module, hyper:
 def save_snapshot(out_dir: Path, rank: int, step: int, model: torch.nn.Module, epoch: int) -> None:
     path = out_dir / f"snap-r{rank}-{step:07d}.pt"
     torch.save({"step": step, "epoch": epoch, "time": time.time(),
-                "state": {k: v.detach().clone() for k, v in model.state_dict().items()}}, path.with_suffix(".tmp"))
+                "state": {k: v.detach().clone() for k, v in model.state_dict().items()}},
+               path.with_suffix(".tmp"))
     path.with_suffix(".tmp").replace(path)
 
 

@@ -94,7 +94,8 @@ def run_hivemind(plan: Plan, mode: str, work: Path, box: Sandbox | None, lr: flo
     run = SwarmRun(f"hivemind {mode}", out, time.time())
     counter = _Counter(box, run)
     deadline = time.monotonic() + plan.time_limit_s
-    procs = [spawn(_in_box(box, _peer_cmd("bootstrap", "--maddr-file", str(maddr_file))), out / "bootstrap.log")]
+    procs = [spawn(_in_box(box, _peer_cmd("bootstrap", "--maddr-file", str(maddr_file))),
+                   out / "bootstrap.log")]
     try:
         logs = [out / f"peer-{rank}.log" for rank in range(plan.peers)]
         peers = [spawn(_in_box(box, _peer_cmd(
@@ -102,7 +103,8 @@ def run_hivemind(plan: Plan, mode: str, work: Path, box: Sandbox | None, lr: flo
             "--peers", str(plan.peers), "--mode", mode, "--model", plan.model, "--data", plan.data,
             "--seq-len", str(plan.seq_len), "--batch-size", str(plan.batch_size), "--steps", str(plan.steps),
             "--inner-steps", str(plan.inner_steps), "--lr", str(lr), "--seed", str(plan.seed),
-            "--matchmaking-s", str(plan.matchmaking_s), "--averaging-timeout-s", str(plan.averaging_timeout_s))),
+            "--matchmaking-s", str(plan.matchmaking_s), "--averaging-timeout-s",
+            str(plan.averaging_timeout_s))),
             log) for rank, log in enumerate(logs)]
         procs += peers
         try:
@@ -138,7 +140,8 @@ class _NodeWatcher(CheckpointCopier):
     """Also notes when each node's log says it starts training."""
 
     def __init__(self, run_dir: Path, run: SwarmRun, param_names: list[str], peers: int):
-        super().__init__({r: run_dir / f"checkpoints-s0-r{r}" for r in range(peers)}, run.snapshot_dir, param_names)
+        super().__init__({r: run_dir / f"checkpoints-s0-r{r}" for r in range(peers)}, run.snapshot_dir,
+                         param_names)
         self.run_dir, self.run = run_dir, run
         self.ready: dict[str, float] = {}
 
@@ -154,7 +157,8 @@ def run_swarm_node(plan: Plan, work: Path, box: Sandbox | None, param_names: lis
     run_dir = out / "run"
     out.mkdir(parents=True)
     summary_path = out / "summary.json"
-    cmd = [sys.executable, "-m", "bench.vs_hivemind.swarm", "--replicas", str(plan.peers), "--model", plan.model,
+    cmd = [sys.executable, "-m", "bench.vs_hivemind.swarm", "--replicas", str(plan.peers), "--model",
+           plan.model,
            "--data", plan.data, "--seq-len", str(plan.seq_len), "--batch-size", str(plan.batch_size),
            "--steps", str(plan.steps), "--inner-steps", str(plan.inner_steps), "--seed", str(plan.seed),
            "--run-dir", str(run_dir), "--json-out", str(summary_path)]

@@ -70,10 +70,12 @@ def model_sizes() -> list[ModelSize]:
     sizes = []
     for name in NAMED_SIZES:
         config = model_config(name, vocab_size=BYTE_VOCAB, max_seq_len=64)
-        sizes.append(ModelSize(name, "project", config.num_parameters(), config.hidden_size, Setting.tokens_per_step))
+        sizes.append(ModelSize(name, "project", config.num_parameters(), config.hidden_size,
+                               Setting.tokens_per_step))
     for name in ("small", "medium", "large"):
         config = model_config(name, vocab_size=PAPER_VOCAB, max_seq_len=PAPER_SEQ_LEN)
-        sizes.append(ModelSize(f"paper {name.capitalize()}", "paper", config.num_parameters(), config.hidden_size,
+        sizes.append(ModelSize(f"paper {name.capitalize()}", "paper", config.num_parameters(),
+                               config.hidden_size,
                                8 * PAPER_SEQ_LEN))
     return sizes
 
@@ -109,7 +111,8 @@ def method_rows(size: ModelSize, setting: Setting) -> list[dict]:
     per_sync = [
         ("noloco", "fp16", "phi + Delta to 1 partner", noloco_h, pair_exchange_bytes(p, "fp16")),
         ("noloco-reference", "fp32", "phi + Delta to 1 partner", noloco_h, pair_exchange_bytes(p, "fp32")),
-        ("diloco-allreduce", "fp32", f"butterfly all-reduce of Delta, N={n}", diloco_h, butterfly_share(n) * p * 4),
+        ("diloco-allreduce", "fp32", f"butterfly all-reduce of Delta, N={n}", diloco_h,
+         butterfly_share(n) * p * 4),
         ("diloco-here", "fp16", f"phi + Delta to each of the N-1={n - 1} others", diloco_h,
          (n - 1) * pair_exchange_bytes(p, "fp16")),
         ("ddp", "fp32", f"all-reduce of gradients, N={n}", 1, butterfly_share(n) * p * 4),
@@ -258,16 +261,25 @@ def build_result(result: Result, setting: Setting, run: CheckRun, summary: dict 
     result.rows = table + peers + outer
     payload = sum(p["bytes_sent"] for p in summary["peers"])
     deviation = max(abs(r["residual"]) / r["bytes_sent"] for r in peers if r["bytes_sent"])
-    result.summary.update({
-        "check_command": summary["command"], "check_max_deviation": deviation,
-        "check_within_tolerance": deviation <= CHECK_TOLERANCE,
-        "refused_requests": sum(r["refused_requests"] for r in peers),
-        "rounds_with_partner": sum(r["rounds_with_partner"] for r in peers),
-        "measured_outer_vs_reference": sum(r["measured_bytes"] for r in outer)
-        / sum(r["rounds"] * r["reference_fp32"] for r in outer) if outer else None,
-        "ideal_outer_vs_reference": max(r["ideal_vs_reference"] for r in outer) if outer else None,
-        "check_payload_bytes": payload, "check_loopback_bytes": summary["loopback_bytes"],
-        "check_loopback_vs_payload": summary["loopback_bytes"] / payload if summary["loopback_bytes"] else None})
+    result.summary.update(
+        {
+            "check_command": summary["command"],
+            "check_max_deviation": deviation,
+            "check_within_tolerance": deviation <= CHECK_TOLERANCE,
+            "refused_requests": sum(r["refused_requests"] for r in peers),
+            "rounds_with_partner": sum(r["rounds_with_partner"] for r in peers),
+            "measured_outer_vs_reference": sum(r["measured_bytes"] for r in outer)
+            / sum(r["rounds"] * r["reference_fp32"] for r in outer)
+            if outer
+            else None,
+            "ideal_outer_vs_reference": max(r["ideal_vs_reference"] for r in outer) if outer else None,
+            "check_payload_bytes": payload,
+            "check_loopback_bytes": summary["loopback_bytes"],
+            "check_loopback_vs_payload": summary["loopback_bytes"] / payload
+            if summary["loopback_bytes"]
+            else None,
+        }
+    )
 
 
 def plot(result: Result) -> None:
@@ -330,7 +342,9 @@ def _pivot(table: list[dict], key: str, fmt) -> list[str]:
     for model in dict.fromkeys(r["model"] for r in table):
         cells = {r["method"]: r for r in table if r["model"] == model}
         params = next(iter(cells.values()))["params"]
-        lines.append(f"| {model} | {human_count(params)} | " + " | ".join(fmt(cells[m][key]) for m in methods) + " |")
+        lines.append(
+            f"| {model} | {human_count(params)} | " + " | ".join(fmt(cells[m][key]) for m in methods) + " |"
+        )
     return lines
 
 
@@ -340,13 +354,17 @@ def _check_section(result: dict) -> list[str]:
     outer = [r for r in result["rows"] if r.get("check") == "outer"]
     if not peers:
         return ["No check run is in this result (see the notes)."]
-    lines = [f"`{s['check_command']}` on loopback. The transport counts every frame it writes (`bytes_sent` of "
-             "the JSON summary). The model: the micro-batch frames and one outer frame per round with a partner, "
-             "built with the node's own codec, plus one outer frame per payload a partner declined after it "
-             "arrived (inferred from the excess, a whole number of frames). The residual is the pairing "
-             "proposals and their answers, tens of bytes each.", "",
-             "| stage | peer | micro-batches | retries | rounds with a partner | declined payloads | bytes sent "
-             "| model | residual (B) |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"`{s['check_command']}` on loopback. The transport counts every frame it writes (`bytes_sent` of "
+        "the JSON summary). The model: the micro-batch frames and one outer frame per round with a partner, "
+        "built with the node's own codec, plus one outer frame per payload a partner declined after it "
+        "arrived (inferred from the excess, a whole number of frames). The residual is the pairing "
+        "proposals and their answers, tens of bytes each.",
+        "",
+        "| stage | peer | micro-batches | retries | rounds with a partner | declined payloads | bytes sent "
+        "| model | residual (B) |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in peers:
         lines.append(f"| {r['stage']} | `{r['peer']}` | {r['microbatches']} | {r['retries']} | "
                      f"{r['rounds_with_partner']} | {r['refused_requests']} | {r['bytes_sent']:,} | "
@@ -359,16 +377,22 @@ def _check_section(result: dict) -> list[str]:
                      f"{r['measured_per_round']:,} | {r['predicted_fp16']:,} | {r['reference_fp32']:,} | "
                      f"{r['vs_reference']:.3f} | {r['ideal_vs_reference']:.3f} |")
     verdict = "within" if s["check_within_tolerance"] else "NOT within"
-    lines += ["", f"Every peer's measured bytes are {verdict} {s['tolerance']:.0%} of the model (largest residual "
-              f"{s['check_max_deviation']:.3%} of a peer's bytes: the pairing proposals and answers). "
-              f"One exchange costs {s['ideal_outer_vs_reference']:.2f} of the reference's fp32 exchange; "
-              f"measured over {s['rounds_with_partner']} peer-rounds with a partner ({s['refused_requests']} "
-              f"declined payloads) it came to {s['measured_outer_vs_reference']:.2f} of it per round."]
+    lines += [
+        "",
+        f"Every peer's measured bytes are {verdict} {s['tolerance']:.0%} of the model (largest residual "
+        f"{s['check_max_deviation']:.3%} of a peer's bytes: the pairing proposals and answers). "
+        f"One exchange costs {s['ideal_outer_vs_reference']:.2f} of the reference's fp32 exchange; "
+        f"measured over {s['rounds_with_partner']} peer-rounds with a partner ({s['refused_requests']} "
+        f"declined payloads) it came to {s['measured_outer_vs_reference']:.2f} of it per round.",
+    ]
     if s.get("check_loopback_vs_payload"):
-        lines += ["", "Everything on the run's loopback (its own network namespace: DHT, libp2p, TCP/IP headers, "
-                  f"the bootstrap) came to {human_bytes(s['check_loopback_bytes'])}, "
-                  f"{s['check_loopback_vs_payload']:.2f}x the {human_bytes(s['check_payload_bytes'])} of payload "
-                  "the transports counted."]
+        lines += [
+            "",
+            "Everything on the run's loopback (its own network namespace: DHT, libp2p, TCP/IP headers, "
+            f"the bootstrap) came to {human_bytes(s['check_loopback_bytes'])}, "
+            f"{s['check_loopback_vs_payload']:.2f}x the {human_bytes(s['check_payload_bytes'])} of payload "
+            "the transports counted.",
+        ]
     return lines
 
 
@@ -379,50 +403,70 @@ def _meaning(s: dict, table: list[dict]) -> str:
     heavier = [m for m in models if per_token[m, "pipeline"] > per_token[m, "noloco"]]
     lighter = [m for m in models if m not in heavier]
     how_often = s["diloco_inner_steps"] / s["noloco_inner_steps"]
-    pipeline = (f"The pipeline's activations cost more per token and boundary than NoLoCo's rounds for "
-                f"{', '.join(heavier) or 'none of the paper models'} and less for {', '.join(lighter) or 'none'}: "
-                "they grow with the hidden size only, the rounds with the parameter count.")
-    return (f"NoLoCo here sends {s['noloco_vs_reference']:.2f}x what the reference sends per round: fp16 "
-            "instead of fp32 for the same phi and Delta. For the paper's Small model it sends "
-            f"{small['noloco']:,.0f} bytes per token against {small['diloco-allreduce']:,.0f} for DiLoCo's fp32 "
-            f"all-reduce ({small['noloco'] / small['diloco-allreduce']:.2f}x, DiLoCo syncing {how_often:g}x less "
-            f"often) and {small['ddp']:,.0f} for DDP ({small['ddp'] / small['noloco']:,.0f}x NoLoCo). "
-            f"{pipeline} Pairing does not make a round smaller than an all-reduce's share; what it buys is a "
-            "cost that does not grow with N and no global barrier (see sync_cost and latency_model)." + _declined(s))
+    pipeline = (
+        f"The pipeline's activations cost more per token and boundary than NoLoCo's rounds for "
+        f"{', '.join(heavier) or 'none of the paper models'} and less for {', '.join(lighter) or 'none'}: "
+        "they grow with the hidden size only, the rounds with the parameter count."
+    )
+    return (
+        f"NoLoCo here sends {s['noloco_vs_reference']:.2f}x what the reference sends per round: fp16 "
+        "instead of fp32 for the same phi and Delta. For the paper's Small model it sends "
+        f"{small['noloco']:,.0f} bytes per token against {small['diloco-allreduce']:,.0f} for DiLoCo's fp32 "
+        f"all-reduce ({small['noloco'] / small['diloco-allreduce']:.2f}x, DiLoCo syncing {how_often:g}x less "
+        f"often) and {small['ddp']:,.0f} for DDP ({small['ddp'] / small['noloco']:,.0f}x NoLoCo). "
+        f"{pipeline} Pairing does not make a round smaller than an all-reduce's share; what it buys is a "
+        "cost that does not grow with N and no global barrier (see sync_cost and latency_model)."
+        + _declined(s)
+    )
 
 
 def _declined(s: dict) -> str:
     if not s.get("refused_requests"):
         return ""
-    return (f" Short of the model: {s['refused_requests']} payloads were declined after they arrived in the real "
-            "run (a partner before its first round found them out of scale, or a reservation had lapsed); each "
-            "cost a full payload and together they took a round from "
-            f"{s['ideal_outer_vs_reference']:.2f} to {s['measured_outer_vs_reference']:.2f} of the reference's "
-            "bytes.")
+    return (
+        f" Short of the model: {s['refused_requests']} payloads were declined after they arrived in the real "
+        f"run (a partner before its first round found them out of scale, or a reservation had lapsed); each "
+        f"cost a full payload and together they took a round from {s['ideal_outer_vs_reference']:.2f} to "
+        f"{s['measured_outer_vs_reference']:.2f} of the reference's bytes."
+    )
 
 
 def markdown(result: dict) -> str:
     s = result["summary"]
     table = [r for r in result["rows"] if "bytes_per_sync" in r]
     lines = [
-        "## wire_bytes: bytes on the wire per round and per token", "",
-        f"`{rerun_command(NAME, result['mode'])}` "
-        f"({result['mode']} mode, {result['wall_s']:.0f} s)", "",
-        "What one worker sends (it receives as much), computed from the parameter counts of "
-        "`swarm_node/model/config.py` and the wire precisions of `swarm_node/wire/frames.py`. Project sizes use "
-        "the bundled corpus's byte vocabulary and 8 x 64 tokens per step; the paper's Small/Medium/Large use an "
-        "assumed 32k vocabulary and 8 x 1024 tokens per step (per-token figures of the outer methods scale "
-        f"inversely with that). N = {s['peers']} workers per stage; NoLoCo syncs every "
-        f"H = {s['noloco_inner_steps']} inner steps, DiLoCo every {s['diloco_inner_steps']} (the reference "
-        "code's defaults), DDP every step. A worker holding one of S stages sends 1/S of the outer figures. "
-        "\"DiLoCo here\" is `--method diloco` of this project, which swaps phi and Delta with every other member "
-        "(an all-gather) instead of all-reducing Delta.", "",
-        "### Bytes per token trained, per worker", "", *_pivot(table, "bytes_per_token", lambda v: f"{v:,.1f}"),
-        "", "### Bytes per synchronisation (outer round; DDP and pipeline: inner step), per worker", "",
-        *_pivot(table, "bytes_per_sync", human_bytes), "",
-        "![bytes per token](bench/results/wire_bytes.png)", "",
-        "### Checked against a real run", "", *_check_section(result), "",
-        "### What it means", "", _meaning(s, table)]
+        "## wire_bytes: bytes on the wire per round and per token",
+        "",
+        f"`{rerun_command(NAME, result['mode'])}` ({result['mode']} mode, {result['wall_s']:.0f} s)",
+        "",
+        f"What one worker sends (it receives as much), computed from the parameter counts of "
+        f"`swarm_node/model/config.py` and the wire precisions of `swarm_node/wire/frames.py`. Project sizes "
+        f"use the bundled corpus's byte vocabulary and 8 x 64 tokens per step; the paper's "
+        f"Small/Medium/Large use an assumed 32k vocabulary and 8 x 1024 tokens per step (per-token figures "
+        f"of the outer methods scale inversely with that). N = {s['peers']} workers per stage; NoLoCo syncs "
+        f"every H = {s['noloco_inner_steps']} inner steps, DiLoCo every {s['diloco_inner_steps']} (the "
+        f"reference code's defaults), DDP every step. A worker holding one of S stages sends 1/S of the "
+        f"outer figures. \"DiLoCo here\" is `--method diloco` of this project, which swaps phi and Delta "
+        f"with every other member (an all-gather) instead of all-reducing Delta.",
+        "",
+        "### Bytes per token trained, per worker",
+        "",
+        *_pivot(table, "bytes_per_token", lambda v: f"{v:,.1f}"),
+        "",
+        "### Bytes per synchronisation (outer round; DDP and pipeline: inner step), per worker",
+        "",
+        *_pivot(table, "bytes_per_sync", human_bytes),
+        "",
+        "![bytes per token](bench/results/wire_bytes.png)",
+        "",
+        "### Checked against a real run",
+        "",
+        *_check_section(result),
+        "",
+        "### What it means",
+        "",
+        _meaning(s, table),
+    ]
     if result["notes"]:
         lines += ["", "Notes:", "", *[f"- {n}" for n in result["notes"]]]
     return "\n".join(lines) + "\n"

@@ -29,11 +29,17 @@ def int_list(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
-MODEL_HELP = "debug (2 layers) | mini (4) | tiny (4) | small (12) | medium (24) | large (32); default: %(default)s"
-DATA_HELP = ("synthetic[:alphabet=16,order=2,...] | corpus (the bundled docstrings) | text:PATH | bin:PATH | hf:PATH "
-             "| manifest:FOLDER (prepared by `swarm-node data prepare`) | PATH; default: %(default)s")
-THREADS_DEFAULT_HELP = ("default: the cores not already busy (measured over half a second at the start), at least "
-                        "1: more threads than free cores leave torch's threads spinning, waiting for each other")
+MODEL_HELP = (
+    "debug (2 layers) | mini (4) | tiny (4) | small (12) | medium (24) | large (32); default: %(default)s"
+)
+DATA_HELP = (
+    "synthetic[:alphabet=16,order=2,...] | corpus (the bundled docstrings) | text:PATH | bin:PATH | hf:PATH "
+    "| manifest:FOLDER (prepared by `swarm-node data prepare`) | PATH; default: %(default)s"
+)
+THREADS_DEFAULT_HELP = (
+    "default: the cores not already busy (measured over half a second at the start), at least "
+    "1: more threads than free cores leave torch's threads spinning, waiting for each other"
+)
 
 
 def port_number(text: str) -> int:

@@ -13,15 +13,18 @@ from swarm_node.export.replicas import SPREAD_RULE
 
 
 def add_export_parser(sub) -> None:
-    p = sub.add_parser("export", help="write a Hugging Face Llama checkpoint assembled from stage checkpoints",
-                       description="Assemble one model from the checkpoints of every stage (several peers of a "
-                                   "stage are averaged) and write config.json, model.safetensors and, when the run "
-                                   "used a Hugging Face tokenizer, its files. Load it with "
-                                   "transformers' LlamaForCausalLM.from_pretrained(OUT). Peers of a stage are "
-                                   "averaged only when they are at about the same point of training; checkpoints "
-                                   "of a stage that are far apart are refused unless --force is given. Far apart: "
-                                   f"{SPREAD_RULE}. Checkpoints of different run specs, or two of one stage from "
-                                   "the same peer, are always refused.")
+    p = sub.add_parser(
+        "export",
+        help="write a Hugging Face Llama checkpoint assembled from stage checkpoints",
+        description="Assemble one model from the checkpoints of every stage (several peers of a "
+        "stage are averaged) and write config.json, model.safetensors and, when the run "
+        "used a Hugging Face tokenizer, its files. Load it with "
+        "transformers' LlamaForCausalLM.from_pretrained(OUT). Peers of a stage are "
+        "averaged only when they are at about the same point of training; checkpoints "
+        "of a stage that are far apart are refused unless --force is given. Far apart: "
+        f"{SPREAD_RULE}. Checkpoints of different run specs, or two of one stage from "
+        "the same peer, are always refused.",
+    )
     _checkpoint_args(p)
     options.out(p, holds="the model's files", replaced=True)
     p.set_defaults(handler=_run_export)
@@ -50,7 +53,8 @@ def _checkpoint_args(p: argparse.ArgumentParser) -> None:
     options.data_cache(p, reads=True)
     p.add_argument("--force", action="store_true",
                    help="average the checkpoints of a stage even when they are far apart in training, with a "
-                        "warning per stage instead of a refusal. Far apart: " + SPREAD_RULE.replace("%", "%%"))
+                        "warning per stage instead of a refusal. Far apart: " + SPREAD_RULE.replace("%",
+                                                                                                    "%%"))
 
 
 def _tokenizer_path(args: argparse.Namespace, assembled) -> Path | None:
@@ -75,8 +79,11 @@ def _run_export(args: argparse.Namespace) -> int:
     assembled = assemble(args.checkpoint, force=args.force)
     written = write_hf_checkpoint(assembled, args.out, _tokenizer_path(args, assembled))
     params = sum(t.numel() for t in assembled.state_dict.values())
-    print(f"wrote a Hugging Face Llama checkpoint of run {assembled.spec.run_id!r} ({params:,} parameters; peers "
-          f"averaged per stage: {assembled.peers_per_stage}) to {args.out}:", file=sys.stderr)
+    print(
+        f"wrote a Hugging Face Llama checkpoint of run {assembled.spec.run_id!r} ({params:,} parameters; "
+        f"peers averaged per stage: {assembled.peers_per_stage}) to {args.out}:",
+        file=sys.stderr,
+    )
     for path in written:
         print(f"  {path.name}", file=sys.stderr)
     if _tokenizer_path(args, assembled) is None:

@@ -36,10 +36,13 @@ DEFAULT_NODE_PORT = 31338
 
 
 def add_join_parser(sub) -> None:
-    p = sub.add_parser("join", help="run one swarm node",
-                       description="Join a swarm as one node. With --initial-peers alone the node reads the run "
-                                   "spec those peers publish, checks it, asks them to dial it back (can others "
-                                   "reach it?), picks a stage, downloads state and trains.")
+    p = sub.add_parser(
+        "join",
+        help="run one swarm node",
+        description="Join a swarm as one node. With --initial-peers alone the node reads the run "
+        "spec those peers publish, checks it, asks them to dial it back (can others "
+        "reach it?), picks a stage, downloads state and trains.",
+    )
     peer_options.initial_peers(p, bootstrap=False)
     p.add_argument("--initial-peers-file", type=Path, default=None, metavar="PATH",
                    help="read more initial peers from this file, one multiaddr per line (what "
@@ -48,15 +51,23 @@ def add_join_parser(sub) -> None:
                    help="run spec (.toml or .json); optional with --initial-peers, where it must match the "
                         "published one; required to start a run without a bootstrap")
     peer_options.run_id(p, serve=False)
-    p.add_argument("--stage", type=_stage, default=None,
-                   help="auto (default: the stage with the fewest peers; stage 0 for a node others cannot reach) "
-                        "or a stage index")
+    p.add_argument(
+        "--stage",
+        type=_stage,
+        default=None,
+        help="auto (default: the stage with the fewest peers; stage 0 for a node others cannot reach) "
+        "or a stage index",
+    )
     options.device(p, default="auto")
     options.compile_stage(p)
     peer_options.listen(p, port=DEFAULT_NODE_PORT, bootstrap=False)
-    p.add_argument("--lane-port", type=port_number, default=0,
-                   help="TCP port for direct lanes, which carry activations, outer payloads and state beside libp2p "
-                        "at the link's speed (default: any free port; a peer that cannot reach it uses libp2p)")
+    p.add_argument(
+        "--lane-port",
+        type=port_number,
+        default=0,
+        help="TCP port for direct lanes, which carry activations, outer payloads and state beside libp2p "
+        "at the link's speed (default: any free port; a peer that cannot reach it uses libp2p)",
+    )
     options.no_lanes(p)
     peer_options.identity(p, default=None)
     p.add_argument("--max-steps", type=positive_int, default=None,
@@ -77,30 +88,53 @@ def add_join_parser(sub) -> None:
                    help="stage 0: before the first micro-batch, wait (up to --startup-timeout) until this "
                         "stage (this node counted) and the next have N training peers: for nodes started "
                         "together (default: start at once)")
-    p.add_argument("--slowest-link-mbit", type=positive_float, default=20.0, metavar="MBIT_S",
-                   help="the slowest upload expected among peers; outer exchanges of large stages get deadlines "
-                        "that fit it (default %(default)s)")
+    p.add_argument(
+        "--slowest-link-mbit",
+        type=positive_float,
+        default=20.0,
+        metavar="MBIT_S",
+        help="the slowest upload expected among peers; outer exchanges of large stages get deadlines "
+        "that fit it (default %(default)s)",
+    )
     options.threads(p, node=True)
     options.compute_share(p)
     p.add_argument("--no-state-download", action="store_true",
                    help="start from the run's initial weights instead of a live peer's state")
-    p.add_argument("--state-from", metavar="PEER_ID", default=None,
-                   help="ask this peer first for the stage's state (otherwise donors are picked at random); its "
-                        "state is still checked against the stage's other peers before it is used")
+    p.add_argument(
+        "--state-from",
+        metavar="PEER_ID",
+        default=None,
+        help="ask this peer first for the stage's state (otherwise donors are picked at random); its "
+        "state is still checked against the stage's other peers before it is used",
+    )
     options.checkpoint_dir(p, swarm=False)
     p.add_argument("--checkpoint-every-rounds", type=positive_int, default=1, metavar="N",
                    help="write a checkpoint every N outer rounds (default %(default)s)")
     options.blocking_rounds(p)
-    p.add_argument("--one-payload-at-a-time", action="store_true",
-                   help="when this node sends its outer payload, fetch the partner's only afterwards, instead of "
-                        "both at once (for comparison: the order of outer protocol 2.0)")
-    p.add_argument("--max-update-ratio", type=above_one, default=3.0, metavar="X",
-                   help="refuse a partner's Delta norm above X times our own recent Delta norms at our round, "
-                        "and do not pair with it for 30 minutes (default %(default)s; honest partners of the same "
-                        "round measured up to 1.3x); accepted updates count with at most 1.5x")
-    p.add_argument("--metrics", nargs="+", choices=(*SINKS, "none"), default=["jsonl"], metavar="SINK",
-                   help="where training metrics go: jsonl (default), tensorboard, wandb (offline mode; upload later "
-                        "with `wandb sync`), or none")
+    p.add_argument(
+        "--one-payload-at-a-time",
+        action="store_true",
+        help="when this node sends its outer payload, fetch the partner's only afterwards, instead of "
+        "both at once (for comparison: the order of outer protocol 2.0)",
+    )
+    p.add_argument(
+        "--max-update-ratio",
+        type=above_one,
+        default=3.0,
+        metavar="X",
+        help="refuse a partner's Delta norm above X times our own recent Delta norms at our round, "
+        "and do not pair with it for 30 minutes (default %(default)s; honest partners of the same "
+        "round measured up to 1.3x); accepted updates count with at most 1.5x",
+    )
+    p.add_argument(
+        "--metrics",
+        nargs="+",
+        choices=(*SINKS, "none"),
+        default=["jsonl"],
+        metavar="SINK",
+        help="where training metrics go: jsonl (default), tensorboard, wandb (offline mode; upload later "
+        "with `wandb sync`), or none",
+    )
     p.add_argument("--metrics-dir", type=Path, default=None,
                    help="directory of the metrics (default: --run-dir, else ./runs/RUN_ID)")
     peer_options.status_server(p, bootstrap=False)
@@ -122,7 +156,9 @@ def _listen_addresses(args: argparse.Namespace) -> tuple[tuple[str, ...], tuple[
         raise ConfigError("use either --public-ip or --announce-maddrs, not both")
     if args.public_ip:
         if args.host_maddrs or args.port == 0:
-            raise ConfigError("--public-ip needs a fixed --port (and no --host-maddrs): others dial that port")
+            raise ConfigError(
+                "--public-ip needs a fixed --port (and no --host-maddrs): others dial that port"
+            )
         proto = "ip6" if ":" in args.public_ip else "ip4"
         return host, (f"/{proto}/{args.public_ip}/tcp/{args.port}",)
     return host, tuple(args.announce_maddrs)
@@ -152,7 +188,9 @@ def run_join(args: argparse.Namespace) -> int:
         check_maddrs(from_file, f"--initial-peers-file {args.initial_peers_file}:", peer_id=True)
         args.initial_peers = [*args.initial_peers, *from_file]
     if args.config is None and not args.initial_peers:
-        raise ConfigError("give --initial-peers MADDR (the run's bootstrap, as it prints it) or --config RUN_SPEC")
+        raise ConfigError(
+            "give --initial-peers MADDR (the run's bootstrap, as it prints it) or --config RUN_SPEC"
+        )
     host_maddrs, announce_maddrs = _listen_addresses(args)
     for flag, folder in (("--run-dir", args.run_dir), ("--checkpoint-dir", args.checkpoint_dir),
                          ("--metrics-dir", args.metrics_dir), ("--data-cache", args.data_cache)):
@@ -169,10 +207,13 @@ def run_join(args: argparse.Namespace) -> int:
                         startup_timeout_s=args.startup_timeout, slowest_link_mbit_s=args.slowest_link_mbit,
                         wait_for_peers_per_stage=args.wait_for_peers,
                         download_state=not args.no_state_download, state_from=args.state_from,
-                        checkpoint_dir=args.checkpoint_dir, checkpoint_every_rounds=args.checkpoint_every_rounds,
-                        blocking_rounds=args.blocking_rounds, one_payload_at_a_time=args.one_payload_at_a_time,
+                        checkpoint_dir=args.checkpoint_dir,
+                        checkpoint_every_rounds=args.checkpoint_every_rounds,
+                        blocking_rounds=args.blocking_rounds,
+                        one_payload_at_a_time=args.one_payload_at_a_time,
                         max_update_ratio=args.max_update_ratio, http_host=args.http_host,
-                        metrics_sinks=tuple(m for m in args.metrics if m != "none"), metrics_dir=args.metrics_dir,
+                        metrics_sinks=tuple(m for m in args.metrics if m != "none"),
+                        metrics_dir=args.metrics_dir,
                         threads=args.threads or node_threads(), compute_share=args.compute_share,
                         compile_stage=args.compile,
                         command_line=("swarm-node", *args.argv),

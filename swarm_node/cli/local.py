@@ -26,10 +26,15 @@ def add_local_parser(sub) -> None:
     options.codecs(p, default=None, boundaries=True)
     options.blocking_rounds(p, every_node=True)
     options.no_lanes(p, every_node=True)
-    p.add_argument("--registry-shards", type=positive_int, default=None, metavar="S",
-                   help="DHT keys each stage's registry is spread over, a power of two (default: the largest at or "
-                        "below replicas / 4; from 8 replicas up the nodes then read one shard at a time and "
-                        "heartbeat every 6 s, which keeps 32 nodes' DHT traffic within what 2 cores can serve)")
+    p.add_argument(
+        "--registry-shards",
+        type=positive_int,
+        default=None,
+        metavar="S",
+        help="DHT keys each stage's registry is spread over, a power of two (default: the largest at or "
+        "below replicas / 4; from 8 replicas up the nodes then read one shard at a time and "
+        "heartbeat every 6 s, which keeps 32 nodes' DHT traffic within what 2 cores can serve)",
+    )
     options.device(p, default="cpu", every_node=True)
     options.compile_stage(p, every_node=True)
     options.round_timeout(p, default=15.0, every_node=True)
@@ -46,8 +51,13 @@ def add_local_parser(sub) -> None:
                    help="start M of the killed nodes again from their checkpoints")
     p.add_argument("--chaos-seed", type=int, default=0, metavar="SEED",
                    help="which nodes are killed and when; default: %(default)s")
-    p.add_argument("--dashboard-port", type=int, default=None, metavar="PORT",
-                   help="also run a swarm-bootstrap serving the live dashboard on this port (0: any free port)")
+    p.add_argument(
+        "--dashboard-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="also run a swarm-bootstrap serving the live dashboard on this port (0: any free port)",
+    )
     options.no_progress(p)
     p.set_defaults(handler=run_local)
 
@@ -72,14 +82,20 @@ def run_local(args: argparse.Namespace) -> int:
     method = spec.method
     if method.has_outer_step and method.inner_steps > args.steps:
         logging.getLogger("swarm_node.local").warning(
-            "--steps %d is shorter than one outer round (H = %d inner steps): the nodes will not exchange weights; "
-            "lower --inner-steps or raise --steps", args.steps, method.inner_steps)
-    config = LocalConfig(replicas=args.replicas, steps=args.steps, device=args.device, compile_stage=args.compile,
-                         round_timeout_s=args.round_timeout, run_dir=args.run_dir, progress=not args.no_progress,
+            "--steps %d is shorter than one outer round (H = %d inner steps): the nodes will not exchange "
+            "weights; lower --inner-steps or raise --steps",
+            args.steps,
+            method.inner_steps,
+        )
+    config = LocalConfig(replicas=args.replicas, steps=args.steps, device=args.device,
+                         compile_stage=args.compile,
+                         round_timeout_s=args.round_timeout, run_dir=args.run_dir,
+                         progress=not args.no_progress,
                          threads_per_node=args.threads_per_node, compute_share=args.compute_share,
                          eval_batches=args.eval_batches,
                          blocking_rounds=args.blocking_rounds, lanes=not args.no_lanes,
                          dashboard_port=args.dashboard_port, checkpoint_dir=args.checkpoint_dir,
-                         chaos=ChaosPlan(kills=args.chaos_kills, restarts=min(args.chaos_restarts, args.chaos_kills),
+                         chaos=ChaosPlan(kills=args.chaos_kills, restarts=min(args.chaos_restarts,
+                                                                              args.chaos_kills),
                                          seed=args.chaos_seed) if args.chaos_kills else None)
     return local_exit_status(run_local(spec, config, args.json_out))

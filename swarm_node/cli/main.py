@@ -18,7 +18,8 @@ from swarm_node.errors import SwarmError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="swarm-node", description="Peer-to-peer swarm training with NoLoCo.")
+    parser = argparse.ArgumentParser(prog="swarm-node",
+                                     description="Peer-to-peer swarm training with NoLoCo.")
     peer_options.version(parser, program="swarm-node")
     peer_options.verbose(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -120,11 +120,14 @@ def codecs(p: Parser, *, default: str | None, boundaries: bool = False) -> None:
                         f"Delta in D); default: {shown('near4-3')}")
     coded = ("; bottleneck, subspace: a coded boundary of a few values a token, docs/ALGORITHM.md 9"
              if boundaries else "")
-    p.add_argument("--activation-codec", choices=ACTIVATION_CODEC_NAMES + (BOUNDARY_CODEC_NAMES if boundaries else ()),
-                   default=default,
-                   help="how activations and their gradients cross stage boundaries, as a node sends them "
-                        f"(int8: blockwise codes with a scale per 256 values, half the bytes of fp16{coded}); "
-                        f"default: {shown('fp16')}")
+    p.add_argument(
+        "--activation-codec",
+        choices=ACTIVATION_CODEC_NAMES + (BOUNDARY_CODEC_NAMES if boundaries else ()),
+        default=default,
+        help="how activations and their gradients cross stage boundaries, as a node sends them "
+        f"(int8: blockwise codes with a scale per 256 values, half the bytes of fp16{coded}); "
+        f"default: {shown('fp16')}",
+    )
     if boundaries:
         p.add_argument("--activation-ratio", type=float, default=None, metavar="R",
                        help="with a coded boundary: send at most 1/R of fp16's bytes each way, token ids and "

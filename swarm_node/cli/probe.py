@@ -32,13 +32,15 @@ def venv_python(path: Path) -> Path:
 
 
 def add_probe_parser(sub) -> None:
-    p = sub.add_parser("probe", help="check a node from outside with py-libp2p: connect, ping, identify, status",
-                       description="Dial a node with py-libp2p (another libp2p implementation) over TCP with "
-                                   "Noise or TLS and yamux, ping it, read its identify record and ask its "
-                                   "status over /swarm-node/status/1.0.0 (docs/PROTOCOL.md). The last line is the "
-                                   "verdict; the exit status is 0 when the node answered. py-libp2p lives in "
-                                   "a virtual environment of its own: create it once with `swarm-node probe "
-                                   "--setup`.")
+    p = sub.add_parser(
+        "probe",
+        help="check a node from outside with py-libp2p: connect, ping, identify, status",
+        description="Dial a node with py-libp2p (another libp2p implementation) over TCP with "
+        "Noise or TLS and yamux, ping it, read its identify record and ask its status over "
+        "/swarm-node/status/1.0.0 (docs/PROTOCOL.md). The last line is the verdict; the exit status is 0 "
+        "when the node answered. py-libp2p lives in a virtual environment of its own: create it once with "
+        "`swarm-node probe --setup`.",
+    )
     p.add_argument("maddr", nargs="?", metavar="MADDR",
                    help="the node's multiaddr, ending in /p2p/<peer id> (as its log prints it)")
     p.add_argument("--timeout", type=float, default=20.0, metavar="S",
@@ -61,10 +63,14 @@ def _run_probe(args: argparse.Namespace) -> int:
     check_maddrs([args.maddr], "MADDR", peer_id=True)
     python = args.probe_python or venv_python(probe_venv())
     if not python.exists():
-        print(f"swarm-node probe: py-libp2p is not set up ({python} is missing): run `swarm-node probe --setup`",
-              file=sys.stderr)
+        print(
+            f"swarm-node probe: py-libp2p is not set up ({python} is missing): "
+            "run `swarm-node probe --setup`",
+            file=sys.stderr,
+        )
         return EXIT_NOT_SET_UP
-    cmd = [str(python), "-I", str(SCRIPT), args.maddr, "--timeout", str(args.timeout), "--security", args.security]
+    cmd = [str(python), "-I", str(SCRIPT), args.maddr, "--timeout", str(args.timeout), "--security",
+           args.security]
     if args.json:
         cmd.append("--json")
     if args.verbose:
@@ -82,8 +88,11 @@ def setup_probe_venv(path: Path) -> int:
     if python.exists():
         print(f"reusing the probe environment {path}", file=sys.stderr)
     else:
-        print(f"creating a virtual environment for py-libp2p at {path} (separate from this one: py-libp2p and "
-              "hivemind pin protobuf differently)", file=sys.stderr)
+        print(
+            f"creating a virtual environment for py-libp2p at {path} (separate from this one: py-libp2p and "
+            "hivemind pin protobuf differently)",
+            file=sys.stderr,
+        )
         path.parent.mkdir(parents=True, exist_ok=True)
         venv.EnvBuilder(with_pip=True, clear=False).create(path)
     install = [str(python), "-m", "pip", "install", "--disable-pip-version-check", *PROBE_REQUIREMENTS]
@@ -92,10 +101,14 @@ def setup_probe_venv(path: Path) -> int:
         print(f"swarm-node probe: pip could not install {' '.join(PROBE_REQUIREMENTS)} into {path}",
               file=sys.stderr)
         return 1
-    check = subprocess.run([str(python), "-I", str(SCRIPT), "--check-install"], capture_output=True, text=True)
+    check = subprocess.run([str(python), "-I", str(SCRIPT), "--check-install"], capture_output=True,
+                           text=True)
     if check.returncode != 0:
-        print(f"swarm-node probe: the probe does not start in {path}: {check.stdout.strip()}{check.stderr[-500:]}",
-              file=sys.stderr)
+        print(
+            f"swarm-node probe: the probe does not start in {path}: "
+            f"{check.stdout.strip()}{check.stderr[-500:]}",
+            file=sys.stderr,
+        )
         return 1
     print(f"probe ready: {check.stdout.strip()}; run `swarm-node probe MADDR`", file=sys.stderr)
     return 0

@@ -24,7 +24,8 @@ def add_sim_parser(sub) -> None:
     options.steps(p, default=1000, whose="of every worker")
     options.inner_steps(p)
     options.lr(p)
-    p.add_argument("--warmup-steps", type=int, default=None, help="learning-rate warm-up (default: 4%% of --steps)")
+    p.add_argument("--warmup-steps", type=int, default=None,
+                   help="learning-rate warm-up (default: 4%% of --steps)")
     p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay; default: %(default)s")
     p.add_argument("--alpha", type=float, default=None,
                    help="outer momentum (default: 0.3; the NoLoCo paper ran 0.5: docs/ALGORITHM.md 3.4)")
@@ -32,7 +33,8 @@ def add_sim_parser(sub) -> None:
     p.add_argument("--gamma", type=float, default=None,
                    help="NoLoCo pull towards the group mean (default: 0.7)")
     p.add_argument("--nesterov", action="store_true", help="Nesterov outer momentum instead of heavy-ball")
-    p.add_argument("--group-size", type=int, default=2, help="NoLoCo group size; default: %(default)s (pairs)")
+    p.add_argument("--group-size", type=int, default=2,
+                   help="NoLoCo group size; default: %(default)s (pairs)")
     p.add_argument("--routing", choices=("random", "fixed"), default="random",
                    help="random: a fresh random path through the stages per micro-batch (default); fixed: "
                         "replica r always uses worker r of every stage")
@@ -40,10 +42,14 @@ def add_sim_parser(sub) -> None:
     p.add_argument("--outer-latency-steps", type=positive_int, default=None, metavar="K",
                    help="overlapped outer rounds: the exchange lands K inner steps after the boundary while "
                         "training goes on (docs/ALGORITHM.md 3.1); default: blocking rounds")
-    p.add_argument("--outer-landing", choices=OUTER_LANDING_NAMES, default="whole",
-                   help="overlapped rounds: phi and Delta land together, or Delta is sent ahead of phi and moves "
-                        "the inner steps as soon as it is in (an exchange longer than a round: the wait "
-                        "comes first, until the Delta is in; docs/ALGORITHM.md 3.1); default: %(default)s")
+    p.add_argument(
+        "--outer-landing",
+        choices=OUTER_LANDING_NAMES,
+        default="whole",
+        help="overlapped rounds: phi and Delta land together, or Delta is sent ahead of phi and moves "
+        "the inner steps as soon as it is in (an exchange longer than a round: the wait "
+        "comes first, until the Delta is in; docs/ALGORITHM.md 3.1); default: %(default)s",
+    )
     p.add_argument("--eval-every", type=positive_int, default=None, metavar="STEPS",
                    help="steps between evaluations (default: --steps / 20)")
     options.eval_batches(p)

@@ -68,13 +68,17 @@ class ShardCache:
                 raise DataError(f"the data cache {self.root} is not a folder (a link?): remove it, or pass "
                                 "--data-cache with a folder of your own")
             if info.st_uid != os.geteuid():
-                raise DataError(f"the data cache {self.root} belongs to another user: pass --data-cache with a "
-                                "folder of your own")
+                raise DataError(
+                    f"the data cache {self.root} belongs to another user: pass --data-cache with a "
+                    "folder of your own"
+                )
             if info.st_mode & 0o077:
                 os.chmod(self.root, 0o700)
         except OSError as exc:
-            raise DataError(f"cannot use {self.root} as the data cache ({exc.strerror or exc}): pass --data-cache "
-                            "with a folder you can write") from None
+            raise DataError(
+                f"cannot use {self.root} as the data cache ({exc.strerror or exc}): pass --data-cache "
+                "with a folder you can write"
+            ) from None
         self._root_checked = True
 
     # -- the manifest ----------------------------------------------------------------
@@ -194,7 +198,9 @@ class ShardCache:
         crash may have cut its write short."""
         part, have = self._part(entry), self._have(entry)
         try:
-            claimed = {i for i in json.loads(have.read_bytes()) if type(i) is int and 0 <= i < entry.num_chunks()}
+            claimed = {
+                i for i in json.loads(have.read_bytes()) if type(i) is int and 0 <= i < entry.num_chunks()
+            }
             kept = set()
             with open(part, "rb") as f:
                 for index in sorted(claimed):
@@ -244,7 +250,9 @@ class ShardCache:
         if file_sha256(part) != entry.sha256:  # only if the manifest's chunk hashes lie
             part.unlink(missing_ok=True)
             self._have(entry).unlink(missing_ok=True)
-            raise DataError(f"{entry.name}: every chunk matched but the whole file did not; manifest is inconsistent")
+            raise DataError(
+                f"{entry.name}: every chunk matched but the whole file did not; manifest is inconsistent"
+            )
         part.replace(self.path(entry.name))
         self._have(entry).unlink(missing_ok=True)
         self._verified.add(entry.name)
@@ -302,8 +310,10 @@ class ShardCache:
             self._verified.discard(name)
             self._holdings = None
         if used + needed > self.budget_bytes:
-            raise DiskFull(f"the data cache in {self.root} needs {(used + needed) / 1e9:.2f} GB but --data-cache-gb "
-                           f"allows {self.budget_bytes / 1e9:.2f}; raise it (nothing verified was deleted)")
+            raise DiskFull(
+                f"the data cache in {self.root} needs {(used + needed) / 1e9:.2f} GB but --data-cache-gb "
+                f"allows {self.budget_bytes / 1e9:.2f}; raise it (nothing verified was deleted)"
+            )
 
     def _eviction_order(self, keep: set[str]) -> list[str]:
         trained = [n for n in self._trained if n not in keep]
@@ -336,10 +346,14 @@ class ShardCache:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             free = shutil.disk_usage(self.root if self.root.is_dir() else self.root.parent).free
             what = "the manifest" if name == MANIFEST_FILE else "the shard"
-            return DiskFull(f"disk full in {self.root} while fetching {name}: {free / 1e6:.1f} MB free, {what} "
-                            f"needs {nbytes / 1e6:.1f} MB; free some room (verified chunks are kept)")
-        return DataError(f"cannot write {name} into the data cache {self.root} ({exc.strerror or exc}): check "
-                         "the folder's permissions, or pass --data-cache with another")
+            return DiskFull(
+                f"disk full in {self.root} while fetching {name}: {free / 1e6:.1f} MB free, {what} "
+                f"needs {nbytes / 1e6:.1f} MB; free some room (verified chunks are kept)"
+            )
+        return DataError(
+            f"cannot write {name} into the data cache {self.root} ({exc.strerror or exc}): check "
+            "the folder's permissions, or pass --data-cache with another"
+        )
 
     def _part(self, entry: FileEntry) -> Path:
         return self.root / f"{entry.name}.part"

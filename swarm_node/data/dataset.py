@@ -113,7 +113,9 @@ def _prepared(folder: Path, manifest_sha256: str, seq_len: int) -> TokenWindows:
     tokens = np.concatenate([parts[e.name] for e in manifest.train + manifest.val])
     if val_windows < 1 or len(tokens) // window_len - val_windows < 1:
         raise DataError(f"the prepared dataset in {folder} has too few tokens for seq_len {seq_len}")
-    tokenizer = load_tokenizer(folder / manifest.tokenizer.name) if manifest.tokenizer else load_tokenizer(None)
+    tokenizer = (
+        load_tokenizer(folder / manifest.tokenizer.name) if manifest.tokenizer else load_tokenizer(None)
+    )
     return TokenWindows(tokens=tokens, vocab_size=manifest.vocab_size, seq_len=seq_len,
                         num_val_windows=val_windows, tokenizer=tokenizer)
 
@@ -203,9 +205,13 @@ def _read_hf_documents(path: Path, text_field: str):
                 raise ValueError(f"{path}: a dataset with splits {sorted(loaded)} but no 'train' split")
             loaded = loaded["train"]
     else:
-        files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.suffix in HF_FILE_SUFFIXES)
+        files = (
+            [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.suffix in HF_FILE_SUFFIXES)
+        )
         if not files:
-            raise FileNotFoundError(f"no saved dataset or {'/'.join(sorted(HF_FILE_SUFFIXES))} files under {path}")
+            raise FileNotFoundError(
+                f"no saved dataset or {'/'.join(sorted(HF_FILE_SUFFIXES))} files under {path}"
+            )
         suffixes = {f.suffix for f in files}
         if len(suffixes) > 1:
             raise ValueError(f"{path}: mixed file types {sorted(suffixes)}; use one format")

@@ -88,7 +88,8 @@ class DataFetcher:
         self.private_mirrors = private_mirrors
         self.rng = rng or random.Random()
         self.book = SourceBook(self.initial, on_fault, clock=_now)
-        self.holders = Holders(call=self._call, bytes_of=_bytes_of, book=self.book, manifest=lambda: self.manifest,
+        self.holders = Holders(call=self._call, bytes_of=_bytes_of, book=self.book,
+                               manifest=lambda: self.manifest,
                                manifest_sha256=cache.manifest_sha256, peers=peers, initial=self.initial,
                                verified=verified, rng=self.rng, clock=_now)
         self._have_lock = asyncio.Lock()
@@ -117,13 +118,16 @@ class DataFetcher:
                     peer, manifest, data = found
                     await asyncio.to_thread(self.cache.store_manifest, data, manifest)
                     self.book.delivered(peer, len(data))
-                    log.info("data: manifest of %d training shards (%.1f M tokens) from %s", len(manifest.train),
+                    log.info("data: manifest of %d training shards (%.1f M tokens) from %s",
+                             len(manifest.train),
                              manifest.train_tokens() / 1e6, short_id(peer))
                     return manifest
             if _now() + pause > deadline:
-                raise DataError(f"no peer served this run's dataset manifest ({self.cache.manifest_sha256[:16]}…) "
-                                f"within {timeout_s:.0f} s: the host serves it with `swarm-bootstrap --data DIR`; "
-                                "check that it does, or join again later")
+                raise DataError(
+                    f"no peer served this run's dataset manifest ({self.cache.manifest_sha256[:16]}…) "
+                    f"within {timeout_s:.0f} s: the host serves it with `swarm-bootstrap --data DIR`; "
+                    "check that it does, or join again later"
+                )
             log.info("data: no peer served the manifest yet; asking again in %.0f s", pause)
             await asyncio.sleep(pause)
             pause = min(RETRY_S[1], pause * 2)
@@ -165,7 +169,8 @@ class DataFetcher:
         if data is None:
             return None
         try:
-            manifest = await asyncio.to_thread(Manifest.from_bytes, data, expect_sha256=self.cache.manifest_sha256)
+            manifest = await asyncio.to_thread(Manifest.from_bytes, data,
+                                               expect_sha256=self.cache.manifest_sha256)
         except DataError as exc:
             self.book.refuse(peer, f"served a manifest that is not the run's ({exc})")
             return None
@@ -201,12 +206,14 @@ class DataFetcher:
             have = await asyncio.to_thread(cache.verified_chunks, entry)
             await asyncio.to_thread(cache.start_partial, entry)
             if have:
-                log.info("data: resuming %s with %d of %d chunks verified", entry.name, len(have), entry.num_chunks())
+                log.info("data: resuming %s with %d of %d chunks verified", entry.name, len(have),
+                         entry.num_chunks())
             job = _Job(entry, have, deque(i for i in range(entry.num_chunks()) if i not in have))
             started, already = _now(), len(have)
             already_bytes = sum(self._chunk_len(entry, i) for i in have)
             bar = tqdm(total=entry.bytes, initial=already_bytes, unit="B", unit_scale=True,
-                       desc=f"fetching {entry.name}", disable=not self.progress, leave=False, dynamic_ncols=True)
+                       desc=f"fetching {entry.name}", disable=not self.progress, leave=False,
+                       dynamic_ncols=True)
             try:
                 await self._fetch_chunks(job, bar)
             finally:
@@ -216,8 +223,10 @@ class DataFetcher:
             cache.unlock(lock)
         took = _now() - started
         got = entry.bytes - already_bytes
-        log.info("data: %s verified (%d of %d chunks fetched now, %.1f MB in %.1f s, %.1f MB/s, from %s)", entry.name,
-                 entry.num_chunks() - already, entry.num_chunks(), got / 1e6, took, got / 1e6 / max(took, 1e-3),
+        log.info("data: %s verified (%d of %d chunks fetched now, %.1f MB in %.1f s, %.1f MB/s, from %s)",
+                 entry.name,
+                 entry.num_chunks() - already, entry.num_chunks(), got / 1e6, took, got / 1e6 / max(took,
+                                                                                                    1e-3),
                  ", ".join(sorted(map(short_source, job.used))))
         return cache.path(entry.name)
 
@@ -301,7 +310,8 @@ class DataFetcher:
     def _let_down(self, source: str, name: str, failure: BaseException | None, data: bytes | None) -> None:
         book = self.book
         if failure is None and data is None:
-            book.let_down(source, name, "does not have it" if is_mirror(source) else "said it does not hold it")
+            book.let_down(source, name,
+                          "does not have it" if is_mirror(source) else "said it does not hold it")
         elif failure is None:
             book.lied(source, name, f"served bytes of {name} that the manifest does not know")
         elif isinstance(failure, PeerRefused):
@@ -318,9 +328,11 @@ class DataFetcher:
     async def _chunk(self, source: str, entry: FileEntry, index: int) -> bytes | None:
         if is_mirror(source):
             start, end = entry.chunk_span(index, self.manifest.chunk_bytes)
-            return await asyncio.to_thread(http_range, source, entry.name, start, end, timeout_s=self.timeout_s,
+            return await asyncio.to_thread(http_range, source, entry.name, start, end,
+                                           timeout_s=self.timeout_s,
                                            private_ok=self.private_mirrors)
-        return await self._ask_bytes(source, data_request(self.cache.manifest_sha256, "chunk", entry.name, index),
+        return await self._ask_bytes(source, data_request(self.cache.manifest_sha256, "chunk", entry.name,
+                                                          index),
                                      max_bytes=self.manifest.chunk_bytes + 4096)
 
     # -- who holds what --------------------------------------------------------------
@@ -363,7 +375,8 @@ class DataFetcher:
 
     async def _call(self, peer: str, request: bytes, max_bytes: int,
                     timeout_s: float | None = None) -> tuple[dict, list]:
-        answer = await self.transport.request(peer, protocols.DATA, request, timeout_s=timeout_s or self.timeout_s,
+        answer = await self.transport.request(peer, protocols.DATA, request,
+                                              timeout_s=timeout_s or self.timeout_s,
                                               max_response_bytes=max_bytes, paced_response=True)
         return decode_frame(answer, FrameLimits(max_payload_bytes=max_bytes, max_tensors=1))
 

@@ -71,8 +71,11 @@ class Holders:
         due = [p for p in candidates if now - self.holdings.get(p, (-1e18, None))[0] > HOLDINGS_TTL_S]
         self.rng.shuffle(due)
         others = [p for p in due if p not in self.initial]
-        asked = ([p for p in due if p in self.initial] + [p for p in others if self.is_verified(p)][:MAX_ASKED]
-                 + [p for p in others if not self.is_verified(p)][:MAX_PROBES])
+        asked = (
+            [p for p in due if p in self.initial]
+            + [p for p in others if self.is_verified(p)][:MAX_ASKED]
+            + [p for p in others if not self.is_verified(p)][:MAX_PROBES]
+        )
         for peer in asked:  # asked now, whatever comes of it: not due again for a while
             self.holdings[peer] = (now, self.holdings.get(peer, (now, frozenset()))[1])
         if asked:

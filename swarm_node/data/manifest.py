@@ -104,7 +104,9 @@ class Manifest:
         if len(data) > MAX_MANIFEST_BYTES:
             raise DataError(f"manifest of {len(data)} bytes is over the {MAX_MANIFEST_BYTES >> 20} MiB limit")
         if expect_sha256 is not None and sha256_hex(data) != expect_sha256:
-            raise DataError(f"manifest hash {sha256_hex(data)[:16]}… is not the run spec's {expect_sha256[:16]}…")
+            raise DataError(
+                f"manifest hash {sha256_hex(data)[:16]}… is not the run spec's {expect_sha256[:16]}…"
+            )
         try:
             raw = json.loads(data)
         except (ValueError, RecursionError):  # not UTF-8 or JSON, too deep, or a number past 4,300 digits
@@ -141,7 +143,9 @@ class Manifest:
         manifest = cls(vocab, dtype, chunk_bytes, tokenizer, train, val, tuple(sources))
         names = [e.name for e in train + val] + ([tokenizer.name] if tokenizer else [])
         if len(names) > MAX_SHARDS:
-            raise DataError(f"manifest lists {len(names)} files, over the {MAX_SHARDS} the data protocol carries")
+            raise DataError(
+                f"manifest lists {len(names)} files, over the {MAX_SHARDS} the data protocol carries"
+            )
         if len(set(names)) != len(names) or MANIFEST_FILE in names:
             raise DataError("manifest names a file twice")
         return manifest
@@ -153,7 +157,8 @@ def chunk_hashes(data: bytes | memoryview, chunk_bytes: int) -> tuple[str, ...]:
 
 
 def file_entry(name: str, data: bytes, chunk_bytes: int, tokens: int = 0) -> FileEntry:
-    return FileEntry(name=name, bytes=len(data), sha256=sha256_hex(data), chunks=chunk_hashes(data, chunk_bytes),
+    return FileEntry(name=name, bytes=len(data), sha256=sha256_hex(data), chunks=chunk_hashes(data,
+                                                                                              chunk_bytes),
                      tokens=tokens)
 
 
@@ -196,6 +201,8 @@ def local_manifest_sha256(folder: Path) -> str:
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        raise DataError(f"no {MANIFEST_FILE} in {folder}: prepare it with `swarm-node data prepare`") from None
+        raise DataError(
+            f"no {MANIFEST_FILE} in {folder}: prepare it with `swarm-node data prepare`"
+        ) from None
     Manifest.from_bytes(data)
     return sha256_hex(data)

@@ -56,11 +56,14 @@ def http_range(url: str, name: str, start: int, end: int, *, timeout_s: float,
     path = f"{parts.path.rstrip('/')}/{quote(name)}"
     conn = _Connection(address, parts.hostname, port, https, _left(deadline))
     try:
-        conn.request("GET", path, headers={"Range": f"bytes={start}-{end - 1}", "Accept-Encoding": "identity"})
+        conn.request("GET", path, headers={"Range": f"bytes={start}-{end - 1}",
+                                           "Accept-Encoding": "identity"})
         sock = conn.sock  # the connection lets go of it once the answer says it closes
         response = conn.getresponse()
         if 300 <= response.status < 400:
-            raise MirrorRefused(f"{url} answered {response.status} (a redirect): mirrors are read where they are")
+            raise MirrorRefused(
+                f"{url} answered {response.status} (a redirect): mirrors are read where they are"
+            )
         if response.status == 206:
             found = CONTENT_RANGE.fullmatch(response.getheader("Content-Range", "").strip())
             if not found or int(found.group(1)) != start or int(found.group(2)) < end - 1:
@@ -114,7 +117,8 @@ class _Connection(http.client.HTTPSConnection):
     certificate and sent as Host, but never resolved again."""
 
     def __init__(self, address: str, host: str, port: int, https: bool, timeout_s: float):
-        super().__init__(host, port, timeout=timeout_s, context=ssl.create_default_context() if https else None)
+        super().__init__(host, port, timeout=timeout_s,
+                         context=ssl.create_default_context() if https else None)
         self._address, self._https = address, https
 
     def connect(self) -> None:

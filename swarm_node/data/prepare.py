@@ -76,7 +76,9 @@ class PrepareConfig:
             try:
                 check_mirror_url(url)
             except MirrorRefused as exc:
-                raise ConfigError(f"--mirror {url!r}: give an http:// or https:// folder URL ({exc})") from None
+                raise ConfigError(
+                    f"--mirror {url!r}: give an http:// or https:// folder URL ({exc})"
+                ) from None
 
 
 def prepare(config: PrepareConfig) -> tuple[Manifest, str]:
@@ -110,7 +112,8 @@ def prepare(config: PrepareConfig) -> tuple[Manifest, str]:
     buffered = len(carry)
     docs = _documents(spec, config) if spec.kind != "bin" else None
     total = None if docs is None else docs[0]
-    bar = tqdm(total=total, initial=state["docs_done"], unit="doc", desc="preparing", disable=not config.progress,
+    bar = tqdm(total=total, initial=state["docs_done"], unit="doc", desc="preparing",
+               disable=not config.progress,
                dynamic_ncols=True)
     np_dtype = DTYPE_CODES[DTYPE_NAMES[dtype]]
     room = _Room(tokenizer_entry)
@@ -140,8 +143,10 @@ def prepare(config: PrepareConfig) -> tuple[Manifest, str]:
         shards.append(room.add(_write_shard(out, len(shards), np.concatenate(buffer), vocab_size, config)))
     num_val = 0 if config.val_fraction == 0 else max(1, math.ceil(config.val_fraction * len(shards)))
     if len(shards) - num_val < 1:
-        raise DataError(f"{spec.describe()} gives {sum(s.tokens for s in shards)} tokens: {len(shards)} shard(s) "
-                        f"of {config.shard_tokens}, too few to hold out validation; lower --shard-tokens")
+        raise DataError(
+            f"{spec.describe()} gives {sum(s.tokens for s in shards)} tokens: {len(shards)} shard(s) "
+            f"of {config.shard_tokens}, too few to hold out validation; lower --shard-tokens"
+        )
     manifest = Manifest(vocab_size=vocab_size, dtype=dtype, chunk_bytes=config.chunk_bytes,
                         tokenizer=tokenizer_entry, train=tuple(shards[:len(shards) - num_val]),
                         val=tuple(shards[len(shards) - num_val:]), sources=config.sources)
@@ -166,18 +171,22 @@ class _Room:
 
     def add(self, entry: FileEntry) -> FileEntry:
         self.files += 1
-        self.bytes += len(json.dumps({**entry.__dict__, "chunks": list(entry.chunks)}, separators=(",", ":"))) + 1
+        self.bytes += len(json.dumps({**entry.__dict__, "chunks": list(entry.chunks)}, separators=(",",
+                                                                                                   ":"))) + 1
         if self.files > MAX_SHARDS or self.bytes > MAX_MANIFEST_BYTES:
             raise self.too_big(self.bytes)
         return entry
 
     def too_big(self, manifest_bytes: int) -> DataError:
-        return DataError(f"this dataset needs more than the data protocol carries ({self.files} files of at most "
-                         f"{MAX_SHARDS}, a manifest of {manifest_bytes / 2**20:.1f} MiB of at most "
-                         f"{MAX_MANIFEST_BYTES >> 20}): prepare it with larger --shard-tokens (and --chunk-kb)")
+        return DataError(
+            f"this dataset needs more than the data protocol carries ({self.files} files of at most "
+            f"{MAX_SHARDS}, a manifest of {manifest_bytes / 2**20:.1f} MiB of at most "
+            f"{MAX_MANIFEST_BYTES >> 20}): prepare it with larger --shard-tokens (and --chunk-kb)"
+        )
 
 
-def _tokenizer(config: PrepareConfig, spec: DataSpec, out: Path) -> tuple[FileEntry | None, HFTokenizer | None]:
+def _tokenizer(config: PrepareConfig, spec: DataSpec, out: Path) -> tuple[FileEntry | None,
+                                                                          HFTokenizer | None]:
     path = None if config.tokenizer_path is None else tokenizer_file(config.tokenizer_path, "--tokenizer")
     if config.train_vocab is not None:
         if spec.kind == "bin":
@@ -249,7 +258,8 @@ def _token_stream(spec: DataSpec, docs, tokenizer, *, skip: int) -> Iterator[tup
                 yield index, np.asarray(encode(text), dtype=np.int64)
 
 
-def _write_shard(out: Path, index: int, tokens: np.ndarray, vocab_size: int, config: PrepareConfig) -> FileEntry:
+def _write_shard(out: Path, index: int, tokens: np.ndarray, vocab_size: int,
+                 config: PrepareConfig) -> FileEntry:
     name = f"shard-{index:05d}.tok"
     data = shard_bytes(tokens, vocab_size)
     write_atomic(out / name, data, durable=True)
@@ -279,7 +289,8 @@ def _load_state(out: Path, settings: dict) -> dict:
     return {"shards": shards, "docs_done": int(raw["docs_done"]), "carry": carry}
 
 
-def _save_state(out: Path, settings: dict, shards: list[FileEntry], docs_done: int, carry: np.ndarray) -> None:
+def _save_state(out: Path, settings: dict, shards: list[FileEntry], docs_done: int,
+                carry: np.ndarray) -> None:
     held = io.BytesIO()
     np.save(held, carry)
     write_atomic(out / CARRY_FILE, held.getvalue(), durable=True)

@@ -145,9 +145,11 @@ class SlotBatches:
         while True:
             units = self._pass_units()
             if skipped > 2 * len(units):
-                raise DataError(f"no unit of slot {self.slot} holds a batch of {self.batch_size} windows of "
-                                f"{self.seq_len + 1} tokens: prepare the data with larger --shard-tokens, or give "
-                                "the run fewer data slots")
+                raise DataError(
+                    f"no unit of slot {self.slot} holds a batch of {self.batch_size} windows of "
+                    f"{self.seq_len + 1} tokens: prepare the data with larger --shard-tokens, or give "
+                    "the run fewer data slots"
+                )
             if self.position.unit >= len(units):
                 self.position = SlotPosition(self.position.data_pass + 1, 0, 0)
                 self._units, self._left = [], {}

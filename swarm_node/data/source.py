@@ -192,5 +192,7 @@ def prepared_tokenizer(data: DataSpec, cache_dir: Path) -> Path | None:
             return None
         if cache.has(manifest.tokenizer):
             return cache.path(manifest.tokenizer.name)
-    raise DataError(f"the tokenizer of this run's prepared dataset is not in {' or '.join(map(str, folders))}: "
-                    "pass --tokenizer FILE (a node that joined the run keeps it in its data cache)")
+    raise DataError(
+        f"the tokenizer of this run's prepared dataset is not in {' or '.join(map(str, folders))}: "
+        "pass --tokenizer FILE (a node that joined the run keeps it in its data cache)"
+    )

@@ -72,9 +72,11 @@ class DataSpec:
             return cls(kind="manifest", manifest_sha256=local_manifest_sha256(Path(rest)), path=rest)
         path = Path(text)
         if not path.exists():
-            raise ValueError(f"--data {text!r}: not 'synthetic', 'corpus', 'text:PATH', 'bin:PATH', 'hf:PATH', "
-                             "'manifest:SHA256|FOLDER' "
-                             "or an existing path")
+            raise ValueError(
+                f"--data {text!r}: not 'synthetic', 'corpus', 'text:PATH', 'bin:PATH', 'hf:PATH', "
+                "'manifest:SHA256|FOLDER' "
+                "or an existing path"
+            )
         return cls(kind="bin" if path.suffix == ".bin" else "text", path=text)
 
     def describe(self) -> str:

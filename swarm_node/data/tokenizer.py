@@ -142,7 +142,9 @@ def tokenizer_file(given: str | Path, setting: str = "--tokenizer") -> Path:
     found = try_to_load_from_cache(name["repo"], "tokenizer.json", cache_dir=cache, revision=name["revision"])
     if isinstance(found, str) and Path(found).is_file():
         return Path(found)
-    raise FileNotFoundError(f"{setting} {text}: no such file, and no tokenizer.json of a Hugging Face model "
-                            f"{text} in the cache {cache} (nothing is downloaded here): give the tokenizer.json "
-                            f"file, or fetch it where there is a network with `hf download {name['repo']} "
-                            "tokenizer.json`")
+    raise FileNotFoundError(
+        f"{setting} {text}: no such file, and no tokenizer.json of a Hugging Face model "
+        f"{text} in the cache {cache} (nothing is downloaded here): give the tokenizer.json "
+        f"file, or fetch it where there is a network with `hf download {name['repo']} "
+        "tokenizer.json`"
+    )

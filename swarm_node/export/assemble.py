@@ -44,7 +44,9 @@ def read_stage_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
         return load_checkpoint(path)
     found = latest_checkpoint(path)
     if found is None:
-        raise ConfigError(f"{path} holds no checkpoint (give a node's --checkpoint-dir or one ckpt-* directory)")
+        raise ConfigError(
+            f"{path} holds no checkpoint (give a node's --checkpoint-dir or one ckpt-* directory)"
+        )
     return found
 
 
@@ -59,16 +61,20 @@ def assemble(paths: list[Path], *, force: bool = False) -> AssembledModel:
     for path in paths:
         tensors, meta = read_stage_checkpoint(path)
         if "param_names" not in meta or "spec" not in meta:
-            raise ConfigError(f"{path}: this checkpoint predates exports (no parameter names or run spec in it); "
-                              "let the node write a new one")
+            raise ConfigError(
+                f"{path}: this checkpoint predates exports (no parameter names or run spec in it); "
+                "let the node write a new one"
+            )
         this_spec = RunSpec.from_dict(meta["spec"])
         if spec is not None and this_spec.spec_hash() != spec.spec_hash():
-            raise ConfigError(f"{path} belongs to run spec {this_spec.spec_hash()} (run {this_spec.run_id!r}), "
-                              f"{spec_path} to {spec.spec_hash()} (run {spec.run_id!r}): give checkpoints of one "
-                              "run only")
+            raise ConfigError(
+                f"{path} belongs to run spec {this_spec.spec_hash()} (run {this_spec.run_id!r}), {spec_path} "
+                f"to {spec.spec_hash()} (run {spec.run_id!r}): give checkpoints of one run only"
+            )
         spec, spec_path, vocab_size = this_spec, spec_path or path, meta["vocab_size"]
         names = meta["param_names"]
-        weights.setdefault(meta["stage"], []).append({name: tensors[f"theta.{i}"] for i, name in enumerate(names)})
+        weights.setdefault(meta["stage"], []).append({name: tensors[f"theta.{i}"] for i,
+                                                      name in enumerate(names)})
         found.append(StageCheckpoint(
             path=Path(path), stage=meta["stage"], peer_id=meta.get("peer_id"),
             inner_step=int(meta.get("inner_step", meta["step"])),
@@ -78,8 +84,10 @@ def assemble(paths: list[Path], *, force: bool = False) -> AssembledModel:
         raise ConfigError("give at least one checkpoint")
     missing = sorted(set(range(spec.num_stages)) - set(weights))
     if missing:
-        raise ConfigError(f"no checkpoint of stage(s) {', '.join(map(str, missing))}: a model needs every stage "
-                          f"of the run ({spec.num_stages})")
+        raise ConfigError(
+            f"no checkpoint of stage(s) {', '.join(map(str, missing))}: a model needs every stage "
+            f"of the run ({spec.num_stages})"
+        )
     refuse_same_peer_twice(found)
     warnings = [check_stage_spread(spec, [c for c in found if c.stage == stage], force=force)
                 for stage in range(spec.num_stages)]

@@ -31,7 +31,8 @@ def hf_config(assembled: AssembledModel) -> dict:
     }
 
 
-def write_hf_checkpoint(assembled: AssembledModel, out_dir: Path, tokenizer_json: Path | None = None) -> list[Path]:
+def write_hf_checkpoint(assembled: AssembledModel, out_dir: Path,
+                        tokenizer_json: Path | None = None) -> list[Path]:
     """Writes the files; returns their paths. ``tokenizer_json``: the run's tokenizer file
     (None for the built-in byte-level tokenizer, which Hugging Face has no file for)."""
     out_dir = Path(out_dir)
@@ -40,7 +41,8 @@ def write_hf_checkpoint(assembled: AssembledModel, out_dir: Path, tokenizer_json
     written[0].write_text(json.dumps(hf_config(assembled), indent=2) + "\n")
     write_tensor_file(written[1], {k: v.contiguous() for k, v in assembled.state_dict.items()},
                       metadata={"format": "pt"})
-    written[2].write_text(json.dumps({"do_sample": True, "temperature": 0.8, "max_new_tokens": 200}, indent=2) + "\n")
+    written[2].write_text(json.dumps({"do_sample": True, "temperature": 0.8, "max_new_tokens": 200},
+                                     indent=2) + "\n")
     if tokenizer_json is not None:
         if not Path(tokenizer_json).is_file():
             raise ConfigError(f"tokenizer file not found: {tokenizer_json}")

@@ -12,17 +12,19 @@ from swarm_node.errors import ConfigError
 from swarm_node.spec import RunSpec
 
 # Peers of a stage differ in steps by chance and by speed: random routing hands later
-# stages different shares of the micro-batches (96 and 204 steps at the end of one 2 x 2
-# run), and a slow peer of a NoLoCo run takes fewer steps and rounds while every round
-# still pulls its weights to its partners'. What makes an average meaningless is a
-# checkpoint from much earlier in training (step 68 next to step 1426), so the rule is
+# stages different shares of the micro-batches (twice as many steps to one peer as to
+# another is ordinary), and a slow peer of a NoLoCo run takes fewer steps and rounds while
+# every round still pulls its weights to its partners'. What makes an average meaningless
+# is a checkpoint from much earlier in training, so the rule is
 # relative: refused when the oldest has less than a quarter of the newest one's steps,
 # and early in training only beyond two outer rounds (2 * H steps).
 MAX_SHARE_APART = 0.75
 MIN_ROUNDS_ALLOWED = 2
 
-SPREAD_RULE = (f"more than {MAX_SHARE_APART:.0%} of the newest checkpoint's inner steps apart (and, for a run with "
-               f"outer rounds, more than {MIN_ROUNDS_ALLOWED}*H steps, H being the run's method.inner_steps)")
+SPREAD_RULE = (
+    f"more than {MAX_SHARE_APART:.0%} of the newest checkpoint's inner steps apart (and, for a run with "
+    f"outer rounds, more than {MIN_ROUNDS_ALLOWED}*H steps, H being the run's method.inner_steps)"
+)
 
 
 @dataclass(frozen=True)
@@ -67,9 +69,11 @@ def check_stage_spread(spec: RunSpec, checkpoints: list[StageCheckpoint], *, for
     stage = checkpoints[0].stage
     listed = "; ".join(_describe(c) for c in checkpoints)
     if not force:
-        raise ConfigError(f"stage {stage}: the checkpoints are {reason} ({listed}), so their average is no model "
-                          "of the run; give checkpoints of about the same point of training, or pass --force to "
-                          "average them anyway")
+        raise ConfigError(
+            f"stage {stage}: the checkpoints are {reason} ({listed}), so their average is no model "
+            "of the run; give checkpoints of about the same point of training, or pass --force to "
+            "average them anyway"
+        )
     return f"stage {stage}: averaging checkpoints {reason} as --force asks ({listed})"
 
 

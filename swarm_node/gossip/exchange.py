@@ -46,9 +46,11 @@ from swarm_node.wire.messages import (
 
 log = logging.getLogger(__name__)
 
-READY_IN_WORTH_SAYING_S = 30.0  # further off than a round's deadline, a "ready in" is of no use to the proposer
+# further off than a round's deadline, a "ready in" is of no use to the proposer
+READY_IN_WORTH_SAYING_S = 30.0
 PROPOSE_TIMEOUT_S = 5.0  # a pairing proposal is a few bytes: no answer in this time means the peer is unwell
-WITHDRAW_TIMEOUT_S = 1.0  # taking a proposal back is worth a second, no more: the partner's reservation lapses anyway
+# taking a proposal back is worth a second, no more: the partner's reservation lapses anyway
+WITHDRAW_TIMEOUT_S = 1.0
 MAX_WITHDRAWN_TRACKED = 64
 
 
@@ -75,7 +77,8 @@ class ExchangeTimes:
     exchange_s: float  # one payload exchange, both ways
     link_s: float | None = None  # the slowest link's share of exchange_s (without its floor); None: all of it
     overlapped: bool = True  # inner steps go on while the exchange runs (ALGORITHM.md section 3.1)
-    both_at_once: bool = True  # our payload goes out while the partner's comes in (False: one after the other)
+    # our payload goes out while the partner's comes in (False: one after the other)
+    both_at_once: bool = True
 
 
 @dataclass
@@ -113,7 +116,8 @@ class OuterExchange:
         # whether the gate holds this node's own steps: stage 0, which draws the micro-batches
         # (or a one-stage node); a later stage computes what its upstream sends, gate or not
         self.gate_holds_steps = gate_holds_steps
-        self.candidates = candidates  # callable, unbanned peers of our stage: (peer, how likely it accepts now)
+        # callable, unbanned peers of our stage: (peer, how likely it accepts now)
+        self.candidates = candidates
         self.callers_expected = callers_expected  # peers that cannot be called may call us this round
         self.announce = announce  # publish our record now (it says whether we seek)
         self.stopping = stopping
@@ -157,7 +161,8 @@ class OuterExchange:
         await self.payloads.serve(transport, authorize)
         # two a peer: its withdrawal may come while its proposal is still being answered
         await transport.serve(protocols.PAIR, self.handle_propose,
-                              ServeLimits(max_request_bytes=CONTROL_MAX_BYTES, max_concurrent=8, max_per_peer=2,
+                              ServeLimits(max_request_bytes=CONTROL_MAX_BYTES, max_concurrent=8,
+                                          max_per_peer=2,
                                           handler_timeout_s=PROPOSE_TIMEOUT_S),
                               authorize=authorize)
 
@@ -211,15 +216,11 @@ class OuterExchange:
         return outcome
 
     def _wait_first_s(self) -> float:
-        """How long the steps may wait for the partner's Delta before they start. An
-        exchange that outlasted its round's steps last time will likely do so again, and
-        the steps then stand at the next boundary anyway: spent first, the wait lets every
-        step of the round start from the pair's Delta step (ALGORITHM.md 3.1) at no cost
-        in time. Capped by how far the last exchange outlasted the steps it would have
-        had without a wait (its time from the open against the steps' time to this
-        boundary), so a fast link waits not at all, a partner that never sends its Delta
-        costs no more than the boundary would, and the cap follows the link both ways:
-        a wait spent first is not counted again as one the next round needs."""
+        """How long the steps may wait for the partner's Delta before they start: by how far
+        the last exchange outlasted the steps it would have had without a wait (its time
+        from the open against the steps' time to this boundary), else 0. Such steps stand
+        at the boundary anyway, so spent first the wait costs no time and lets them start
+        from the pair's Delta step (ALGORITHM.md 3.1, "The wait comes first")."""
         if not self.gate_holds_steps or not self.pairing.delta_ahead:  # no Delta lands before the round ends
             return 0.0
         took_s, began_at, boundary_at = self._last_exchange_s, self._steps_began_at, self.gate.shut_at
@@ -282,7 +283,8 @@ class OuterExchange:
             self.stats.local_only_rounds += 1
             if had_company:  # alone in the stage, a local-only round is the plan, not a failure
                 self.stats.note_failure(f"round {outcome.round_no}: no partner, local-only step")
-                log.info("round %d: no partner found in %.1fs, local-only step", outcome.round_no, outcome.seconds)
+                log.info("round %d: no partner found in %.1fs, local-only step", outcome.round_no,
+                         outcome.seconds)
             else:
                 self.stats.rounds_alone += 1
                 if not alone_before:  # once, not every round (a few a second with a small H)
@@ -398,7 +400,8 @@ class OuterExchange:
             if kind == "withdraw":  # a peer can only take back its own proposal: nothing to check
                 self._note_withdrawn(remote, round_no)
                 return encode_frame({"kind": "withdraw", "ok": True})
-            if self.guard.is_banned(remote):  # it failed us or sent a poisoned update: we do not pair with it either
+            # it failed us or sent a poisoned update: we do not pair with it either
+            if self.guard.is_banned(remote):
                 raise Refused("busy")
             try:
                 if self.pairing.state.value == "idle" and not self._took_back(remote, round_no):

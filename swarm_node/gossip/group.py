@@ -34,7 +34,8 @@ log = logging.getLogger(__name__)
 
 class GroupRound:
     def __init__(self, *, round_timeout_s: float, request_timeout_s: float, max_parallel: int = 4,
-                 backoff_s: tuple[float, float] = (0.05, 0.3), rng: random.Random | None = None, own_id: str = "",
+                 backoff_s: tuple[float, float] = (0.05, 0.3), rng: random.Random | None = None,
+                 own_id: str = "",
                  served_at_once: int, link_s: float | None = None):
         self.round_timeout_s = round_timeout_s
         self.request_timeout_s = request_timeout_s  # one exchange with the link to itself

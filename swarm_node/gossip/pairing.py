@@ -40,10 +40,9 @@ The rule (symmetric, tolerant of joins, leaves and odd counts):
    accepts a proposal by taking its round early. Without this, two nodes whose
    boundaries fall at alternating times would each wait out the deadline while the
    other trains, and never meet. The round it opens so is held for that proposer
-   (``hold_for``): it starts reserved for it rather than seeking. (Opened seeking, the
-   round proposed to some other peer in the same loop turn, before the handler that
-   opened it could answer, and refused its own proposer ``busy``: in a stage of 64,
-   no round was ever paired by the rule, and 3 proposals in 4 were refused.)
+   (``hold_for``): it starts reserved for it rather than seeking, since a round opened
+   seeking may propose to some other peer in the same loop turn, before the handler
+   that opened it can answer, and then refuse its own proposer ``busy``.
 
 The coordinator does not do I/O itself: it is given ``propose(peer, timeout)``,
 ``send(peer, payload, timeout)`` and ``candidates()`` so it can run in-process under test.
@@ -109,7 +108,8 @@ class Refused(Exception):
         self.ready_in_s = ready_in_s
 
 
-async def backoff(wake: asyncio.Event, rng: random.Random, bounds_s: tuple[float, float], deadline: float) -> None:
+async def backoff(wake: asyncio.Event, rng: random.Random, bounds_s: tuple[float, float],
+                  deadline: float) -> None:
     """A random pause before the next attempt, cut short when ``wake`` is set or the
     round deadline comes."""
     pause = min(rng.uniform(*bounds_s), max(0.0, deadline - now()))
@@ -129,7 +129,8 @@ async def wait_set(event: asyncio.Event, timeout_s: float) -> None:
 
 class PairingCoordinator:
     def __init__(self, *, round_timeout_s: float, request_timeout_s: float, propose_timeout_s: float = 5.0,
-                 own_id: str = "", backoff_s: tuple[float, float] = (0.05, 0.3), rng: random.Random | None = None):
+                 own_id: str = "", backoff_s: tuple[float, float] = (0.05, 0.3),
+                 rng: random.Random | None = None):
         self.round_timeout_s = round_timeout_s
         self.request_timeout_s = request_timeout_s  # the payload exchange's deadline
         self.propose_timeout_s = propose_timeout_s
@@ -143,9 +144,11 @@ class PairingCoordinator:
         self._counterpart: str | None = None  # whom we propose to, are reserved for, or exchange with
         self._reserved_until = 0.0
         self._accepted: PairResult | None = None
-        self._ready_at: dict[str, float] = {}  # peer -> when it said it accepts, this round (inf: claim spent)
+        # peer -> when it said it accepts, this round (inf: claim spent)
+        self._ready_at: dict[str, float] = {}
         self._claims: dict[str, int] = {}  # peer -> how many such claims it made this round
-        self._held_for: str | None = None  # a proposer that opened our round early: the round starts reserved for it
+        # a proposer that opened our round early: the round starts reserved for it
+        self._held_for: str | None = None
         self._unconfirmed: str | None = None  # reserved by a hold, its proposal not yet answered yes
         self._changed = asyncio.Event()  # a proposal was accepted, a payload arrived, or a reservation ended
         self.abandoned: str | None = None  # a peer our cancelled proposal or payload left reserved for us
@@ -197,7 +200,11 @@ class PairingCoordinator:
 
     def complete(self, remote: str, payload: Any) -> None:
         """The claimed payload checked out: the pair is made."""
-        if self.state is not PairState.EXCHANGING or self._counterpart != remote or self._accepted is not None:
+        if (
+            self.state is not PairState.EXCHANGING
+            or self._counterpart != remote
+            or self._accepted is not None
+        ):
             raise Refused("no-reservation")
         self._accepted = PairResult(remote, payload, initiated=False)
         self._changed.set()
@@ -296,7 +303,9 @@ class PairingCoordinator:
                     self._changed.clear()
                     ready_at = min((t for t in self._ready_at.values() if now() < t < math.inf), default=None)
                     if peer is None and live and ready_at is not None:  # all said "later": wait for the first
-                        await wait_set(self._changed, min(ready_at - now(), ETA_WAIT_S, max(0.0, deadline - now())))
+                        await wait_set(
+                            self._changed, min(ready_at - now(), ETA_WAIT_S, max(0.0, deadline - now()))
+                        )
                     else:
                         await backoff(self._changed, self.rng, self.backoff_s, deadline)
         finally:
@@ -327,8 +336,10 @@ class PairingCoordinator:
         except PeerError as exc:
             if self.state is PairState.PROPOSING:
                 self._back_to_seeking()
-            if not isinstance(exc, PeerTimeout) or timeout >= self.propose_timeout_s:  # not cut by our deadline
-                on_peer_failure(peer, f"round {round_no}: partner {peer[-6:]} failed to answer a proposal: {exc}")
+            # not cut by our deadline
+            if not isinstance(exc, PeerTimeout) or timeout >= self.propose_timeout_s:
+                on_peer_failure(peer,
+                                f"round {round_no}: partner {peer[-6:]} failed to answer a proposal: {exc}")
             return None
         # Accepted: the partner holds its round open for our payload, so the exchange
         # gets its whole timeout even past our own round deadline.

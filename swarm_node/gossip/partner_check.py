@@ -28,10 +28,8 @@ finite. Then it is held to our scale, the norm of our own Delta now over a whole
   is two or more rounds away (so the one behind catches up instead). Far is measured
   in our scale, and, when the partner is ahead, in its own Delta's if that is smaller:
   the partner judges us in its scale, and the one behind may take the larger steps
-  (it did: its Delta norm was at least 1.2x theirs). (Judged in its own scale only, a
-  stage-0 peer held 35 s and left 60 rounds behind went on averaging with partners
-  that declined it every time, and never caught up: 4 minutes later it was still 120
-  rounds and 25 tolerances from its stage.) Otherwise it counts as the point
+  (judged in its own scale only, a peer far behind would go on averaging with partners
+  that decline it every time, and never catch up). Otherwise it counts as the point
   ``clip_ratio`` times our scale on the way to it, so partners apart converge again a
   step at a time and an attacker pulls by a bounded amount.
 - An accepted Delta above ``clip_ratio`` times our scale is scaled down to it.
@@ -203,14 +201,16 @@ class PartnerCheck:
             return delta
         bound = self.max_update_ratio * reference
         if delta_norm > bound:
-            why = f"partner's Delta norm {delta_norm:.3g} is {delta_norm / reference:.1f}x our own {reference:.3g}"
+            why = (f"partner's Delta norm {delta_norm:.3g} is {delta_norm / reference:.1f}x "
+                   f"our own {reference:.3g}")
             if rounds_ahead == 0:
                 raise Poisoned(why)
             raise RoundsApart(why, rounds_ahead)
         return _scaled_within(delta, delta_norm, self.clip_ratio * reference)
 
     def check_phi(self, phi: list[torch.Tensor], own_phi: Sequence[torch.Tensor],
-                  own_delta: Callable[[], Sequence[torch.Tensor]], rounds_ahead: int = 0) -> list[torch.Tensor]:
+                  own_delta: Callable[[], Sequence[torch.Tensor]],
+                  rounds_ahead: int = 0) -> list[torch.Tensor]:
         """The partner's phi alone, as it counts (pulled within our scale)."""
         problem = fit_problem(phi, [p.shape for p in own_phi])
         if problem:
@@ -227,9 +227,13 @@ class PartnerCheck:
         bound = self.max_update_ratio * reference
         theirs = self._partner_delta_norm if rounds_ahead >= ROUNDS_APART else None
         scale = min(reference, theirs) if theirs else reference
-        if phi_distance > DISTANCE_SLACK * self.max_update_ratio * scale and abs(rounds_ahead) >= ROUNDS_APART:
+        if (
+            phi_distance > DISTANCE_SLACK * self.max_update_ratio * scale
+            and abs(rounds_ahead) >= ROUNDS_APART
+        ):
             whose = "our" if scale == reference else "its"
-            raise RoundsApart(f"partner's phi is {phi_distance / scale:.1f}x {whose} Delta norm away", rounds_ahead)
+            raise RoundsApart(f"partner's phi is {phi_distance / scale:.1f}x {whose} Delta norm away",
+                              rounds_ahead)
         # the spread as it was, up to where a partner rounds apart would be declined: pulled in
         # to what counts (1.5x our scale) it read honest replicas of a real run 3-4x closer
         # than they were, and joiners refused honest donors
@@ -270,4 +274,5 @@ def _pulled_within(phi: list[torch.Tensor], own_phi: Sequence[torch.Tensor], phi
     if phi_distance <= bound:
         return phi
     keep = bound / phi_distance
-    return [(o + (t.to(o.device, torch.float32) - o) * keep).to(t.device, t.dtype) for t, o in zip(phi, own_phi)]
+    return [(o + (t.to(o.device, torch.float32) - o) * keep).to(t.device, t.dtype) for t, o in zip(phi,
+                                                                                                   own_phi)]

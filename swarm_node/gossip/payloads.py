@@ -1,15 +1,15 @@
 """A round's payload, (phi, Delta), both ways between partners (``/swarm-node/outer`` and
 ``/swarm-node/outer-fetch``), and what comes checked before it counts.
 
-What it owns: our payload's frames (a pair's go as two parts, Delta ahead of phi; a
-DiLoCo group's whole), offered while our round is open and kept a while after it for
-the partners whose fetch comes late; the caller side, which sends ours (answered with
-the partner's verdict) while it fetches the partner's, both paced bodies
-(net/pacing.py) so proposals, heartbeats and forwards keep their deadlines beside
-them; the answering side, which hands a partner's payload to the round's pairing
-(gossip/round_pairing.py: a pair's only from the peer we reserved, a group's from any
-member) and answers its verdict; and the checks of gossip/partner_check.py on all that
-comes, a Delta landed on our steps the moment it passes (ALGORITHM.md 3.1). A partner that sends a poisoned update is banned
+What it owns: our payload's frames (a pair's go as two parts, Delta ahead of phi; a DiLoCo
+group's whole), offered while our round is open and kept a while after it for the partners
+whose fetch comes late; the caller side, which sends ours (answered with the partner's
+verdict) while it fetches the partner's, both paced bodies (net/pacing.py) so proposals,
+heartbeats and forwards keep their deadlines beside them; the answering side, which hands
+a partner's payload to the round's pairing (gossip/round_pairing.py: a pair's only from
+the peer we reserved, a group's from any member) and answers its verdict; and the checks
+of gossip/partner_check.py on all that comes, a Delta landed on our steps the moment it
+passes (ALGORITHM.md 3.1). A partner that sends a poisoned update is banned
 (net/guard.py); one rounds apart is declined, and backed off if it keeps coming.
 
 Who the partner is and when a round opens and ends is gossip/exchange.py's."""
@@ -100,12 +100,15 @@ class PayloadSwap:
         self.pairing = pairing  # its rule says whose payload we take, and how, and who may fetch ours
         self.check = check
         self.exchange_s = exchange_s  # one payload exchange, both ways (a group member's: beside the others)
-        self.both_at_once = both_at_once  # False: the partner's payload only after ours is in (for comparison)
+        # False: the partner's payload only after ours is in (for comparison)
+        self.both_at_once = both_at_once
         self.round_early = round_early  # (wait_s) a group member's payload may pull our round forward
         self.on_delta = on_delta  # a partner's Delta is in, checked and landed (True: one we fetched)
         numel = sum(p.numel() for p in state.params)
-        # phi and Delta in fp32 at most (an fp16 tensor out of range goes as fp32); blockwise, two tensors each
-        self.limits = FrameLimits(max_payload_bytes=2 * numel * 4 + (1 << 20), max_tensors=4 * len(state.params) + 16)
+        # phi and Delta in fp32 at most (an fp16 tensor out of range goes as fp32);
+        # blockwise, two tensors each
+        self.limits = FrameLimits(max_payload_bytes=2 * numel * 4 + (1 << 20),
+                                  max_tensors=4 * len(state.params) + 16)
         self.behind = False  # a partner rounds ahead was out of our scale: the node should catch up
         self.offer: Payload | None = None  # our payload while a round is open
         # after a round, our payload stays for its partners (on the loop's clock) until the
@@ -183,14 +186,16 @@ class PayloadSwap:
 
     async def _send_payload(self, peer: str, payload: Payload, deadline: float) -> None:
         for frame in (payload.delta, payload.phi) if isinstance(payload, PayloadParts) else (payload,):
-            verdict = await self._asked_again_once(peer, lambda: self.transport.request(
-                peer, protocols.OUTER, frame, timeout_s=deadline - now(), max_response_bytes=CONTROL_MAX_BYTES,
+            verdict = await self._asked_again_once(peer, lambda frame=frame: self.transport.request(
+                peer, protocols.OUTER, frame, timeout_s=deadline - now(),
+                max_response_bytes=CONTROL_MAX_BYTES,
                 paced_request=True), deadline)
             yes, why = answer_is_yes(verdict)  # a few bytes: no need to wait for the compute thread
             if not yes:
                 raise Refused(why)
 
-    async def _asked_again_once(self, peer: str, ask: Callable[[], Awaitable[bytes]], deadline: float) -> bytes:
+    async def _asked_again_once(self, peer: str, ask: Callable[[], Awaitable[bytes]],
+                                deadline: float) -> bytes:
         """A payload part or fetch whose answer a stream reset lost (about one call in a
         thousand between healthy peers, see OuterExchange._propose_until_answered) is
         asked again: a partner that took our phi says yes again, and a fetch is served
@@ -214,7 +219,8 @@ class PayloadSwap:
 
     async def _fetch(self, peer: str, deadline: float, part: str | None = None):
         """The partner's payload, or one ``part`` of it, checked (a Delta also landed)."""
-        request = encode_frame({"kind": "outer-fetch", "spec": self.spec_hash, "round": self.state.outer_round,
+        request = encode_frame({"kind": "outer-fetch", "spec": self.spec_hash,
+                                "round": self.state.outer_round,
                                 **({} if part is None else {"part": part})})
         raw = await self._asked_again_once(peer, lambda: self.transport.request(
             peer, protocols.OUTER_FETCH, request, timeout_s=deadline - now(),
@@ -254,7 +260,8 @@ class PayloadSwap:
             kept, until = self._kept.get(remote, (None, 0.0))
             if kept is not None and now() < until:
                 return _payload_part(kept, part)
-            return encode_frame({"ok": False, "error": "not-ready" if self.offer is None else "no-reservation"})
+            return encode_frame({"ok": False,
+                                 "error": "not-ready" if self.offer is None else "no-reservation"})
         except ProtocolError as exc:
             self.guard.fault(remote, f"bad outer fetch ({exc})")
             return encode_frame({"ok": False, "error": "protocol"})
@@ -287,7 +294,8 @@ class PayloadSwap:
                 self._declined.pop(next(iter(self._declined)))
             if declines >= DECLINES_BEFORE_BACKOFF:
                 self.guard.failed(peer, reason="rounds-apart")
-            self.guard.note(peer, f"declining an outer exchange with {short_id(peer)} at round {theirs} (we are at "
+            self.guard.note(peer,
+                            f"declining an outer exchange with {short_id(peer)} at round {theirs} (we are at "
                                   f"{ours}): {exc}")
             raise
         except Refused as exc:

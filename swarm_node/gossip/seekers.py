@@ -47,7 +47,8 @@ class Seekers:
     def hints_for(self, asker: str) -> list[str]:
         """What a refusal to ``asker`` names: the freshest first-hand seekers but itself."""
         since = self.clock() - SEEKER_FRESH_S
-        fresh = [p for p, at in sorted(self._heard.items(), key=lambda item: -item[1]) if at >= since and p != asker]
+        fresh = [p for p, at in sorted(self._heard.items(),
+                                       key=lambda item: -item[1]) if at >= since and p != asker]
         return fresh[:MAX_HINTS]
 
     def fresh(self) -> set[str]:

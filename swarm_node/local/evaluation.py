@@ -106,7 +106,8 @@ class FinalEvaluation:
     def run(self, stage_weights: dict[int, dict[int, dict]], plan: PathPlan) -> dict:
         stages = range(self.spec.num_stages)
         result = {"initial_val_loss": None, "final_val_loss": None, "final_consensus_val_loss": None,
-                  "replica_weight_std": [state_spread(list(stage_weights.get(s, {}).values())) for s in stages],
+                  "replica_weight_std": [state_spread(list(stage_weights.get(s,
+                                                                             {}).values())) for s in stages],
                   "entropy_floor": self.data.entropy_floor, "eval_device": str(self.device),
                   "evaluation_skipped": plan.skipped}
         if not plan.initial:
@@ -147,7 +148,8 @@ class FinalEvaluation:
                     parts.rows = rows_that_fit(self.config, self.spec.seq_len, self.batch_size, self.device)
                 progress.start(name)
                 began = time.perf_counter()
-                losses[name] = path_val_loss(path, self.data, batch_size=self.batch_size, max_batches=self.max_batches,
+                losses[name] = path_val_loss(path, self.data, batch_size=self.batch_size,
+                                             max_batches=self.max_batches,
                                              device=self.device, parts=parts,
                                              on_batch=lambda: self._batch_done(progress))
                 progress.finished(name, losses[name], time.perf_counter() - began)
@@ -167,7 +169,8 @@ class FinalEvaluation:
     def _module(self, stage: int, state: dict | None) -> PipelineStage:
         if self.stop.is_set():
             raise EvaluationStopped("the run was interrupted")
-        module = build_stage(self.config, num_stages=self.spec.num_stages, stage_index=stage, seed=self.spec.seed,
+        module = build_stage(self.config, num_stages=self.spec.num_stages, stage_index=stage,
+                             seed=self.spec.seed,
                              layers_per_stage=self.spec.layers_per_stage)
         if state is not None:
             module.load_state_dict(state)

@@ -24,7 +24,8 @@ from swarm_node.net.reaper import daemon_sockets, descendants, remove_if_unused
 
 log = logging.getLogger("swarm_node.local")
 
-__all__ = ["Child", "daemon_sockets", "reap_group", "remove_stale_sockets", "stop_children", "sweep_descendants"]
+__all__ = ["Child", "daemon_sockets", "reap_group", "remove_stale_sockets", "stop_children",
+           "sweep_descendants"]
 
 
 @dataclass
@@ -91,7 +92,8 @@ def stop_children(children: list[Child], grace_s: float) -> None:
         try:
             child.process.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            log.warning("node pid %d did not stop within %.0f s of SIGTERM; killing it", child.process.pid, grace_s)
+            log.warning("node pid %d did not stop within %.0f s of SIGTERM; killing it", child.process.pid,
+                        grace_s)
             reap_group(child.process.pid)
             child.process.wait()
     poll(children, stopping=True)

@@ -75,15 +75,31 @@ def summary_of(spec: RunSpec, result: dict, peers: list[dict], dead_nodes: list[
 def log_summary(summary: dict, config: LocalConfig) -> None:
     lost = [p for p in summary["peers"] if p["status"] == "lost"]
     consensus = summary["final_consensus_val_loss"]
-    log.info("swarm: final val loss %s%s, %s tokens in %.1f s (%.0f tok/s), evaluated in %.1f s; %d of %d peers lost",
-             f"{summary['final_val_loss']:.4f}" if summary["final_val_loss"] is not None else "n/a",
-             f" (consensus model {consensus:.4f})" if consensus is not None else "",
-             f"{summary['tokens']:,}", summary["wall_s"], summary["tokens_per_s"] or 0, summary["eval_s"], len(lost),
-             len(summary["peers"]))
+    log.info(
+        "swarm: final val loss %s%s, %s tokens in %.1f s (%.0f tok/s), evaluated in %.1f s; %d of %d peers "
+        "lost",
+        f"{summary['final_val_loss']:.4f}" if summary["final_val_loss"] is not None else "n/a",
+        f" (consensus model {consensus:.4f})" if consensus is not None else "",
+        f"{summary['tokens']:,}",
+        summary["wall_s"],
+        summary["tokens_per_s"] or 0,
+        summary["eval_s"],
+        len(lost),
+        len(summary["peers"]),
+    )
     for p in summary["peers"]:
-        log.info("  stage %d %s pid %d: %s, %d steps, %d rounds (%d with a partner), %d micro-batches, %d lost",
-                 p["stage"], (p["peer_id"] or "?")[-6:], p["pid"], p["status"], p["inner_steps"], p["outer_rounds"],
-                 p["rounds_with_partner"], p["microbatches_done"], p["microbatches_lost"])
+        log.info(
+            "  stage %d %s pid %d: %s, %d steps, %d rounds (%d with a partner), %d micro-batches, %d lost",
+            p["stage"],
+            (p["peer_id"] or "?")[-6:],
+            p["pid"],
+            p["status"],
+            p["inner_steps"],
+            p["outer_rounds"],
+            p["rounds_with_partner"],
+            p["microbatches_done"],
+            p["microbatches_lost"],
+        )
     for death in summary["dead_nodes"]:
         log.error("dead: node %s", death[:400])
     for reason in summary["evaluation_skipped"]:
@@ -101,8 +117,11 @@ def export_hint(summary: dict, config: LocalConfig) -> str:
     """How to turn the nodes' checkpoints into one model (or how to keep them next time)."""
     if config.checkpoint_dir is None:
         return "the trained weights are not kept: run with --checkpoint-dir DIR to export a model afterwards"
-    dirs = [p["checkpoint_dir"] for p in sorted(summary["peers"], key=lambda p: p["stage"]) if p.get("checkpoint_dir")]
+    dirs = [p["checkpoint_dir"] for p in sorted(summary["peers"],
+                                                key=lambda p: p["stage"]) if p.get("checkpoint_dir")]
     if not dirs:
         return f"no node wrote a checkpoint under {config.checkpoint_dir}"
-    return ("export the model (the replicas of each stage averaged; give one directory per stage for a single "
-            f"replica's model): swarm-node export --checkpoint {' '.join(dict.fromkeys(dirs))} --out MODEL_DIR")
+    return (
+        "export the model (the replicas of each stage averaged; give one directory per stage for a single "
+        f"replica's model): swarm-node export --checkpoint {' '.join(dict.fromkeys(dirs))} --out MODEL_DIR"
+    )

@@ -53,13 +53,15 @@ from swarm_node.state.checkpoint import PREFIX as CHECKPOINT_PREFIX
 from swarm_node.system import default_threads, usable_cores
 from swarm_node.wire.records import PeerRecord
 
-__all__ = ["ChaosPlan", "Child", "LocalConfig", "LocalSwarm", "daemon_sockets", "export_hint", "local_exit_status",
+__all__ = ["ChaosPlan", "Child", "LocalConfig", "LocalSwarm", "daemon_sockets", "export_hint",
+           "local_exit_status",
            "remove_stale_sockets", "run_local"]
 
 # Every node of a local swarm imports torch and starts its DHT at the same moment, on
-# this machine's cores, while the bootstrap has to answer them all: 32 nodes on 2 cores
-# took minutes to reach it, and at the join's own default (60 s) 10 to 26 of them gave
-# up ("none of the initial peers answered"). So each node gets this long a core it shares.
+# this machine's cores, while the bootstrap has to answer them all: so a node's start-up
+# deadline grows with the nodes a core serves, this long each (the join's fixed 60 s
+# is too short for dozens of nodes on a few cores: docs/ARCHITECTURE.md, "Why it is
+# this way").
 STARTUP_S_PER_NODE_A_CORE = 15.0
 # What each node process runs (after the interpreter): tests put a node with a fault of
 # their choosing here (tests/swarm/local_faults.py).
@@ -73,7 +75,9 @@ class LocalSwarm:
         self.spec = spec
         self.config = config
         self.keep_dir = config.run_dir is not None
-        self.run_dir = Path(config.run_dir) if config.run_dir else Path(tempfile.mkdtemp(prefix="swarm-local-"))
+        self.run_dir = (
+            Path(config.run_dir) if config.run_dir else Path(tempfile.mkdtemp(prefix="swarm-local-"))
+        )
         self.children: list[Child] = []
         self._dashboard: subprocess.Popen | None = None  # the swarm-bootstrap of --dashboard-port
         self._dashboard_dir: Path | None = None
@@ -101,14 +105,19 @@ class LocalSwarm:
         try:
             self.data = load_windows(self.spec.data, self.spec.seq_len)
         except (OSError, ValueError, ImportError) as exc:
-            raise ConfigError(f"the data {self.spec.data.describe()} cannot be loaded: {exc}; check --data") from None
+            raise ConfigError(
+                f"the data {self.spec.data.describe()} cannot be loaded: {exc}; check --data"
+            ) from None
         if self.config.checkpoint_dir is not None:
             used = [d for s in range(self.spec.num_stages) for r in range(self.config.replicas)
-                    if (d := self.node_checkpoint_dir(s, r)).is_dir() and any(d.glob(f"{CHECKPOINT_PREFIX}*"))]
+                    if (d := self.node_checkpoint_dir(s,
+                                                      r)).is_dir() and any(d.glob(f"{CHECKPOINT_PREFIX}*"))]
             if used:
-                raise ConfigError(f"--checkpoint-dir {self.config.checkpoint_dir} already holds checkpoints of an "
-                                  f"earlier run ({used[0]}); a new local run cannot continue them: give a new or "
-                                  "empty directory")
+                raise ConfigError(
+                    f"--checkpoint-dir {self.config.checkpoint_dir} already holds checkpoints of an "
+                    f"earlier run ({used[0]}); a new local run cannot continue them: give a new or "
+                    "empty directory"
+                )
 
     async def run(self) -> dict:
         started = time.perf_counter()
@@ -119,7 +128,9 @@ class LocalSwarm:
             self.preflight()
             spec_path = self.run_dir / "run-spec.json"
             self.spec.write_json(spec_path)
-            initial = [await self._start_dashboard(spec_path)] if self.config.dashboard_port is not None else []
+            initial = (
+                [await self._start_dashboard(spec_path)] if self.config.dashboard_port is not None else []
+            )
             dht = await self._start_dht(initial)
             try:
                 maddrs = [*initial, dht.visible_maddrs()[0]]
@@ -183,7 +194,9 @@ class LocalSwarm:
             self._stop_all()
             await self._shutdown_dht(dht, 30.0)
             return
-        await asyncio.gather(asyncio.to_thread(self._stop_all), self._shutdown_dht(dht, self.config.interrupt_grace_s))
+        await asyncio.gather(
+            asyncio.to_thread(self._stop_all), self._shutdown_dht(dht, self.config.interrupt_grace_s)
+        )
 
     async def _shutdown_dht(self, dht: SwarmDHT, timeout_s: float) -> None:
         try:
@@ -200,14 +213,17 @@ class LocalSwarm:
         out = self._dashboard_dir / "bootstrap.out"
         with open(out, "wb") as stdout, open(self.run_dir / "bootstrap.log", "wb") as stderr:
             self._dashboard = subprocess.Popen(
-                [sys.executable, "-m", "swarm_bootstrap", "--identity", str(self._dashboard_dir / "identity.key"),
+                [sys.executable, "-m", "swarm_bootstrap", "--identity",
+                 str(self._dashboard_dir / "identity.key"),
                  "--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--http-host", "127.0.0.1",
                  "--http-port", str(self.config.dashboard_port), "--run-spec", str(spec_path),
                  "--no-reachability-check"], stdout=stdout, stderr=stderr, start_new_session=True)
         deadline = time.monotonic() + 60.0
         while time.monotonic() < deadline and self._dashboard.poll() is None:
             lines = out.read_text().splitlines()
-            maddr = [ln.split()[-1] for ln in lines if ln.strip().startswith("swarm-node join --initial-peers")]
+            maddr = [
+                ln.split()[-1] for ln in lines if ln.strip().startswith("swarm-node join --initial-peers")
+            ]
             url = [ln.split()[1] for ln in lines if ln.startswith("dashboard: ")]
             if maddr and url:
                 log.info("dashboard: %s", url[0])
@@ -263,14 +279,16 @@ class LocalSwarm:
         if not restarted:  # everyone starts together; a restarted node may need to catch up with its stage
             cmd += ["--no-state-download", "--wait-for-peers", str(self.config.replicas)]
         if stage == 0:
-            cmd += ["--max-steps", str(self.config.steps), "--data-shard", f"{replica}/{self.config.replicas}"]
+            cmd += ["--max-steps", str(self.config.steps), "--data-shard",
+                    f"{replica}/{self.config.replicas}"]
         if self.config.chaos is not None:  # a node that may be restarted keeps its identity and state
             cmd += ["--identity", str(self.run_dir / f"identity-s{stage}-r{replica}.key"),
                     "--checkpoint-dir", str(self.node_checkpoint_dir(stage, replica))]
         elif self.config.checkpoint_dir is not None:
             cmd += ["--checkpoint-dir", str(self.node_checkpoint_dir(stage, replica))]
         with open(log_path, "wb") as out:
-            process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+            process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                       env=env)
         child = Child(stage, replica, process, log_path, restarted=restarted)
         self.children.append(child)
         return child
@@ -289,7 +307,8 @@ class LocalSwarm:
             reap_group(victim.process.pid)  # SIGKILL to its whole process group
         for stage, replica in self.chaos.restarts_due(now):
             child = self._spawn(stage, replica, restarted=True)
-            log.warning("chaos: restarted node stage %d replica %d from its checkpoint (pid %d)", stage, replica,
+            log.warning("chaos: restarted node stage %d replica %d from its checkpoint (pid %d)", stage,
+                        replica,
                         child.process.pid)
 
     def _poll_children(self) -> None:
@@ -301,8 +320,11 @@ class LocalSwarm:
             while True:
                 self._poll_children()
                 drivers = [c for c in self.children if c.stage == 0]
-                if any(c.returncode == 0 for c in drivers) and all(c.returncode is not None for c in drivers) \
-                        and not self.chaos.restarts_pending:  # a driver exits cleanly after its last step
+                if (
+                    any(c.returncode == 0 for c in drivers)
+                    and all(c.returncode is not None for c in drivers)
+                    and not self.chaos.restarts_pending
+                ):  # a driver exits cleanly after its last step
                     bar.finish(self.config.steps)
                     bar.close()
                     log.info("stage 0 has done its %d steps; stopping the other nodes", self.config.steps)
@@ -320,7 +342,8 @@ class LocalSwarm:
                     self.loss_curve.append((tokens, float(np.mean(losses))))
                 if step is not None:
                     last_loss = self.loss_curve[-1][1] if self.loss_curve else None  # none before the first
-                    bar.update(min(step, self.config.steps), tokens, last_loss, None, time.perf_counter() - started)
+                    bar.update(min(step, self.config.steps), tokens, last_loss, None,
+                               time.perf_counter() - started)
                 await asyncio.sleep(0.5)
         finally:
             bar.close()
@@ -335,7 +358,8 @@ class LocalSwarm:
     async def _records(self, dht: SwarmDHT) -> dict[int, list[PeerRecord]]:
         try:
             async with asyncio.timeout(2 * self.spec.num_stages):
-                records, _ = await read_registry(dht, self.spec.run_id, self.spec.num_stages,  # refused: not shown
+                # refused: not shown
+                records, _ = await read_registry(dht, self.spec.run_id, self.spec.num_stages,
                                                    self.spec.registry_shards)
         except TimeoutError:
             return {}
@@ -361,11 +385,14 @@ class LocalSwarm:
             self.config.checkpoint_dir is not None)
         dead = [c for c in self.children if c.status == "dead"]
         plan = plan_paths(self.spec.num_stages, self.config.replicas, stage_weights,
-                          {(c.stage, c.replica): f"{c.name()} died with exit code {c.returncode}" for c in dead})
+                          {(c.stage,
+                            c.replica): f"{c.name()} died with exit code {c.returncode}" for c in dead})
         data = self.data if self.data is not None else load_windows(self.spec.data, self.spec.seq_len)
         evaluation = FinalEvaluation(self.spec, data, device=resolve_device(self.config.device),
-                                     batch_size=self.config.eval_batch_size, max_batches=self.config.eval_batches,
-                                     threads=self.config.eval_threads or default_threads(),  # our nodes have stopped
+                                     batch_size=self.config.eval_batch_size,
+                                     max_batches=self.config.eval_batches,
+                                     # our nodes have stopped
+                                     threads=self.config.eval_threads or default_threads(),
                                      progress=self.config.progress, stop=self._stop_evaluation)
         began = time.perf_counter()
         result = await in_daemon_thread(evaluation.run, stage_weights, plan)

@@ -130,12 +130,16 @@ async def check_own_reachability(dht: SwarmDHT, transport: Transport, membership
         log.warning("could not check whether other peers can reach this node (no peer answered a dial-back "
                     "request); assuming they can")
     elif result.reachable:
-        log.info("reachability: %s dialled this node back at %s", short_id(result.checked_by[-1]), result.observed)
+        log.info("reachability: %s dialled this node back at %s", short_id(result.checked_by[-1]),
+                 result.observed)
     else:
-        log.warning("this node cannot be reached by other peers (%s dialled it back at %s in vain): it trains "
-                    "stage 0 and starts its own pairings, and nobody routes work to it. To take any stage, %s",
-                    ", ".join(short_id(p) for p in result.checked_by), ", ".join(result.failures),
-                    open_port_advice(dht))
+        log.warning(
+            "this node cannot be reached by other peers (%s dialled it back at %s in vain): it trains "
+            "stage 0 and starts its own pairings, and nobody routes work to it. To take any stage, %s",
+            ", ".join(short_id(p) for p in result.checked_by),
+            ", ".join(result.failures),
+            open_port_advice(dht),
+        )
         log.debug("dial-back failures: %s", result.unreachable_at())
     return result.reachable is False
 

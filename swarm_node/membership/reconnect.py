@@ -80,7 +80,8 @@ class Reconnector:
             if connected and missing and redial.due():  # alone, the re-bootstrap above dials them
                 reached = await self._redial(missing)
                 if reached and redial.failures:  # it was down: worth a line
-                    log.info("reconnected to %d initial peer(s) after %d failed attempts", reached, redial.failures)
+                    log.info("reconnected to %d initial peer(s) after %d failed attempts", reached,
+                             redial.failures)
                 redial.done(success=reached > 0)
 
     def _remember(self, connected: dict[str, list[str]]) -> None:

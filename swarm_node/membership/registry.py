@@ -93,16 +93,20 @@ async def read_shard(dht: SwarmDHT, run_id: str, stage: int, shard: int, shards:
     """One shard of a stage: (peer -> (record, expiry)), (peer -> why its entry is refused).
     An entry filed under a shard its peer id does not hash to is refused: nobody
     honest writes one, and a flood of them must not fill one small key."""
-    records, unreadable = await _read_entries(dht, stage_key(run_id, stage, shard, shards), sufficient_expiry_s)
+    records, unreadable = await _read_entries(dht, stage_key(run_id, stage, shard, shards),
+                                              sufficient_expiry_s)
     for peer in [p for p in records if shard_of(p, shards) != shard]:
         del records[peer]
-        unreadable[peer] = ProtocolError(f"its record is filed under shard {shard} of stage {stage}; its peer id "
-                                         f"belongs in shard {shard_of(peer, shards)}")
+        unreadable[peer] = ProtocolError(
+            f"its record is filed under shard {shard} of stage {stage}; its peer id "
+            f"belongs in shard {shard_of(peer, shards)}"
+        )
     return records, unreadable
 
 
 async def read_stage(dht: SwarmDHT, run_id: str, stage: int, shards: int = 1, max_shards: int | None = None,
-                     rng: random.Random | None = None) -> tuple[dict[str, PeerRecord], dict[str, ProtocolError]]:
+                     rng: random.Random | None = None) -> tuple[dict[str, PeerRecord], dict[str,
+                                                                                            ProtocolError]]:
     """Live records of one stage, parsed: (peer -> record, peer -> why its record is
     refused); all its shards, or ``max_shards`` of them at random."""
     records, unreadable = await _read_shards(dht, run_id, stage, shards, max_shards, rng)
@@ -159,6 +163,7 @@ async def _read_entries(dht: SwarmDHT, key: str,
     return records, unreadable
 
 
-async def publish_record(dht: SwarmDHT, run_id: str, record: PeerRecord, ttl_s: float, shards: int = 1) -> bool:
+async def publish_record(dht: SwarmDHT, run_id: str, record: PeerRecord, ttl_s: float,
+                         shards: int = 1) -> bool:
     key = stage_key(run_id, record.stage, shard_of(dht.peer_id, shards), shards)
     return await dht.store_signed(key, record.compact_wire(), ttl_s)

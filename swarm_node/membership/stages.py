@@ -35,17 +35,16 @@ def rebalanced_stage(peers: Peers, own_id: str, stage: int, num_stages: int, rea
 
     - the stages as announced differ by two or more peers and ours is a fullest: we take
       an emptiest one. Joiners that did not see each other in time (records spread
-      through the DHT in seconds, and on a busy machine 4 volunteers once split 3 + 1)
-      even out this way;
+      through the DHT in seconds) even out this way;
     - or stage 0 holds only peers nobody can dial and ours holds two or more: we take
       stage 0. Peers behind a NAT cannot pair with each other (they only call out), so
-      without a reachable peer beside them they train alone: seen on a busy machine,
-      two volunteers that did not see each other in time both took stage 1 and left the
-      one behind a NAT alone in stage 0, by counts a balanced 1 + 2.
+      without a reachable peer beside them they train alone, however balanced the
+      counts.
 
     Nobody behind a NAT moves: it can only hold stage 0."""
     stages = range(num_stages)
-    announced = {s: [p for p, r in peers.get(s, {}).items() if r.state in ("training", "joining")] for s in stages}
+    announced = {s: [p for p, r in peers.get(s, {}).items() if r.state in ("training",
+                                                                           "joining")] for s in stages}
     announced[stage].append(own_id)
     count = {s: len(members) for s, members in announced.items()}
     stranded = stage != 0 and count[stage] >= 2 and bool(announced[0]) and not any(

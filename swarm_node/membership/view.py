@@ -45,9 +45,11 @@ class Membership:
         self.stage: int | None = None
         self.state = "joining"  # joining, training, finished, leaving: as our record says
         self.reachability: Reachability | None = None  # what peers measured dialling us back
-        self.peers: dict[int, dict[str, PeerRecord]] = {}  # what we know of each stage, without expired records
+        # what we know of each stage, without expired records
+        self.peers: dict[int, dict[str, PeerRecord]] = {}
         self.shards = spec.registry_shards
-        self.cadence = Cadence.for_shards(self.shards, config.heartbeat_s, config.registry_poll_s, config.record_ttl_s)
+        self.cadence = Cadence.for_shards(self.shards, config.heartbeat_s, config.registry_poll_s,
+                                          config.record_ttl_s)
         self._reads = 0  # registry reads so far: a sharded registry reads our stage and the next in turn
         self._entries: dict[int, Entries] = {}  # stage -> peer -> (record, expiry): the view, shard by shard
         self._next_shard: dict[int, int] = {}  # stage -> the shard the next read takes
@@ -88,7 +90,9 @@ class Membership:
         for peer in self.guard.probe_set(list(peers), random):
             record, likely = peers[peer], UNLIKELY
             if self.guard.is_verified(peer):
-                likely = SEEKING_NOW if record.seeking else PAST_HALF if record.round_step >= half else UNLIKELY
+                likely = (
+                    SEEKING_NOW if record.seeking else PAST_HALF if record.round_step >= half else UNLIKELY
+                )
             candidates.append((peer, likely))
         return candidates
 
@@ -163,7 +167,8 @@ class Membership:
                 self.guard.ignore(peer, "not on this closed run's list of allowed peers", reason="bad-record")
                 continue
             if record.spec_hash != self.spec_hash:
-                self.guard.ignore(peer, f"run-spec hash {record.spec_hash} differs from ours ({self.spec_hash})",
+                self.guard.ignore(peer,
+                                  f"run-spec hash {record.spec_hash} differs from ours ({self.spec_hash})",
                                   reason="bad-record")
                 continue
             if record.stage == stage:
@@ -173,8 +178,8 @@ class Membership:
     def _merge(self, stage: int, found: Entries) -> None:
         """What a read found joins what we hold; a peer it did not return stays until its
         record expires. A DHT read merges the entries of the replicas that answered in
-        time, so on a busy machine or link it returns part of a key: replacing the view
-        with each read left 32 nodes on 2 cores seeing 1 to 8 of their 15 stage peers.
+        time, so on a busy machine or link it returns part of a key: a view replaced by
+        each read would see only a few of its stage's peers.
         A peer that leaves says so in its record; one that crashed leaves no sooner
         either way, since its record stays in the DHT until it expires."""
         entries = self._entries.setdefault(stage, {})
@@ -202,7 +207,7 @@ class Membership:
             await asyncio.sleep(self.cadence.poll_s * random.uniform(0.8, 1.2))
             try:
                 # A read the DHT is slow to answer still brings the peers it found: cut it
-                # off late (on 2 cores running 32 nodes, a third of the reads took over 4 s)
+                # off late (on a busy machine many reads take seconds)
                 async with asyncio.timeout(max(READ_DEADLINE_S, self.cadence.poll_s * 5)):
                     await self.refresh()
             except TimeoutError:
@@ -215,8 +220,12 @@ class Membership:
         self._slow_ops += 1
         now = asyncio.get_running_loop().time()
         if self._slow_logged_at is None or now - self._slow_logged_at >= SLOW_DHT_LOG_S:
-            log.warning("%s timed out (%d DHT operations past their deadline since the last such line): the DHT "
-                        "answers slowly (a busy machine or link)", what, self._slow_ops)
+            log.warning(
+                "%s timed out (%d DHT operations past their deadline since the last such line): the DHT "
+                "answers slowly (a busy machine or link)",
+                what,
+                self._slow_ops,
+            )
             self._slow_ops, self._slow_logged_at = 0, now
 
     # -- publishing ------------------------------------------------------------------
@@ -269,11 +278,13 @@ class Membership:
             if settle == 0:
                 chosen = assign_stage(self.peers, self.own_id, self.spec.num_stages, self.reachable)
             else:
-                chosen = rebalanced_stage(self.peers, self.own_id, self.stage, self.spec.num_stages, self.reachable)
+                chosen = rebalanced_stage(self.peers, self.own_id, self.stage, self.spec.num_stages,
+                                          self.reachable)
             if chosen == self.stage and settle > 0:
                 break
             if chosen != self.stage:
-                log.info("taking stage %d instead of %d: other peers joined at the same time", chosen, self.stage)
+                log.info("taking stage %d instead of %d: other peers joined at the same time", chosen,
+                         self.stage)
                 self.state = "leaving"  # withdraw the guess at once rather than at record expiry
                 await self.heartbeat()
                 self.state = "joining"

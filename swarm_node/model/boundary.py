@@ -156,7 +156,8 @@ class Boundaries(nn.Module):
             return self.sides[str(index)].encoder(hidden - token_part)
         return F.linear(hidden - token_part, self.fixed.basis.t())
 
-    def rebuild(self, index: int, code: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def rebuild(self, index: int, code: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor,
+                                                                                     torch.Tensor]:
         """(hidden, token part) after boundary ``index``, from its ``code`` and the tokens."""
         if self.config.kind == "bottleneck":
             side = self.sides[str(index)]

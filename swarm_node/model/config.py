@@ -29,7 +29,9 @@ class ModelConfig:
         if self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+            raise ValueError(
+                f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}"
+            )
         if (self.hidden_size // self.num_heads) % 2:
             raise ValueError("head dimension must be even for rotary embeddings")
         for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from swarm_node.model.config import NAMED_SIZES, model_config
+from swarm_node.model.config import NAMED_SIZES, ModelConfig, model_config
 from swarm_node.model.memory import per_stage_count, stage_parameters
 from swarm_node.wire.outer_codec import outer_codec
 
@@ -44,14 +44,18 @@ def round_table(*, inner_phase_s: float = 60.0, vocab_size: int = 32_000, seq_le
                 stage_counts: Sequence[int] = (1, 2, 4)) -> str:
     """Per named size and stage count: what the largest stage's round needs each way
     with ``inner_phase_s`` of inner steps between rounds, in the default codec."""
-    header = "| model | " + " | ".join("one stage" if s == 1 else f"each of {s} stages" for s in stage_counts) + " |"
+    header = (
+        "| model | "
+        + " | ".join("one stage" if s == 1 else f"each of {s} stages" for s in stage_counts)
+        + " |"
+    )
     lines = [header, "|" + "---|" * (1 + len(stage_counts))]
     for size in NAMED_SIZES:
         if size in TEST_SIZES:
             continue
         config = model_config(size, vocab_size=vocab_size, max_seq_len=seq_len)
 
-        def rate(stages: int) -> str:
+        def rate(stages: int, config: ModelConfig = config) -> str:
             largest = max(stage_parameters(config, num_stages=stages, stage_index=s) for s in range(stages))
             return _rate(round_mbit(largest, inner_phase_s))
 

@@ -219,7 +219,8 @@ def format_bytes(n: int) -> str:
     return f"{n} B"
 
 
-def per_stage_count(config: ModelConfig, stage_counts: Sequence[int], cell: Callable[[int], str]) -> list[str]:
+def per_stage_count(config: ModelConfig, stage_counts: Sequence[int], cell: Callable[[int],
+                                                                                     str]) -> list[str]:
     """A table's cells for one model: ``cell(stages)`` for each stage count, "n/a" where
     the layers do not split that way."""
     cells = []
@@ -243,7 +244,7 @@ def memory_table(*, vocab_size: int = 32_000, batch_size: int = 8, seq_len: int 
     for size in NAMED_SIZES:
         config = model_config(size, vocab_size=vocab_size, max_seq_len=seq_len)
 
-        def peaks(stages: int) -> str:
+        def peaks(stages: int, config: ModelConfig = config) -> str:
             _, gpu = largest_stage_memory(config, num_stages=stages, batch_size=batch_size, seq_len=seq_len,
                                           autocast_bf16=True)
             _, cpu = largest_stage_memory(config, num_stages=stages, batch_size=batch_size, seq_len=seq_len,
@@ -273,7 +274,7 @@ def vocab_table(*, vocabularies: Sequence[int] = VOCABULARIES, num_stages: int =
         for vocab in vocabularies:
             config = model_config(size, vocab_size=vocab, max_seq_len=seq_len)
 
-            def peak(stages: int) -> str:
+            def peak(stages: int, config: ModelConfig = config) -> str:
                 _, need = largest_stage_memory(config, num_stages=stages, batch_size=batch_size,
                                                seq_len=seq_len, autocast_bf16=True)
                 return format_bytes(need.peak_bytes)
@@ -311,8 +312,9 @@ def micro_batch_table(*, card_gib: float, vocab_size: int = 32_000, seq_len: int
     for size in NAMED_SIZES:
         config = model_config(size, vocab_size=vocab_size, max_seq_len=seq_len)
 
-        def cell(stages: int) -> str:
-            batch = largest_micro_batch(config, num_stages=stages, seq_len=seq_len, card_bytes=int(card_gib * 2**30))
+        def cell(stages: int, config: ModelConfig = config) -> str:
+            batch = largest_micro_batch(config, num_stages=stages, seq_len=seq_len,
+                                        card_bytes=int(card_gib * 2**30))
             return "does not fit" if batch is None else f"{batch} ({batch * seq_len:,} tokens)"
 
         lines.append(f"| {size} | " + " | ".join(per_stage_count(config, stage_counts, cell)) + " |")
@@ -338,7 +340,8 @@ def build_parser():
                                      description="Peak memory of a stage, and the micro-batch a card holds.")
     parser.add_argument("--vocab", type=int, default=32_000, help="vocabulary size (default %(default)s)")
     parser.add_argument("--seq-len", type=int, default=1024, help="tokens a sequence (default %(default)s)")
-    parser.add_argument("--batch-size", type=int, default=8, help="micro-batch of the peak table (default %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=8,
+                        help="micro-batch of the peak table (default %(default)s)")
     parser.add_argument("--card-gib", type=float, default=None, metavar="GIB",
                         help="also: the largest micro-batch a card of this many GiB holds, and advice")
     parser.add_argument("--vocab-costs", action="store_true",
@@ -352,8 +355,11 @@ def main(argv: Sequence[str] | None = None) -> None:
           f"vocabulary {args.vocab:,}:\n")
     print(memory_table(vocab_size=args.vocab, batch_size=args.batch_size, seq_len=args.seq_len))
     if args.card_gib is not None:
-        print(f"\nThe largest micro-batch a {args.card_gib:g} GiB card holds ({format_bytes(CARD_RESERVE_BYTES)} kept "
-              f"for the CUDA context), bf16 autocast, {args.seq_len}-token sequences:\n")
+        print(
+            f"\nThe largest micro-batch a {args.card_gib:g} GiB card holds "
+            f"({format_bytes(CARD_RESERVE_BYTES)} kept "
+            f"for the CUDA context), bf16 autocast, {args.seq_len}-token sequences:\n"
+        )
         print(micro_batch_table(card_gib=args.card_gib, vocab_size=args.vocab, seq_len=args.seq_len))
         print("\n" + MICRO_BATCH_ADVICE)
     if args.vocab_costs:

@@ -87,7 +87,8 @@ class PipelineStage(nn.Module):
         boundary = config.boundary
         subspace = boundary is not None and boundary.kind == "subspace"
         if self.is_first:
-            self.model.embed_tokens = (SubspaceEmbedding(config.vocab_size, config.hidden_size, boundary.width)
+            self.model.embed_tokens = (SubspaceEmbedding(config.vocab_size, config.hidden_size,
+                                                         boundary.width)
                                        if subspace else nn.Embedding(config.vocab_size, config.hidden_size))
         self.model.layers = nn.ModuleDict({str(i): DecoderLayer(config) for i in layer_indices})
         for i in constrained_layers(boundary):
@@ -115,8 +116,10 @@ class PipelineStage(nn.Module):
                               receives=None, sends=None)
         if count != self.num_stages - 1 or (s > 0 and boundary.cuts[s - 1] != layer_indices.start) \
                 or (not self.is_last and boundary.cuts[s] != layer_indices.stop):
-            raise ValueError(f"stage {s} holds layers {layer_indices.start}-{layer_indices.stop - 1}, which the "
-                             f"boundaries at {boundary.cuts} do not cut out")
+            raise ValueError(
+                f"stage {s} holds layers {layer_indices.start}-{layer_indices.stop - 1}, which the "
+                f"boundaries at {boundary.cuts} do not cut out"
+            )
         receives, sends = (None if self.is_first else s - 1), (None if self.is_last else s)
         indices = range(s if self.is_first else s - 1, s if self.is_last else s + 1)
         return Boundaries(boundary, config.hidden_size, config.vocab_size, indices,
@@ -152,7 +155,9 @@ class PipelineStage(nn.Module):
         else:
             hidden = inputs
         if hidden.shape[1] > self.config.max_seq_len:
-            raise ValueError(f"sequence length {hidden.shape[1]} exceeds max_seq_len {self.config.max_seq_len}")
+            raise ValueError(
+                f"sequence length {hidden.shape[1]} exceeds max_seq_len {self.config.max_seq_len}"
+            )
         for index, layer in self.model.layers.items():
             if int(index) in self._inside:
                 hidden, token_part = self._across(self._inside[int(index)], hidden, token_part, tokens)

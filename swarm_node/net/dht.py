@@ -141,7 +141,8 @@ class SwarmDHT:
         self.answered_by: Counter[str] = Counter()  # peer id -> the gets it answered directly (net/near.py)
 
     @classmethod
-    async def start(cls, *, initial_peers: Sequence[str] = (), host_maddrs: Sequence[str] = ("/ip4/127.0.0.1/tcp/0",),
+    async def start(cls, *, initial_peers: Sequence[str] = (),
+                    host_maddrs: Sequence[str] = ("/ip4/127.0.0.1/tcp/0",),
                     announce_maddrs: Sequence[str] = (), identity_path: str | None = None,
                     client_mode: bool = False, startup_timeout_s: float = 60.0) -> SwarmDHT:
         """Start the DHT. Without ``identity_path`` the peer gets a throwaway identity
@@ -246,13 +247,15 @@ class SwarmDHT:
         if reached:
             try:
                 async with asyncio.timeout(timeout_s):
-                    await self.dht.run_coroutine(partial(_ping_into_routing_table, reached), return_future=True)
+                    await self.dht.run_coroutine(partial(_ping_into_routing_table, reached),
+                                                 return_future=True)
             except (TimeoutError, RuntimeError, OSError) as exc:  # a dead DHT process; the caller retries
                 raise PeerError(f"the DHT did not take the reconnected peers: {exc}") from None
         return len(reached)
 
     async def store(self, key: str, subkey: str, value, ttl_s: float) -> bool:
-        return bool(await self.dht.store(key, value, get_dht_time() + ttl_s, subkey=subkey, return_future=True,
+        return bool(await self.dht.store(key, value, get_dht_time() + ttl_s, subkey=subkey,
+                                         return_future=True,
                                          beam_size=STORE.beam_size, num_workers=STORE.workers))
 
     async def store_signed(self, key: str, value, ttl_s: float) -> bool:
@@ -260,7 +263,8 @@ class SwarmDHT:
         self.ops.stores += 1
         with self.ops.timing("store"):
             expiry = get_dht_time() + ttl_s
-            stored, _ = await self.dht.run_coroutine(partial(store_near, key=key, subkey=self._owner, value=value,
+            stored, _ = await self.dht.run_coroutine(partial(store_near, key=key, subkey=self._owner,
+                                                             value=value,
                                                              expiration=expiry), return_future=True)
             if stored is not None:
                 return stored
@@ -301,7 +305,8 @@ class SwarmDHT:
                                            num_workers=FRESH_GET.workers, return_future=True)
         if found is None or not isinstance(found.value, dict):
             return {}
-        return {str(sub): Signed(entry.value, float(entry.expiration_time)) for sub, entry in found.value.items()
+        return {str(sub): Signed(entry.value, float(entry.expiration_time)) for sub,
+                entry in found.value.items()
                 if hasattr(entry, "value") and hasattr(entry, "expiration_time")}
 
     async def shutdown(self) -> None:
@@ -361,7 +366,8 @@ async def _start_dht_patiently(kwargs: dict, client_mode: bool, initial_peers: S
         try:
             return await _start_dht(kwargs, client_mode, initial_peers, timeout_s)
         except _InitialPeersSilent as exc:
-            if loop.time() + wait_s > deadline or not await asyncio.to_thread(_any_port_listening, initial_peers):
+            if loop.time() + wait_s > deadline or not await asyncio.to_thread(_any_port_listening,
+                                                                              initial_peers):
                 names = await asyncio.to_thread(unresolved_hosts, initial_peers)
                 if names:
                     raise _InitialPeersSilent(f"{exc}; {', '.join(names)} does not resolve here: check "
@@ -388,7 +394,8 @@ def _any_port_listening(maddrs: Sequence[str], timeout_s: float = 3.0) -> bool:
 
 
 async def _start_dht(kwargs: dict, client_mode: bool, initial_peers: Sequence[str], timeout_s: float) -> DHT:
-    extra = dict(client_mode=True, use_relay=True, use_auto_relay=True) if client_mode else dict(client_mode=False)
+    extra = dict(client_mode=True, use_relay=True,
+                 use_auto_relay=True) if client_mode else dict(client_mode=False)
     try:
         # DHT() blocks while its child process and p2pd start: keep the loop free.
         return await asyncio.to_thread(DHT, **kwargs, **extra)
@@ -407,15 +414,21 @@ def _explain_start_failure(exc: Exception, initial_peers: Sequence[str], timeout
     text = str(exc)
     if ("none of the initial_peers responded" in text or "bootstrap failed" in text
             or "failed to connect to bootstrap peers" in text):
-        return _InitialPeersSilent(f"none of the initial peers answered ({', '.join(initial_peers) or 'none given'}); "
-                          "check the multiaddrs (including the /p2p/ id), that the peer is up, "
-                          "and that its port is reachable from here")
+        return _InitialPeersSilent(
+            f"none of the initial peers answered ({', '.join(initial_peers) or 'none given'}); "
+            "check the multiaddrs (including the /p2p/ id), that the peer is up, "
+            "and that its port is reachable from here"
+        )
     if "local time must be within" in text:
-        return SwarmError("this machine's clock differs from the initial peer's by more than 3 s, and the DHT "
-                          "refuses that: turn on time synchronisation (e.g. `timedatectl set-ntp true`)")
+        return SwarmError(
+            "this machine's clock differs from the initial peer's by more than 3 s, and the DHT "
+            "refuses that: turn on time synchronisation (e.g. `timedatectl set-ntp true`)"
+        )
     if "failed to start in" in text:
-        return SwarmError(f"the libp2p daemon did not start within {timeout_s:.0f}s; "
-                          "try again with a larger --startup-timeout (slow disks and busy machines need more)")
+        return SwarmError(
+            f"the libp2p daemon did not start within {timeout_s:.0f}s; "
+            "try again with a larger --startup-timeout (slow disks and busy machines need more)"
+        )
     if "already taken" in text:
         return ConfigError(f"{text}; another process uses this identity file: give each node its own")
     return SwarmError(f"could not start the DHT: {text}")

@@ -64,7 +64,8 @@ Fault = Callable[[str, str], None]  # (caller, why): a malformed request, counte
 Dial = Callable[[str, Sequence[str], float], Awaitable[dict[str, str | None]]]
 
 
-async def serve_dialback(transport: Transport, authorize=lambda remote: True, on_fault: Fault | None = None) -> None:
+async def serve_dialback(transport: Transport, authorize=lambda remote: True,
+                         on_fault: Fault | None = None) -> None:
     """Answer dial-back requests: bootstraps and nodes both serve them, so a joiner can
     ask whoever it reached first."""
     await transport.serve(DIALBACK, dialback_handler(on_fault or _log_once(transport.refusals)),
@@ -80,12 +81,14 @@ def dialback_handler(on_fault: Fault, dial: Dial = dial_check):
             return encode_frame({"kind": "dialback", "ok": False, "error": f"protocol: {exc}"[:200]})
         host = observed_host(observed)
         if host is None:  # relayed, or an address family we cannot dial back
-            return encode_frame({"kind": "dialback", "ok": False, "error": f"cannot dial back {observed}"[:200]})
+            return encode_frame({"kind": "dialback", "ok": False,
+                                 "error": f"cannot dial back {observed}"[:200]})
         targets = [f"{host}/tcp/{port}" for port in ports]
         results = await dial(remote, targets, DIAL_TIMEOUT_S)
         log.debug("dial-back for %s: %s", short_id(remote), results)
         return encode_frame({"kind": "dialback", "ok": True, "observed": host,
-                             "results": {target.rsplit("/", 1)[1]: results.get(target) for target in targets}})
+                             "results": {target.rsplit("/",
+                                                       1)[1]: results.get(target) for target in targets}})
 
     return handle
 
@@ -153,7 +156,8 @@ def address_scope(maddr: str) -> str:
 def ordered_for_others(maddrs: Sequence[str]) -> list[str]:
     """Public addresses first, loopback and names only a local network resolves (a
     container's service name) last: the first one is what people copy."""
-    rank = {"public": 0, "dns": 0, "private": 1, "unknown": 2, "loopback": 3, "local-name": 4, "unspecified": 5}
+    rank = {"public": 0, "dns": 0, "private": 1, "unknown": 2, "loopback": 3, "local-name": 4,
+            "unspecified": 5}
     return sorted(dict.fromkeys(maddrs), key=lambda m: rank.get(address_scope(m), 2))
 
 

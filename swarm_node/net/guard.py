@@ -55,12 +55,14 @@ class PeerGuard:
         self.clock = clock
         self._bans: dict[str, _Ban] = {}  # peers we call: failed calls
         self._caller_bans: dict[str, float] = {}  # peers that call us: time their ban ends
-        self._faults: dict[str, tuple[int, float]] = {}  # per caller since its last ban: (count, the last's time)
+        # per caller since its last ban: (count, the last's time)
+        self._faults: dict[str, tuple[int, float]] = {}
         self._streams_closed: dict[str, int] = {}  # streams ended unanswered in a row
         self._ignored: set[str] = set()
         self._noted: dict[str, float] = {}  # peer -> when we last logged a note about it
         self._poisoned: dict[str, float] = {}  # peer -> when its poison ban ends
-        self._reached: dict[str, None] = {}  # peers that answered us or called us (insertion-ordered, bounded)
+        # peers that answered us or called us (insertion-ordered, bounded)
+        self._reached: dict[str, None] = {}
 
     # -- peers we call -------------------------------------------------------------
     def failed(self, peer: str, at_least_s: float = 0.0, reason: str | None = "failed") -> float:
@@ -74,7 +76,8 @@ class PeerGuard:
     def _ban(self, peer: str, at_least_s: float) -> float:
         previous = self._bans.pop(peer, None)
         strikes = previous.strikes + 1 if previous else 1
-        length = max(at_least_s, min(self.max_ban_s, self.base_ban_s * 2 ** min(strikes - 1, 30)))  # no overflow
+        # no overflow
+        length = max(at_least_s, min(self.max_ban_s, self.base_ban_s * 2 ** min(strikes - 1, 30)))
         until = max(self.clock() + length, previous.until if previous else 0.0)
         self._bans[peer] = _Ban(until, strikes)
         _bound(self._bans)
@@ -152,8 +155,11 @@ class PeerGuard:
             self.refusals.count("banned")
             self._caller_bans[peer] = self.clock() + self.caller_ban_s
             _bound(self._caller_bans)
-            self.note(peer, f"banning peer {short_id(peer)} for {self.caller_ban_s:.0f} s after {count} bad requests",
-                      logging.WARNING)
+            self.note(
+                peer,
+                f"banning peer {short_id(peer)} for {self.caller_ban_s:.0f} s after {count} bad requests",
+                logging.WARNING,
+            )
             count = 0
         self._faults[peer] = (count, self.clock())
         _bound(self._faults)

@@ -91,7 +91,8 @@ class LaneIO(BlockingPipe):
             return
         self._closed = True
         try:
-            socket.socket.shutdown(self._sock, socket.SHUT_RDWR)  # not SSLSocket's: no close_notify to wait on
+            # not SSLSocket's: no close_notify to wait on
+            socket.socket.shutdown(self._sock, socket.SHUT_RDWR)
         except OSError:
             pass
         self._executor.submit(self._sock.close)
@@ -274,7 +275,8 @@ def lane_executor() -> ThreadPoolExecutor:
 TLS_RECORD_START = 0x16  # the first byte of a TLS handshake record (a ClientHello)
 
 
-async def dial(host: str, port: int, context: ssl.SSLContext | None, timeout_s: float) -> tuple[LaneIO, bytes]:
+async def dial(host: str, port: int, context: ssl.SSLContext | None, timeout_s: float) -> tuple[LaneIO,
+                                                                                                bytes]:
     """A lane to ``host``:``port``, in TLS with ``context`` (None: plain TCP, for
     loopback only): (its pipe, the DER certificate the far end showed, or b"")."""
     executor = lane_executor()

@@ -136,7 +136,8 @@ class LaneServer:
 
     async def start(self, hosts: Sequence[str], port: int) -> int:
         for host in hosts:
-            listener = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
+            listener = socket.create_server((host, port),
+                                            family=socket.AF_INET6 if ":" in host else socket.AF_INET,
                                             backlog=64)
             listener.setblocking(False)
             self._listeners.append(listener)

@@ -88,11 +88,13 @@ async def read_near(_dht, node: DHTNode, key: str,
     later, or None: walk instead; finds made; the peer id of the node that answered)."""
     key_id = DHTID.generate(source=key)
     held = node.protocol.storage.get(key_id)
-    if held is not None and isinstance(held.value, DictionaryDHTValue) and held.expiration_time >= sufficient_expiry:
+    if held is not None and isinstance(held.value,
+                                       DictionaryDHTValue) and held.expiration_time >= sufficient_expiry:
         return _readable(node, key_id, held), 0, str(node.peer_id)
     known = dict(_nearest[key_id][0]) if key_id in _nearest else {}
     if len(known) < NUM_REPLICAS:
-        known.update(node.protocol.routing_table.get_nearest_neighbors(key_id, BUCKET_SIZE, exclude=node.node_id))
+        known.update(node.protocol.routing_table.get_nearest_neighbors(key_id, BUCKET_SIZE,
+                                                                       exclude=node.node_id))
     asked: set[DHTID] = set()
     for finds in range(1, MAX_FINDS + 1):
         pool = sorted((n for n in known if n not in asked), key=key_id.xor_distance)[:NUM_REPLICAS]
@@ -116,7 +118,8 @@ async def read_near(_dht, node: DHTNode, key: str,
     return None, MAX_FINDS, None
 
 
-async def store_near(_dht, node: DHTNode, key: str, subkey, value, expiration: float) -> tuple[bool | None, int]:
+async def store_near(_dht, node: DHTNode, key: str, subkey, value, expiration: float) -> tuple[bool | None,
+                                                                                               int]:
     """(Whether a replica took the entry, None: walk instead; store RPCs sent). The
     entry is signed as hivemind's store signs it and goes to the ``NUM_REPLICAS`` nodes
     nearest the key that this process knows, itself included where it is one of them."""

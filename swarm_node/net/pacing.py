@@ -15,11 +15,11 @@ link carries in ``target_s``: other streams wait about that long, not the whole 
 The receiver acknowledges once it holds ``ACK_EVERY_BYTES`` unacknowledged and has read
 what had arrived (at least every ``READ_CHUNK_BYTES`` or so while bytes keep coming), and
 once at the end, so the last acknowledgement equals the length and whatever follows on
-that direction is the next frame (an empty body has no acknowledgement). On a direct
-lane (net/lane_io.py, a ``BlockingPipe``) a body is sent and read whole on the lane's
-thread, the same protocol in blocking calls. The sender checks every acknowledgement (rising, never past what was
-sent): a receiver that lies gets a ProtocolError, one that never acknowledges runs into
-the caller's deadline.
+that direction is the next frame (an empty body has no acknowledgement). On a direct lane
+(net/lane_io.py, a ``BlockingPipe``) a body is sent and read whole on the lane's thread,
+the same protocol in blocking calls. The sender checks every acknowledgement (rising,
+never past what was sent): a receiver that lies gets a ProtocolError, one that never
+acknowledges runs into the caller's deadline.
 
 The delay that counts is one way: when the receiver read a byte (its clock, sent with
 the acknowledgement) less when we wrote it (ours), over the smallest such difference
@@ -87,7 +87,8 @@ class Pacer:
         if queueing_s > c.target_s:
             self.slow_start = False
             now = self.clock()
-            if now - self._last_cut_s >= rtt_s:  # one cut a round trip: the samples after it still show the old queue
+            # one cut a round trip: the samples after it still show the old queue
+            if now - self._last_cut_s >= rtt_s:
                 self._last_cut_s = now
                 self.window_bytes = int(self.window_bytes * max(0.5, c.target_s / queueing_s))
         elif self.slow_start and queueing_s < c.target_s / 2:

@@ -92,8 +92,10 @@ def claim_ports(host_maddrs: Sequence[str], abstract: bool | None = None) -> Por
         for port in ports:
             handle = _claim(port, sys.platform.startswith("linux") if abstract is None else abstract)
             if handle is None:
-                raise ConfigError(f"TCP port {port} is in use (another swarm-node on this machine is starting "
-                                  f"or running there): {FIX_IT}")
+                raise ConfigError(
+                    f"TCP port {port} is in use (another swarm-node on this machine is starting "
+                    f"or running there): {FIX_IT}"
+                )
             claim._handles.append(handle)
             _HELD.add(handle)
         refuse_taken_ports(host_maddrs)
@@ -142,6 +144,7 @@ def refuse_taken_ports(host_maddrs: Sequence[str]) -> None:
                 probe.bind((address, port))
             except OSError as exc:
                 if exc.errno == errno.EADDRINUSE:
-                    raise ConfigError(f"TCP port {port} is in use (another node or program on this machine?): "
-                                      f"{FIX_IT}") from None
+                    raise ConfigError(
+                        f"TCP port {port} is in use (another node or program on this machine?): {FIX_IT}"
+                    ) from None
                 raise ConfigError(f"cannot listen on {text}: {exc.strerror}") from None

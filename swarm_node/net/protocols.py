@@ -12,7 +12,8 @@ OUTER_FETCH = "/swarm-node/outer-fetch/2.0.0"
 STATE = "/swarm-node/state/3.0.0"  # chunked snapshot of theta, phi, momentum, Adam moments, counters, coded
 # a count sketch of our state under a joiner's seed: how a joiner checks the state it downloaded
 STATE_SKETCH = "/swarm-node/state-sketch/1.0.0"
-STATUS = "/swarm-node/status/1.0.0"  # run id, stage, version, peer counts: for probes and other implementations
+# run id, stage, version, peer counts: for probes and other implementations
+STATUS = "/swarm-node/status/1.0.0"
 # a prepared dataset (data/serve.py): its manifest, which of its files a peer holds, and
 # chunks of them, each checked against the manifest by the caller (data 2.0: `have` is a bitmap)
 DATA = "/swarm-node/data/2.0.0"

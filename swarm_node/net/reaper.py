@@ -10,8 +10,8 @@ So every node starts a small reaper: its own session (Ctrl-C to the terminal's p
 group does not reach it), checking twice a second that the node lives (one read of
 /proc/<pid>/stat) and reading the node's process tree when the node says its tree
 changed (a line on the reaper's stdin, after its DHT started) and every few seconds
-besides. Reading the tree means reading every process of the machine: done twice a
-second, the reapers of 32 nodes on one 2-core machine took a core between them. When
+besides. Reading the tree means reading every process of the machine, too dear to do
+twice a second with dozens of nodes (so reapers) on a small machine. When
 the node is gone the reaper stops every process it last saw under it (SIGTERM, then
 SIGKILL after a grace), removes the unix sockets their command lines named, and exits.
 Processes are known by pid and start time, so a reused pid is never hit. A node that
@@ -77,7 +77,8 @@ def watch(pid: int, poll_s: float = POLL_S, grace_s: float = GRACE_S, rescan_s: 
     next_scan = 0.0
     while _alive(node):
         if time.monotonic() >= next_scan:
-            seen = {proc: seen[proc] if proc in seen else _socket_paths(proc[0])  # a command line never changes
+            # a command line never changes
+            seen = {proc: seen[proc] if proc in seen else _socket_paths(proc[0])
                     for proc in descendants(pid) if proc[0] != os.getpid()}
             next_scan = time.monotonic() + rescan_s
             after_scan(list(seen))

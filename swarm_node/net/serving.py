@@ -33,7 +33,7 @@ from swarm_node.net.identity import short_id
 from swarm_node.net.lanes import LaneAnswer
 from swarm_node.net.pacing import Meter, read_paced, send_paced
 from swarm_node.net.refusals import Refusals
-from swarm_node.net.stalls import Flows, StallRule, Stalled, discard_counted, moved, read_counted
+from swarm_node.net.stalls import Flows, Stalled, StallRule, discard_counted, moved, read_counted
 from swarm_node.net.streams import LENGTH_BYTES, ip_of, pacer_for, read_length, write_frame
 
 log = logging.getLogger("swarm_node.net.transport")  # one transport in the logs, both sides
@@ -119,7 +119,8 @@ class StreamServer:
         # Streams being told "busy" are bounded too: past this many, a flood is closed unread.
         refusing = asyncio.Semaphore(2 * limits.max_concurrent)
 
-        async def answer(remote: str, addr: object, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+        async def answer(remote: str, addr: object, reader: asyncio.StreamReader,
+                         writer: asyncio.StreamWriter,
                          lane: bool) -> bool:
             """One request and its answer; True when the exchange ended cleanly (a lane
             may then carry the caller's next request)."""
@@ -166,7 +167,8 @@ class StreamServer:
                     # may arrive before it has closed this stream
                     await _linger(reader, LINGER_S + len(response) / MIN_ANSWER_BYTES_PER_S)
                 return True
-            except ProtocolError as exc:  # an oversize length prefix, or lies in a paced answer's acknowledgements
+            # an oversize length prefix, or lies in a paced answer's acknowledgements
+            except ProtocolError as exc:
                 self._fault(remote, f"bad {protocol} frame ({exc})",
                             "oversize" if isinstance(exc, Oversize) else "malformed")
             except (PeerError, TimeoutError, ConnectionError, OSError) as exc:

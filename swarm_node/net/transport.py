@@ -50,7 +50,8 @@ class Requester(Protocol):
 
 
 # A lane offer is a few bytes: one a second per caller is plenty (it opens lanes for minutes).
-LANE_OFFER_LIMITS = ServeLimits(max_request_bytes=1024, max_concurrent=8, max_per_peer=1, handler_timeout_s=5.0)
+LANE_OFFER_LIMITS = ServeLimits(max_request_bytes=1024, max_concurrent=8, max_per_peer=1,
+                                handler_timeout_s=5.0)
 
 
 class Transport(StreamServer):
@@ -99,7 +100,8 @@ class Transport(StreamServer):
         return response, None if ip is None else str(ip)
 
     async def request(self, peer_id: str, protocol: str, payload: bytes, *, timeout_s: float,
-                      max_response_bytes: int, paced_request: bool = False, paced_response: bool = False) -> bytes:
+                      max_response_bytes: int, paced_request: bool = False,
+                      paced_response: bool = False) -> bytes:
         """Send one frame to ``peer_id``'s ``protocol`` handler and return its answer.
         ``paced_request`` / ``paced_response``: that direction is a paced body
         (net/pacing.py), as the protocol's server has it too. A bulk protocol goes over
@@ -109,7 +111,8 @@ class Transport(StreamServer):
             lane = await self.lanes.take(peer_id, timeout_s)
             if lane is not None:
                 return await self._request_on_lane(lane, peer_id, protocol, payload, timeout_s=timeout_s - (
-                    time.monotonic() - started), max_response_bytes=max_response_bytes, paced_request=paced_request,
+                    time.monotonic() - started), max_response_bytes=max_response_bytes,
+                                                   paced_request=paced_request,
                                                     paced_response=paced_response)
             timeout_s -= time.monotonic() - started
         response, _ = await self._call(peer_id, protocol, payload, timeout_s=timeout_s,
@@ -136,7 +139,8 @@ class Transport(StreamServer):
             if writer is not None:
                 writer.close()
 
-    async def _request_on_lane(self, lane: Lane, peer_id: str, protocol: str, payload: bytes, *, timeout_s: float,
+    async def _request_on_lane(self, lane: Lane, peer_id: str, protocol: str, payload: bytes, *,
+                               timeout_s: float,
                                max_response_bytes: int, paced_request: bool, paced_response: bool) -> bytes:
         name = protocol.encode("ascii")
         done = False

@@ -67,7 +67,9 @@ class Node(NodeStartup):
     def __init__(self, spec: RunSpec | None, config: NodeConfig):
         """Without a spec the node reads the run's spec from its initial peers."""
         if spec is None and not config.initial_peers:
-            raise ConfigError("a node needs --initial-peers (to read the run spec from the swarm) or --config")
+            raise ConfigError(
+                "a node needs --initial-peers (to read the run spec from the swarm) or --config"
+            )
         peer_ids_of(config.initial_peers)  # a multiaddr without its /p2p/ id fails here, before start-up
         self.spec = spec
         self.spec_hash = spec.spec_hash() if spec else None
@@ -93,8 +95,10 @@ class Node(NodeStartup):
         self.status_pages: NodeStatus | None = None
         self.report = NodeReport(self)  # its record, status, summary, metrics and files
         self.status = "running"
-        self._training_since: float | None = None  # when the node began to train (compute utilisation's clock)
-        self._training_started_unix: float | None = None  # the same, on the wall clock (for benchmarks' curves)
+        # when the node began to train (compute utilisation's clock)
+        self._training_since: float | None = None
+        # the same, on the wall clock (for benchmarks' curves)
+        self._training_started_unix: float | None = None
         self._last_round_opened_at: float | None = None  # time.monotonic() when the latest round began
         self._held_at_last_open = 0.0  # the gate's held time then, the hold that led to it included
         self.fatal: SwarmError | None = None  # ends run() once the node has shut down (out of memory)
@@ -137,7 +141,8 @@ class Node(NodeStartup):
                     after_read = exchange.meet_a_seeking_peer if not membership.reachable else None
                     loops = [membership.heartbeat_loop(), membership.registry_loop(after_read),
                              membership.publish_loop(), self._rounds(), self._progress_feed().run(log, live),
-                             Reconnector(self.dht, self.config.initial_peers, check_s=self.config.connectivity_check_s,
+                             Reconnector(self.dht, self.config.initial_peers,
+                                         check_s=self.config.connectivity_check_s,
                                          on_failure=self.stats.note_failure).run()]
                     if self.worker.is_first:
                         loops.append(self._produce())
@@ -174,7 +179,8 @@ class Node(NodeStartup):
         log.info("node %s finished %d inner steps", short_id(self.peer_id), self.worker.inner_step)
         self.membership.state = "finished"
         await self.membership.heartbeat()
-        await self.gate.settled.wait()  # a round under way finishes before we leave: a partner may wait on our reply
+        # a round under way finishes before we leave: a partner may wait on our reply
+        await self.gate.settled.wait()
         self.stop()
 
     async def _rounds(self) -> None:

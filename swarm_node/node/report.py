@@ -103,7 +103,8 @@ class NodeReport:
         spec, w = n.spec, n.worker
         return {"run_id": spec.run_id if spec else None, "spec_hash": n.spec_hash, "version": __version__,
                 "peer_id": n.peer_id, "stage": n.stage, "num_stages": spec.num_stages if spec else None,
-                "state": n.state, "inner_step": w.inner_step if w else 0, "outer_round": w.outer_round if w else 0,
+                "state": n.state, "inner_step": w.inner_step if w else 0,
+                "outer_round": w.outer_round if w else 0,
                 "peers_per_stage": [len(n.membership.live_peers(s)) if n.membership else 0
                                     for s in range(spec.num_stages)] if spec else []}
 
@@ -115,7 +116,8 @@ class NodeReport:
                 "bytes_received": transport.bytes_received if transport else 0,
                 "round_held_s": round(n.gate.held_s, 3),
                 "training_s": round(n.worker.training_s, 3) if n.worker else 0.0, **asdict(n.stats),
-                "data": n.data.status() if n.data is not None else None, "refusals": n.guard.refusals.as_dict(),
+                "data": n.data.status() if n.data is not None else None,
+                "refusals": n.guard.refusals.as_dict(),
                 **{f"dht_{k}": v for k, v in (asdict(n.dht.ops) if n.dht else {}).items()}}
 
     def health(self) -> tuple[str, bool]:
@@ -158,7 +160,8 @@ class NodeReport:
         values = {"outer_round": w.outer_round, "throughput_samples_per_s": n.pipeline.throughput,
                   "tokens": stats.tokens, "microbatches_done": stats.microbatches_done,
                   "microbatches_lost": stats.microbatches_lost, "retries": stats.retries,
-                  "rounds_with_partner": stats.rounds_with_partner, "local_only_rounds": stats.local_only_rounds,
+                  "rounds_with_partner": stats.rounds_with_partner,
+                  "local_only_rounds": stats.local_only_rounds,
                   "bytes_sent": n.transport.bytes_sent, "bytes_received": n.transport.bytes_received,
                   "streams_served": n.transport.streams_served}
         data = n.data.status() if n.data is not None else None

@@ -19,7 +19,6 @@ from functools import partial
 from swarm_node.data.source import RunData
 from swarm_node.errors import ConfigError, IncompatibleRun, SwarmError
 from swarm_node.gossip.exchange import ExchangeTimes, OuterExchange
-from swarm_node.spec_record import find_run_spec, peer_ids_of, publish_spec, require_version
 from swarm_node.membership.reachability import check_own_reachability, open_port_advice
 from swarm_node.membership.view import Membership
 from swarm_node.net import protocols
@@ -29,6 +28,7 @@ from swarm_node.net.lanes import lane_hosts
 from swarm_node.net.transport import ServeLimits, Transport, short_id
 from swarm_node.node_services import NodeServices
 from swarm_node.obs.endpoints import NodeStatus, handle_status_request
+from swarm_node.spec_record import find_run_spec, peer_ids_of, publish_spec, require_version
 from swarm_node.state.keeper import Checkpoints
 from swarm_node.state.sync import StateSync
 from swarm_node.state.witnesses import Witnesses
@@ -61,7 +61,8 @@ class NodeStartup:
         membership = self.membership = Membership(spec=self.spec, dht=self.dht, guard=self.guard, config=cfg,
                                                   record=self.report.record)
         await membership.refresh(all_stages=True)
-        if await check_own_reachability(self.dht, self.transport, membership, cfg.initial_peers, cfg.host_maddrs):
+        if await check_own_reachability(self.dht, self.transport, membership, cfg.initial_peers,
+                                        cfg.host_maddrs):
             await self.dht.restart_in_client_mode()
             tree_changed()
             await self.transport.close_lanes()
@@ -80,17 +81,21 @@ class NodeStartup:
                                        command_line=cfg.command_line, identity_path=cfg.identity_path)
         resume = await self.checkpoints.find(cfg.stage)
         await self._take_stage(resume)
-        self.compute.explain = partial(explain_run_oom, spec=self.spec, stage=self.stage,  # building it may not fit
+        # building it may not fit
+        self.compute.explain = partial(explain_run_oom, spec=self.spec, stage=self.stage,
                                        vocab_size=vocab_size, device=cfg.device)
         self.worker = await self.compute.unthrottled(StageWorker, self.spec, self.stage, vocab_size,
                                                      cfg.device)
         if cfg.compile_stage:
             await self.compute.unthrottled(compile_stage, self.worker)
-        log.info("node %s: stage %d of %d, %d parameters, run %s (spec %s)", short_id(self.peer_id), self.stage,
-                 self.spec.num_stages, sum(p.numel() for p in self.worker.params), self.spec.run_id, self.spec_hash)
+        log.info("node %s: stage %d of %d, %d parameters, run %s (spec %s)", short_id(self.peer_id),
+                 self.stage,
+                 self.spec.num_stages, sum(p.numel() for p in self.worker.params), self.spec.run_id,
+                 self.spec_hash)
         if membership.reachable:
             maddrs = ordered_for_others(self.dht.visible_maddrs())
-            log.info("others can join through this node with --initial-peers %s", maddrs[0] if maddrs else "?")
+            log.info("others can join through this node with --initial-peers %s",
+                     maddrs[0] if maddrs else "?")
         self._build_components()
         resumed_data = await self._catch_up(resume)
         if self.worker.is_first:
@@ -134,13 +139,16 @@ class NodeStartup:
         cfg = self.config
         if cfg.initial_peers:
             self.spec, self.publisher = await find_run_spec(self.dht, cfg.initial_peers, run_id=cfg.run_id,
-                                                            local_spec=self.spec, timeout_s=cfg.spec_find_timeout_s)
+                                                            local_spec=self.spec,
+                                                            timeout_s=cfg.spec_find_timeout_s)
             self.spec_hash = self.spec.spec_hash()
         else:
             require_version(self.spec.run_id, self.spec.min_version)
         if not self.spec.admits(self.peer_id):
-            raise IncompatibleRun(f"run {self.spec.run_id!r} is closed and this node's peer id {self.peer_id} is not "
-                                  "on its list; send the id to the run's host and start again with the same --identity")
+            raise IncompatibleRun(
+                f"run {self.spec.run_id!r} is closed and this node's peer id {self.peer_id} is not "
+                "on its list; send the id to the run's host and start again with the same --identity"
+            )
 
     async def _take_stage(self, resume: tuple[dict, dict] | None) -> None:
         membership, cfg = self.membership, self.config
@@ -154,15 +162,18 @@ class NodeStartup:
             raise SwarmError(f"stage {self.stage} does not exist: this run has {self.spec.num_stages} stages")
         if self.stage > 0 and not membership.reachable:
             where = "the checkpoint holds" if resume is not None else "--stage asks for"
-            raise ConfigError(f"{where} stage {self.stage}, which needs connections from other peers, but none can "
-                              f"reach this node: {open_port_advice(self.dht)}; or start without --stage (and with "
-                              "a new --checkpoint-dir) to train stage 0, which only calls out")
+            raise ConfigError(
+                f"{where} stage {self.stage}, which needs connections from other peers, but none can "
+                f"reach this node: {open_port_advice(self.dht)}; or start without --stage (and with "
+                "a new --checkpoint-dir) to train stage 0, which only calls out"
+            )
 
     def _build_components(self) -> None:
         cfg, spec, membership, guard = self.config, self.spec, self.membership, self.guard
         services = NodeServices(self.compute, self.transport, guard, self.stats, wire=self.wire)
         self.pipeline = Pipeline(spec=spec, config=cfg, worker=self.worker, gate=self.gate,
-                                 next_peers=membership.next_stage_peers, stopping=self.stopping, services=services)
+                                 next_peers=membership.next_stage_peers, stopping=self.stopping,
+                                 services=services)
         numel = sum(p.numel() for p in self.worker.params)
         payload_bytes = int(numel * self.worker.codec.bytes_per_parameter())
         times = ExchangeTimes(cfg.round_timeout_s, cfg.exchange_timeout_for(payload_bytes),
@@ -177,7 +188,8 @@ class NodeStartup:
         self.witnesses = Witnesses(worker=self.worker, services=services, spec_hash=self.spec_hash,
                                    partner_spread=self.exchange.check.partner_spread)
         self.state_sync = StateSync(worker=self.worker, spec_hash=self.spec_hash,
-                                    donors=partial(membership.callable_peers, self.stage), witnesses=self.witnesses,
+                                    donors=partial(membership.callable_peers, self.stage),
+                                    witnesses=self.witnesses,
                                     timeout_s=cfg.state_download_timeout_s, progress=cfg.progress,
                                     prefer=cfg.state_from, services=services)
 
@@ -185,32 +197,46 @@ class NodeStartup:
         """Resume from the checkpoint, then download a live peer's state when the stage is
         ahead of us (far ahead, after a checkpoint). Returns the data position resumed."""
         cfg, data = self.config, None
-        behind = lambda: self.membership.steps_behind(self.worker.inner_step)
+        def behind() -> int:
+            return self.membership.steps_behind(self.worker.inner_step)
+
         if resume is not None:
             data = await self.checkpoints.resume(self.worker, *resume)
             self.stats.resumed_from_step = self.worker.inner_step
             if cfg.download_state and behind() > cfg.catch_up_rounds * self.spec.method.inner_steps:
-                log.warning("the checkpoint is %d inner steps behind the most advanced peer of stage %d; catching "
-                            "up by downloading its state (the data position stays ours)",
-                            behind(), self.stage)
+                log.warning(
+                    "the checkpoint is %d inner steps behind the most advanced peer of stage %d; catching "
+                    "up by downloading its state (the data position stays ours)",
+                    behind(),
+                    self.stage,
+                )
                 if not await self.state_sync.download():
-                    log.warning("no stage-%d peer could give its state; continuing from the checkpoint", self.stage)
+                    log.warning("no stage-%d peer could give its state; continuing from the checkpoint",
+                                self.stage)
         elif cfg.download_state and behind() > 0 and not await self.state_sync.download():
-            log.warning("no stage-%d peer could give its state; starting from the run's initial weights", self.stage)
+            log.warning("no stage-%d peer could give its state; starting from the run's initial weights",
+                        self.stage)
         return data
 
     async def _new_transport(self) -> None:
-        self.transport = Transport(await self.dht.replicate_p2p(), refusals=self.guard.refusals,  # counted there
-                                   on_fault=partial(self.guard.fault, reason=None), on_reached=self.guard.reached)
+        # counted there
+        self.transport = Transport(await self.dht.replicate_p2p(), refusals=self.guard.refusals,
+                                   on_fault=partial(self.guard.fault, reason=None),
+                                   on_reached=self.guard.reached)
         hosts = lane_hosts(self.config.host_maddrs)
         if self.config.lane_port is not None and hosts:
             try:
                 port = await self.transport.open_lanes(hosts, self.config.lane_port,
                                                        authorize=self.guard.admit)
             except OSError as exc:
-                raise ConfigError(f"cannot listen for direct lanes on TCP port {self.config.lane_port} ({exc}): "
-                                  "pass --lane-port with a free port, or --no-lanes") from None
-            log.info("direct lanes for bulk transfers on TCP port %d (others reach it or fall back to libp2p)", port)
+                raise ConfigError(
+                    f"cannot listen for direct lanes on TCP port {self.config.lane_port} ({exc}): "
+                    "pass --lane-port with a free port, or --no-lanes"
+                ) from None
+            log.info(
+                "direct lanes for bulk transfers on TCP port %d (others reach it or fall back to libp2p)",
+                port,
+            )
 
     async def _serve(self) -> None:
         transport, admit = self.transport, self.guard.admit
@@ -230,7 +256,12 @@ class NodeStartup:
         """Every training peer we know of and can call, any stage: who may hold the dataset's files."""
         if self.membership is None:
             return []
-        return [p for s in range(self.spec.num_stages) for p in self.membership.callable_peers(s) if p != self.peer_id]
+        return [
+            p
+            for s in range(self.spec.num_stages)
+            for p in self.membership.callable_peers(s)
+            if p != self.peer_id
+        ]
 
     def _slot_claims(self) -> dict[str, int]:
         return {p: r.data_slot for p, r in self.membership.live_peers(0).items() if r.data_slot >= 0}

@@ -55,7 +55,8 @@ async def handle_status_request(source: StatusSource, on_fault: Callable[[str, s
 class NodeStatus:
     def __init__(self, source: StatusSource):
         self.source = source
-        self.server = StatusServer({"/healthz": self.healthz, "/metrics": self.metrics, "/api/status": self.status})
+        self.server = StatusServer({"/healthz": self.healthz, "/metrics": self.metrics,
+                                    "/api/status": self.status})
         self.port: int | None = None
 
     async def start(self, host: str, port: int) -> int:

@@ -15,7 +15,8 @@ log = logging.getLogger(__name__)
 MAX_REQUEST_BYTES = 8192
 REQUEST_TIMEOUT_S = 5.0
 MAX_CONNECTIONS = 64
-REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}
+REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+           503: "Service Unavailable"}
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,8 @@ class StatusServer:
                     method, path = await _read_request(reader)
                     response = self._route(method, path)
                     await _write_response(writer, response, head_only=method == "HEAD")
-            except (TimeoutError, ConnectionError, asyncio.LimitOverrunError, ValueError, asyncio.IncompleteReadError):
+            except (TimeoutError, ConnectionError, asyncio.LimitOverrunError, ValueError,
+                    asyncio.IncompleteReadError):
                 pass  # a slow or malformed client gets its connection closed
             finally:
                 writer.close()

@@ -71,7 +71,8 @@ class EvaluationProgress:
     def finished(self, what: str, loss: float, seconds: float) -> None:
         self.done += 1
         self.bar.clear()  # the log line must not land inside the bar
-        self.log.info("evaluated %s (%d of %d): val loss %.4f in %.1f s", what, self.done, self.paths, loss, seconds)
+        self.log.info("evaluated %s (%d of %d): val loss %.4f in %.1f s", what, self.done, self.paths, loss,
+                      seconds)
         self.bar.refresh()
 
     def close(self) -> None:
@@ -96,8 +97,13 @@ class NodeSnapshot:
 
 def node_status_line(s: NodeSnapshot) -> str:
     step = f"step {s.inner_step:,}" + (f"/{s.max_steps:,}" if s.max_steps else "")
-    parts = [step, f"loss {s.loss:.3f}" if s.loss is not None else "loss -", f"{s.tokens_per_s:,.0f} tok/s",
-             f"stage {s.stage} of {s.num_stages} with {s.peers_in_stage} other peer{'s' if s.peers_in_stage != 1 else ''}"]
+    parts = [
+        step,
+        f"loss {s.loss:.3f}" if s.loss is not None else "loss -",
+        f"{s.tokens_per_s:,.0f} tok/s",
+        f"stage {s.stage} of {s.num_stages} with {s.peers_in_stage} other "
+        f"peer{'s' if s.peers_in_stage != 1 else ''}",
+    ]
     if s.last_round is not None:
         who = f"with {s.last_partner}" if s.last_partner else "alone"
         parts.append(f"round {s.last_round} {who} {s.last_round_ago_s:.0f}s ago")
@@ -120,7 +126,8 @@ class NodeProgress:
         self.log_every_s = log_every_s
         self.clock = clock
         self._next_log_s = clock() + log_every_s
-        self.bar = tqdm(total=None, bar_format="{desc}", file=sys.stderr, dynamic_ncols=True, disable=not live,
+        self.bar = tqdm(total=None, bar_format="{desc}", file=sys.stderr, dynamic_ncols=True,
+                        disable=not live,
                         leave=False)
 
     def show(self, snapshot: NodeSnapshot) -> None:

@@ -18,7 +18,9 @@ class PrometheusText:
         self._lines.append(f"# TYPE {name} {kind}")
         for labels, value in samples:
             label_text = ",".join(f'{k}="{_escape(str(v))}"' for k, v in labels.items())
-            self._lines.append(f"{name}{{{label_text}}} {_number(value)}" if labels else f"{name} {_number(value)}")
+            self._lines.append(
+                f"{name}{{{label_text}}} {_number(value)}" if labels else f"{name} {_number(value)}"
+            )
 
     def text(self) -> str:
         return "\n".join(self._lines) + "\n"

@@ -100,7 +100,8 @@ class Sinks:
         self._sinks = []
 
 
-def open_sinks(kinds: tuple[str, ...], directory: Path, *, run_name: str, project: str, config: dict) -> Sinks:
+def open_sinks(kinds: tuple[str, ...], directory: Path, *, run_name: str, project: str,
+               config: dict) -> Sinks:
     """``directory`` gets ``<run_name>.jsonl``, ``tensorboard/<run_name>/`` and ``wandb/``."""
     sinks: list[MetricsSink] = []
     for kind in kinds:

@@ -13,7 +13,8 @@ class NodeStats:
     retries: int = 0
     rounds_with_partner: int = 0
     local_only_rounds: int = 0
-    rounds_alone: int = 0  # of the local-only rounds: no other peer was in the stage (the plan, not a failure)
+    # of the local-only rounds: no other peer was in the stage (the plan, not a failure)
+    rounds_alone: int = 0
     tokens: int = 0
     proposals_sent: int = 0  # pairing proposals we made (gossip/pairing.py)
     proposals_refused: int = 0  # of those, answered no (busy, not ready, another round)

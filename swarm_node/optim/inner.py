@@ -82,7 +82,9 @@ class InnerOptimizer:
         self.params = [p for p in params if p.requires_grad]
         self.hyper = hyper
         # None: fused where the parameters live on CUDA (fused_by_default)
-        self.fused = fused if fused is not None else bool(self.params) and fused_by_default(self.params[0].device)
+        self.fused = (
+            fused if fused is not None else bool(self.params) and fused_by_default(self.params[0].device)
+        )
         self.step_count = 0
         # per parameter index, made at its first gradient as torch does: a parameter that
         # has had none keeps no moments and takes no weight decay
@@ -102,7 +104,8 @@ class InnerOptimizer:
 
         n = len(self.params)
         steps = torch.tensor([float(self.state[i]["step"]) if i in self.state else 0.0 for i in range(n)])
-        return [moment(i, "exp_avg") for i in range(n)] + [moment(i, "exp_avg_sq") for i in range(n)] + [steps]
+        return [moment(i, "exp_avg") for i in range(n)] + [moment(i,
+                                                                  "exp_avg_sq") for i in range(n)] + [steps]
 
     def moments_problem(self, tensors: list[torch.Tensor]) -> str | None:
         """Why ``tensors`` (as ``moment_tensors`` lays them out) are moments no Adam of
@@ -126,7 +129,12 @@ class InnerOptimizer:
         bound = moment_bound(self.hyper.betas)
         for i, p in enumerate(self.params):
             m, v = tensors[i], tensors[n + i]
-            if m.shape != p.shape or v.shape != p.shape or not m.is_floating_point() or not v.is_floating_point():
+            if (
+                m.shape != p.shape
+                or v.shape != p.shape
+                or not m.is_floating_point()
+                or not v.is_floating_point()
+            ):
                 return f"optimizer moments of shape {tuple(m.shape)} do not fit {tuple(p.shape)}"
             m, v = m.double(), v.double()
             if not (bool(torch.isfinite(m).all()) and bool(torch.isfinite(v).all())) or bool((v < 0).any()):
@@ -192,23 +200,29 @@ class InnerOptimizer:
         torch._foreach_add_(denominators, self.hyper.eps)
         torch._foreach_addcdiv_(params, exp_avgs, denominators, step_sizes)
 
-    def _fused_adamw(self, params: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[torch.Tensor],
-                     exp_avg_sqs: list[torch.Tensor], states: list[dict[str, torch.Tensor]], lr: float) -> None:
+    def _fused_adamw(self, params: list[torch.Tensor], grads: list[torch.Tensor],
+                     exp_avgs: list[torch.Tensor],
+                     exp_avg_sqs: list[torch.Tensor], states: list[dict[str, torch.Tensor]],
+                     lr: float) -> None:
         """The same update in torch's fused kernel; it reads each parameter's step count
         (already advanced) from the parameters' device. The state dict does not say which
         path stepped: both keep the same moments."""
         steps = torch.tensor([float(s["step"]) for s in states], dtype=torch.float32).to(params[0].device)
         beta1, beta2 = self.hyper.betas
-        torch._fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, [], list(steps.unbind()), amsgrad=False, lr=lr,
-                            beta1=beta1, beta2=beta2, weight_decay=self.hyper.weight_decay, eps=self.hyper.eps,
+        torch._fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, [], list(steps.unbind()), amsgrad=False,
+                            lr=lr,
+                            beta1=beta1, beta2=beta2, weight_decay=self.hyper.weight_decay,
+                            eps=self.hyper.eps,
                             maximize=False)
 
     def moments_state_dict(self) -> dict:
         """The moments in torch.optim's state-dict layout: ``state`` by parameter index
         (``step``, ``exp_avg``, ``exp_avg_sq``) and one ``param_groups`` entry."""
         h = self.hyper
-        group = {"lr": self.lr, "betas": h.betas, "eps": h.eps, "weight_decay": h.weight_decay, "amsgrad": False,
-                 "maximize": False, "foreach": True, "capturable": False, "differentiable": False, "fused": None,
+        group = {"lr": self.lr, "betas": h.betas, "eps": h.eps, "weight_decay": h.weight_decay,
+                 "amsgrad": False,
+                 "maximize": False, "foreach": True, "capturable": False, "differentiable": False,
+                 "fused": None,
                  "decoupled_weight_decay": True, "params": list(range(len(self.params)))}
         return {"state": {i: dict(s) for i, s in self.state.items()}, "param_groups": [group]}
 
@@ -223,8 +237,10 @@ class InnerOptimizer:
             p = self.params[index]
             for name in ("exp_avg", "exp_avg_sq"):
                 if tuple(entry[name].shape) != tuple(p.shape):
-                    raise ValueError(f"optimizer {name} of parameter {index} has shape {tuple(entry[name].shape)},"
-                                     f" the parameter {tuple(p.shape)}")
+                    raise ValueError(
+                        f"optimizer {name} of parameter {index} has shape {tuple(entry[name].shape)},"
+                        f" the parameter {tuple(p.shape)}"
+                    )
             step = torch.as_tensor(entry["step"])
             if step.numel() != 1 or not torch.isfinite(step).all() or step.item() < 0:
                 raise ValueError(f"optimizer step count of parameter {index} is {entry['step']!r}")

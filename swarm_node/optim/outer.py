@@ -12,11 +12,11 @@ worker makes the gamma term vanish and gives DiLoCo.
 Overlapped (ALGORITHM.md section 3.1): at the boundary a worker snapshots theta_s and
 sends (phi_i, Delta_i = theta_s - phi_i), keeps taking inner steps, and when the group's
 payloads are in applies the same update to phi and carries the progress made meanwhile
-onto it: theta_i <- phi_i(new) + (theta_i - theta_s). With no steps in between it is
-the blocking step exactly. A group's Delta that lands ahead of its phi moves theta_s
-(and theta with it) to the group's Delta step at once; phi follows when it lands. With ``nesterov=True`` the step
-looks ahead: phi_i <- phi_i + g + alpha * delta_i, where g is the bracketed update
-(torch SGD's Nesterov form with lr folded into beta).
+onto it: theta_i <- phi_i(new) + (theta_i - theta_s). With no steps in between it is the
+blocking step exactly. A group's Delta that lands ahead of its phi moves theta_s (and
+theta with it) to the group's Delta step at once; phi follows when it lands. With
+``nesterov=True`` the step looks ahead: phi_i <- phi_i + g + alpha * delta_i, where g is
+the bracketed update (torch SGD's Nesterov form with lr folded into beta).
 
 Group means are accumulated in float64 (on the CPU for MPS tensors, which have no
 float64): the sum of a few float32 tensors is then exact in practice, so every member
@@ -107,7 +107,8 @@ class SlowWeights:
     """A worker's outer state: phi (the weights after the last outer step) and the
     outer momentum buffer, kept in float32 beside the live parameters theta."""
 
-    def __init__(self, params: Sequence[torch.nn.Parameter], hyper: OuterHyper, device: torch.device | None = None):
+    def __init__(self, params: Sequence[torch.nn.Parameter], hyper: OuterHyper,
+                 device: torch.device | None = None):
         self.params = list(params)
         self.hyper = hyper
         self.phi = [p.detach().to(device=device, dtype=torch.float32, copy=True) for p in self.params]
@@ -176,14 +177,17 @@ class SlowWeights:
 
     @torch.no_grad()
     def local_close(self, own_phi: Tensors, own_delta: Tensors,
-                    theta_start: Tensors) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+                    theta_start: Tensors) -> tuple[list[torch.Tensor], list[torch.Tensor],
+                                                   list[torch.Tensor]]:
         """(theta, phi, momentum) as :meth:`apply_overlapped` of our own payload alone
         (the local-only close of an overlapped round) would leave them, without changing
         anything: the state of a replica that closed the round alone now."""
         h = self.hyper
-        phi, momentum = outer_update(self.phi, self.momentum, [own_phi], [own_delta], alpha=h.alpha, beta=h.beta,
+        phi, momentum = outer_update(self.phi, self.momentum, [own_phi], [own_delta], alpha=h.alpha,
+                                     beta=h.beta,
                                      gamma=h.gamma, nesterov=h.nesterov)
-        theta = [f + (p.detach().float().to(f.device) - start) for p, f, start in zip(self.params, phi, theta_start)]
+        theta = [f + (p.detach().float().to(f.device) - start) for p, f, start in zip(self.params, phi,
+                                                                                      theta_start)]
         return theta, phi, momentum
 
     def apply_local(self) -> None:

@@ -77,7 +77,8 @@ async def probe(maddr_text: str, *, security: str, timeout_s: float, report: dic
             async with host.run(listen_addrs=[]):
                 try:
                     await steps.run()
-                except ProbeFailure as exc:  # kept out of the host's nurseries, which would wrap it in a group
+                # kept out of the host's nurseries, which would wrap it in a group
+                except ProbeFailure as exc:
                     failure = exc
     except trio.TooSlowError:
         raise ProbeFailure(f"timed out after {timeout_s:g} s while {steps.current} ({maddr_text})") from None
@@ -156,7 +157,8 @@ async def _identify(host, peer_id, protocol) -> dict:
             addrs.append(f"(unreadable: {raw.hex()})")
     protocols = sorted(message.protocols)
     return {"agent_version": message.agent_version, "protocol_version": message.protocol_version,
-            "protocols": protocols, "listen_addrs": addrs, "speaks_status": frames.STATUS_PROTOCOL in protocols}
+            "protocols": protocols, "listen_addrs": addrs,
+            "speaks_status": frames.STATUS_PROTOCOL in protocols}
 
 
 async def _status(host, peer_id, protocol, report: dict) -> dict:
@@ -168,8 +170,10 @@ async def _status(host, peer_id, protocol, report: dict) -> dict:
         try:
             prefix = await _read_exactly(stream, frames.LENGTH_BYTES)
         except EOFError:
-            raise ProbeFailure("refused: the node closed the stream unanswered: the run is closed to this peer "
-                               "(or the node banned it for a while)") from None
+            raise ProbeFailure(
+                "refused: the node closed the stream unanswered: the run is closed to this peer "
+                "(or the node banned it for a while)"
+            ) from None
         length = int.from_bytes(prefix, "big")
         if length > frames.MAX_STATUS_BYTES:
             raise ProbeFailure(f"bad answer on {frames.STATUS_PROTOCOL}: a frame of {length} bytes")
@@ -192,8 +196,10 @@ async def _open(host, peer_id, protocol, what: str, listed: Sequence[str] = ()):
         if _caused_by(exc, ProtocolNotSupportedError) or "not supported" in _reason(exc):
             if what == "status":
                 others = ", ".join(p for p in listed if p.startswith("swarm-node/")) or "none"
-                raise ProbeFailure(f"connected, but the node does not speak {frames.STATUS_PROTOCOL} (its swarm-node "
-                                   f"protocols: {others}; an older swarm-node, or not a swarm-node)") from None
+                raise ProbeFailure(
+                    f"connected, but the node does not speak {frames.STATUS_PROTOCOL} (its swarm-node "
+                    f"protocols: {others}; an older swarm-node, or not a swarm-node)"
+                ) from None
             raise ProbeFailure(f"connected, but the node does not speak {protocol}") from None
         raise ProbeFailure(f"connected, but opening a {what} stream failed: {_reason(exc)}") from None
 
@@ -259,8 +265,10 @@ def _connect_reason(exc: BaseException) -> str:
     for item in _chain(exc):
         if type(item).__name__ == "PeerIDMismatchesPubkey":  # the address is right, its /p2p/ part is not
             actual = re.search(r"remote_peer_id_from_pubkey=(\w+)", str(item))
-            return (f"the node there is {actual.group(1) if actual else 'another peer'}, not the peer id in the "
-                    "address (a node that restarted without --identity gets a new one)")
+            return (
+                f"the node there is {actual.group(1) if actual else 'another peer'}, not the peer id in the "
+                "address (a node that restarted without --identity gets a new one)"
+            )
     return _reason(exc)
 
 
@@ -320,7 +328,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # a py-libp2p error no step expected (often inside an exception group)
         failures = [item for item in _chain(exc) if isinstance(item, ProbeFailure)]
         report["verdict"] = str(failures[0]) if failures else f"probe error: {_reason(exc)}"
-    code = EXIT_OK if report["ok"] else EXIT_USAGE if report["verdict"].startswith("bad address") else EXIT_FAILED
+    code = (
+        EXIT_OK
+        if report["ok"]
+        else EXIT_USAGE
+        if report["verdict"].startswith("bad address")
+        else EXIT_FAILED
+    )
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -331,14 +345,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _details(report: dict) -> list[str]:
     lines = []
     if "connected_ms" in report:
-        lines.append(f"  connected to {report['peer_id']} in {report['connected_ms']:.0f} ms "
-                     f"({frames.SECURITY_NAMES[report['security']]} + yamux, py-libp2p {report['libp2p_version']})")
+        lines.append(
+            f"  connected to {report['peer_id']} in {report['connected_ms']:.0f} ms "
+            f"({frames.SECURITY_NAMES[report['security']]} + yamux, py-libp2p {report['libp2p_version']})"
+        )
     if "ping_ms" in report:
         lines.append(f"  {frames.PING_PROTOCOL}: {report['ping_ms']:.1f} ms")
     ident = report.get("identify")
     if ident:
-        lines.append(f"  {frames.IDENTIFY_PROTOCOL}: agent {ident['agent_version']!r}, {ident['protocol_version']!r}; "
-                     f"lists {frames.STATUS_PROTOCOL}: {'yes' if ident['speaks_status'] else 'no'}")
+        lines.append(
+            f"  {frames.IDENTIFY_PROTOCOL}: agent {ident['agent_version']!r}, {ident['protocol_version']!r}; "
+            f"lists {frames.STATUS_PROTOCOL}: {'yes' if ident['speaks_status'] else 'no'}"
+        )
         lines.append(f"  protocols: {', '.join(ident['protocols'])}")
     return lines
 

@@ -28,7 +28,8 @@ MAX_IDENTIFY_BYTES = 64 * 1024
 
 SECURITY_NAMES = {"noise": "Noise", "tls": "TLS 1.3"}
 STATUS_FIELDS = {"run_id": str, "spec_hash": str, "version": str, "peer_id": str, "stage": int,
-                 "num_stages": int, "state": str, "inner_step": int, "outer_round": int, "peers_per_stage": list}
+                 "num_stages": int, "state": str, "inner_step": int, "outer_round": int,
+                 "peers_per_stage": list}
 
 Tensor = tuple[str, Sequence[int], bytes]  # dtype name, shape, raw little-endian bytes
 
@@ -59,7 +60,8 @@ def encode_frame(header: dict, tensors: Sequence[Tensor] = ()) -> bytes:
     return b"".join([HEADER_LEN.pack(len(head)), head, *(bytes(raw) for _, _, raw in tensors)])
 
 
-def decode_frame(data: bytes | bytearray | memoryview) -> tuple[dict, list[tuple[str, tuple[int, ...], bytes]]]:
+def decode_frame(data: bytes | bytearray | memoryview) -> tuple[dict, list[tuple[str, tuple[int, ...],
+                                                                                 bytes]]]:
     """The header (without "v" and "tensors") and each tensor as (dtype, shape, bytes)."""
     view = memoryview(data)
     if len(view) < HEADER_LEN.size:
@@ -72,12 +74,14 @@ def decode_frame(data: bytes | bytearray | memoryview) -> tuple[dict, list[tuple
                                  strict_map_key=True, max_array_len=100_000, max_map_len=256)
     except Exception as exc:  # msgpack raises many unrelated types for bad bytes
         raise FrameError(f"header is not valid msgpack: {type(exc).__name__}") from None
-    if not isinstance(header, dict) or header.get("v") != WIRE_VERSION or not isinstance(header.get("tensors"), list):
+    if not isinstance(header,
+                      dict) or header.get("v") != WIRE_VERSION or not isinstance(header.get("tensors"), list):
         raise FrameError(f"not a version-{WIRE_VERSION} frame header")
     header.pop("v")
     offset, tensors = HEADER_LEN.size + head_len, []
     for spec in header.pop("tensors"):
-        if not (isinstance(spec, list) and len(spec) == 2 and isinstance(spec[0], str) and spec[0] in DTYPE_SIZES
+        if not (isinstance(spec, list) and len(spec) == 2 and isinstance(spec[0],
+                                                                         str) and spec[0] in DTYPE_SIZES
                 and isinstance(spec[1], list) and all(type(d) is int and 0 <= d < 2**32 for d in spec[1])):
             raise FrameError(f"bad tensor spec {spec!r}")
         nbytes = math.prod(spec[1]) * DTYPE_SIZES[spec[0]]
@@ -107,7 +111,9 @@ def parse_status(frame: bytes) -> dict:
     if header.get("kind") != "status" or tensors:
         raise ProbeFailure(f"bad answer on {STATUS_PROTOCOL}: not a status frame")
     if header.get("ok") is not True:
-        raise ProbeFailure(f"the node answered an error on {STATUS_PROTOCOL}: {str(header.get('error'))[:200]}")
+        raise ProbeFailure(
+            f"the node answered an error on {STATUS_PROTOCOL}: {str(header.get('error'))[:200]}"
+        )
     for name, kind in STATUS_FIELDS.items():
         if not isinstance(header.get(name), kind) or isinstance(header.get(name), bool):
             raise ProbeFailure(f"bad answer on {STATUS_PROTOCOL}: field {name!r} is {header.get(name)!r}")
@@ -116,10 +122,12 @@ def parse_status(frame: bytes) -> dict:
 
 def verdict(report: dict) -> str:
     s = report["status"]
-    return (f"OK: node {s['peer_id']} of run {s['run_id']!r} (spec {s['spec_hash']}), stage {s['stage']} of "
-            f"{s['num_stages']}, {s['state']}, inner step {s['inner_step']}, round {s['outer_round']}, peers per "
-            f"stage {s['peers_per_stage']}, swarm-node {s['version']}; ping {report['ping_ms']:.1f} ms over "
-            f"{SECURITY_NAMES[report['security']]} + yamux")
+    return (
+        f"OK: node {s['peer_id']} of run {s['run_id']!r} (spec {s['spec_hash']}), stage {s['stage']} of "
+        f"{s['num_stages']}, {s['state']}, inner step {s['inner_step']}, round {s['outer_round']}, peers per "
+        f"stage {s['peers_per_stage']}, swarm-node {s['version']}; ping {report['ping_ms']:.1f} ms over "
+        f"{SECURITY_NAMES[report['security']]} + yamux"
+    )
 
 
 def decode_uvarint(data: bytes) -> tuple[int, int]:

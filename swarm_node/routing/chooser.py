@@ -7,22 +7,16 @@ so new peers are probed first instead of starved. The choice is random with weig
 Peers that failed us are skipped while banned (net/guard.py decides for how long).
 
 The throughput is what our own hops to the peer measured (``RoundTrips``), and a peer
-is measured only when it is chosen. An EMA that moved a tenth of the way per answer
-made that a trap: one slow answer (a warm-up, a busy moment on a loaded machine) left
-a peer with a low figure, so it was chosen seldom, so the figure hardly moved; where
-stage 0 sets the pace (the next stage idle between micro-batches, its round trips the
-same at any share) nothing else pulled the peer back, and it could stay well under its
-share for a hundred micro-batches or more after it was fast again (a stage-1 peer of a
-2x2 local swarm that answered nothing for its first 3 s got 22 of a stage-0 node's 90,
-the other 68; one in CI had 45 micro-batches to its partner's 135). So an answer's say
-halves every ``FADE_TURNS`` turns the peer is not measured (a turn is one hop for each
-peer measured, so this scales with the pipeline's pace and the number of peers), and
-beside the answers the best known rate, the one an unmeasured peer gets, keeps a small
-say (``PRIOR_SAY``): a peer not chosen lately drifts towards the best rate and is
-probed again within a few turns, and the answer that ends the wait outweighs what is
-left of the old ones. A recovered peer so gets its share back at once; a really slow
-one is measured slow again, at the cost of a probe every few turns. A peer measured
-on each of its turns keeps about the smoothing of the old EMA."""
+is measured only when it is chosen: a low figure makes it chosen seldom, so the figure
+would hardly move and one slow answer would keep it under its share. An answer's say
+therefore halves every ``FADE_TURNS`` turns the peer is not measured (a turn is one hop
+for each peer measured, so this scales with the pipeline's pace and the number of
+peers), and beside the answers the best known rate keeps a small say (``PRIOR_SAY``): a
+peer not chosen lately drifts towards the best rate and is probed again within a few
+turns. A recovered peer so gets its share back at once; a really slow one is measured
+slow again, at the cost of a probe every few turns. A peer measured on each of its
+turns keeps about the smoothing of an EMA of 0.1 (docs/ARCHITECTURE.md, "Why it is this
+way")."""
 
 from __future__ import annotations
 

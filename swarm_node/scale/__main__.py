@@ -28,8 +28,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.ERROR)
     config = ScaleConfig(peers_per_stage=args.peers, stages=args.stages, method=args.method,
-                         inner_steps=args.inner_steps, duration_s=args.duration_s, crash_per_hour=args.crash_per_hour,
-                         leave_per_hour=args.leave_per_hour, unreachable_share=args.unreachable_share, seed=args.seed,
+                         inner_steps=args.inner_steps, duration_s=args.duration_s,
+                         crash_per_hour=args.crash_per_hour,
+                         leave_per_hour=args.leave_per_hour, unreachable_share=args.unreachable_share,
+                         seed=args.seed,
                          registry_shards=args.registry_shards)
     started = time.perf_counter()
     figures = run(World(config).run())

@@ -71,7 +71,9 @@ class ScaleConfig:
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1)")
         if self.unreachable_share * self.stages >= 1.0:
-            raise ValueError("unreachable peers all take stage 0: unreachable_share * stages must stay below 1")
+            raise ValueError(
+                "unreachable peers all take stage 0: unreachable_share * stages must stay below 1"
+            )
         if min(self.round_prepare_s, self.round_check_s, self.round_close_s) < 0:
             raise ValueError("round_prepare_s, round_check_s and round_close_s cannot be negative")
         if min(self.dht_get_s or 0.0, self.dht_store_s or 0.0) < 0:

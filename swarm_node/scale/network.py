@@ -140,21 +140,26 @@ class Endpoint:
 
 class Network:
     def __init__(self, rng: random.Random, costs: DhtCosts, record_delay_s: tuple[float, float],
-                 modelled_bytes: Callable[[str, bool, int], int], op_s: dict[str, float | None] | None = None):
+                 modelled_bytes: Callable[[str, bool, int], int], op_s: dict[str,
+                                                                             float | None] | None = None):
         self.rng = rng
         self.costs = costs
         self.record_delay_s = record_delay_s
-        self.op_s = op_s or {}  # "get" / "store" -> measured mean seconds, instead of the lookup's round trips
+        # "get" / "store" -> measured mean seconds, instead of the lookup's round trips
+        self.op_s = op_s or {}
         self.modelled_bytes = modelled_bytes  # (protocol, is_request, actual bytes) -> bytes the model moves
         self.endpoints: dict[str, Endpoint] = {}
         # key -> peer -> versions (value, visible_at, expires_at), on the loop's clock: the
         # one readers see and the one spreading
         self.store: dict[str, dict[str, list[tuple[dict, float, float]]]] = defaultdict(dict)
-        self.caches: dict[str, dict[str, float]] = {}  # key -> peer caching its dictionary -> until (loop clock)
-        self.met: dict[str, dict[str, float]] = defaultdict(dict)  # peer -> key -> when it last learned the replicas
+        # key -> peer caching its dictionary -> until (loop clock)
+        self.caches: dict[str, dict[str, float]] = {}
+        # peer -> key -> when it last learned the replicas
+        self.met: dict[str, dict[str, float]] = defaultdict(dict)
         self._holders: dict[str, list[str]] = {}  # key -> the live peers nearest it
         self._node_ids: dict[str, int] = {}
-        self._live_count = 0  # live endpoints, kept as they come and go (counting them was a third of a run's time)
+        # live endpoints, kept as they come and go (counting them was a third of a run's time)
+        self._live_count = 0
 
     # -- peers ---------------------------------------------------------------------
     def add(self, endpoint: Endpoint) -> None:
@@ -185,7 +190,8 @@ class Network:
             async with asyncio.timeout(timeout_s):
                 if them is None or not them.alive or not them.reachable or protocol not in them.handlers:
                     await asyncio.sleep(timeout_s + 1.0)  # never answered: the deadline ends it
-                await asyncio.sleep(self.transfer_s(me, them, self.modelled_bytes(protocol, True, len(payload))))
+                await asyncio.sleep(self.transfer_s(me, them, self.modelled_bytes(protocol, True,
+                                                                                  len(payload))))
                 if not them.alive or not them.authorize[protocol](caller):
                     await asyncio.sleep(timeout_s + 1.0)
                 them.on_reached(caller)
@@ -193,7 +199,8 @@ class Network:
                     me.traffic.add(count_as, len(payload))
                     them.traffic.add(count_as, len(payload))
                 answer = await them.handlers[protocol](caller, payload)
-                await asyncio.sleep(self.transfer_s(them, me, self.modelled_bytes(protocol, False, len(answer))))
+                await asyncio.sleep(self.transfer_s(them, me, self.modelled_bytes(protocol, False,
+                                                                                  len(answer))))
                 if not them.alive:
                     await asyncio.sleep(timeout_s + 1.0)
                 if count_as:
@@ -233,8 +240,11 @@ class Network:
             target = int.from_bytes(hashlib.sha1(key.encode()).digest(), "big")
             beam = max(self.costs.get.beam_size, self.costs.fresh_get.beam_size, self.costs.store.beam_size,
                        self.costs.replicas) + 1
-            self._holders[key] = heapq.nsmallest(beam, (p for p, e in self.endpoints.items() if e.alive),
-                                                 key=lambda p: self._node_ids.setdefault(p, _node_id(p)) ^ target)
+            self._holders[key] = heapq.nsmallest(
+                beam,
+                (p for p, e in self.endpoints.items() if e.alive),
+                key=lambda p: self._node_ids.setdefault(p, _node_id(p)) ^ target,
+            )
         return self._holders[key]
 
     def _lookup_s(self, caller: Endpoint, op: str) -> float:
@@ -251,7 +261,8 @@ class Network:
         """peer -> (value, expiry) of the entries a reader sees under ``key`` now."""
         visible = {}
         for peer, versions in self.store.get(key, {}).items():
-            seen = [(value, expires) for value, visible_at, expires in versions if visible_at <= now < expires]
+            seen = [(value, expires) for value, visible_at,
+                    expires in versions if visible_at <= now < expires]
             if seen:
                 visible[peer] = seen[-1]
         return visible
@@ -301,7 +312,8 @@ class Network:
         now = asyncio.get_running_loop().time()
         versions = [v for v in self.store[key].get(caller, []) if v[2] > now]
         # the entry stored before stays visible until this one has spread
-        self.store[key][caller] = [*versions[-1:], (value, now + self.rng.uniform(*self.record_delay_s), now + ttl_s)]
+        self.store[key][caller] = [*versions[-1:], (value, now + self.rng.uniform(*self.record_delay_s),
+                                                    now + ttl_s)]
         return True
 
     def _near_read(self, caller: str, key: str, live: int, enough: Callable[[str], bool]) -> list[str] | None:
@@ -354,7 +366,8 @@ class Network:
         me.traffic.add("dht-lookup", finds * self.costs.find_bytes(live))
         me.traffic.add("dht-get", len(answered) * dictionary)
         for node in answered:
-            self.endpoints[node].traffic.add("dht-serving", dictionary + (self.costs.find_bytes(live) if near else 0))
+            self.endpoints[node].traffic.add("dht-serving",
+                                             dictionary + (self.costs.find_bytes(live) if near else 0))
         if near:  # a cold read's approach: finds spread over the nodes around the key, replicas among them
             for _ in range(finds - 1):
                 self.endpoints[self.rng.choice(self._nearest(key))].traffic.add("dht-serving",
@@ -415,9 +428,11 @@ class SimTransport:
         self.control = control  # protocol -> the traffic kind it counts as (None: data, not counted)
         self.on_answer = on_answer
 
-    async def request(self, peer: str, protocol: str, payload: bytes, *, timeout_s: float, max_response_bytes: int,
+    async def request(self, peer: str, protocol: str, payload: bytes, *, timeout_s: float,
+                      max_response_bytes: int,
                       paced_request: bool = False, paced_response: bool = False) -> bytes:
-        answer = await self.network.request(self.peer_id, peer, protocol, payload, timeout_s, self.control(protocol))
+        answer = await self.network.request(self.peer_id, peer, protocol, payload, timeout_s,
+                                            self.control(protocol))
         self.on_answer(protocol, answer)
         return answer
 

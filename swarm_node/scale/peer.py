@@ -32,7 +32,8 @@ from swarm_node.train.rounds import RoundGate
 from swarm_node.wire.messages import answer_is_yes
 from swarm_node.wire.records import PeerRecord
 
-CONTROL = {protocols.PAIR: "pairing", protocols.OUTER: "exchange-control", protocols.OUTER_FETCH: "exchange-control"}
+CONTROL = {protocols.PAIR: "pairing", protocols.OUTER: "exchange-control",
+           protocols.OUTER_FETCH: "exchange-control"}
 
 
 async def inline(fn, *args, **kwargs):
@@ -99,7 +100,8 @@ class SimPeer:
         self.compute = timed_compute(round_work_s) if round_work_s else inline
         self.counters = PeerCounters()
         clock = asyncio.get_running_loop().time
-        self.guard = PeerGuard(clock=clock, max_faults=config.max_peer_faults, caller_ban_s=config.caller_ban_s)
+        self.guard = PeerGuard(clock=clock, max_faults=config.max_peer_faults,
+                               caller_ban_s=config.caller_ban_s)
         endpoint.on_reached = self.guard.reached
         self.stats = NodeStats()
         self.gate, self.stopping = RoundGate(), asyncio.Event()
@@ -107,7 +109,8 @@ class SimPeer:
         self.worker = TinyStage(spec, stage, seed=rng.randrange(1 << 30))
         self.dht = SimDHT(network, self.peer_id, virtual_wall_clock)
         self.transport = SimTransport(network, self.peer_id, CONTROL.get, on_answer=self.note_answer)
-        self.membership = Membership(spec=spec, dht=self.dht, guard=self.guard, config=config, record=self.record)
+        self.membership = Membership(spec=spec, dht=self.dht, guard=self.guard, config=config,
+                                     record=self.record)
         self.membership.stage = stage
         if not endpoint.reachable:  # what its dial-back check found at start (membership/reachability.py)
             self.membership.reachability = Reachability(reachable=False)
@@ -142,14 +145,16 @@ class SimPeer:
         if donor is not None:
             self.worker.take_state_of(donor.worker)
         services = NodeServices(self.compute, self.transport, self.guard, self.stats)
-        times = ExchangeTimes(self.config.round_timeout_s, self.config.exchange_timeout_for(self.payload_bytes),
+        times = ExchangeTimes(self.config.round_timeout_s,
+                              self.config.exchange_timeout_for(self.payload_bytes),
                               link_s=self.config.exchange_link_s(self.payload_bytes))
         self.exchange = OuterExchange(
             spec_hash=self.membership.spec_hash, method=self.spec.method.name, times=times, state=self.worker,
             services=services, gate=self.gate, candidates=self.membership.partner_candidates,
             callers_expected=self.membership.callers_expected, announce=self.membership.round_changed,
             stopping=self.stopping, own_id=self.peer_id, max_update_ratio=self.config.max_update_ratio)
-        self.exchange.pairing.rng = random.Random(self.rng.random())  # back-offs and picks: the run's seed decides
+        # back-offs and picks: the run's seed decides
+        self.exchange.pairing.rng = random.Random(self.rng.random())
         await self.exchange.serve(self.transport, self.guard.admit)
         await self.transport.serve(protocols.FORWARD, self._serve_forward, _FORWARD_LIMITS, self.guard.admit)
         await self.membership.refresh()
@@ -247,7 +252,8 @@ class SimPeer:
                           if outcome.partners and outcome.partner_at is not None else None)
             self.on_round(RoundRecord(self.peer_id, self.stage, outcome.round_no, outcome.started_at,
                                       outcome.ended_at, len(outcome.partners),
-                                      outcome.partners[0] if outcome.partners else None, outcome.proposals, to_partner,
+                                      outcome.partners[0] if outcome.partners else None, outcome.proposals,
+                                      to_partner,
                                       alone=outcome.alone))
 
     def note_answer(self, protocol: str, answer: bytes) -> None:
@@ -264,4 +270,5 @@ def virtual_wall_clock() -> float:
 
 VIRTUAL_EPOCH_S = 1.8e9  # a wall-clock date for the virtual clock's zero
 
-_FORWARD_LIMITS = ServeLimits(max_request_bytes=1 << 20, max_concurrent=32, max_per_peer=8, handler_timeout_s=30.0)
+_FORWARD_LIMITS = ServeLimits(max_request_bytes=1 << 20, max_concurrent=32, max_per_peer=8,
+                              handler_timeout_s=30.0)

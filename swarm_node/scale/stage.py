@@ -21,7 +21,8 @@ class TinyStage(StageWorker):
     the stage's common direction (what every peer's data agrees on) plus the peer's
     own noise, ``lr`` per step."""
 
-    def __init__(self, spec: RunSpec, stage_index: int, seed: int, lr: float = 1e-3):  # StageWorker.__init__ would build a model
+    # StageWorker.__init__ would build a model
+    def __init__(self, spec: RunSpec, stage_index: int, seed: int, lr: float = 1e-3):
         self.spec = spec
         self.device = torch.device("cpu")
         common = torch.Generator().manual_seed(1000 + stage_index)

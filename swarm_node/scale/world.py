@@ -65,7 +65,8 @@ class ScaleFigures:
 
 
 class World:
-    def __init__(self, config: ScaleConfig, node_config: NodeConfig | None = None, costs: DhtCosts | None = None):
+    def __init__(self, config: ScaleConfig, node_config: NodeConfig | None = None,
+                 costs: DhtCosts | None = None):
         self.config = config
         self.node_config = node_config or NodeConfig()
         self.rng = random.Random(config.seed)
@@ -84,7 +85,9 @@ class World:
         (the simulated ones carry a few dozen weights)."""
         from swarm_node.net import protocols
 
-        if (protocol == protocols.OUTER and is_request) or (protocol == protocols.OUTER_FETCH and not is_request):
+        if (protocol == protocols.OUTER and is_request) or (
+            protocol == protocols.OUTER_FETCH and not is_request
+        ):
             return self.config.payload_bytes
         if protocol == protocols.FORWARD and is_request:
             return self.config.activation_bytes
@@ -101,10 +104,13 @@ class World:
         self.network.add(endpoint)
         speed = self.rng.lognormvariate(0.0, c.speed_sigma) * (c.straggler_factor if self.rng.random() <
                                                                 c.straggler_share else 1.0)
-        peer = SimPeer(spec=self.spec, config=self.node_config, network=self.network, endpoint=endpoint, stage=stage,
-                       step_s=c.step_s * speed, step_jitter_sigma=c.step_jitter_sigma, payload_bytes=c.payload_bytes,
+        peer = SimPeer(spec=self.spec, config=self.node_config, network=self.network, endpoint=endpoint,
+                       stage=stage,
+                       step_s=c.step_s * speed, step_jitter_sigma=c.step_jitter_sigma,
+                       payload_bytes=c.payload_bytes,
                        rng=random.Random(self.rng.random()), on_round=self.rounds.append,
-                       round_work_s={"prepare": c.round_prepare_s, "check": c.round_check_s, "close": c.round_close_s})
+                       round_work_s={"prepare": c.round_prepare_s, "check": c.round_check_s,
+                                     "close": c.round_close_s})
         self.peers[peer_id] = peer
         return peer
 
@@ -172,18 +178,22 @@ class World:
         for peer in self.peers.values():
             for task in peer.tasks:
                 task.cancel()
-        await asyncio.gather(churn, *(t for p in self.peers.values() for t in p.tasks), return_exceptions=True)
+        await asyncio.gather(churn, *(t for p in self.peers.values() for t in p.tasks),
+                             return_exceptions=True)
         return self._figures(window_start, loop.time(), before, after)
 
     def _snapshot(self) -> dict:
-        return {p.peer_id: {"traffic": dict(p.endpoint.traffic.bytes_by_kind), "refusals": p.counters.refusals,
+        return {p.peer_id: {"traffic": dict(p.endpoint.traffic.bytes_by_kind),
+                            "refusals": p.counters.refusals,
                             "held_s": p.gate.held_s, "forwards": asdict(p.counters.forwards),
                             "dht": asdict(p.dht.ops)}
                 for p in self.peers.values()}
 
     def _figures(self, start: float, end: float, before: dict, after: dict) -> ScaleFigures:
         c = self.config
-        window = [r for r in self.rounds if start <= r.ended_at <= end and self.network.endpoints[r.peer].alive]
+        window = [
+            r for r in self.rounds if start <= r.ended_at <= end and self.network.endpoints[r.peer].alive
+        ]
         with_partner = [r for r in window if r.partners > 0]
         to_partner = [r.to_partner_s for r in with_partner if r.to_partner_s is not None]
         in_rtts = []
@@ -224,5 +234,6 @@ class World:
             control_by_kind_per_peer_min={k: statistics.mean(v) for k, v in sorted(by_kind.items())},
             registry_ops_per_peer_min={k: statistics.mean(v) for k, v in registry_ops.items()},
             forwards=fwd["sent"], forwards_to_dead_share=fwd["to_dead"] / sent,
-            forwards_to_unreachable_share=fwd["to_unreachable"] / sent, forwards_lost_share=fwd["lost"] / sent,
+            forwards_to_unreachable_share=fwd["to_unreachable"] / sent,
+            forwards_lost_share=fwd["lost"] / sent,
             crashes=self.crashes, leaves=self.leaves, joins=self.joins)

@@ -47,7 +47,8 @@ def result_to_json(result: SimResult) -> dict:
         "config": {
             "replicas": cfg.replicas, "stages": cfg.stages, "model": cfg.model_size,
             "data": dataclasses.asdict(cfg.data), "seq_len": cfg.seq_len, "batch_size": cfg.batch_size,
-            "steps": cfg.steps, "seed": cfg.seed, "routing": cfg.routing, "activation_codec": cfg.activation_codec,
+            "steps": cfg.steps, "seed": cfg.seed, "routing": cfg.routing,
+            "activation_codec": cfg.activation_codec,
             "activation_ratio": cfg.activation_ratio, "outer_codec": cfg.outer_codec,
             "method": {"name": cfg.method.name, "inner_steps": cfg.method.inner_steps,
                        "group_size": cfg.method.group_size,
@@ -70,7 +71,8 @@ def write_plot(result: SimResult, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
     train = _downsample(result.train_loss_curve, 200)
-    ax.plot([t for t, _ in train], [v for _, v in train], color="#9bb7d4", lw=1, label="train (per-step mean)")
+    ax.plot([t for t, _ in train], [v for _, v in train], color="#9bb7d4", lw=1,
+            label="train (per-step mean)")
     ax.plot([t for t, _ in result.val_loss_curve], [v for _, v in result.val_loss_curve], color="#1f4e79",
             lw=2, marker="o", ms=3, label="validation")
     if result.entropy_floor is not None:

@@ -98,9 +98,12 @@ class Simulator:
             activation_ratio=config.activation_ratio, batch_size=config.batch_size, seq_len=config.seq_len,
             num_stages=config.stages, layers_per_stage=config.layers_per_stage)
         with self._oom_explained():
-            self.workers = [[self._build_worker(s) for _ in range(config.replicas)] for s in range(config.stages)]
+            self.workers = [
+                [self._build_worker(s) for _ in range(config.replicas)] for s in range(config.stages)
+            ]
         self.loaders = [ShardedBatches(self.data, batch_size=config.batch_size, seed=config.seed,
-                                       shard_id=r, num_shards=config.replicas) for r in range(config.replicas)]
+                                       shard_id=r,
+                                       num_shards=config.replicas) for r in range(config.replicas)]
         self.outer_rounds = 0
         self._in_flight: InFlight | None = None
 
@@ -125,8 +128,10 @@ class Simulator:
                 raise
             cfg = self.config
             need = simulator_memory(cfg, self.model_config)
-            what = (f"{cfg.replicas} replicas x {cfg.stages} stages of the {cfg.model_size} model in one process "
-                    f"({need.parameters / 1e6:,.1f}M parameters in all)")
+            what = (
+                f"{cfg.replicas} replicas x {cfg.stages} stages of the {cfg.model_size} model in one process "
+                f"({need.parameters / 1e6:,.1f}M parameters in all)"
+            )
             raise out_of_memory(device_facts_or_name(self.device), what, need, batch_size=cfg.batch_size,
                                 seq_len=cfg.seq_len, tries=["a smaller --model", "fewer --replicas",
                                                             "a smaller --batch-size or --seq-len"]) from exc
@@ -184,7 +189,9 @@ class Simulator:
         loss.backward()
         for s in range(len(path) - 2, -1, -1):
             grad = boundary[s + 1][0].grad
-            upstream_grad = self._cross_boundary(grad) if self.boundary is None else self._gradient_coded(grad)
+            upstream_grad = (
+                self._cross_boundary(grad) if self.boundary is None else self._gradient_coded(grad)
+            )
             boundary[s][1].backward(upstream_grad)
         return float(loss.detach())
 
@@ -222,7 +229,8 @@ class Simulator:
                 self._land(self._in_flight.sent)
                 self._in_flight = None
             if cfg.outer_latency_steps:
-                self._in_flight = InFlight(self._exchange(), self._deltas_at(step), step + cfg.outer_latency_steps)
+                self._in_flight = InFlight(self._exchange(), self._deltas_at(step),
+                                           step + cfg.outer_latency_steps)
             else:
                 self.outer_round()
         flight = self._in_flight
@@ -264,11 +272,13 @@ class Simulator:
             for w in stage_workers:
                 payloads.append(w.encoder.encode(w.slow.phi, w.slow.deltas()))
                 w.encoder.commit()  # a simulated exchange always completes
-            starts = self._overlapped_starts(stage_workers, groups, payloads) if cfg.outer_latency_steps else None
+            starts = self._overlapped_starts(stage_workers, groups,
+                                             payloads) if cfg.outer_latency_steps else None
             sent.append((groups, payloads, starts))
         return sent
 
-    def _overlapped_starts(self, stage_workers: list[Worker], groups: list[list[int]], payloads: list) -> list:
+    def _overlapped_starts(self, stage_workers: list[Worker], groups: list[list[int]],
+                           payloads: list) -> list:
         """Where each worker's steps beside the exchange start (SimConfig.overlap_start),
         as :meth:`SlowWeights.start_overlapped` returns it."""
         how = self.config.overlap_start
@@ -306,7 +316,8 @@ class Simulator:
         for stage_workers, (groups, payloads, snapshots) in zip(self.workers, sent):
             for group in groups:
                 # every member reads the group's payloads before any of them moves its phi
-                received = {i: [self._decode(payloads[j], stage_workers[i]) for j in [i] + [j for j in group if j != i]]
+                received = {i: [self._decode(payloads[j],
+                                             stage_workers[i]) for j in [i] + [j for j in group if j != i]]
                             for i in group}
                 for i, members in received.items():  # each member lists itself first, then the others
                     slow = stage_workers[i].slow
@@ -335,7 +346,8 @@ class Simulator:
         the same ``seed``; on the first ``max_batches`` batches (default: the config's)."""
         cfg = self.config
         return random_paths_val_loss([[w.stage for w in workers] for workers in self.workers], self.data,
-                                     batch_size=cfg.eval_batch_size, max_batches=max_batches or cfg.eval_batches,
+                                     batch_size=cfg.eval_batch_size,
+                                     max_batches=max_batches or cfg.eval_batches,
                                      paths_per_batch=cfg.replicas, seed=seed, device=self.device)
 
     def consensus_stages(self) -> list[PipelineStage]:
@@ -383,7 +395,8 @@ def simulator_memory(config: SimConfig, model: ModelConfig) -> StageMemory:
     """The simulator's need on its one device: every worker's state, one micro-batch's
     activations through all stages at once (its autograd graph spans the whole path),
     and one stage's outer step for all its workers. It trains in fp32."""
-    stages = [estimate_stage_memory(model, num_stages=config.stages, stage_index=s, batch_size=config.batch_size,
+    stages = [estimate_stage_memory(model, num_stages=config.stages, stage_index=s,
+                                    batch_size=config.batch_size,
                                     seq_len=config.seq_len, autocast_bf16=False,
                                     outer_state=config.method.has_outer_step,
                                     layers_per_stage=config.layers_per_stage)

@@ -32,9 +32,9 @@ against the rest is a tie, and ties stand). Who decides is below; a vote compare
   progress grows with the square of the steps and replicas are steps apart.
 
 The counters (inner step, outer round) are not evidence: an honest stage's drift apart
-with each peer's pace and join history (stage-0 peers 3 rounds apart in a 2 x 2 run
-with a joiner). The joiner adopts the donor's, within the range the witnesses' honest
-majority spans (a robust range, like the spread).
+with each peer's pace and join history (rounds apart are usual). The joiner adopts the
+donor's, within the range the witnesses' honest majority spans (a robust range, like
+the spread).
 
 Who decides (the panel is the donor and every witness asked): a witness that was asked
 and gave no usable sketch (busy, timed out, refused, unusable) is silent. Silence never
@@ -236,7 +236,7 @@ class _Tolerance:
         (n - liars)-th smallest; of the momentum and phi norms, the lower median, or that
         when fewer answered. With no more voters than liars (the rest silent), the
         smallest. (The largest of all let one colluding witness, far from the rest, widen
-        the tolerance for its donor: 159 of 182 such attacks passed in the simulator.)
+        the tolerance for its donor.)
         ``widest``: the largest of each, which no voter can narrow."""
         honest = len(voters) - liars
         k = max(1, honest)
@@ -272,8 +272,10 @@ class _Tolerance:
                               NORM_K * torch.maximum(self.motion, inner_steps * self.progress_rate), self.phi)
         steps = min(max(1, candidate.round_steps), inner_steps)
         progress_ok = _within(_tensor_norms(candidate.progress),
-                              torch.maximum(NORM_K * steps * self.progress_rate, NORM_K * self.motion), self.phi)
-        checks = {"phi": ratio <= 1.0, "phi per tensor": per_tensor, "momentum": momentum_ok, "progress": progress_ok}
+                              torch.maximum(NORM_K * steps * self.progress_rate, NORM_K * self.motion),
+                              self.phi)
+        checks = {"phi": ratio <= 1.0, "phi per tensor": per_tensor, "momentum": momentum_ok,
+                  "progress": progress_ok}
         return ratio, [bound for bound, ok in checks.items() if not ok]
 
 

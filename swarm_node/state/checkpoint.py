@@ -47,7 +47,8 @@ def save_checkpoint(directory: Path, step: int, tensors: dict[str, torch.Tensor]
         tensor_path = staging / TENSORS_FILE
         write_tensor_file(tensor_path, {k: v.detach().contiguous().cpu() for k, v in tensors.items()})
         fsync_file(tensor_path)
-        full_meta = {**meta, "format": FORMAT_VERSION, "step": step, "tensors_bytes": tensor_path.stat().st_size,
+        full_meta = {**meta, "format": FORMAT_VERSION, "step": step,
+                     "tensors_bytes": tensor_path.stat().st_size,
                      "tensors_sha256": _sha256(tensor_path)}
         (staging / META_FILE).write_text(json.dumps(full_meta, indent=1, sort_keys=True))
         fsync_file(staging / META_FILE)
@@ -64,7 +65,9 @@ def save_checkpoint(directory: Path, step: int, tensors: dict[str, torch.Tensor]
     return final
 
 
-def write_tensor_file(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
+def write_tensor_file(
+    path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None
+) -> None:
     """safetensors' save_file writes through a temporary file of mode 0600 and renames it
     into place; the file gets the mode its siblings get instead (the umask, or the mode it
     already had), so a checkpoint or export readable to others is readable as a whole."""
@@ -93,8 +96,10 @@ def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
         raise CheckpointError(f"{tensor_path} is missing")
     size = tensor_path.stat().st_size
     if size != meta.get("tensors_bytes"):
-        raise CheckpointError(f"{tensor_path} has {size} bytes but was written with {meta.get('tensors_bytes')}: "
-                              "it is truncated or was replaced")
+        raise CheckpointError(
+            f"{tensor_path} has {size} bytes but was written with {meta.get('tensors_bytes')}: "
+            "it is truncated or was replaced"
+        )
     if _sha256(tensor_path) != meta.get("tensors_sha256"):
         raise CheckpointError(f"{tensor_path} does not match the checksum it was written with: it is damaged")
     try:

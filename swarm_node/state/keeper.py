@@ -42,14 +42,18 @@ class Checkpoints:
             return None
         meta = found[1]
         if meta.get("spec_hash") != self.spec_hash:
-            raise IncompatibleRun(f"the checkpoint in {self.directory} belongs to run spec "
-                                  f"{meta.get('spec_hash')}, not to this run ({self.spec_hash}); give this run its "
-                                  "own --checkpoint-dir")
+            raise IncompatibleRun(
+                f"the checkpoint in {self.directory} belongs to run spec "
+                f"{meta.get('spec_hash')}, not to this run ({self.spec_hash}); give this run its "
+                "own --checkpoint-dir"
+            )
         stage = meta.get("stage")
         if type(stage) is not int or not 0 <= stage < self.spec.num_stages:
             raise CheckpointError(f"the checkpoint in {self.directory} names no valid stage ({stage!r})")
         if wanted_stage is not None and wanted_stage != stage:
-            raise ConfigError(f"--stage {wanted_stage} conflicts with the checkpoint, which holds stage {stage}")
+            raise ConfigError(
+                f"--stage {wanted_stage} conflicts with the checkpoint, which holds stage {stage}"
+            )
         return found
 
     async def resume(self, worker: StageWorker, tensors: dict, meta: dict) -> dict | None:
@@ -79,7 +83,8 @@ class Checkpoints:
             path = await asyncio.to_thread(save_checkpoint, self.directory, meta["inner_step"], tensors, meta)
             self.last_written = path
             # one after every round is routine; the shutdown one is what a volunteer looks for
-            log.log(logging.INFO if why == "on shutdown" else logging.DEBUG, "checkpoint %s written (%s)", path.name,
+            log.log(logging.INFO if why == "on shutdown" else logging.DEBUG, "checkpoint %s written (%s)",
+                    path.name,
                     why)
         except OSError as exc:
             log.error("could not write a checkpoint to %s: %s", self.directory, exc)

@@ -69,7 +69,8 @@ def count_sketches(tensors: Sequence[torch.Tensor], seed: int, tensor_index: int
     return [out.cpu() for out in outs]
 
 
-def count_sketch(tensor: torch.Tensor, seed: int, tensor_index: int, buckets: int = SKETCH_BUCKETS) -> torch.Tensor:
+def count_sketch(tensor: torch.Tensor, seed: int, tensor_index: int,
+                 buckets: int = SKETCH_BUCKETS) -> torch.Tensor:
     """One tensor folded into ``buckets`` float32 sums (count_sketches)."""
     return count_sketches([tensor], seed, tensor_index, buckets)[0]
 
@@ -111,7 +112,8 @@ def sketch_state(theta: Sequence[torch.Tensor], phi: Sequence[torch.Tensor], mom
     rows: list[list[torch.Tensor]] = [[], [], []]
     for k, (t, p, m) in enumerate(zip(theta, phi, momentum)):
         p = p.to(t.device, torch.float32)
-        for row, sketch in zip(rows, count_sketches([p, m.to(t.device), t.detach().float() - p], seed, k, buckets)):
+        for row, sketch in zip(rows, count_sketches([p, m.to(t.device), t.detach().float() - p], seed, k,
+                                                    buckets)):
             row.append(sketch)
     phi_rows, momentum_rows, progress_rows = (torch.stack(r) if r else torch.zeros(0, buckets) for r in rows)
     return StateSketch(inner_step=inner_step, outer_round=outer_round, round_steps=round_steps,

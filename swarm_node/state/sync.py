@@ -13,7 +13,7 @@ peers for sketches of their states (state/witnesses.py) and adopts the state onl
 they vouch for it (state/check.py); on any failure or refusal it tries the next donor,
 and bans a refused donor only when the check says an honest majority disowns it. The
 inner optimizer's moments come too (the inner state is never averaged, but a joiner is
-a copy of its donor: with fresh moments its Deltas were 2-4x its partners' for rounds,
+a copy of its donor: with fresh moments its Deltas are several times its partners',
 refused as poisoned); no witness vouches for them, so they are held to what any Adam
 could have made (InnerOptimizer.moments_problem)."""
 
@@ -165,12 +165,14 @@ class StateSync:
                     self.guard.failed(donor, reason=None)  # counted once, as the fault
                     continue
                 except (PeerError, TimeoutError, ValueError) as exc:
-                    log.warning("state download from %s failed (%s); trying another donor", short_id(donor), exc)
+                    log.warning("state download from %s failed (%s); trying another donor", short_id(donor),
+                                exc)
                     continue
                 if not self._adoptable(donor, verdict):
                     continue
                 inner_step, outer_round = verdict.inner_step, verdict.outer_round
-                round_steps = min(state.inner_step - state.last_round_step, self.worker.spec.method.inner_steps)
+                round_steps = min(state.inner_step - state.last_round_step,
+                                  self.worker.spec.method.inner_steps)
                 await self.compute(self.worker.load_snapshot, inner_step, outer_round, state.tensors,
                                    max(0, inner_step - round_steps))
                 self.stats.downloaded_from, self.stats.downloaded_digest = donor, state.digest
@@ -199,11 +201,12 @@ class StateSync:
     async def _donors(self) -> list[str]:
         """Live peers of our stage that claim to be ahead of us, among those that exist
         (peers we have reached before, and peers that answer a status request now), in
-        random order: what a peer claims never puts it first (a liar claiming 100,000
-        more steps was every joiner's first donor). A forged record has nobody behind
-        it: 30 of them claiming the most once took every donor slot."""
+        random order: what a peer claims never puts it first (a liar claiming the most
+        steps would be every joiner's first donor), and a forged record, which has nobody
+        behind it, takes no donor slot."""
         own_step = self.worker.inner_step
-        ahead = [p for p, r in self.donors().items() if r.inner_step > own_step and not self.guard.is_poisoned(p)]
+        ahead = [p for p,
+                 r in self.donors().items() if r.inner_step > own_step and not self.guard.is_poisoned(p)]
         donors = await self._existing(ahead)
         self.rng.shuffle(donors)
         if self.prefer is not None:
@@ -211,12 +214,14 @@ class StateSync:
                 donors.remove(self.prefer)
                 donors.insert(0, self.prefer)
             else:
-                self.guard.note(self.prefer, f"--state-from {short_id(self.prefer)}: not a live peer of our stage "
-                                             "ahead of us; choosing donors at random")
+                self.guard.note(self.prefer, f"--state-from {short_id(self.prefer)}: not a live peer of our "
+                                             f"stage ahead of us; choosing donors at random")
         return donors
 
     async def _existing(self, peers: list[str]) -> list[str]:
-        unknown = [p for p in peers if not self.guard.is_verified(p) and not self.guard.is_banned(p)][:MAX_PROBES]
+        unknown = [p for p in peers if not self.guard.is_verified(p) and not self.guard.is_banned(p)][
+            :MAX_PROBES
+        ]
         await asyncio.gather(*(self._probe(p) for p in unknown))
         return [p for p in peers if self.guard.is_verified(p)]
 
@@ -236,12 +241,14 @@ class StateSync:
         others = await self._existing(self.rng.sample(others, len(others)))
         asked = others[:MAX_WITNESSES]
         seed = secrets.randbelow(MAX_SKETCH_SEED)  # drawn now: the donor could not aim at it
-        candidate, said = await asyncio.gather(self.compute(state.sketch, seed), self.witnesses.gather(asked, seed))
+        candidate, said = await asyncio.gather(self.compute(state.sketch, seed), self.witnesses.gather(asked,
+                                                                                                       seed))
         self.stats.state_check_s += self.clock() - started
         verdict = check_state(candidate, said, inner_steps=self.worker.spec.method.inner_steps,
                               asked=len(asked))
         if not asked:
-            log.warning("the state from %s is not checked: it is the only live peer of stage %d", short_id(donor),
+            log.warning("the state from %s is not checked: it is the only live peer of stage %d",
+                        short_id(donor),
                         self.worker.stage.stage_index)
         return verdict
 

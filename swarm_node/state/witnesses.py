@@ -82,7 +82,8 @@ class Witnesses:
         spread = self.partner_spread()
         meta = {"ok": True, "inner_step": sketch.inner_step, "outer_round": sketch.outer_round,
                 "round_steps": sketch.round_steps}
-        tensors = [sketch.rows()] + ([torch.tensor(spread, dtype=torch.float32)] if spread is not None else [])
+        tensors = [sketch.rows()] + ([torch.tensor(spread,
+                                                   dtype=torch.float32)] if spread is not None else [])
         return encode_frame(meta, tensors)
 
     def _allowed(self, remote: str) -> bool:
@@ -120,7 +121,8 @@ class Witnesses:
 
     async def _ask(self, peer: str, seed: int) -> Witness | None:
         num_tensors = len(self.worker.params)
-        request = encode_frame({"kind": "sketch", "spec": self.spec_hash, "seed": seed, "buckets": SKETCH_BUCKETS})
+        request = encode_frame({"kind": "sketch", "spec": self.spec_hash, "seed": seed,
+                                "buckets": SKETCH_BUCKETS})
         limit = 4 * (3 * num_tensors * SKETCH_BUCKETS + num_tensors) + (1 << 14)
         try:
             raw = await self._request(peer, request, limit)
@@ -147,5 +149,6 @@ class Witnesses:
 def own_sketch(worker: StageWorker, seed: int) -> StateSketch:
     """The worker's state sketched under ``seed``, on its device, without copying the stage."""
     return sketch_state(worker.params, worker.slow.phi, worker.slow.momentum, inner_step=worker.inner_step,
-                        outer_round=worker.outer_round, round_steps=worker.inner_step - worker.last_round_step,
+                        outer_round=worker.outer_round,
+                        round_steps=worker.inner_step - worker.last_round_step,
                         seed=seed)

@@ -32,7 +32,9 @@ class CheckpointState:
         optimizer = self.inner.moments_state_dict()
         for index, state in optimizer["state"].items():
             for name, value in state.items():
-                tensors[f"adam.{index}.{name}"] = value.clone() if torch.is_tensor(value) else torch.tensor(value)
+                tensors[f"adam.{index}.{name}"] = (
+                    value.clone() if torch.is_tensor(value) else torch.tensor(value)
+                )
         tensors["rng.torch"] = torch.get_rng_state()
         meta = {"stage": self.stage.stage_index, "vocab_size": self.model_config.vocab_size,
                 "param_names": [name for name, _ in self.stage.named_parameters()],
@@ -50,14 +52,19 @@ class CheckpointState:
             for i, p in enumerate(self.params):
                 theta = tensors[f"theta.{i}"]
                 if theta.shape != p.shape:
-                    raise ValueError(f"theta.{i} has shape {tuple(theta.shape)}, this stage needs {tuple(p.shape)}")
+                    raise ValueError(f"theta.{i} has shape {tuple(theta.shape)}, this stage needs "
+                                     f"{tuple(p.shape)}")
                 p.copy_(theta.to(p.device, p.dtype))
                 grad = tensors.get(f"grad.{i}")
                 p.grad = None if grad is None else grad.to(p.device, p.dtype).clone()
             if self.slow is not None:
                 n = len(self.params)
-                self.slow.load_state_dict({"phi": [tensors[f"phi.{i}"].to(self.device) for i in range(n)],
-                                           "momentum": [tensors[f"momentum.{i}"].to(self.device) for i in range(n)]})
+                self.slow.load_state_dict(
+                    {
+                        "phi": [tensors[f"phi.{i}"].to(self.device) for i in range(n)],
+                        "momentum": [tensors[f"momentum.{i}"].to(self.device) for i in range(n)],
+                    }
+                )
             if self.encoder is not None:
                 for kind, feedback in self.encoder.feedback.items():
                     if feedback is not None and f"feedback.{kind}.0" in tensors:
@@ -78,4 +85,6 @@ class CheckpointState:
             self.loss_ema = meta["loss_ema"]
             torch.set_rng_state(tensors["rng.torch"])
         except KeyError as exc:
-            raise ValueError(f"the checkpoint lacks {exc}: it was written for another stage or model") from None
+            raise ValueError(
+                f"the checkpoint lacks {exc}: it was written for another stage or model"
+            ) from None

@@ -67,8 +67,10 @@ def compile_stage(worker: StageWorker) -> float:
         raise CompileFailed(f"torch.compile of stage {worker.stage.stage_index} on {worker.device} failed "
                             f"({type(exc).__name__}: {first_line}); run without --compile") from exc
     seconds = worker.compile_s = time.perf_counter() - started
-    log.info("torch.compile: the %d block%s of stage %d compiled for %d x %d-token micro-batches in %.1f s", blocks,
-             "s" if blocks != 1 else "", worker.stage.stage_index, worker.spec.batch_size, worker.spec.seq_len,
+    log.info("torch.compile: the %d block%s of stage %d compiled for %d x %d-token micro-batches in %.1f s",
+             blocks,
+             "s" if blocks != 1 else "", worker.stage.stage_index, worker.spec.batch_size,
+             worker.spec.seq_len,
              seconds)
     return seconds
 

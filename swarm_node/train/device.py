@@ -133,7 +133,8 @@ def is_out_of_memory(exc: BaseException) -> bool:
 
 def explain_oom(exc: BaseException, *, model_size: str, stage: int, num_stages: int,
                 device: torch.device | str, vocab_size: int, batch_size: int, seq_len: int,
-                outer_state: bool = True, layers_per_stage: Sequence[int] | None = None) -> OutOfMemory | None:
+                outer_state: bool = True,
+                layers_per_stage: Sequence[int] | None = None) -> OutOfMemory | None:
     """The one-line OutOfMemory for ``exc`` when it is an out-of-memory failure of
     training stage ``stage``; None for any other exception (re-raise it)."""
     if not is_out_of_memory(exc):
@@ -174,13 +175,15 @@ def device_facts_or_name(device: torch.device | str) -> DeviceFacts:
 def explain_run_oom(exc: BaseException, spec: RunSpec, *, stage: int, vocab_size: int,
                     device: torch.device | str) -> OutOfMemory | None:
     """explain_oom for training ``stage`` of the run ``spec``."""
-    return explain_oom(exc, model_size=spec.model_size, stage=stage, num_stages=spec.num_stages, device=device,
+    return explain_oom(exc, model_size=spec.model_size, stage=stage, num_stages=spec.num_stages,
+                       device=device,
                        vocab_size=vocab_size, batch_size=spec.batch_size, seq_len=spec.seq_len,
                        outer_state=spec.method.has_outer_step, layers_per_stage=spec.layers_per_stage)
 
 
 @contextlib.contextmanager
-def oom_explained(spec: RunSpec, *, stage: int, vocab_size: int, device: torch.device | str) -> Iterator[None]:
+def oom_explained(spec: RunSpec, *, stage: int, vocab_size: int,
+                  device: torch.device | str) -> Iterator[None]:
     """Turn an out-of-memory failure inside the block into OutOfMemory (see
     explain_run_oom); every other exception passes unchanged. Works around an
     ``await`` too."""

@@ -89,7 +89,8 @@ def path_val_loss(stages: Sequence[PipelineStage], data: TokenWindows, *, batch_
 
 
 @torch.no_grad()
-def random_paths_val_loss(stage_workers: Sequence[Sequence[PipelineStage]], data: TokenWindows, *, batch_size: int,
+def random_paths_val_loss(stage_workers: Sequence[Sequence[PipelineStage]], data: TokenWindows, *,
+                          batch_size: int,
                           max_batches: int, paths_per_batch: int, seed: int,
                           device: torch.device | str = "cpu") -> float:
     """Mean validation loss over random paths: each batch goes through ``paths_per_batch``

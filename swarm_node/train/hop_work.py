@@ -72,8 +72,8 @@ def encode_forward(header: dict, host: HostCopy, targets: torch.Tensor, codec: C
     for t in tensors:
         if t.is_floating_point() and not finite(t):
             nan = int(torch.isnan(t).sum())
-            raise OwnOutputNotFinite(f"{nan} NaN and {int(torch.isinf(t).sum())} infinite values among {t.numel()} "
-                                     f"of our {t.dtype} activations")
+            raise OwnOutputNotFinite(f"{nan} NaN and {int(torch.isinf(t).sum())} infinite values among "
+                                     f"{t.numel()} of our {t.dtype} activations")
     if isinstance(codec, BoundaryCodec):
         return forward_frame(header, tensors, targets, codec)
     return encode_frame(header, [*tensors, targets.to(torch.int32)])

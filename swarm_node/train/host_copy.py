@@ -43,7 +43,8 @@ def to_host(tensors: Sequence[torch.Tensor]) -> HostCopy:
         stream = _copy_streams[device] = torch.cuda.Stream(device)
     stream.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(stream):
-        out = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True) for t in tensors]
+        out = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t,
+                                                                          non_blocking=True) for t in tensors]
         ready = torch.cuda.Event()
         ready.record(stream)
     for t in tensors:

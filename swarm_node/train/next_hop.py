@@ -63,15 +63,18 @@ class NextHop:
         next_stage = self.worker.stage.stage_index + 1
         clock = asyncio.get_running_loop().time  # time.monotonic, or a test's virtual clock
         deadline = clock() + timeout_s
-        payload = await self.wire(encode_forward, {"kind": "fwd", "spec": self.spec_hash, "deadline_s": timeout_s},
+        payload = await self.wire(encode_forward, {"kind": "fwd", "spec": self.spec_hash,
+                                                   "deadline_s": timeout_s},
                                   outgoing, targets, self.codec)
         tried: set[str] = set()
         attempts = 0
         while True:
             remaining = deadline - clock()
             if remaining <= 0 or attempts > self.config.hop_retries:
-                raise NotEnoughPeers(f"no stage-{next_stage} peer completed the micro-batch after {attempts} attempts")
-            # one unverified peer at most per micro-batch: a flood of forged records cannot use up its attempts
+                raise NotEnoughPeers(f"no stage-{next_stage} peer completed the micro-batch after "
+                                     f"{attempts} attempts")
+            # one unverified peer at most per micro-batch: a flood of forged records cannot use up
+            # its attempts
             probe = not any(not self.guard.is_verified(p) for p in tried)
             peer = self.chooser.choose(self._candidates(probe), exclude=tried, per_peer=FORWARD_PER_CALLER)
             if peer is None:  # none known, all tried, or all as busy with us as they take
@@ -97,7 +100,8 @@ class NextHop:
                 log.debug("stage-%d peer %s refused: %s", next_stage, short_id(peer), exc)
             except OutOfScale as exc:  # this micro-batch only: the peer is not at fault
                 tried.add(peer)
-                self.guard.note(peer, f"stage-{next_stage} peer {short_id(peer)}: {exc}; micro-batch sent elsewhere")
+                self.guard.note(peer, f"stage-{next_stage} peer {short_id(peer)}: {exc}; micro-batch sent "
+                                      f"elsewhere")
             except StreamClosed as exc:
                 tried.add(peer)
                 if self.guard.stream_closed(peer):  # twice in a row: it refuses us, or is unwell

@@ -71,7 +71,8 @@ NEXT_STAGE_POLL_S = 0.5
 FINISH_POLL_S = 1.0
 UPSTREAM_CHECK_S = 5.0  # a DHT read: how often a later stage given max_steps asks whether the run is over
 QUIET_AT_LIMIT_S = 3.0  # at max_steps, no micro-batch for this long: the stage before needs no more answers
-LIMIT_GRACE_S = 30.0  # at most this long answering past max_steps (a stage 0 with no limit never stops sending)
+# at most this long answering past max_steps (a stage 0 with no limit never stops sending)
+LIMIT_GRACE_S = 30.0
 SHARDS_BY_PEER_ID = 1024  # a node without --data-shard reads the shard its peer id hashes to
 
 
@@ -114,7 +115,8 @@ class Pipeline:
     async def serve(self, transport, authorize: Callable[[str], bool]) -> None:
         if not self.worker.is_first:
             await transport.serve(protocols.FORWARD, self.handle_forward,
-                                  ServeLimits(max_request_bytes=self.max_request_bytes, max_per_peer=FORWARD_PER_CALLER,
+                                  ServeLimits(max_request_bytes=self.max_request_bytes,
+                                              max_per_peer=FORWARD_PER_CALLER,
                                               max_concurrent=self.config.max_queue,
                                               handler_timeout_s=self.config.hop_timeout_s * 2),
                                   authorize=authorize)
@@ -128,8 +130,10 @@ class Pipeline:
         if self.config.data_shard is None and resumed is not None:
             shard_id, num_shards = resumed["shard"]
         else:
-            shard_id, num_shards = self.config.data_shard or (_shard_of(peer_id, SHARDS_BY_PEER_ID), SHARDS_BY_PEER_ID)
-        self.loader = data.open_loader(peer_id=peer_id, batch_size=self.spec.batch_size, shard=(shard_id, num_shards),
+            shard_id, num_shards = self.config.data_shard or (_shard_of(peer_id, SHARDS_BY_PEER_ID),
+                                                              SHARDS_BY_PEER_ID)
+        self.loader = data.open_loader(peer_id=peer_id, batch_size=self.spec.batch_size, shard=(shard_id,
+                                                                                                num_shards),
                                        resumed=resumed, claims=claims)
         return self.loader
 
@@ -166,7 +170,9 @@ class Pipeline:
         await finished()
 
     async def _free_slot(self) -> None:
-        accepts = self.config.max_in_flight if self.worker.is_last else len(self.next_peers()) * FORWARD_PER_CALLER
+        accepts = (
+            self.config.max_in_flight if self.worker.is_last else len(self.next_peers()) * FORWARD_PER_CALLER
+        )
         while self.in_flight >= self.window.size(accepts):
             self._slot_freed.clear()
             await self._slot_freed.wait()
@@ -202,7 +208,8 @@ class Pipeline:
         try:
             started = time.perf_counter()
             if self.worker.is_last:  # a single-stage run
-                (_, _, due), compute_s = await self.compute(timed, last_stage_step, self.worker, None, targets,
+                (_, _, due), compute_s = await self.compute(timed, last_stage_step, self.worker, None,
+                                                            targets,
                                                             None, inputs)
                 wait_s = 0.0
             else:
@@ -249,7 +256,8 @@ class Pipeline:
             if self.worker.inner_step >= limit:
                 if reached_at is None:
                     reached_at = now
-                    log.info("reached inner step %d; answering the stage before until it needs no more", limit)
+                    log.info("reached inner step %d; answering the stage before until it needs no more",
+                             limit)
                 if now - answered_at >= QUIET_AT_LIMIT_S or now - reached_at >= LIMIT_GRACE_S:
                     break
             elif answered and now - upstream_checked >= UPSTREAM_CHECK_S:
@@ -298,8 +306,12 @@ class Pipeline:
         self.stats.note_failure(f"micro-batch lost: {exc}")
         if not self._own_output_logged:
             self._own_output_logged = True
-            log.error("this node's own activations are not finite (%s): micro-batches are not sent; its weights may "
-                      "have diverged (a lower learning rate, or restarting it to take the stage's state, helps)", exc)
+            log.error(
+                "this node's own activations are not finite (%s): micro-batches are not sent; its weights "
+                "may have diverged (a lower learning rate, or restarting it to take the stage's state, "
+                "helps)",
+                exc,
+            )
 
     def _note_loss(self, loss: float) -> None:
         self.loss_seen = loss if self.loss_seen is None else 0.95 * self.loss_seen + 0.05 * loss

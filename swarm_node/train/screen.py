@@ -5,14 +5,13 @@ bookkeeping; the caller decides what a rejection costs the sender.
 What this defends against: activations or gradients wildly out of scale (exploding
 activations, a broken GPU, a crude attacker) arriving among values of the usual scale.
 The reference is the median of every value offered, refused ones included: honest
-training moves the scale (a tiny model's stage-0 activations grew 100x in its first 50
-steps, and in a real 2 x 2 run single micro-batches came 100-200x above the median of
-the moment), and a reference fed only accepted values went stale and refused an
-honest peer's every micro-batch for good. A sustained shift is followed once it fills
-half the window; a sender that wants its values accepted must make up half of what we
-see, and what it gets through is then bounded by the stage's norms and gradient
-clipping. Partners' outer updates are held to a scale fed only our own Deltas, and
-clipped (gossip/partner_check.py)."""
+training moves the scale (early in training by orders of magnitude, and single honest
+micro-batches come far above the median of the moment), and a reference fed only
+accepted values goes stale and refuses an honest peer's every micro-batch for good. A
+sustained shift is followed once it fills half the window; a sender that wants its
+values accepted must make up half of what we see, and what it gets through is then
+bounded by the stage's norms and gradient clipping. Partners' outer updates are held
+to a scale fed only our own Deltas, and clipped (gossip/partner_check.py)."""
 
 from __future__ import annotations
 

@@ -65,7 +65,8 @@ class Pullback(torch.autograd.Function):
     @staticmethod
     def forward(ctx, out: torch.Tensor, grad_output: torch.Tensor) -> torch.Tensor:
         if out.shape != grad_output.shape:
-            raise ValueError(f"a gradient of shape {tuple(grad_output.shape)} for an output of {tuple(out.shape)}")
+            raise ValueError(f"a gradient of shape {tuple(grad_output.shape)} for an output of "
+                             f"{tuple(out.shape)}")
         ctx.save_for_backward(grad_output)
         return out.new_zeros(())
 
@@ -89,7 +90,8 @@ class StageWorker(CheckpointState):
                                                 layers_per_stage=spec.layers_per_stage, device=self.device)
         self.params = list(self.stage.parameters())
         self.inner = InnerOptimizer(self.params, spec.inner)  # fused AdamW on CUDA (optim/inner.py)
-        self.compile_s: float | None = None  # --compile: seconds its blocks took to compile (train/compiled.py)
+        # --compile: seconds its blocks took to compile (train/compiled.py)
+        self.compile_s: float | None = None
         self.slow = SlowWeights(self.params, spec.method.outer) if spec.method.has_outer_step else None
         self.codec = outer_codec(spec.outer_codec)
         self.encoder = OuterEncoder(self.codec) if self.slow else None
@@ -188,7 +190,8 @@ class StageWorker(CheckpointState):
         if self.pending_microbatches > 1:
             grads = [p.grad for p in self.params if p.grad is not None]
             if grads:
-                torch._foreach_div_(grads, self.pending_microbatches)  # one launch on CUDA, not one per tensor
+                # one launch on CUDA, not one per tensor
+                torch._foreach_div_(grads, self.pending_microbatches)
         self.inner.step()
         self.last_step_at = time.monotonic()
         self.pending_samples = 0
@@ -219,7 +222,10 @@ class StageWorker(CheckpointState):
     def can_round_early(self) -> bool:
         """Past half of this round: joining a partner's round now keeps the pair in
         phase, instead of both waiting out deadlines at alternating boundaries."""
-        return self.slow is not None and self.inner_step - self.last_round_step >= self.spec.method.inner_steps // 2
+        return (
+            self.slow is not None
+            and self.inner_step - self.last_round_step >= self.spec.method.inner_steps // 2
+        )
 
     def force_round(self) -> None:
         self.round_forced = True
@@ -304,15 +310,14 @@ class StageWorker(CheckpointState):
     @torch.no_grad()
     def snapshot(self) -> dict:
         """theta, phi and momentum that belong together, then the inner optimizer's
-        moments (InnerOptimizer.moment_tensors): a last-stage copy with fresh moments made
-        Deltas 1.7-2.5x its donor's for the six rounds measured, whatever its lr ramp (4x
-        its partners' in 2 x 2 runs with joiners, refused as poisoned).
+        moments (InnerOptimizer.moment_tensors): a copy with fresh moments makes Deltas
+        several times its partners', which they refuse as poisoned.
 
         During an overlapped round theta goes on from our local outer step while phi is
-        still the last round's: a joiner that took that pair sent partners a first Delta
-        4-7x theirs (seen in 2 x 2 runs with joiners), was refused as poisoned, trained
-        alone, drifted off, and was in turn refused as a donor. So then the snapshot is the state the round's local-only
-        close would leave (the progress since it opened kept), the round counted as done."""
+        still the last round's, a pair whose Delta partners would refuse; so then the
+        snapshot is the state the round's local-only close would leave (the progress
+        since it opened kept), the round counted as done (docs/ARCHITECTURE.md, "Why it
+        is this way")."""
         theta = [p.detach().float().cpu().clone() for p in self.params]
         phi = [t.cpu().clone() for t in self.slow.phi] if self.slow else []
         momentum = [t.cpu().clone() for t in self.slow.momentum] if self.slow else []

@@ -19,12 +19,11 @@ from swarm_node.wire.frames import WIRE_PRECISIONS, checked_floats
 ACTIVATION_CODECS = ("fp32", "fp16", "bf16", "int8")
 
 # fp16 goes with a power-of-two scale per tensor that puts its largest magnitude in
-# [2**14, 2**15). Plain fp16 ends at 65504: a stage-0 output of finite, ordinary weights
-# grew past it on a few tokens (the next stage's RMSNorm ignores its scale; 66,000 at
-# step 2,445 of a swarm run of 3 stage-0 peers, loss 2.5), became infinite on the wire,
-# and every peer of the next stage refused every peer of ours. The gradient coming back
-# shrinks as the activation grows and sank into fp16's subnormals (below 6.1e-5) the
-# same way. A power of two is exact both ways, so the scale costs no precision, only 4
+# [2**14, 2**15). Plain fp16 ends at 65504, and a stage-0 output of finite, ordinary
+# weights can grow past it on a few tokens (the next stage's RMSNorm ignores its scale):
+# infinite on the wire, it would be refused by every peer of the next stage. The
+# gradient coming back shrinks as the activation grows, into fp16's subnormals (below
+# 6.1e-5), the same way. A power of two is exact both ways, so the scale costs no precision, only 4
 # bytes.
 FP16_TOP_EXPONENT = 15
 MAX_FP16_SHIFT = 126  # 2.0**126 and 2.0**-126 are normal float32s

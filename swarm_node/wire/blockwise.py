@@ -147,11 +147,13 @@ def _pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
     per_group, group_bytes = _group(bits)
     if per_group == 1:
         return codes
-    lanes = torch.nn.functional.pad(codes, (0, -codes.numel() % per_group)).view(-1, per_group).to(torch.int32)
+    lanes = torch.nn.functional.pad(codes, (0, -codes.numel() % per_group)).view(-1,
+                                                                                 per_group).to(torch.int32)
     word = torch.zeros(lanes.shape[0], dtype=torch.int32, device=codes.device)
     for lane in range(per_group):
         word |= lanes[:, lane] << (bits * lane)
-    return torch.stack([(word >> (8 * b)) & 0xFF for b in range(group_bytes)], dim=1).to(torch.uint8).flatten()
+    return torch.stack([(word >> (8 * b)) & 0xFF for b in range(group_bytes)],
+                       dim=1).to(torch.uint8).flatten()
 
 
 def _unpack(packed: torch.Tensor, bits: int, numel: int) -> torch.Tensor:
@@ -226,7 +228,8 @@ class ErrorFeedback:
         self.residual: list[torch.Tensor] | None = None
         self._pending: list[torch.Tensor] | None = None
 
-    def compress(self, tensors: Sequence[torch.Tensor], gaps: Sequence[torch.Tensor] | None = None) -> list[Quantized]:
+    def compress(self, tensors: Sequence[torch.Tensor],
+                 gaps: Sequence[torch.Tensor] | None = None) -> list[Quantized]:
         """Coded on their own, or (``gaps``) for a receiver holding tensors that close."""
         wanted = [t.float() + r for t, r in zip(tensors, self.residual)] if self.residual else \
             [t.float() for t in tensors]

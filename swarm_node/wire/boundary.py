@@ -90,9 +90,11 @@ def boundary_codec(name: str, *, hidden_size: int, ratio: float, vocab_size: int
         if max(codec.request_bytes(batch, seq), codec.answer_bytes(batch, seq)) <= budget:
             return codec
         width -= 1
-    raise ConfigError(f"activation_ratio {ratio:g} leaves {budget / batch / seq:.2f} bytes a token at hidden size "
-                      f"{hidden_size}: too few for the token ids ({id_bits(vocab_size)} bits) and one value; "
-                      "choose a lower ratio")
+    raise ConfigError(
+        f"activation_ratio {ratio:g} leaves {budget / batch / seq:.2f} bytes a token at hidden size "
+        f"{hidden_size}: too few for the token ids ({id_bits(vocab_size)} bits) and one value; "
+        "choose a lower ratio"
+    )
 
 
 # -- token ids ----------------------------------------------------------------------------
@@ -161,7 +163,8 @@ def window_ids(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 def check_forward_request(header: dict, tensors: list[torch.Tensor], codec: BoundaryCodec, *, spec_hash: str,
                           max_batch: int, max_seq: int,
-                          default_deadline_s: float) -> tuple[float, torch.Tensor, torch.Tensor, torch.Tensor]:
+                          default_deadline_s: float) -> tuple[float, torch.Tensor, torch.Tensor,
+                                                              torch.Tensor]:
     """``/swarm-node/forward`` with a coded boundary: (deadline in s, the code as fp32,
     input ids, target ids), both id tensors (batch, seq) int64; else ProtocolError."""
     if header.get("kind") != "fwd" or header.get("spec") != spec_hash:

@@ -34,7 +34,8 @@ DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
 # Precisions a user picks for tensors sent between peers (activations, gradients,
 # phi and Delta); names as on the command line.
-WIRE_PRECISIONS: dict[str, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+WIRE_PRECISIONS: dict[str, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16,
+                                           "bf16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -149,5 +150,7 @@ def finite(t: torch.Tensor) -> bool:
 def checked_floats(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     """``t`` itself if it is a floating tensor of ``shape``, else ProtocolError."""
     if tuple(t.shape) != tuple(shape) or not t.is_floating_point():
-        raise ProtocolError(f"tensor of shape {tuple(t.shape)} and dtype {t.dtype} where {tuple(shape)} floats belong")
+        raise ProtocolError(
+            f"tensor of shape {tuple(t.shape)} and dtype {t.dtype} where {tuple(shape)} floats belong"
+        )
     return t

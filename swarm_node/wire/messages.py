@@ -42,7 +42,8 @@ def check_forward_request(header: dict, tensors: list[torch.Tensor], *, spec_has
         raise ProtocolError("forward request needs activations and targets")
     targets = tensors[-1]
     batch, seq = targets.shape if targets.dim() == 2 else (-1, -1)
-    if not 0 < batch <= max_batch or not 0 < seq <= max_seq or targets.dtype not in (torch.int32, torch.int64):
+    if not 0 < batch <= max_batch or not 0 < seq <= max_seq or targets.dtype not in (torch.int32,
+                                                                                     torch.int64):
         raise ProtocolError(f"targets of shape {tuple(targets.shape)} do not fit this stage")
     try:
         hidden = decode_activations(tensors[:-1], (batch, seq, hidden_size), codec)
@@ -186,7 +187,9 @@ def check_outer_header(header: dict, spec_hash: str, part: str | None = None) ->
     if header.get("kind") != "outer" or header.get("spec") != spec_hash:
         raise ProtocolError("not an outer exchange of this run")
     if outer_part(header) != part:
-        raise ProtocolError(f"expected the outer payload's {part or 'whole'}, got {header.get('part') or 'whole'}")
+        raise ProtocolError(
+            f"expected the outer payload's {part or 'whole'}, got {header.get('part') or 'whole'}"
+        )
 
 
 MAX_STEP = 10**12

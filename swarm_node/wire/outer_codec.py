@@ -116,7 +116,8 @@ class OuterEncoder:
             if feedback is not None:
                 feedback.commit()
 
-    def observe(self, own_phi: Sequence[torch.Tensor], partners_phi: Sequence[Sequence[torch.Tensor]]) -> None:
+    def observe(self, own_phi: Sequence[torch.Tensor],
+                partners_phi: Sequence[Sequence[torch.Tensor]]) -> None:
         """The distance to this round's partners, as decoded and checked: the grid of our
         next payloads leaves room for twice the distance we expect (``expected_gaps``)."""
         if not self.codec.phi_near or not partners_phi:

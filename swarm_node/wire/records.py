@@ -60,10 +60,13 @@ class PeerRecord:
             raise ProtocolError("registry record is not a map")
         try:
             record = cls(
-                stage=_int(raw["stage"], 0, 1024), spec_hash=_str(raw["spec_hash"]), version=_str(raw["version"]),
+                stage=_int(raw["stage"], 0, 1024), spec_hash=_str(raw["spec_hash"]),
+                version=_str(raw["version"]),
                 state=_str(raw.get("state", "training")), throughput=_float(raw.get("throughput", 0.0)),
-                queue=_int(raw.get("queue", 0), 0, 10**6), inner_step=_int(raw.get("inner_step", 0), 0, 10**12),
-                outer_round=_int(raw.get("outer_round", 0), 0, 10**12), seeking=_bool(raw.get("seeking", False)),
+                queue=_int(raw.get("queue", 0), 0, 10**6), inner_step=_int(raw.get("inner_step", 0), 0,
+                                                                           10**12),
+                outer_round=_int(raw.get("outer_round", 0), 0, 10**12), seeking=_bool(raw.get("seeking",
+                                                                                              False)),
                 round_step=_int(raw.get("round_step", 0), 0, 10**12),
                 loss=None if raw.get("loss") is None else _float(raw["loss"]),
                 tokens=_int(raw.get("tokens", 0), 0, 10**18), lost=_int(raw.get("lost", 0), 0, 10**12),

@@ -29,13 +29,15 @@ def data():
 
 def _weights(vocab: int) -> dict[int, dict[int, dict]]:
     config = model_config("tiny", vocab_size=vocab, max_seq_len=SPEC.seq_len)
-    return {s: {r: build_stage(config, num_stages=2, stage_index=s, seed=r + 1).state_dict() for r in range(2)}
+    return {s: {r: build_stage(config, num_stages=2, stage_index=s,
+                               seed=r + 1).state_dict() for r in range(2)}
             for s in range(2)}
 
 
 def _run(data, device: str) -> dict:
     weights = _weights(data.vocab_size)
-    evaluation = FinalEvaluation(SPEC, data, device=device, batch_size=64, max_batches=4, threads=4, progress=False,
+    evaluation = FinalEvaluation(SPEC, data, device=device, batch_size=64, max_batches=4, threads=4,
+                                 progress=False,
                                  stop=threading.Event())
     return evaluation.run(weights, plan_paths(2, 2, weights, {}))
 

@@ -101,7 +101,8 @@ def test_a_run_too_big_for_the_card_ends_with_one_line_and_is_not_evaluated(tmp_
 
 def test_sigterm_while_the_swarm_trains_on_the_card_stops_everything_within_10_s(tmp_path):
     run_dir = tmp_path / "run"
-    swarm = subprocess.Popen(_local("--model", "small", "--stages", "2", "--replicas", "2", "--seq-len", "512",
+    swarm = subprocess.Popen(_local("--model", "small", "--stages", "2", "--replicas", "2", "--seq-len",
+                                    "512",
                                     "--steps", "100000", "--inner-steps", "10", "--run-dir", str(run_dir)),
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env())
     try:

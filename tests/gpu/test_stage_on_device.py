@@ -24,7 +24,8 @@ VOCAB = 256
 
 
 def _spec(size: str = "tiny", stages: int = 2, batch: int = 4, seq_len: int = 128, **overrides) -> RunSpec:
-    return RunSpec(model_size=size, num_stages=stages, batch_size=batch, seq_len=seq_len, samples_per_step=batch,
+    return RunSpec(model_size=size, num_stages=stages, batch_size=batch, seq_len=seq_len,
+                   samples_per_step=batch,
                    inner=InnerHyper(lr=3e-3, warmup_steps=1, total_steps=100), **overrides)
 
 
@@ -96,7 +97,8 @@ def test_the_chunked_loss_on_the_card_equals_the_plain_one():
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = head_loss(hidden, head, targets, max_logits)
         loss.backward()
-        results.append((loss.detach(), hidden.grad.clone(), head.weight.grad.clone(), torch.cuda.max_memory_allocated()))
+        results.append((loss.detach(), hidden.grad.clone(), head.weight.grad.clone(),
+                        torch.cuda.max_memory_allocated()))
     (loss_a, gh_a, gw_a, peak_a), (loss_b, gh_b, gw_b, peak_b) = results
     torch.testing.assert_close(loss_b, loss_a, rtol=1e-3, atol=1e-3)
     torch.testing.assert_close(gh_b, gh_a, rtol=2e-2, atol=1e-5)
@@ -130,7 +132,8 @@ def test_a_compiled_stage_computes_what_the_eager_one_does():
 
 def test_an_outer_round_on_the_card_matches_the_cpus():
     spec = _spec(outer_codec="fp32")  # the update rule's numbers, not the codec's roundings
-    workers = {device: [StageWorker(spec, 1, VOCAB, device=device) for _ in range(2)] for device in (CUDA, "cpu")}
+    workers = {device: [StageWorker(spec, 1, VOCAB, device=device) for _ in range(2)] for device in (CUDA,
+                                                                                                     "cpu")}
     for device, pair in workers.items():
         for i, worker in enumerate(pair):
             with torch.no_grad():

@@ -19,7 +19,8 @@ CHUNK = 16 << 10
 def prepared_host(tmp_path_factory):
     """The bundled corpus prepared in a folder of its own: (folder, manifest, its hash)."""
     out = tmp_path_factory.mktemp("host")
-    manifest, digest = prepare(PrepareConfig(source="corpus", out_dir=out, shard_tokens=100_000, chunk_bytes=CHUNK,
+    manifest, digest = prepare(PrepareConfig(source="corpus", out_dir=out, shard_tokens=100_000,
+                                             chunk_bytes=CHUNK,
                                              progress=False, sources=("http://127.0.0.1:1/none",)))
     return out, manifest, digest
 
@@ -78,7 +79,8 @@ async def answering_status(remote, request) -> bytes:
 def fetcher(tmp_path, digest, net, *, peers=(), initial=("QmBoot",), faults=None, budget=None,
             **options) -> DataFetcher:
     cache = ShardCache(tmp_path / "cache", digest, budget_bytes=budget)
-    return DataFetcher(cache, net, peers=lambda: list(peers), initial=list(initial), progress=False, **options,
+    return DataFetcher(cache, net, peers=lambda: list(peers), initial=list(initial), progress=False,
+                       **options,
                        on_fault=lambda peer, why: (faults if faults is not None else []).append((peer, why)))
 
 

@@ -57,7 +57,8 @@ class FakeDHT:
 
 def signed_entries(values: dict, ttl_s: float = 15.0) -> dict[str, Signed]:
     """Entries as the DHT returns them: values stored just now, unless given as Signed."""
-    return {peer: v if isinstance(v, Signed) else Signed(v, time.time() + ttl_s) for peer, v in values.items()}
+    return {peer: v if isinstance(v, Signed) else Signed(v, time.time() + ttl_s) for peer,
+            v in values.items()}
 
 
 async def inline(fn, *args, **kwargs):
@@ -74,7 +75,8 @@ def partner_payload(spec: RunSpec, phi: list, delta: list, round_no: int = 0) ->
     """A partner's payload as it answers our fetches: whole (None), or the part a
     fetch names (a pair's node fetches Delta, then phi)."""
     header = {"kind": "outer", "spec": spec.spec_hash(), "round": round_no, "ok": True}
-    return {None: encode_frame(header, [*phi, *delta]), "delta": encode_frame({**header, "part": "delta"}, delta),
+    return {None: encode_frame(header, [*phi, *delta]), "delta": encode_frame({**header, "part": "delta"},
+                                                                              delta),
             "phi": encode_frame({**header, "part": "phi"}, phi)}
 
 
@@ -117,7 +119,8 @@ class StageParts:
         return Pipeline(spec=self.spec, config=self.config, worker=self.worker, gate=self.gate,
                         next_peers=self.membership.next_stage_peers, stopping=self.stopping, **self.common())
 
-    def exchange(self, own_id: str = "QmSelf", overlapped: bool = True, both_at_once: bool = True) -> OuterExchange:
+    def exchange(self, own_id: str = "QmSelf", overlapped: bool = True,
+                 both_at_once: bool = True) -> OuterExchange:
         """A fresh one per event loop: its events belong to the loop that first waits on them."""
         exchange = None
 
@@ -126,7 +129,8 @@ class StageParts:
 
         exchange = OuterExchange(
             spec_hash=self.spec.spec_hash(), method=self.spec.method.name,
-            times=ExchangeTimes(self.config.round_timeout_s, self.config.exchange_timeout_s, overlapped=overlapped,
+            times=ExchangeTimes(self.config.round_timeout_s, self.config.exchange_timeout_s,
+                                overlapped=overlapped,
                                 both_at_once=both_at_once),
             state=self.worker,
             gate=self.gate, candidates=self.membership.partner_candidates,

@@ -20,9 +20,9 @@ from __future__ import annotations
 import functools
 import random
 import sys
-from unittest import mock
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -73,7 +73,9 @@ def _colluders(count: int, play: str, first: str) -> list[tuple[str, str, float 
     witnesses playing ``play``."""
     ways = {"vouch": ("poisoned", None), "widen": ("far", HUGE), "disown": ("disowning", None),
             "narrow": ("narrowing", NONE)}
-    plays = [play] * count if play != "mixed" else [first if i % 2 == 0 else _other(first) for i in range(count)]
+    plays = (
+        [play] * count if play != "mixed" else [first if i % 2 == 0 else _other(first) for i in range(count)]
+    )
     return [(f"QmL{i + 1}", *ways[p]) for i, p in enumerate(plays)]
 
 
@@ -91,7 +93,8 @@ def _run(peers: dict[str, tuple[str, int, float | None]], busy: tuple[str, ...],
             numel = len(parts[p].worker.params)
             stage.witnesses[p].partner_spread = lambda s=spread, n=numel: [s] * n
     node = joiner(stage, parts, prefer=donor, rng=random.Random(0))
-    with mock.patch("secrets.randbelow", random.Random(0).randrange):  # the sketch seeds, drawn alike each run
+    # the sketch seeds, drawn alike each run
+    with mock.patch("secrets.randbelow", random.Random(0).randrange):
         vclock.run(node.sync.download())
     return node
 
@@ -113,7 +116,8 @@ def honest_banned(size: int, colluders: int, busy: int, play: str) -> bool:
     """A stage of ``size``: an honest donor QmH0, ``colluders`` colluding witnesses, the
     rest honest, ``busy`` of the honest witnesses kept busy. Whether the joiner bans an
     honest peer."""
-    peers = {name: (kind, int(name[3:]), spread) for name, kind, spread in _colluders(colluders, play, "disown")}
+    peers = {name: (kind, int(name[3:]), spread) for name, kind, spread in _colluders(colluders, play,
+                                                                                      "disown")}
     honest = [f"QmH{i}" for i in range(size - colluders)]
     peers.update({h: ("honest", i, None) for i, h in enumerate(honest)})
     node = _run(peers, tuple(honest[1:1 + busy]), "QmH0")
@@ -165,8 +169,11 @@ def markdown(rows: list[Row]) -> str:
              "honest witnesses kept busy | an honest donor banned: colluding witnesses | the same, honest "
              "witnesses kept busy | busy witnesses that hold up an honest donor's state |",
              "|---|---|---|---|---|---|"]
-    lines += [f"| {r.size} | {cell(r.poison)} | {cell(r.poison_busy)} | {cell(r.frame)} | {cell(r.frame_busy)} "
-              f"| {cell(r.hold_up)} |" for r in rows]
+    lines += [
+        f"| {r.size} | {cell(r.poison)} | {cell(r.poison_busy)} | {cell(r.frame)} | {cell(r.frame_busy)} "
+        f"| {cell(r.hold_up)} |"
+        for r in rows
+    ]
     return "\n".join(lines)
 
 

@@ -15,7 +15,8 @@ from swarm_node.train.worker import StageWorker
 from swarm_node.wire.frames import encode_frame
 from swarm_node.wire.state_codec import StateDecoder, encoded_snapshot
 
-SPEC = RunSpec(run_id="checked", model_size="debug", num_stages=2, seq_len=16, batch_size=4, samples_per_step=4)
+SPEC = RunSpec(run_id="checked", model_size="debug", num_stages=2, seq_len=16, batch_size=4,
+               samples_per_step=4)
 STEP, ROUND = 500, 25
 
 
@@ -43,7 +44,8 @@ def as_sent(worker: StageWorker) -> list[torch.Tensor]:
 class Stage:
     """Peers of stage 1 answering status, state and sketch requests in process."""
 
-    def __init__(self, peers: dict[str, StageParts], *, silent: tuple[str, ...] = (), busy: tuple[str, ...] = ()):
+    def __init__(self, peers: dict[str, StageParts], *, silent: tuple[str, ...] = (), busy: tuple[str,
+                                                                                                  ...] = ()):
         self.syncs = {p: parts.state_sync() for p, parts in peers.items()}
         self.witnesses = {p: parts.witnesses() for p, parts in peers.items()}
         self.silent = silent  # exist, serve state, but never answer a sketch request

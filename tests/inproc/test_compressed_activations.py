@@ -27,7 +27,8 @@ def one_hop(codec: str, scale: float = 1.0) -> tuple[torch.Tensor, float, int, t
     """(gradient stage 0 received, loss, bytes both ways, the gradient stage 1 computed in
     fp32), for stage 0's output times ``scale``."""
     spec = dataclasses.replace(SPEC, activation_codec=codec)
-    first, second = StageParts(spec, StageWorker(spec, 0, VOCAB)), StageParts(spec, StageWorker(spec, 1, VOCAB))
+    first, second = StageParts(spec, StageWorker(spec, 0, VOCAB)), StageParts(spec, StageWorker(spec, 1,
+                                                                                                VOCAB))
     downstream, sent = second.pipeline(), []
 
     class Link:
@@ -40,12 +41,14 @@ def one_hop(codec: str, scale: float = 1.0) -> tuple[torch.Tensor, float, int, t
     first.transport = Link()
     first.membership.peers = {1: {"QmSecond": record(1, spec)}}
     g = torch.Generator().manual_seed(0)
-    tokens, targets = torch.randint(0, VOCAB, (4, 16), generator=g), torch.randint(0, VOCAB, (4, 16), generator=g)
+    tokens, targets = torch.randint(0, VOCAB, (4, 16), generator=g), torch.randint(0, VOCAB, (4, 16),
+                                                                                   generator=g)
     hidden = first.worker.forward(tokens) * scale
     grad, loss = asyncio.run(first.pipeline().next_hop.send(*outgoing(hidden, spec.activation_codec), targets,
                                                              timeout_s=30.0))
     exact = hidden.clone().requires_grad_(True)
-    StageWorker(spec, 1, VOCAB).stage(exact, targets).backward()  # the same weights: built from the run's seed
+    # the same weights: built from the run's seed
+    StageWorker(spec, 1, VOCAB).stage(exact, targets).backward()
     return grad, loss, sum(sent), exact.grad
 
 
@@ -89,9 +92,11 @@ def test_activations_far_out_of_the_recent_scale_are_refused_without_blaming_the
     targets = torch.randint(0, VOCAB, (4, 16), generator=g)
 
     def hop(scale: float) -> dict:
-        payload = forward_request({"kind": "fwd", "spec": SPEC.spec_hash(), "deadline_s": 30.0}, hidden * scale,
+        payload = forward_request({"kind": "fwd", "spec": SPEC.spec_hash(), "deadline_s": 30.0},
+                                  hidden * scale,
                                   targets, SPEC.activation_codec)
-        return decode_frame(asyncio.run(downstream.handle_forward("QmFirst", payload)), downstream.frame_limits)[0]
+        return decode_frame(asyncio.run(downstream.handle_forward("QmFirst", payload)),
+                            downstream.frame_limits)[0]
 
     assert all(hop(1.0)["ok"] for _ in range(8))
     jumped = [hop(300.0) for _ in range(12)]

@@ -38,7 +38,8 @@ def test_a_liar_is_refused_once_and_the_shard_still_verifies(tmp_path, host_fold
     folder, manifest, digest = host_folder
     net = FakeNet()
     honest = serving(folder, digest)
-    net.handlers |= {"QmBoot": honest.handle, "QmLiar": liar(honest), "QmPeer": serving(folder, digest).handle}
+    net.handlers |= {"QmBoot": honest.handle, "QmLiar": liar(honest), "QmPeer": serving(folder,
+                                                                                        digest).handle}
     faults = []
     f = fetcher(tmp_path, digest, net, peers=["QmLiar", "QmPeer"], faults=faults)
 
@@ -52,7 +53,10 @@ def test_a_liar_is_refused_once_and_the_shard_still_verifies(tmp_path, host_fold
     for entry in manifest.train[:3]:
         assert (tmp_path / "cache" / entry.name).read_bytes() == (folder / entry.name).read_bytes()
     assert f.stats.refused == {"QmLiar"} and faults and all(p == "QmLiar" for p, _ in faults)
-    assert len([r for r in caplog.records if "QmLiar"[-6:] in r.getMessage() and "refusing" in r.getMessage()]) == 1
+    assert (
+        len([r for r in caplog.records if "QmLiar"[-6:] in r.getMessage() and "refusing" in r.getMessage()])
+        == 1
+    )
     liar_chunks = [h for p, h in net.calls if p == "QmLiar" and h["what"] == "chunk"]
     assert len(liar_chunks) <= 4  # asked again after it lied: never
     # peers before the bootstrap: the honest peer served the shards
@@ -225,7 +229,9 @@ def test_mirrors_are_tried_after_peers_and_a_lying_mirror_is_refused(tmp_path, h
     object.__setattr__(f.cache.manifest, "sources", (bad_url, good_url))
     net.handlers.clear()  # no peer holds anything now: the mirrors are all there is
     asyncio.run(f.fetch(manifest.train[2]))
-    assert (f.cache.root / manifest.train[2].name).read_bytes() == (folder / manifest.train[2].name).read_bytes()
+    assert (f.cache.root / manifest.train[2].name).read_bytes() == (
+        folder / manifest.train[2].name
+    ).read_bytes()
     assert f.stats.refused == {bad_url} and f.stats.by_source[good_url] > 0
 
 
@@ -248,7 +254,8 @@ def test_two_stage_0_nodes_that_join_together_train_disjoint_shards(tmp_path, ho
     async def run():
         for peer, data in nodes.items():
             assert await data.open(net, asyncio.to_thread) == manifest.vocab_size
-            data.open_loader(peer_id=peer, batch_size=8, shard=(0, 1), resumed=None, claims=lambda: dict(claims))
+            data.open_loader(peer_id=peer, batch_size=8, shard=(0, 1), resumed=None,
+                             claims=lambda: dict(claims))
         assert [d.claimed_slot() for d in nodes.values()] == [0, 0]  # neither saw the other's claim yet
         claims.update({peer: data.claimed_slot() for peer, data in nodes.items()})  # the next registry read
         for data in nodes.values():
@@ -307,7 +314,8 @@ def test_a_checkpoint_s_data_position_gives_the_loader_its_slot_or_shard_back(tm
     assert Pipeline.data_position(SimpleNamespace(loader=loader)) == saved
 
 
-def test_nobody_serving_the_manifest_ends_in_one_line_that_says_what_to_do(tmp_path, host_folder, monkeypatch):
+def test_nobody_serving_the_manifest_ends_in_one_line_that_says_what_to_do(tmp_path, host_folder,
+                                                                           monkeypatch):
     from swarm_node.data import fetch as fetch_module
     from swarm_node.errors import DataError
 
@@ -319,7 +327,8 @@ def test_nobody_serving_the_manifest_ends_in_one_line_that_says_what_to_do(tmp_p
 
 @given(header=st.dictionaries(st.sampled_from(["kind", "manifest", "what", "name", "chunk", "extra"]),
                               st.one_of(st.none(), st.integers(-2**62, 2**62), st.text(max_size=70),
-                                        st.sampled_from(["data", "chunk", "have", "manifest", "shard-00000.tok",
+                                        st.sampled_from(["data", "chunk", "have", "manifest",
+                                                         "shard-00000.tok",
                                                          "digest"]),
                                         st.lists(st.integers(-2**62, 2**62), max_size=3)), max_size=6))
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -160,7 +160,8 @@ def many_files(tmp_path_factory):
         name = f"shard-{i:05d}.tok"
         (folder / name).write_bytes(data)
         entries.append(file_entry(name, data, 4096, tokens=len(tokens)))
-    manifest = Manifest(vocab_size=256, dtype="u16", chunk_bytes=4096, tokenizer=None, train=tuple(entries[:-1]),
+    manifest = Manifest(vocab_size=256, dtype="u16", chunk_bytes=4096, tokenizer=None,
+                        train=tuple(entries[:-1]),
                         val=(entries[-1],))
     (folder / MANIFEST_FILE).write_bytes(manifest.to_bytes())
     return folder, manifest, manifest.sha256()
@@ -249,7 +250,9 @@ def test_one_damaged_file_of_the_host_costs_that_file_only(tmp_path, host_folder
         vclock.run(run())
     assert f.cache.has(manifest.train[0]) and "QmBoot" not in f.stats.refused
     assert bad.name not in host.cache().whole_files()
-    assert len([r for r in caplog.records if "differs from the manifest: not serving it" in r.getMessage()]) == 1
+    assert (
+        len([r for r in caplog.records if "differs from the manifest: not serving it" in r.getMessage()]) == 1
+    )
 
     # a host that sends wrong bytes of one file
     lying = liar(serving(folder, digest))
@@ -324,7 +327,8 @@ def test_the_hosts_data_service_counts_bad_requests_and_serves_verified_peers_fi
     cache.load_manifest()
     spec = RunSpec(seq_len=64, batch_size=8, data=DataSpec(kind="manifest", manifest_sha256=digest, slots=2))
     budget = BudgetConfig(rate_bytes_s=1024, unverified_rate_bytes_s=1024, unverified_total_bytes_s=1024,
-                          burst_s=60)  # 60 KiB a bucket, refilled at 1 KiB/s: the test's seconds refill little
+                          # 60 KiB a bucket, refilled at 1 KiB/s: the test's seconds refill little
+                          burst_s=60)
     server, guard = data_service(cache, spec, lambda peer: peer == "QmVerified", budget)
 
     def ask(peer: str, request: bytes) -> dict:

@@ -66,7 +66,8 @@ class _LongRanges(_Recording):
 def _server(handler, directory: Path, **attrs):
     seen: list[str] = []
     cls = type("Handler", (handler,), {"seen": seen, **attrs})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(cls, directory=str(directory)))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(cls,
+                                                                                 directory=str(directory)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, f"http://127.0.0.1:{server.server_address[1]}", seen
 
@@ -117,7 +118,8 @@ def test_a_mirror_at_a_private_address_is_read_only_when_allowed(tmp_path, host_
         f = _with_mirror(tmp_path, host_folder, f"{url}/{folder.name}")
         assert not _fetch(f, manifest.train[2], 3.0)
         assert seen == [] and f.stats.refused == {f"{url}/{folder.name}"}
-        allowed = _with_mirror(tmp_path / "allowed", host_folder, f"{url}/{folder.name}", private_mirrors=True)
+        allowed = _with_mirror(tmp_path / "allowed", host_folder, f"{url}/{folder.name}",
+                               private_mirrors=True)
         assert _fetch(allowed, manifest.train[2], 10.0)  # a 206 longer than the chunk: read no further
         assert allowed.stats.refused == set()
     finally:

@@ -17,8 +17,10 @@ from swarm_node.spec import RunSpec
 from swarm_node.train.worker import StageWorker
 from swarm_node.wire.frames import decode_frame
 
-SPEC = RunSpec(run_id="delta-ahead", outer_codec="fp16", model_size="debug", num_stages=2, seq_len=16, batch_size=4,
-               samples_per_step=4, data=DataSpec(kind="synthetic"), method=default_method("noloco", inner_steps=50),
+SPEC = RunSpec(run_id="delta-ahead", outer_codec="fp16", model_size="debug", num_stages=2, seq_len=16,
+               batch_size=4,
+               samples_per_step=4, data=DataSpec(kind="synthetic"), method=default_method("noloco",
+                                                                                          inner_steps=50),
                inner=InnerHyper(lr=3e-3, warmup_steps=1, total_steps=100))
 
 
@@ -117,7 +119,8 @@ def test_only_the_reserved_partners_delta_moves_our_steps_and_a_poisoned_one_ban
 def test_a_phi_without_its_delta_is_a_fault_and_pairs_nobody():
     stage, exchange = at_boundary()
     phi, delta = payload_of(trained_worker(1), torch.float16)
-    answers, _, pair = vclock.run(send_parts(exchange, "QmSkipper", [partner_payload(SPEC, phi, delta)["phi"]]))
+    answers, _, pair = vclock.run(send_parts(exchange, "QmSkipper", [partner_payload(SPEC, phi,
+                                                                                     delta)["phi"]]))
     assert answers[0]["error"] == "protocol" and pair is None
     assert stage.guard.faults("QmSkipper") == 1
 

@@ -52,7 +52,8 @@ def test_joiner_reads_the_spec_its_initial_peer_signed_and_ignores_forgeries():
             assert await publish_spec(boot, SPEC)
             # The forger signs its own entry under the bootstrap's key: valid in the DHT, not trusted.
             forged = dataclasses.replace(SPEC, seq_len=32)
-            await forger.store_signed(spec_key(boot.peer_id), {"run_id": "alpha", "spec": forged.canonical_json(),
+            await forger.store_signed(spec_key(boot.peer_id), {"run_id": "alpha",
+                                                               "spec": forged.canonical_json(),
                                                                "spec_hash": forged.spec_hash(),
                                                                "min_version": "0.1.0"}, ttl_s=60)
             # ...and cannot overwrite the bootstrap's own entry.
@@ -99,8 +100,9 @@ def test_unreachable_node_falls_back_to_client_mode_with_relays(monkeypatch, cap
         def __init__(self, **kwargs):
             calls.append(kwargs)
             if not kwargs["client_mode"]:
-                raise RuntimeError("Peer QmBoot can't access this node. Probably, libp2p has failed to bypass "
-                                   "the firewall")
+                raise RuntimeError(
+                    "Peer QmBoot can't access this node. Probably, libp2p has failed to bypass the firewall"
+                )
 
     monkeypatch.setattr(dht_module, "DHT", FakeDHT)
     with caplog.at_level(logging.WARNING):
@@ -198,7 +200,8 @@ from swarm_node.net.dht import SwarmDHT
 
 
 def caught_and_ignored(pid):
-    fields = dict(line.split(":", 1) for line in open(f"/proc/{pid}/status").read().splitlines() if ":" in line)
+    lines = open(f"/proc/{pid}/status").read().splitlines()
+    fields = dict(line.split(":", 1) for line in lines if ":" in line)
     return int(fields["SigCgt"], 16), int(fields["SigIgn"], 16)
 
 

@@ -28,9 +28,11 @@ LIMIT = 2
 
 def forward_request() -> bytes:
     g = torch.Generator().manual_seed(0)
-    tokens, targets = torch.randint(0, VOCAB, (4, 16), generator=g), torch.randint(0, VOCAB, (4, 16), generator=g)
+    tokens, targets = torch.randint(0, VOCAB, (4, 16), generator=g), torch.randint(0, VOCAB, (4, 16),
+                                                                                   generator=g)
     hidden = StageWorker(SPEC, 0, VOCAB).forward(tokens)
-    return encode_forward({"kind": "fwd", "spec": SPEC.spec_hash(), "deadline_s": 30.0}, hidden, targets, "fp16")
+    return encode_forward({"kind": "fwd", "spec": SPEC.spec_hash(), "deadline_s": 30.0}, hidden, targets,
+                          "fp16")
 
 
 def later_stage() -> tuple[StageParts, object]:

@@ -17,7 +17,8 @@ from swarm_node.train.worker import StageWorker
 from swarm_node.wire.activations import encode_activations
 from swarm_node.wire.frames import encode_frame
 
-SPEC = RunSpec(run_id="forged", model_size="debug", num_stages=2, seq_len=16, batch_size=4, samples_per_step=4)
+SPEC = RunSpec(run_id="forged", model_size="debug", num_stages=2, seq_len=16, batch_size=4,
+               samples_per_step=4)
 HIDDEN = torch.zeros(4, 16, 64)
 HONEST = ("QmHonestA", "QmHonestB")
 FORGED = tuple(f"QmForged{i:02d}" for i in range(30))

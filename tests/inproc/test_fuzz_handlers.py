@@ -399,7 +399,8 @@ def donor():
 def test_a_donors_state_is_checked_or_refused(donor, data):
     if data is None:
         header, tensors = donor
-        raw = encode_frame({k: v for k, v in header.items() if k != "v"}, [t.to(torch.bfloat16) for t in tensors])
+        raw = encode_frame({k: v for k, v in header.items() if k != "v"},
+                           [t.to(torch.bfloat16) for t in tensors])
     else:
         raw = data.draw(frames(*donor))
     joiner = StageParts(SPEC, StageWorker(SPEC, 1, 16), transport=Scripted(raw))

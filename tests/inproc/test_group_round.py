@@ -86,7 +86,8 @@ async def run_group_on_links(n: int, exchange_s: float, own_ids: bool = True):
             on_link[peer] -= 1
 
     async def one(name):
-        return await nodes[name].run_round(0, f"payload-of-{name}", members=lambda: [p for p in names if p != name],
+        return await nodes[name].run_round(0, f"payload-of-{name}",
+                                           members=lambda: [p for p in names if p != name],
                                            send=lambda peer, payload, t: send_from(name, peer, payload, t))
 
     return dict(zip(names, await asyncio.gather(*(one(name) for name in names)))), exchanges, calls
@@ -99,7 +100,11 @@ def test_a_group_round_on_shared_links_gathers_everyone_each_pair_exchanging_onc
     one calls: every payload crosses each link once."""
     results, exchanges, calls = vclock.run(run_group_on_links(4, exchange_s=1.0))
     assert all(set(gathered) == {p for p in results if p != name} for name, gathered in results.items())
-    assert sorted(exchanges) == sorted(calls) == [(a, b) for a in sorted(results) for b in sorted(results) if a < b]
+    assert (
+        sorted(exchanges)
+        == sorted(calls)
+        == [(a, b) for a in sorted(results) for b in sorted(results) if a < b]
+    )
     # without the tie-break both ends of each pair call at once: twice the exchanges share
     # each link, and calls time out and go again
     _, _, both_calling = vclock.run(run_group_on_links(4, exchange_s=1.0, own_ids=False))
@@ -122,7 +127,8 @@ def test_a_higher_member_calls_a_lower_one_whose_call_never_comes():
     """The lower id calls; a lower member that does not (it counts only some members, or
     is late) is called by the higher one after a call's time, within the round."""
     async def scenario():
-        high = group_round(round_timeout_s=5.0, request_timeout_s=1.0, own_id="peerB", backoff_s=(0.001, 0.01))
+        high = group_round(round_timeout_s=5.0, request_timeout_s=1.0, own_id="peerB", backoff_s=(0.001,
+                                                                                                  0.01))
         calls = []
 
         async def send(peer, payload, timeout):

@@ -59,7 +59,8 @@ def junk_value(rng: random.Random, depth: int = 0):
              lambda: rng.randbytes(rng.randint(0, 20))]
     if depth < 2:
         kinds += [lambda: [junk_value(rng, depth + 1) for _ in range(rng.randint(0, 3))],
-                  lambda: {rng.choice(["kind", "spec", "chunk", "snapshot", "round", "ok", "deadline_s", "v"]):
+                  lambda: {rng.choice(["kind", "spec", "chunk", "snapshot", "round", "ok", "deadline_s",
+                                       "v"]):
                            junk_value(rng, depth + 1) for _ in range(rng.randint(0, 4))}]
     return rng.choice(kinds)()
 
@@ -136,7 +137,8 @@ def test_forward_handler_survives_10k_hostile_frames(stage, caplog):
     with caplog.at_level(logging.DEBUG, logger="swarm_node"):
         assert fuzz(pipeline.handle_forward, forward_request(), seed=1) == FRAMES
     lines = [r for r in caplog.records if r.levelno >= logging.INFO]
-    per_offender = Counter(next((f"QmFuzz{i}"[-6:] for i in range(7) if f"QmFuzz{i}"[-6:] in r.getMessage()), "")
+    per_offender = Counter(next((f"QmFuzz{i}"[-6:] for i in range(7) if f"QmFuzz{i}"[-6:] in r.getMessage()),
+                                "")
                            for r in lines)
     assert per_offender[""] == 0 and max(per_offender.values()) == 1 and len(lines) == 7, per_offender
     assert rss_bytes() - before < 200 << 20
@@ -159,7 +161,8 @@ def test_outer_handler_survives_10k_hostile_frames(stage):
     before = rss_bytes()
     assert fuzz(lambda remote, frame: exchange_as_partner(exchange, remote, frame), base, seed=2) == FRAMES
     assert rss_bytes() - before < 200 << 20
-    answer, _ = decode_frame(asyncio.run(exchange_as_partner(stage.exchange(), "QmGood", encode_frame(*base))))
+    answer, _ = decode_frame(asyncio.run(exchange_as_partner(stage.exchange(), "QmGood",
+                                                             encode_frame(*base))))
     assert answer["ok"], answer
 
 
@@ -176,7 +179,8 @@ def test_pair_handler_survives_10k_hostile_frames(stage):
     base = ({"kind": "propose", "spec": SPEC.spec_hash(), "round": 0}, [])
     assert fuzz(stage.exchange().handle_propose, base, seed=4) == FRAMES
     answer, _ = decode_frame(asyncio.run(stage.exchange().handle_propose("QmGood", encode_frame(*base))))
-    assert answer == {"v": 1, "ok": False, "error": "not-ready"}  # well-formed; this node is not at a boundary
+    # well-formed; this node is not at a boundary
+    assert answer == {"v": 1, "ok": False, "error": "not-ready"}
 
 
 def test_fetch_handler_survives_10k_hostile_frames_and_gives_our_payload_only_to_our_partner(stage):

@@ -23,10 +23,10 @@ from swarm_node.errors import PeerError, PeerRefused, ProtocolError
 from swarm_node.net import lane_auth, lanes, protocols
 from swarm_node.net.dht import SwarmDHT
 from swarm_node.net.lanes import LANE_HELLO, Lane, LanePool, Offer, Tickets
-
-ACCEPTED, REFUSED = b"\x01", b"\x00"
 from swarm_node.net.serving import caller_address
 from swarm_node.net.transport import ServeLimits, Transport
+
+ACCEPTED, REFUSED = b"\x01", b"\x00"
 
 BULK = protocols.FORWARD  # any bulk protocol: the transport does not look inside
 BULK_PACED = protocols.OUTER
@@ -55,8 +55,10 @@ async def two_peers(*, server_lanes: bool = True, client_lanes: bool = True, tls
         return handler
 
     for protocol, paced in ((BULK, False), (BULK_PACED, True), (CONTROL, False)):
-        await serving.serve(protocol, recorder(protocol), ServeLimits(max_request_bytes=64 << 20, max_per_peer=2,
-                                                                      paced_request=paced, paced_response=paced),
+        await serving.serve(protocol, recorder(protocol), ServeLimits(max_request_bytes=64 << 20,
+                                                                      max_per_peer=2,
+                                                                      paced_request=paced,
+                                                                      paced_response=paced),
                             with_address=True)
     lane_port = None
     if server_lanes:
@@ -98,9 +100,11 @@ def test_bulk_requests_share_one_lane_with_libp2p_answers_and_control_stays_on_l
             big = os.urandom(24 << 20)
             answers = [await calling.request(server.peer_id, BULK, f"hello {i}".encode(), timeout_s=30,
                                              max_response_bytes=1 << 20) for i in range(5)]
-            paced = await calling.request(server.peer_id, BULK_PACED, big, timeout_s=60, max_response_bytes=32 << 20,
+            paced = await calling.request(server.peer_id, BULK_PACED, big, timeout_s=60,
+                                          max_response_bytes=32 << 20,
                                           paced_request=True, paced_response=True)
-            status = await calling.request(server.peer_id, CONTROL, b"status?", timeout_s=30, max_response_bytes=1024)
+            status = await calling.request(server.peer_id, CONTROL, b"status?", timeout_s=30,
+                                           max_response_bytes=1024)
             return (answers, paced == big[::-1], status, seen, calling.lanes.lanes_opened,
                     serving._lane_server.requests, faults, client.peer_id)
         finally:
@@ -129,7 +133,8 @@ def test_concurrent_requests_open_several_lanes_and_caps_hold_on_lanes():
                 await asyncio.wait([c for c in calls if not c.done()], return_when=asyncio.FIRST_COMPLETED)
             HELD.set()
             results = await asyncio.gather(*calls, return_exceptions=True)
-            again = await calling.request(server.peer_id, BULK, b"again", timeout_s=30, max_response_bytes=1024)
+            again = await calling.request(server.peer_id, BULK, b"again", timeout_s=30,
+                                          max_response_bytes=1024)
             return results, again, calling.lanes.lanes_opened
         finally:
             await close(server, client, transports=(serving, calling))
@@ -144,12 +149,14 @@ def test_concurrent_requests_open_several_lanes_and_caps_hold_on_lanes():
 @pytest.mark.parametrize("case", ["server without lanes", "certificate not the offer's"])
 def test_no_usable_lane_means_libp2p_with_the_same_answers(case, monkeypatch, caplog):
     async def scenario():
-        server, client, serving, calling, seen, faults, _ = await two_peers(server_lanes=case != "server without "
-                                                                                                "lanes")
+        server, client, serving, calling, seen, faults, _ = await two_peers(
+            server_lanes=case != "server without lanes"
+        )
         if case == "certificate not the offer's":  # a man in the middle: another key answers the dial
             serving._lane_server.identity.cert_sha256 = bytes(32)
         try:
-            answers = [await calling.request(server.peer_id, BULK, b"abc", timeout_s=30, max_response_bytes=1024)
+            answers = [await calling.request(server.peer_id, BULK, b"abc", timeout_s=30,
+                                             max_response_bytes=1024)
                        for _ in range(3)]
             over_lanes = serving._lane_server.requests if serving._lane_server else 0
             return answers, calling.lanes.lanes_opened, over_lanes, calling.lanes.direct_to(server.peer_id)
@@ -203,8 +210,11 @@ def test_an_offer_parses_or_is_a_protocol_error(raw):
         offer = Offer.from_wire(raw, "10.0.0.1", now=100.0)
     except ProtocolError:
         return
-    assert 0 < offer.port < 65536 and len(offer.ticket) == lanes.TICKET_BYTES and offer.expires_at <= 100.0 + \
-        lanes.TICKET_TTL_S
+    assert (
+        0 < offer.port < 65536
+        and len(offer.ticket) == lanes.TICKET_BYTES
+        and offer.expires_at <= 100.0 + lanes.TICKET_TTL_S
+    )
 
 
 @given(st.integers(0, 70000), st.binary(min_size=0, max_size=40), st.binary(min_size=0, max_size=40),
@@ -214,7 +224,8 @@ def test_a_well_formed_offer_round_trips_and_a_bent_one_is_refused(port, cert, t
 
     raw = msgpack.packb({"port": port, "cert": cert, "ticket": ticket, "ttl": ttl})
     valid = (0 < port < 65536 and len(cert) == 32 and len(ticket) == lanes.TICKET_BYTES
-             and isinstance(ttl, int | float) and not isinstance(ttl, bool) and ttl == ttl)  # NaN is no lifetime
+             # NaN is no lifetime
+             and isinstance(ttl, int | float) and not isinstance(ttl, bool) and ttl == ttl)
     if valid:
         offer = Offer.from_wire(raw, "10.0.0.1", now=0.0)
         assert (offer.port, offer.cert_sha256, offer.ticket) == (port, cert, ticket)

@@ -14,7 +14,8 @@ from swarm_node.train.worker import StageWorker
 from swarm_node.wire.frames import encode_frame
 
 # fp16 payloads: the partner's floats are what these tests shape (codecs: tests/unit/test_outer_codec.py)
-SPEC = RunSpec(run_id="rounds", outer_codec="fp16", model_size="debug", num_stages=2, seq_len=16, batch_size=4, samples_per_step=4,
+SPEC = RunSpec(run_id="rounds", outer_codec="fp16", model_size="debug", num_stages=2, seq_len=16,
+               batch_size=4, samples_per_step=4,
                data=DataSpec(kind="synthetic"), method=default_method("noloco", inner_steps=2),
                inner=InnerHyper(lr=1e-3, warmup_steps=1, total_steps=100))
 
@@ -38,7 +39,8 @@ def test_the_record_says_seeking_while_the_round_is_open():
         await exchange.announce()
 
     vclock.run(round_then_heartbeat())  # the 0.5 s round deadline passes in virtual time
-    assert stage.announced[0] is True, stage.announced  # announced as the round opened, not at the next heartbeat
+    # announced as the round opened, not at the next heartbeat
+    assert stage.announced[0] is True, stage.announced
     assert stage.announced[-1] is False  # and withdrawn after it
     assert proposals and set(proposals) == {"QmOther"}
     assert stage.stats.local_only_rounds == 1 and stage.worker.outer_round == 1

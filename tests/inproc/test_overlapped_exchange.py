@@ -21,7 +21,8 @@ from swarm_node.spec import RunSpec
 from swarm_node.train.worker import StageWorker
 from swarm_node.wire.frames import decode_frame
 
-SPEC = RunSpec(run_id="overlap", model_size="debug", num_stages=2, seq_len=16, batch_size=4, samples_per_step=4,
+SPEC = RunSpec(run_id="overlap", model_size="debug", num_stages=2, seq_len=16, batch_size=4,
+               samples_per_step=4,
                data=DataSpec(kind="synthetic"), method=default_method("noloco", inner_steps=2),
                inner=InnerHyper(lr=1e-3, warmup_steps=1, total_steps=100))
 LINK_S = 3.0  # each payload spends this long on the wire (virtual time)
@@ -35,7 +36,8 @@ class Link:
     def __init__(self, bytes_per_s: float, lose_a_phi_answer: bool = False):
         self.exchanges, self.bytes = {}, collections.Counter()
         self.bytes_per_s = bytes_per_s
-        self.lose_a_phi_answer = lose_a_phi_answer  # the first phi's verdict is lost to a reset, once delivered
+        # the first phi's verdict is lost to a reset, once delivered
+        self.lose_a_phi_answer = lose_a_phi_answer
         self.answers_lost = 0
 
     def transport(self, own_id: str):
@@ -48,7 +50,8 @@ class Link:
                     if protocol == protocols.OUTER:
                         await asyncio.sleep(len(payload) / link.bytes_per_s)
                     other = link.exchanges[peer]
-                    handler = {protocols.PAIR: other.handle_propose, protocols.OUTER: other.payloads.handle_outer,
+                    handler = {protocols.PAIR: other.handle_propose,
+                               protocols.OUTER: other.payloads.handle_outer,
                                protocols.OUTER_FETCH: other.payloads.handle_fetch}[protocol]
                     answer = await handler(own_id, payload)
                     if (protocol == protocols.OUTER and link.lose_a_phi_answer
@@ -79,12 +82,14 @@ class Round:
     stages: list[StageParts]
     sent: collections.Counter  # bytes by protocol, both ways
     steps_open: list[bool]  # whether the gate let steps through while the payload was on the wire
-    delta_landed: list[bool]  # whether the partner's Delta had moved the steps three quarters into the exchange
+    # whether the partner's Delta had moved the steps three quarters into the exchange
+    delta_landed: list[bool]
     outcomes: list  # each node's RoundOutcome
     answers_lost: int = 0  # verdicts the link lost after delivering the request
 
 
-def one_round(codec: str, blocking: bool = False, both_at_once: bool = True, lose_a_phi_answer: bool = False) -> Round:
+def one_round(codec: str, blocking: bool = False, both_at_once: bool = True,
+              lose_a_phi_answer: bool = False) -> Round:
     spec = dataclasses.replace(SPEC, outer_codec=codec)
     ids = ["QmAaa", "QmBbb"]
     stages = [StageParts(spec, trained(i, spec), config=NodeConfig(round_timeout_s=30.0))
@@ -109,7 +114,9 @@ def one_round(codec: str, blocking: bool = False, both_at_once: bool = True, los
         await asyncio.sleep(LINK_S / 2)
         steps_open.extend(stage.gate.idle.is_set() for stage in stages)
         await asyncio.sleep(LINK_S / 4)
-        delta_landed.extend(stage.worker.open is not None and stage.worker.open.delta_landed for stage in stages)
+        delta_landed.extend(
+            stage.worker.open is not None and stage.worker.open.delta_landed for stage in stages
+        )
         outcomes.extend(await asyncio.gather(*rounds))
 
     vclock.run(both())
@@ -170,8 +177,15 @@ def test_both_payloads_move_at_once():
     # the caller waits for both, one after the other (the callee has the caller's sooner)
     assert max(o.exchange_s for o in one_by_one.outcomes) >= 2 * LINK_S, one_by_one.outcomes
     for stage, outcome in zip(at_once.stages, at_once.outcomes):
-        parts = outcome.prepare_s + (outcome.partner_at - outcome.started_at) + outcome.exchange_s + outcome.close_s
-        assert parts == pytest.approx(outcome.seconds) and stage.stats.round_s == pytest.approx(outcome.seconds)
+        parts = (
+            outcome.prepare_s
+            + (outcome.partner_at - outcome.started_at)
+            + outcome.exchange_s
+            + outcome.close_s
+        )
+        assert parts == pytest.approx(outcome.seconds) and stage.stats.round_s == pytest.approx(
+            outcome.seconds
+        )
 
 
 def test_an_overlapped_round_lets_the_steps_go_on_and_a_blocking_one_holds_them():

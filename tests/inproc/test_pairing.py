@@ -27,7 +27,8 @@ class FakeNetwork:
         self.payload_s = payload_s
         self.proposals = 0
         self.payloads = 0
-        self.nodes = {name: PairingCoordinator(round_timeout_s=round_timeout_s, request_timeout_s=0.3 + 2 * payload_s,
+        self.nodes = {name: PairingCoordinator(round_timeout_s=round_timeout_s,
+                                               request_timeout_s=0.3 + 2 * payload_s,
                                                propose_timeout_s=0.1, own_id=name if tie_break else "",
                                                backoff_s=(0.001, 0.01), rng=random.Random(self.rng.random()))
                       for name in self.names}
@@ -273,7 +274,8 @@ def test_a_round_opened_early_for_a_proposer_starts_reserved_for_it():
             return "theirs"
 
         node.hold_for("puller")
-        task = asyncio.create_task(node.run_round(0, "mine", candidates=lambda: [("elsewhere", 0)], propose=propose,
+        task = asyncio.create_task(node.run_round(0, "mine", candidates=lambda: [("elsewhere", 0)],
+                                                  propose=propose,
                                                   send=None, expect_request=True))
         await node.seeking.wait()
         node.on_propose("puller")  # its proposal, answered once the round is open: yes
@@ -318,13 +320,15 @@ def test_a_peer_that_says_when_it_accepts_is_asked_then_first_and_believed_a_few
             raise Refused("not-ready", ready_in_s=1.0 if peer == "later" else None)
 
         candidates = [("later", 0), ("other", 0)]
-        return await node.run_round(0, "mine", candidates=lambda: candidates, propose=propose, send=None), asked
+        return await node.run_round(0, "mine", candidates=lambda: candidates, propose=propose,
+                                    send=None), asked
 
     result, asked = vclock.run(scenario())
     assert result is None
     later = [at for peer, at in asked if peer == "later"]
     assert len(later) == 1 + ETA_CLAIMS  # then no more this round
-    assert all(1.0 - 1e-9 <= b - a <= 1.0 + 0.05 for a, b in zip(later, later[1:]))  # when it said (a back-off's length late)
+    # when it said (a back-off's length late)
+    assert all(1.0 - 1e-9 <= b - a <= 1.0 + 0.05 for a, b in zip(later, later[1:]))
     assert all(peer == "other" for peer, at in asked if later[0] < at < later[1])
 
 
@@ -335,7 +339,8 @@ def test_an_eta_wait_still_accepts_proposals():
         async def propose(peer, timeout):
             raise Refused("not-ready", ready_in_s=8.0)
 
-        task = asyncio.create_task(node.run_round(0, "mine", candidates=lambda: [("later", 0)], propose=propose,
+        task = asyncio.create_task(node.run_round(0, "mine", candidates=lambda: [("later", 0)],
+                                                  propose=propose,
                                                   send=None))
         await asyncio.sleep(1.0)
         assert node.state.value == "seeking"

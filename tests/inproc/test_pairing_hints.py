@@ -65,7 +65,8 @@ def test_a_refusal_names_the_proposers_refused_lately_but_not_the_asker():
 def test_hinted_peers_of_our_verified_view_are_tried_first_and_others_ignored():
     async def scenario():
         answer = refusal("busy", ["QmSeeker", "QmStranger", "QmUnverified", "QmSelf"])
-        parts = parts_with_view(answer, {"QmRefuser": True, "QmSeeker": True, "QmOther": True, "QmUnverified": False})
+        parts = parts_with_view(answer, {"QmRefuser": True, "QmSeeker": True, "QmOther": True,
+                                         "QmUnverified": False})
         exchange = parts.exchange(own_id="QmSelf")
         with pytest.raises(Refused):
             await exchange._send_proposal("QmRefuser", 1.0)
@@ -95,7 +96,8 @@ def test_a_hinted_peer_is_tried_once():
     assert run(scenario())["QmSeeker"] < HINTED
 
 
-@pytest.mark.parametrize("seekers", [["x" * 65], "QmOne", [1, 2], ["Qm/../etc"], [""], ["a", "b", "c", "d"], {"a": 1}])
+@pytest.mark.parametrize("seekers", [["x" * 65], "QmOne", [1, 2], ["Qm/../etc"], [""], ["a", "b", "c", "d"],
+                                     {"a": 1}])
 def test_a_malformed_hint_is_a_protocol_error_counted_against_the_refuser(seekers):
     async def scenario():
         answer = encode_frame({"ok": False, "error": "busy", "seekers": seekers})

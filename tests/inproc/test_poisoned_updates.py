@@ -18,7 +18,8 @@ from swarm_node.train.worker import StageWorker
 from swarm_node.wire.frames import decode_frame, encode_frame
 
 # fp16 payloads: the partner's floats are what these tests shape (codecs: tests/unit/test_outer_codec.py)
-SPEC = RunSpec(run_id="poison", outer_codec="fp16", model_size="debug", num_stages=2, seq_len=16, batch_size=4, samples_per_step=4,
+SPEC = RunSpec(run_id="poison", outer_codec="fp16", model_size="debug", num_stages=2, seq_len=16,
+               batch_size=4, samples_per_step=4,
                data=DataSpec(kind="synthetic"), method=default_method("noloco", inner_steps=50),
                inner=InnerHyper(lr=3e-3, warmup_steps=1, total_steps=100))
 
@@ -55,9 +56,11 @@ def test_scaled_up_or_nan_updates_are_rejected_and_the_sender_banned():
     async def scenario():
         answers = {}
         answers["honest"] = await exchange_as_partner(exchange, "QmHonest", request(phi, delta))
-        answers["x1000"] = await exchange_as_partner(exchange, "QmScaled", request(phi, [d * 1000 for d in delta]))
-        answers["nan"] = await exchange_as_partner(exchange, "QmNan", request(phi, [torch.full_like(d, float("nan"))
-                                                                          for d in delta]))
+        answers["x1000"] = await exchange_as_partner(exchange, "QmScaled", request(phi,
+                                                                                   [d * 1000 for d in delta]))
+        answers["nan"] = await exchange_as_partner(
+            exchange, "QmNan", request(phi, [torch.full_like(d, float("nan")) for d in delta])
+        )
         answers["honest again"] = await exchange_as_partner(exchange, "QmHonest", request(phi, delta))
         proposal = encode_frame({"kind": "propose", "spec": SPEC.spec_hash(), "round": 1})
         answers["scaled proposes"] = await exchange.handle_propose("QmScaled", proposal)
@@ -69,7 +72,9 @@ def test_scaled_up_or_nan_updates_are_rejected_and_the_sender_banned():
     assert stage.guard.is_banned("QmScaled") and stage.guard.is_banned("QmNan")
     assert answers["honest"]["ok"] and answers["honest again"]["ok"]
     # a banned sender's proposals are refused too; an honest one is only told we are mid-round
-    assert answers["scaled proposes"]["error"] == "busy" and answers["honest proposes"]["error"] == "not-ready"
+    assert (
+        answers["scaled proposes"]["error"] == "busy" and answers["honest proposes"]["error"] == "not-ready"
+    )
     assert not stage.guard.is_banned("QmHonest")
 
 
@@ -130,7 +135,9 @@ def test_what_a_partner_out_of_scale_costs_depends_on_its_round():
     big = [d * 10 for d in delta]  # a Delta far out of our scale
 
     def at_round(round_no, phi, delta):
-        return encode_frame({"kind": "outer", "spec": SPEC.spec_hash(), "round": round_no, "ok": True}, [*phi, *delta])
+        return encode_frame(
+            {"kind": "outer", "spec": SPEC.spec_hash(), "round": round_no, "ok": True}, [*phi, *delta]
+        )
 
     cases = {"QmBigNext": (1, phi, big), "QmBigPoison": (0, phi, big), "QmFarSame": (0, far, delta),
              "QmFarNext": (1, far, delta), "QmFarAhead": (5, far, delta)}
@@ -138,7 +145,8 @@ def test_what_a_partner_out_of_scale_costs_depends_on_its_round():
     async def scenario():
         answers, behind = {}, {}
         for peer, (round_no, p, d) in cases.items():
-            answers[peer] = decode_frame(await exchange_as_partner(exchange, peer, at_round(round_no, p, d)))[0]
+            answers[peer] = decode_frame(await exchange_as_partner(exchange, peer, at_round(round_no, p,
+                                                                                            d)))[0]
             behind[peer] = exchange.behind
         return answers, behind
 

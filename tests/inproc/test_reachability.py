@@ -32,7 +32,8 @@ def _free_port() -> int:
 def test_a_peer_dials_the_joiner_back_and_finds_a_closed_port_closed():
     async def scenario():
         server = await SwarmDHT.start(host_maddrs=["/ip4/127.0.0.1/tcp/0"])
-        joiner = await SwarmDHT.start(initial_peers=server.visible_maddrs()[:1], host_maddrs=["/ip4/0.0.0.0/tcp/0"])
+        joiner = await SwarmDHT.start(initial_peers=server.visible_maddrs()[:1],
+                                      host_maddrs=["/ip4/0.0.0.0/tcp/0"])
         try:
             await serve_dialback(Transport(await server.replicate_p2p()))
             transport = Transport(await joiner.replicate_p2p())
@@ -64,7 +65,9 @@ def test_the_server_dials_only_where_the_connection_came_from():
                              ANSWER_LIMITS)
     assert dialled == ["/ip4/198.51.100.7/tcp/31338", "/ip4/198.51.100.7/tcp/4001"]
     assert answer["ok"] and answer["observed"] == "/ip4/198.51.100.7"
-    relayed = Multiaddr("/ip4/203.0.113.1/tcp/4001/p2p/QmThsSHm777ukMCEAP4cKZztG2bkbTbocai2dzyWhmbKEH/p2p-circuit")
+    relayed = Multiaddr(
+        "/ip4/203.0.113.1/tcp/4001/p2p/QmThsSHm777ukMCEAP4cKZztG2bkbTbocai2dzyWhmbKEH/p2p-circuit"
+    )
     answer, _ = decode_frame(run(handle("QmCaller", request, relayed)), ANSWER_LIMITS)
     assert not answer["ok"] and len(dialled) == 2  # nothing dialled through a relay
 
@@ -146,5 +149,6 @@ def test_addresses_for_others_put_public_first_and_container_names_last():
     assert ordered_for_others(maddrs) == [f"/ip4/8.8.4.4/tcp/1{peer}", f"/dns4/boot.example.org/tcp/1{peer}",
                                           f"/ip4/10.1.2.3/tcp/1{peer}", f"/ip4/127.0.0.1/tcp/1{peer}",
                                           f"/dns4/bootstrap/tcp/1{peer}"]
-    assert tcp_ports(["/ip4/127.0.0.1/tcp/5/p2p/Qm", "/ip4/10.0.0.2/tcp/6/p2p/Qm", "/ip4/0.0.0.0/tcp/7"]) == [6]
+    assert tcp_ports(["/ip4/127.0.0.1/tcp/5/p2p/Qm", "/ip4/10.0.0.2/tcp/6/p2p/Qm",
+                      "/ip4/0.0.0.0/tcp/7"]) == [6]
 

@@ -25,7 +25,8 @@ from swarm_node.optim import InnerHyper, default_method
 from swarm_node.spec import RunSpec
 from swarm_node.train.worker import StageWorker
 
-SPEC = RunSpec(run_id="counts", model_size="debug", num_stages=2, seq_len=16, batch_size=4, samples_per_step=4,
+SPEC = RunSpec(run_id="counts", model_size="debug", num_stages=2, seq_len=16, batch_size=4,
+               samples_per_step=4,
                data=DataSpec(kind="synthetic"), method=default_method("noloco", inner_steps=50),
                inner=InnerHyper(lr=1e-3, warmup_steps=1, total_steps=100))
 
@@ -46,7 +47,8 @@ def test_the_transport_counts_what_its_caps_turn_away_by_reason():
         p2p = transport.p2p
         stranger = await stream_to(p2p, "/held", framed(b"hi"), caller="QmStranger")
         oversize = await stream_to(p2p, "/held", (17).to_bytes(8, "big"), caller="QmBig")
-        stalled = await stream_to(p2p, "/held", b"", caller="QmSilent", end=False)  # sends nothing, never ends
+        # sends nothing, never ends
+        stalled = await stream_to(p2p, "/held", b"", caller="QmSilent", end=False)
         holder = asyncio.create_task(stream_to(p2p, "/held", framed(b"hi"), caller="QmHolder"))
         await entered.wait()
         busy = await stream_to(p2p, "/held", framed(b"hi"), caller="QmLate")
@@ -57,7 +59,8 @@ def test_the_transport_counts_what_its_caps_turn_away_by_reason():
     counts, faults, (stranger, oversize, stalled, busy, answer) = asyncio.run(scenario())
     assert stranger == oversize == stalled == b"" and busy == framed(b"") and answer == framed(b"done")
     assert counts == {**dict.fromkeys(REASONS, 0), "not-admitted": 1, "oversize": 1, "stalled": 1, "busy": 1}
-    assert faults == ["QmBig", "QmSilent"]  # refused for what they did; the stranger and the late caller are not
+    # refused for what they did; the stranger and the late caller are not
+    assert faults == ["QmBig", "QmSilent"]
 
 
 class NodeDHT:
@@ -102,8 +105,13 @@ def test_a_nodes_refusals_show_under_their_reason_in_its_status_json_and_metrics
     assert counts == {**dict.fromkeys(REASONS, 0), "malformed": 2, "oversize": 1}
     text = metrics.body.decode()
     assert "# TYPE swarm_node_refusals_total counter" in text
-    samples = dict(re.findall(r'^swarm_node_refusals_total\{peer="QmNode",stage="1",reason="([a-z-]+)"\} (\d+)$',
-                              text, re.MULTILINE))
+    samples = dict(
+        re.findall(
+            r'^swarm_node_refusals_total\{peer="QmNode",stage="1",reason="([a-z-]+)"\} (\d+)$',
+            text,
+            re.MULTILINE,
+        )
+    )
     assert samples == {reason: str(counts[reason]) for reason in REASONS}  # every reason, zeros too: bounded
 
 

@@ -26,7 +26,8 @@ def test_peers_of_another_run_spec_and_bad_records_are_ignored_and_logged_once(c
     other = dataclasses.replace(spec, seq_len=spec.seq_len + 1)
     good = PeerRecord(stage=1, spec_hash=spec.spec_hash(), version=__version__).to_wire()
     foreign = PeerRecord(stage=1, spec_hash=other.spec_hash(), version=__version__).to_wire()
-    dht = FakeDHT("self-peer", {"r/stage/1": {"good": good, "foreign": foreign, "garbage": {"stage": "x"}, "self-peer": good}})
+    dht = FakeDHT("self-peer", {"r/stage/1": {"good": good, "foreign": foreign, "garbage": {"stage": "x"},
+                                              "self-peer": good}})
     view = Membership(spec=spec, dht=dht, guard=PeerGuard(), config=NodeConfig(), record=lambda: None)
     with caplog.at_level(logging.WARNING, logger="swarm_node.net.guard"):
         for _ in range(3):
@@ -54,7 +55,9 @@ def test_simultaneous_joiners_spread_over_stages_and_agree_on_it():
         chosen[me] = assign_stage({0: others, **base, 2: {}}, me, spec.num_stages, reachable=True)
     assert chosen == {"Qa": 0, "Qb": 2, "Qc": 0}  # in peer-id order, each to the emptiest stage
     # ties on peer count go to the stage with less throughput
-    tied = {0: {"a": rec(0, "training", 90.0)}, 1: {"b": rec(1, "training", 10.0)}, 2: {"c": rec(2, "training", 40.0)}}
+    tied = {0: {"a": rec(0, "training", 90.0)}, 1: {"b": rec(1, "training", 10.0)}, 2: {"c": rec(2,
+                                                                                                 "training",
+                                                                                                 40.0)}}
     assert assign_stage(tied, "Qz", spec.num_stages, reachable=True) == 1
 
 
@@ -78,7 +81,8 @@ def test_joiners_nobody_can_reach_take_stage_0_and_the_others_balance_around_the
 
 def test_nobody_routes_proposes_or_downloads_state_from_an_unreachable_peer():
     spec = RunSpec(run_id="r", model_size="tiny", num_stages=2)
-    view = Membership(spec=spec, dht=FakeDHT("self-peer"), guard=PeerGuard(), config=NodeConfig(), record=lambda: None)
+    view = Membership(spec=spec, dht=FakeDHT("self-peer"), guard=PeerGuard(), config=NodeConfig(),
+                      record=lambda: None)
     view.stage = 0
     view.peers = {1: {"open": PeerRecord(stage=1, spec_hash=spec.spec_hash(), version=__version__),
                       "natted": PeerRecord(stage=1, spec_hash=spec.spec_hash(), version=__version__,
@@ -109,7 +113,8 @@ def test_joiners_that_did_not_see_each_other_in_time_even_out_one_move_at_a_time
     assert rebalanced_stage(view, "Qb", 0, spec.num_stages, reachable=True) == 1 and max(behind) == "Qz"
     assert rebalanced_stage(view, "Qb", 0, spec.num_stages, reachable=False) == 0
     # balanced within one: nobody moves
-    assert rebalanced_stage({0: {"Qa": rec(0)}, 1: {"Qb": rec(1)}}, "Qc", 0, spec.num_stages, reachable=True) == 0
+    assert rebalanced_stage({0: {"Qa": rec(0)}, 1: {"Qb": rec(1)}}, "Qc", 0, spec.num_stages,
+                            reachable=True) == 0
 
 
 def test_a_peer_behind_a_nat_alone_in_stage_0_gets_a_reachable_peer_beside_it():
@@ -127,7 +132,8 @@ def test_a_peer_behind_a_nat_alone_in_stage_0_gets_a_reachable_peer_beside_it():
              for me, other in (("Qa", "Qb"), ("Qb", "Qa"))}
     assert moves == {"Qa": 1, "Qb": 0}
     # a peer already training in stage 1 does not move, so the joiner beside it does
-    assert rebalanced_stage({0: natted, 1: {"Qz9": rec(1, state="training")}}, "Qa", 1, 2, reachable=True) == 0
+    assert rebalanced_stage({0: natted, 1: {"Qz9": rec(1, state="training")}}, "Qa", 1, 2,
+                            reachable=True) == 0
     # alone in stage 1 it stays: moving would only strand stage 1
     assert rebalanced_stage({0: natted, 1: {}}, "Qa", 1, spec.num_stages, reachable=True) == 1
     # a reachable peer already in stage 0: nobody moves
@@ -142,12 +148,16 @@ def test_a_peer_that_changed_stage_while_joining_is_shown_in_the_stage_it_trains
     spec = RunSpec(run_id="r", model_size="tiny", num_stages=2)
     rec = partial(PeerRecord, spec_hash=spec.spec_hash(), version=__version__)
     now = time.time()
-    dht = FakeDHT("reader", {"r/stage/0": {"mover": Signed(rec(stage=0, state="training").to_wire(), now + 15)},
+    dht = FakeDHT("reader", {"r/stage/0": {"mover": Signed(rec(stage=0, state="training").to_wire(),
+                                                           now + 15)},
                              "r/stage/1": {"mover": Signed(rec(stage=1, state="leaving").to_wire(), now + 4),
                                            "other": Signed(rec(stage=1).to_wire(), now + 15)}})
     records, refused = asyncio.run(read_registry(dht, "r", spec.num_stages))
     assert not refused
-    assert {p: (r.stage, r.state) for p, r in records.items()} == {"mover": (0, "training"), "other": (1, "training")}
+    assert {p: (r.stage, r.state) for p, r in records.items()} == {
+        "mover": (0, "training"),
+        "other": (1, "training"),
+    }
 
 
 def test_a_record_claiming_to_outlive_what_nodes_publish_is_refused_and_logged_once(caplog):
@@ -157,7 +167,8 @@ def test_a_record_claiming_to_outlive_what_nodes_publish_is_refused_and_logged_o
     good = PeerRecord(stage=1, spec_hash=spec.spec_hash(), version=__version__).to_wire()
     now = time.time()
     dht = FakeDHT("self-peer", {"r/stage/1": {
-        "honest": Signed(good, now + NodeConfig().record_ttl_s + CLOCK_SKEW_S),  # a writer whose clock runs ahead
+        # a writer whose clock runs ahead
+        "honest": Signed(good, now + NodeConfig().record_ttl_s + CLOCK_SKEW_S),
         "forged": Signed(good, now + 3600)}})
     view = Membership(spec=spec, dht=dht, guard=PeerGuard(), config=NodeConfig(), record=lambda: None)
     with caplog.at_level(logging.WARNING, logger="swarm_node.net.guard"):
@@ -165,6 +176,8 @@ def test_a_record_claiming_to_outlive_what_nodes_publish_is_refused_and_logged_o
             asyncio.run(view.refresh(all_stages=True))
     assert set(view.peers[1]) == {"honest"}
     assert [r.getMessage() for r in caplog.records if "forged"[-6:] in r.getMessage()] == [
-        "ignoring peer forged: registry record refused: it claims to live 3600 s; nodes publish for at most 120 s"]
+        "ignoring peer forged: registry record refused: it claims to live 3600 s; nodes publish for at most "
+        "120 s"
+    ]
     with pytest.raises(ValueError, match="record_ttl_s"):
         NodeConfig(record_ttl_s=MAX_RECORD_TTL_S + 1)

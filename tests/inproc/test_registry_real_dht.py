@@ -31,7 +31,8 @@ async def start_publishing(count: int, at_least_per_shard: int = 2) -> list[Swar
         while len(nodes) < count or min(_records_per_shard(nodes)) < at_least_per_shard:
             nodes.append(await SwarmDHT.start(initial_peers=nodes[0].visible_maddrs()))
         for i, dht in enumerate(nodes):
-            record = PeerRecord(stage=0, spec_hash="f" * 16, version=__version__, inner_step=i, seeking=i % 2 == 0)
+            record = PeerRecord(stage=0, spec_hash="f" * 16, version=__version__, inner_step=i,
+                                seeking=i % 2 == 0)
             assert await publish_record(dht, "real", record, CADENCE.ttl_s, SHARDS)
     except BaseException:
         for dht in nodes:
@@ -49,7 +50,8 @@ def test_a_fresh_copy_read_brings_every_record_of_the_shard():
     async def scenario():
         nodes = await start_publishing(6)
         try:
-            by_shard = {s: {d.peer_id for d in nodes if shard_of(d.peer_id, SHARDS) == s} for s in range(SHARDS)}
+            by_shard = {s: {d.peer_id for d in nodes if shard_of(d.peer_id,
+                                                                 SHARDS) == s} for s in range(SHARDS)}
             reader = nodes[-1]
             for shard, expected in by_shard.items():
                 found, refused = await read_shard(reader, "real", 0, shard, SHARDS,
@@ -78,7 +80,8 @@ def test_reads_spread_over_the_replicas_and_survive_one_dying():
     async def scenario():
         nodes = await start_publishing(9)
         try:
-            assert sum(d.ops.walked_stores for d in nodes) == 0  # every heartbeat went to the replicas directly
+            # every heartbeat went to the replicas directly
+            assert sum(d.ops.walked_stores for d in nodes) == 0
             ids = {d.peer_id: await d.dht.run_coroutine(_own_node_id, return_future=True) for d in nodes}
             shard = 0
             key_id = DHTID.generate(source=stage_key("real", 0, shard, SHARDS))
@@ -94,14 +97,17 @@ def test_reads_spread_over_the_replicas_and_survive_one_dying():
             await read_all(30)
             answered = Counter(reader.answered_by)
             assert reader.ops.walked_gets == 0 and sum(answered.values()) == 30
-            assert set(answered) <= {d.peer_id for d in replicas}  # only the replicas were asked for the shard
+            # only the replicas were asked for the shard
+            assert set(answered) <= {d.peer_id for d in replicas}
             assert len(answered) >= 3 and max(answered.values()) <= 18, answered  # about 6 each
             assert reader.ops.near_finds <= 30 + 2  # warm reads: one find each
             victim = replicas[0]
             await victim.shutdown()
             nodes.remove(victim)
             await read_all(10)
-            assert reader.ops.walked_gets == 0 and reader.answered_by[victim.peer_id] == answered[victim.peer_id]
+            assert (
+                reader.ops.walked_gets == 0 and reader.answered_by[victim.peer_id] == answered[victim.peer_id]
+            )
         finally:
             for dht in nodes:
                 await dht.shutdown()

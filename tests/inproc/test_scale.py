@@ -24,9 +24,14 @@ def test_a_small_swarm_pairs_every_round_and_routes_every_forward():
     figures = simulate()
     assert figures.rounds >= 8 * 2 * 8  # peers x stages x rounds in the window, about
     assert figures.partner_share >= 0.95 and figures.alone_rounds == 0
-    assert figures.forwards > 0 and figures.forwards_lost_share == 0.0 and figures.forwards_to_dead_share == 0.0
+    assert (
+        figures.forwards > 0 and figures.forwards_lost_share == 0.0 and figures.forwards_to_dead_share == 0.0
+    )
     assert figures.to_partner_median_s is not None and figures.to_partner_median_s < 5.0
-    assert figures.control_by_kind_per_peer_min["pairing"] > 0 and figures.control_by_kind_per_peer_min["dht-get"] > 0
+    assert (
+        figures.control_by_kind_per_peer_min["pairing"] > 0
+        and figures.control_by_kind_per_peer_min["dht-get"] > 0
+    )
 
 
 def test_a_run_is_the_same_for_the_same_seed():
@@ -71,7 +76,8 @@ def test_with_shards_a_peer_reads_about_as_many_records_whatever_the_stage_size(
     large, one_key = (simulate(peers_per_stage=32, registry_shards=shards, **short) for shards in (8, 1))
     assert read(large) < 1.5 * read(small)
     assert read(one_key) > 2.5 * read(small)  # one key a stage: every read brings the whole stage
-    assert large.partner_share >= 0.95 and large.forwards > 0 and large.forwards_lost_share == 0.0  # a sample pairs and routes
+    # a sample pairs and routes
+    assert large.partner_share >= 0.95 and large.forwards > 0 and large.forwards_lost_share == 0.0
 
 
 def test_warm_registry_reads_are_one_find_at_a_random_replica_and_heartbeats_do_not_walk():
@@ -98,7 +104,9 @@ def test_warm_registry_reads_are_one_find_at_a_random_replica_and_heartbeats_do_
             found = await net.dht_get(reader, "key", loop.time, sufficient_expiry_s=loop.time())
             assert found["peer0"].value == {"step": 2}
             lookups.append(net.endpoints[reader].traffic.bytes_by_kind["dht-lookup"] - looked)
-            served.update(h for h in holders if net.endpoints[h].traffic.bytes_by_kind["dht-serving"] > serving[h])
+            served.update(
+                h for h in holders if net.endpoints[h].traffic.bytes_by_kind["dht-serving"] > serving[h]
+            )
         assert set(lookups[1:]) == {net.costs.find_bytes(40)}  # one find each once the replicas are known
         assert len(served) == len(holders) and max(served.values()) <= 25, served  # about 10 each
 

@@ -23,7 +23,8 @@ def test_a_peer_cannot_overwrite_or_impersonate_another_peers_registry_record():
             # an unsigned entry under the honest peer's id is stored, but no reader takes it
             assert await forger.store(key, honest.peer_id, fake.to_wire(), ttl_s=60)
             # the forger's own signed record is its own, and shows up under its own id
-            assert await publish_record(forger, "r", PeerRecord(stage=1, spec_hash="s", version=__version__), 60)
+            assert await publish_record(forger, "r", PeerRecord(stage=1, spec_hash="s", version=__version__),
+                                        60)
             # DHT reads on a loaded machine may miss a replica: read until both signed records show
             async with asyncio.timeout(60):
                 while True:

@@ -127,7 +127,8 @@ def test_a_paced_request_on_a_full_home_link_is_served_too():
         task, reader, writer = served.open("QmHome")
         await send_slowly(reader, bytes(MB // 2), PIECE, HONEST_PIECE_S)
         async with asyncio.timeout(5.0):
-            while not writer.data.endswith((8).to_bytes(8, "big") + (MB // 2).to_bytes(8, "big")):  # after the acks
+            # after the acks
+            while not writer.data.endswith((8).to_bytes(8, "big") + (MB // 2).to_bytes(8, "big")):
                 await asyncio.sleep(0.1)
         reader.feed_eof()
         await task

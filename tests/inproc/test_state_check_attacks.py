@@ -39,7 +39,8 @@ def stage_of(base: StageWorker, honest: int, **liars: float) -> dict[str, StageP
 
 
 def progress_norm(worker: StageWorker) -> float:
-    return float(sum((p.detach() - phi).pow(2).sum() for p, phi in zip(worker.params, worker.slow.phi)).sqrt())
+    return float(sum((p.detach() - phi).pow(2).sum() for p, phi in zip(worker.params,
+                                                                       worker.slow.phi)).sqrt())
 
 
 # -- H5: busy witnesses ---------------------------------------------------------------
@@ -264,7 +265,8 @@ def test_callers_arriving_together_share_the_snapshot_made_for_the_first():
     sync = parts.state_sync()
 
     async def scenario():
-        calls = [asyncio.create_task(sync.handle(caller, state_request())) for caller in ("QmA", "QmB", "QmC")]
+        calls = [asyncio.create_task(sync.handle(caller, state_request())) for caller in ("QmA", "QmB",
+                                                                                          "QmC")]
         for _ in range(5):
             await asyncio.sleep(0)
         release.set()

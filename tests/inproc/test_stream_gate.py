@@ -120,7 +120,8 @@ def test_a_stream_waiting_for_its_caller_to_close_does_not_hold_the_callers_slot
         p2p = await serving(b"chunk", dataclasses.replace(LIMITS, max_per_peer=1))
         answers = []
         for _ in range(3):
-            task, reader, writer = open_stream(p2p, "QmJoiner", "/ip4/10.0.0.7/tcp/4001", b"next", close=False)
+            task, reader, writer = open_stream(p2p, "QmJoiner", "/ip4/10.0.0.7/tcp/4001", b"next",
+                                               close=False)
             await asyncio.sleep(0.1)
             answers.append(writer.data[LENGTH_BYTES:])
         return answers

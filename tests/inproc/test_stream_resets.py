@@ -14,7 +14,8 @@ from swarm_node.train.worker import StageWorker
 from swarm_node.wire.activations import encode_activations
 from swarm_node.wire.frames import encode_frame
 
-SPEC = RunSpec(run_id="resets", model_size="debug", num_stages=2, seq_len=16, batch_size=4, samples_per_step=4)
+SPEC = RunSpec(run_id="resets", model_size="debug", num_stages=2, seq_len=16, batch_size=4,
+               samples_per_step=4)
 HIDDEN = torch.zeros(4, 16, 64)
 
 
@@ -56,7 +57,8 @@ def test_one_stream_closed_before_the_answer_is_retried_without_a_ban():
     stage = Stage0([StreamClosed("stream closed mid-frame"), 2.5])
     grad, loss = stage.send()
     assert loss == 2.5 and stage.transport.calls == ["QmNext", "QmNext"] and stage.parts.stats.retries == 1
-    stage.transport.script = [StreamClosed("stream closed mid-frame"), 2.4]  # a success in between: still once
+    # a success in between: still once
+    stage.transport.script = [StreamClosed("stream closed mid-frame"), 2.4]
     assert stage.send()[1] == 2.4
     assert stage.banned == [] and not stage.parts.guard.is_banned("QmNext")
 

@@ -36,11 +36,15 @@ def test_per_peer_concurrency_size_and_time_caps_hold_and_others_are_still_serve
                 finally:
                     running -= 1
 
-            await serving.serve(PROTOCOL, slow, ServeLimits(max_request_bytes=1024, max_concurrent=16, max_per_peer=4,
+            await serving.serve(PROTOCOL, slow, ServeLimits(max_request_bytes=1024, max_concurrent=16,
+                                                            max_per_peer=4,
                                                             handler_timeout_s=2.0))
             for client in (greedy, polite):
                 await client.rebootstrap(server.visible_maddrs())
-            greedy_t, polite_t = Transport(await greedy.replicate_p2p()), Transport(await polite.replicate_p2p())
+            greedy_t, polite_t = (
+                Transport(await greedy.replicate_p2p()),
+                Transport(await polite.replicate_p2p()),
+            )
 
             def call(transport, payload, timeout_s=20.0):
                 return transport.request(server.peer_id, PROTOCOL, payload, timeout_s=timeout_s,
@@ -64,7 +68,8 @@ def test_per_peer_concurrency_size_and_time_caps_hold_and_others_are_still_serve
             for d in (server, greedy, polite):
                 await d.shutdown()
 
-    peak, held_at_once, polite_answer, results, after, running = asyncio.run(asyncio.wait_for(scenario(), 120))
+    peak, held_at_once, polite_answer, results, after, running = asyncio.run(asyncio.wait_for(scenario(),
+                                                                                              120))
     served = [r for r in results if r == b"ok"]
     refused = [r for r in results if isinstance(r, PeerRefused)]
     assert held_at_once == 4 and peak == 5  # the greedy caller's 4, then the polite one
@@ -83,7 +88,8 @@ def test_silent_or_oversize_callers_free_their_slots_quickly_and_are_counted_as_
         server, stalling, polite = [await SwarmDHT.start() for _ in range(3)]
         faults = []
         try:
-            serving = Transport(await server.replicate_p2p(), on_fault=lambda peer, why: faults.append((peer, why)))
+            serving = Transport(await server.replicate_p2p(), on_fault=lambda peer, why: faults.append((peer,
+                                                                                                        why)))
 
             async def echo(remote: str, request: bytes) -> bytes:
                 return request
@@ -97,7 +103,8 @@ def test_silent_or_oversize_callers_free_their_slots_quickly_and_are_counted_as_
             polite_t = Transport(await polite.replicate_p2p())
             loop = asyncio.get_running_loop()
             started = loop.time()
-            silent = [await stalling_p2p.call_binary_stream_handler(PeerID.from_base58(server.peer_id), PROTOCOL)
+            silent = [await stalling_p2p.call_binary_stream_handler(PeerID.from_base58(server.peer_id),
+                                                                    PROTOCOL)
                       for _ in range(4)]  # every slot, nothing sent
             while True:  # told "busy" while the silent streams hold every slot
                 try:
@@ -140,7 +147,8 @@ def test_a_silent_stream_told_busy_is_a_stall_too():
         server, stalling, holder = [await SwarmDHT.start() for _ in range(3)]
         faults = []
         try:
-            serving = Transport(await server.replicate_p2p(), on_fault=lambda peer, why: faults.append((peer, why)))
+            serving = Transport(await server.replicate_p2p(), on_fault=lambda peer, why: faults.append((peer,
+                                                                                                        why)))
             release, holding = asyncio.Event(), asyncio.Event()
 
             async def hold(remote: str, request: bytes) -> bytes:
@@ -192,7 +200,8 @@ def test_a_caller_that_never_reads_its_paced_answer_frees_its_slot_and_is_counte
             async def give(remote: str, request: bytes) -> bytes:
                 return bytes(64 << 10)
 
-            limits = ServeLimits(max_request_bytes=1024, max_concurrent=4, max_per_peer=4, handler_timeout_s=60.0,
+            limits = ServeLimits(max_request_bytes=1024, max_concurrent=4, max_per_peer=4,
+                                 handler_timeout_s=60.0,
                                  stall_s=3.0, paced_response=True)
             await serving.serve(PROTOCOL, give, limits)
             for client in (stalling, polite):

@@ -19,7 +19,8 @@ from swarm_node.train.worker import StageWorker
 from swarm_node.wire.frames import decode_frame, encode_frame
 from swarm_node.wire.messages import answer_is_yes, check_pair_request
 
-SPEC = RunSpec(run_id="withdraw", model_size="debug", num_stages=2, seq_len=16, batch_size=4, samples_per_step=4,
+SPEC = RunSpec(run_id="withdraw", model_size="debug", num_stages=2, seq_len=16, batch_size=4,
+               samples_per_step=4,
                data=DataSpec(kind="synthetic"), method=default_method("noloco", inner_steps=50),
                inner=InnerHyper(lr=1e-3, warmup_steps=1, total_steps=100))
 
@@ -73,7 +74,8 @@ def test_a_withdrawal_frees_the_round_for_the_next_proposer():
         return [answer_is_yes(a) for a in (first, busy, taken_back, second, again)]
 
     first, busy, taken_back, second, again = run(scenario())
-    assert first[0] and busy == (False, "busy") and taken_back[0] and second[0] and again == (False, "withdrawn")
+    assert first[0] and busy == (False, "busy") and taken_back[0] and second[0] and again == (False,
+                                                                                              "withdrawn")
 
 
 @pytest.mark.parametrize("when", ["as-the-round-opens", "before-it-arrives"])

@@ -34,7 +34,8 @@ async def lying_handle(self, remote: str, request: bytes) -> bytes:
     if cache.has(entry):
         data = bytearray(cache.read_chunk(entry, header["chunk"]))
     data[len(data) // 2] ^= 0x5A
-    print(f"liar: altered chunk {header['chunk']} of {entry.name} for {remote[-6:]}", file=sys.stderr, flush=True)
+    print(f"liar: altered chunk {header['chunk']} of {entry.name} for {remote[-6:]}", file=sys.stderr,
+          flush=True)
     return serve.bytes_frame({"ok": True}, bytes(data))
 
 

@@ -31,7 +31,8 @@ class ManyKeys(RecordValidatorBase):
         self.keys = {}
         for _ in range(count):
             key = RSAPrivateKey()
-            marker = RSASignatureValidator.PUBLIC_KEY_FORMAT.replace(b"_key_", key.get_public_key().to_bytes())
+            marker = RSASignatureValidator.PUBLIC_KEY_FORMAT.replace(b"_key_",
+                                                                     key.get_public_key().to_bytes())
             self.keys[marker] = key
 
     def validate(self, record: DHTRecord) -> bool:
@@ -67,7 +68,8 @@ def main() -> None:
     signer = ManyKeys(2 * args.count)
     dht = DHT(initial_peers=args.initial_peers, host_maddrs=["/ip4/0.0.0.0/tcp/0"], start=True,
               record_validators=[signer])
-    record = PeerRecord(stage=args.stage, spec_hash=args.spec_hash, version=__version__, throughput=1e9, seeking=True,
+    record = PeerRecord(stage=args.stage, spec_hash=args.spec_hash, version=__version__, throughput=1e9,
+                        seeking=True,
                         loss=0.001, inner_step=10**9, outer_round=10**7, recent_steps=10**6).to_wire()
     markers = [m.decode() for m in signer.keys]
     long_lived, short_lived = markers[:args.count], markers[args.count:]

@@ -32,7 +32,8 @@ CASE_FILE = Path(os.environ["HOSTILE_CASE_FILE"])
 OLD_ROUNDS = 20
 honest_snapshot = StageWorker.snapshot
 honest_close = StageWorker.close_round
-history: collections.deque = collections.deque(maxlen=OLD_ROUNDS + 1)  # (theta, phi, momentum) after each round
+# (theta, phi, momentum) after each round
+history: collections.deque = collections.deque(maxlen=OLD_ROUNDS + 1)
 spread: list[float] = []  # per-element RMS of the last partner distance seen
 
 
@@ -43,7 +44,8 @@ def recording_close(self, others):
         apart = math.sqrt(sum(float((t.float().cpu() - o).pow(2).sum()) for t, o in zip(phi, before)))
         spread.append(apart / math.sqrt(numel))
     honest_close(self, others)
-    history.append(([p.detach().float().cpu().clone() for p in self.params], [t.cpu().clone() for t in self.slow.phi],
+    history.append(([p.detach().float().cpu().clone() for p in self.params],
+                    [t.cpu().clone() for t in self.slow.phi],
                      [t.cpu().clone() for t in self.slow.momentum]))
 
 
@@ -68,7 +70,8 @@ def poisoned_snapshot(self) -> dict:
             raise RuntimeError(f"only {len(history)} rounds of history")
         theta, phi, momentum = history[0]
     elif case == "other-run":
-        stage = build_stage(self.stage.config, num_stages=self.spec.num_stages, stage_index=self.stage.stage_index,
+        stage = build_stage(self.stage.config, num_stages=self.spec.num_stages,
+                            stage_index=self.stage.stage_index,
                             seed=self.spec.seed + 7919, layers_per_stage=self.spec.layers_per_stage)
         theta = [p.detach().float().clone() for p in stage.parameters()]
         phi, momentum = [t.clone() for t in theta], [torch.zeros_like(t) for t in theta]

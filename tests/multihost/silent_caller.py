@@ -48,7 +48,8 @@ async def main(args) -> None:
     await asyncio.gather(*(hold(p2p, peer, args.protocol, until, counts)
                            for p2p in identities for peer in peers for _ in range(args.streams)))
     cuts = sorted(counts.pop("cut_after_s"))
-    print(json.dumps({**counts, "cut": len(cuts), "median_cut_after_s": cuts[len(cuts) // 2] if cuts else None}),
+    print(json.dumps({**counts, "cut": len(cuts),
+                      "median_cut_after_s": cuts[len(cuts) // 2] if cuts else None}),
           flush=True)
     for p2p in identities:
         await p2p.shutdown()

@@ -55,7 +55,8 @@ class BootstrapOnHost:
 
     def start(self) -> None:
         self.log.write_text("")
-        argv = [str(VENV_BIN / "swarm-bootstrap"), "--identity", str(self.identity), "--http-port", str(HTTP_PORT),
+        argv = [str(VENV_BIN / "swarm-bootstrap"), "--identity", str(self.identity), "--http-port",
+                str(HTTP_PORT),
                 *self.args]
         self.process = self.bed.popen(self.host, argv, cwd=self.workdir, env=volunteer_env(), log=self.log)
 
@@ -117,7 +118,8 @@ class Volunteer:
         with open(self.log, "a"):
             pass
         self.process = self.bed.popen(self.host, ["bash", "-c", self.command], cwd=self.workdir,
-                                      env=volunteer_env(XDG_CACHE_HOME=str(self.workdir / "cache")), log=self.log)
+                                      env=volunteer_env(XDG_CACHE_HOME=str(self.workdir / "cache")),
+                                      log=self.log)
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")

@@ -27,17 +27,21 @@ def test_forged_records_cost_at_most_2_micro_batches_and_30_percent_of_tokens_pe
     log = tmp_path / "forger.log"
     forger = bed.popen(bed.add_host("evil"), [sys.executable, str(FORGER), "--initial-peers", boot.maddr,
                                               "--run-id", "forged", "--spec-hash", boot.status()["spec_hash"],
-                                              "--stage", "1", "--count", "30", "--seconds", str(WINDOW_S + 30)],
+                                              "--stage", "1", "--count", "30", "--seconds",
+                                              str(WINDOW_S + 30)],
                        env=volunteer_env(), log=log)
     wait_for(lambda: '"ready"' in log.read_text(), 120, "the forger to store its first records", tmp_path)
     shown = wait_for(lambda: (s := boot.status()) and s["unverified_peers"] >= 20 and s, 60,
                      "the forged records to reach the bootstrap", tmp_path)
     forged, lost_forged = measure_window(boot, WINDOW_S)
     status = boot.status()
-    print(f"tokens/s undisturbed {undisturbed:.0f}, with forged records {forged:.0f} ({forged / undisturbed:.0%}); "
-          f"micro-batches lost {lost_undisturbed} then {lost_forged}; bootstrap: {status['num_peers']} peers, "
-          f"{status['unverified_peers']} unverified records, {status['foreign_records']} refused, "
-          f"loss {status['loss']}")
+    print(
+        f"tokens/s undisturbed {undisturbed:.0f}, with forged records {forged:.0f} "
+        f"({forged / undisturbed:.0%}); "
+        f"micro-batches lost {lost_undisturbed} then {lost_forged}; bootstrap: {status['num_peers']} peers, "
+        f"{status['unverified_peers']} unverified records, {status['foreign_records']} refused, "
+        f"loss {status['loss']}"
+    )
     assert forged >= 0.7 * undisturbed and lost_forged <= lost_undisturbed + 2
     # the dashboard: forged records listed as unverified, counted nowhere; the hour-long ones refused
     assert shown["num_peers"] == status["num_peers"] == 4

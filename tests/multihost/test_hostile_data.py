@@ -55,18 +55,22 @@ def test_hostile_holders_starve_no_volunteer_and_are_refused_once_each(bed, tmp_
             attackers.append(bed.popen(bed.add_host(attacker.name), [sys.executable, *attacker.argv,
                                                                      *line.split()[1:], "--stage", "1",
                                                                      "--compute-share", "0.25"],
-                                       cwd=tmp_path, env=volunteer_env(XDG_CACHE_HOME=str(tmp_path / attacker.name)),
+                                       cwd=tmp_path,
+                                       env=volunteer_env(XDG_CACHE_HOME=str(tmp_path / attacker.name)),
                                        log=log))
         for attacker in ATTACKERS:
             log = tmp_path / f"{attacker.name}.log"
-            ids[attacker.name] = wait_for(lambda log=log: (m := re.search(r"node (\w+): stage 1 of", log.read_text()))
+            ids[attacker.name] = wait_for(lambda log=log: (m := re.search(r"node (\w+): stage 1 of",
+                                                                          log.read_text()))
                                           and m.group(1), 300, f"the {attacker.name} to join", tmp_path)
         volunteers = [Volunteer(bed, bed.add_host(f"v{i}"), tmp_path, line) for i in range(HONEST)]
 
         def training() -> bool:
             peers = {p["short_id"]: p for p in boot.peers()}  # volunteers log their short ids
             honest = [v.peer_id() for v in volunteers]
-            return all(i in peers and peers[i]["verified"] and peers[i]["state"] == "training" for i in honest)
+            return all(
+                i in peers and peers[i]["verified"] and peers[i]["state"] == "training" for i in honest
+            )
 
         wait_for(training, 600, f"{HONEST} of {HONEST} honest volunteers to train", tmp_path)
         first = [v for v in volunteers if _stage(v) == 0]
@@ -75,7 +79,8 @@ def test_hostile_holders_starve_no_volunteer_and_are_refused_once_each(bed, tmp_
         for i, victim in enumerate(first):
             forger_logs[victim] = tmp_path / f"forger{i}.log"
             argv = [sys.executable, str(FORGER), "--initial-peers", boot.maddr, "--run-id", "real-text",
-                    "--spec-hash", boot.status()["spec_hash"], "--victim", victim.peer_id(), "--seconds", "3600"]
+                    "--spec-hash", boot.status()["spec_hash"], "--victim", victim.peer_id(), "--seconds",
+                    "3600"]
             attackers.append(bed.popen(bed.add_host(f"forger{i}"), argv, env=volunteer_env(),
                                        log=forger_logs[victim]))
         for log in forger_logs.values():
@@ -85,7 +90,8 @@ def test_hostile_holders_starve_no_volunteer_and_are_refused_once_each(bed, tmp_
         refused = [a for a in ATTACKERS if a.refused]
         wait_for(lambda: all(_passes_done(v) >= 1 for v in first), 900,
                  "every stage-0 volunteer to finish a pass over its slot", tmp_path)
-        wait_for(lambda: all(f"data: refusing {ids[a.name]}" in v.text() for v in first for a in refused), 600,
+        wait_for(lambda: all(f"data: refusing {ids[a.name]}" in v.text() for v in first for a in refused),
+                 600,
                  "every stage-0 volunteer to refuse every attacker", tmp_path)
         wait_for(lambda: all(f"ignoring peer {forger[-6:]}: it claims our data slot" in victim.text()
                              for victim, forger in forged.items()), 300,
@@ -107,15 +113,18 @@ def test_hostile_holders_starve_no_volunteer_and_are_refused_once_each(bed, tmp_
         # Each attacker refused and logged once by each volunteer that met it.
         for attacker in refused:
             for v in volunteers:
-                assert v.text().count(f"data: refusing {ids[attacker.name]}") <= 1, (attacker.name, v.host.name)
+                assert v.text().count(f"data: refusing {ids[attacker.name]}") <= 1, (attacker.name,
+                                                                                     v.host.name)
             for v in first:
-                assert v.text().count(f"data: refusing {ids[attacker.name]}") == 1, (attacker.name, v.host.name)
+                assert v.text().count(f"data: refusing {ids[attacker.name]}") == 1, (attacker.name,
+                                                                                     v.host.name)
         # No forged claim moved a volunteer; each victim logged its forger once.
         for victim, forger in forged.items():
             assert "is another peer's; moving" not in victim.text()[before[victim]:], victim.host.name
             about = [line for line in victim.text().splitlines() if forger[-6:] in line]
-            assert sum(f"ignoring peer {forger[-6:]}: it claims our data slot" in line for line in about) == 1, \
-                (victim.host.name, about[:20])
+            assert (
+                sum(f"ignoring peer {forger[-6:]}: it claims our data slot" in line for line in about) == 1
+            ), (victim.host.name, about[:20])
         print(f"{len(first)} stage-0 volunteers; attackers {ids} refused by each; forgers "
               f"{ {v.host.name: f[-6:] for v, f in forged.items()} } moved nobody")
     finally:

@@ -52,17 +52,24 @@ def test_every_joiner_refuses_each_hostile_state_then_trains_from_an_honest_dono
         joiners = [Volunteer(bed, bed.add_host(f"j{CASES.index(case)}{k}"), tmp_path, line, "--stage", "0",
                              "--state-from", evil_id) for k in range(JOINERS_PER_CASE)]
         for joiner in joiners:
-            adopted = wait_for(lambda j=joiner: re.search(r"downloaded state from (\w+): step (\d+)", j.text()),
+            adopted = wait_for(lambda j=joiner: re.search(r"downloaded state from (\w+): step (\d+)",
+                                                          j.text()),
                                240, f"a {case} joiner to adopt a state", tmp_path)
             text = joiner.text()
             refusals = [ln for ln in text.splitlines() if "rejected its state" in ln]
             assert len(refusals) == 1 and evil_id[-6:] in refusals[0], text[-3000:]
             assert adopted.group(1) != evil_id[-6:]  # an honest donor's
-            figures.setdefault(case, []).append(re.search(r"disown it: (.*)\); not pairing", refusals[0]).group(1))
+            figures.setdefault(case, []).append(re.search(r"disown it: (.*)\); not pairing",
+                                                          refusals[0]).group(1))
             step = int(adopted.group(2))
             me = joiner.peer_id()  # the tail logs show
-            wait_for(lambda: any(p["peer_id"].endswith(me) and p["inner_step"] >= step + 10 for p in boot.peers()),
-                     180, f"the {case} joiner to train on", tmp_path)
+            wait_for(
+                lambda me=me, step=step: any(p["peer_id"].endswith(me) and p["inner_step"] >= step + 10
+                                             for p in boot.peers()),
+                180,
+                f"the {case} joiner to train on",
+                tmp_path,
+            )
         for joiner in joiners:
             assert stop(joiner.process, grace_s=60) == 0, joiner.text()[-2000:]
         assert f"serving a {case} state" in evil_log.read_text()
@@ -73,11 +80,12 @@ def test_every_joiner_refuses_each_hostile_state_then_trains_from_an_honest_dono
 
 def test_a_liar_beside_the_only_honest_peer_poisons_no_joiner_and_frames_nobody(bed, tmp_path):
     """Stage 0 of one honest peer, then the hostile one serving its state times 1.5 (its
-    own download is the honest peer's, unchecked: the only live peer), then two joiners
-    at once, one asking the honest peer first, one the liar. The first has only the liar
-    to witness; a lone dissenter bans nobody, so the honest peer stays on the panel for
-    the liar's state, which it refuses (one line, no ban). (Before: the honest peer banned on "0 of 1", then the
-    liar's state taken unchecked as the only live peer: 1 of 2 joiners in 2 of 3 runs.)"""
+    own download is the honest peer's, unchecked: the only live peer), then two joiners at
+    once, one asking the honest peer first, one the liar. The first has only the liar to
+    witness; a lone dissenter bans nobody, so the honest peer stays on the panel for the
+    liar's state, which it refuses (one line, no ban). (Before: the honest peer banned on
+    "0 of 1", then the liar's state taken unchecked as the only live peer: 1 of 2 joiners
+    in 2 of 3 runs.)"""
     spec = run_spec_file(tmp_path, inner_steps=10, run_id="hostile-pair")
     boot = BootstrapOnHost(bed, bed.add_host("boot"), tmp_path, "--run-spec", str(spec))
     line = boot.join_line()
@@ -101,14 +109,17 @@ def test_a_liar_beside_the_only_honest_peer_poisons_no_joiner_and_frames_nobody(
     full_honest_id = next(p["peer_id"] for p in boot.peers() if p["peer_id"].endswith(honest_id))
 
     # one asks the honest peer first (its only witness is the liar), one the liar
-    joiners = [Volunteer(bed, bed.add_host(f"j{k}"), tmp_path, line, "--stage", "0", "--state-from", first_donor)
+    joiners = [Volunteer(bed, bed.add_host(f"j{k}"), tmp_path, line, "--stage", "0", "--state-from",
+                         first_donor)
                for k, first_donor in enumerate((full_honest_id, evil_id))]
     for joiner in joiners:
         wait_for(lambda j=joiner: re.search(r"downloaded state from|could give its state", j.text()), 300,
                  "a joiner to adopt a state or give up", tmp_path)
         text = joiner.text()
         assert f"downloaded state from {short}" not in text, text[-3000:]
-        assert not [ln for ln in text.splitlines() if "rejected its state" in ln and honest_id in ln], text[-3000:]
+        assert not [ln for ln in text.splitlines() if "rejected its state" in ln and honest_id in ln], text[
+            -3000:
+        ]
         print(f"joiner {joiner.peer_id()}: " + " | ".join(
             ln.split(": ", 1)[-1] for ln in text.splitlines()
             if re.search(r"downloaded state from|not adopting|rejected its state|could give its state", ln)))

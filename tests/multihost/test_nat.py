@@ -26,7 +26,8 @@ def test_a_volunteer_behind_nat_trains_stage_0_and_pairs_by_calling_out(bed, tmp
         mine = peers.get(home.peer_id() or "?")
         return peers if len(peers) == 3 and mine and mine["partner_rounds"] >= 2 else None
 
-    peers = wait_for(home_paired_twice, 300, "the volunteer behind NAT to average with a partner twice", tmp_path)
+    peers = wait_for(home_paired_twice, 300, "the volunteer behind NAT to average with a partner twice",
+                     tmp_path)
     mine = peers[home.peer_id()]
     assert mine["stage"] == 0 and not mine["reachable"] and mine["state"] == "training", mine
     others = [p for sid, p in peers.items() if sid != home.peer_id()]

@@ -57,7 +57,8 @@ def test_round_trip_times_add_up_per_access_link(bed):
     far, near, plain = bed.add_host("far", rtt_ms=40), bed.add_host("near", rtt_ms=20), bed.add_host("plain")
     servers = [bed.call(host, _listen, 5000) for host in (near, plain)]
     try:
-        for client, server, wanted in ((plain, near, 20), (far, near, 60), (far, plain, 40), (near, plain, 20)):
+        for client, server, wanted in ((plain, near, 20), (far, near, 60), (far, plain, 40), (near, plain,
+                                                                                              20)):
             assert bed.rtt_ms_between(client, server) == wanted
             times = bed.call(client, _connect_times_ms, server.address, 5000)[1:]  # the first also does ARP
             # never faster than asked; the userspace stage adds scheduling delay on a busy machine
@@ -79,7 +80,8 @@ def test_rates_shape_upload_and_download(bed):
             seconds = bed.call(sender, _send, receiver.address, 5001, size)
         assert received() == (size, sender.address)
         assert 2.9 <= seconds <= 6.0, seconds  # 3 s of payload at 8 Mbit/s, plus start-up and headers
-        assert size <= bed.tx_bytes(sender) - sent_before <= size * 1.1  # the payload and its headers, counted
+        # the payload and its headers, counted
+        assert size <= bed.tx_bytes(sender) - sent_before <= size * 1.1
         # Shaped again, lower: at the old rate half the payload would take 1.5 s, at the new
         # one 3 s. (Shaping higher and timing it measured the machine instead: the userspace
         # delay stage, not the link, set a faster transfer's time on a loaded machine.)

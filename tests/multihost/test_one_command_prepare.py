@@ -35,7 +35,8 @@ def test_two_volunteers_train_on_a_folder_of_text_prepared_in_one_command(bed, t
     host = bed.add_host("boot")
     docs, data, log = _folder_of_text(tmp_path), tmp_path / "data", tmp_path / "prepare.log"
     command = [str(VENV_BIN / "swarm-node"), "data", "prepare", f"text:{docs}", "--out", str(data),
-               "--train-tokenizer", str(VOCAB), "--shard-tokens", "16384", "--chunk-kb", "16", "--no-progress"]
+               "--train-tokenizer", str(VOCAB), "--shard-tokens", "16384", "--chunk-kb", "16",
+               "--no-progress"]
     prepared = bed.popen(host, command, cwd=tmp_path, env=volunteer_env(), log=log)
     assert prepared.wait(timeout=300) == 0, log.read_text()
     printed = log.read_text()

@@ -82,8 +82,10 @@ def test_volunteers_without_data_train_on_verified_shards_that_peers_serve_each_
     liar_log = tmp_path / "liar.log"
     liar = bed.popen(bed.add_host("liar"), [sys.executable, str(LIAR), *line.split()[1:], "--stage", "1",
                                             "--compute-share", "0.25"],
-                     cwd=tmp_path, env=volunteer_env(XDG_CACHE_HOME=str(tmp_path / "liar-cache")), log=liar_log)
-    liar_id = wait_for(lambda: (m := re.search(r"node (\w+): stage 1 of", liar_log.read_text())) and m.group(1),
+                     cwd=tmp_path, env=volunteer_env(XDG_CACHE_HOME=str(tmp_path / "liar-cache")),
+                     log=liar_log)
+    liar_id = wait_for(lambda: (m := re.search(r"node (\w+): stage 1 of",
+                                               liar_log.read_text())) and m.group(1),
                        300, "the liar to join", tmp_path)
     wait_for(lambda: training(5), 300, "the liar to train", tmp_path)
     volunteers.append(Volunteer(bed, bed.add_host("v4"), tmp_path, line))
@@ -133,7 +135,8 @@ def test_a_volunteer_killed_mid_download_resumes_with_what_it_verified(bed, tmp_
     enough that a shard takes seconds. Killed (SIGKILL) with part of a shard verified,
     then started again with the same line, it asks for the other chunks only."""
     host = bed.add_host("boot")
-    digest, spec = _prepare_on(bed, host, tmp_path, shard_tokens=131072, chunk_kb=16, slots=1, text_bytes=700_000,
+    digest, spec = _prepare_on(bed, host, tmp_path, shard_tokens=131072, chunk_kb=16, slots=1,
+                               text_bytes=700_000,
                                num_stages=1)
     boot = BootstrapOnHost(bed, host, tmp_path, "--run-spec", str(spec), "--data", str(tmp_path / "data"))
     volunteer = Volunteer(bed, bed.add_host("v0", rate_mbit=0.5), tmp_path, boot.join_line())
@@ -158,9 +161,16 @@ def test_a_volunteer_killed_mid_download_resumes_with_what_it_verified(bed, tmp_
     verified = len(json.loads((cache / f"{name}.have").read_text()))  # what it had when it died
     assert done <= verified < total
     volunteer.start()
-    line = wait_for(lambda: re.search(rf"data: {re.escape(name)} verified \((\d+) of (\d+) chunks fetched now",
-                                      volunteer.text()), 300, "the restarted volunteer to finish the shard", tmp_path)
-    resumed = re.search(rf"data: resuming {re.escape(name)} with (\d+) of (\d+) chunks verified", volunteer.text())
+    line = wait_for(
+        lambda: re.search(
+            rf"data: {re.escape(name)} verified \((\d+) of (\d+) chunks fetched now", volunteer.text()
+        ),
+        300,
+        "the restarted volunteer to finish the shard",
+        tmp_path,
+    )
+    resumed = re.search(rf"data: resuming {re.escape(name)} with (\d+) of (\d+) chunks verified",
+                        volunteer.text())
     assert resumed and int(resumed.group(1)) == verified, volunteer.text()[-3000:]
     assert (int(line.group(1)), int(line.group(2))) == (total - verified, total)
     assert _sha(cache / name) == _sha(tmp_path / "data" / name)
@@ -183,7 +193,8 @@ def _prepare_on(bed, host, workdir: Path, *, shard_tokens: int, chunk_kb: int, s
     digest = re.search(r'manifest_sha256 = "([0-9a-f]{64})"', log.read_text()).group(1)
     spec = run_spec_file(workdir, inner_steps=10, run_id="real-text")
     text = re.sub(r"(?ms)^\[data\].*?(?=^\[method\])",
-                  f'[data]\nkind = "manifest"\nmanifest_sha256 = "{digest}"\nslots = {slots}\n\n', spec.read_text())
+                  f'[data]\nkind = "manifest"\nmanifest_sha256 = "{digest}"\nslots = {slots}\n\n',
+                  spec.read_text())
     spec.write_text(re.sub(r"(?m)^num_stages = \d+", f"num_stages = {num_stages}", text))
     return digest, spec
 

@@ -23,7 +23,8 @@ from swarm_hosts import BootstrapOnHost, Volunteer, run_spec_file, volunteer_env
 
 from swarm_node.spec import RunSpec
 
-ARTIFACTS = Path(os.environ.get("SWARM_TEST_ARTIFACTS", Path(__file__).resolve().parents[2] / "test-artifacts"))
+ARTIFACTS = Path(os.environ.get("SWARM_TEST_ARTIFACTS",
+                                Path(__file__).resolve().parents[2] / "test-artifacts"))
 INNER_STEPS = 20  # H of the test run: several rounds within a minute
 
 
@@ -36,10 +37,12 @@ def public_run(module_bed, tmp_path_factory):
     boot = BootstrapOnHost(bed, bed.add_host("boot"), workdir, "--run-spec", str(spec))
     line = boot.join_line()
     ready_s = time.monotonic() - started
-    second = BootstrapOnHost(bed, bed.add_host("boot2"), workdir, "--initial-peers", boot.maddr, name="second")
+    second = BootstrapOnHost(bed, bed.add_host("boot2"), workdir, "--initial-peers", boot.maddr,
+                             name="second")
     second.join_line()
     # two volunteers on distant links (30 ms more to every round trip), two nearby
-    volunteers = [Volunteer(bed, bed.add_host(f"v{i}", rtt_ms=30 if i % 2 else 0), workdir, line) for i in range(4)]
+    volunteers = [Volunteer(bed, bed.add_host(f"v{i}", rtt_ms=30 if i % 2 else 0), workdir,
+                            line) for i in range(4)]
     run = {"bed": bed, "boot": boot, "second": second, "line": line, "volunteers": volunteers,
            "workdir": workdir, "spec": spec, "ready_s": ready_s}
     # Two newcomers that only read the run spec and leave start now, while the swarm
@@ -63,7 +66,8 @@ def _start_stock_reader(run):
               "print('ENTRIES', json.dumps([e.value for e in found.value.values()] if found else None))\n"
               "dht.shutdown()\n")
     log = run["workdir"] / "reader.log"
-    process = bed.popen(bed.add_host("reader"), [sys.executable, "-c", script, boot.maddr, boot.status()["spec_key"]],
+    process = bed.popen(bed.add_host("reader"), [sys.executable, "-c", script, boot.maddr,
+                                                 boot.status()["spec_key"]],
                         log=log, env=volunteer_env())
     return process, log
 
@@ -76,7 +80,8 @@ def _start_wrong_spec_volunteer(run) -> Volunteer:
     other = workdir / "other.toml"
     other.write_text(run["spec"].read_text().replace("seq_len = 64", "seq_len = 32"))
     first = run["volunteers"][0]
-    node_line = wait_for(lambda: re.search(r"join through this node with (--initial-peers \S+)", first.text()), 120,
+    node_line = wait_for(lambda: re.search(r"join through this node with (--initial-peers \S+)",
+                                           first.text()), 120,
                          "the first volunteer to print its own join line", workdir)
     return Volunteer(bed, bed.add_host("wrong"), workdir, f"swarm-node join {node_line.group(1)}", "--config",
                      str(other))
@@ -121,7 +126,9 @@ def test_four_volunteers_typing_the_printed_line_train_together(public_run):
     for v in volunteers:
         text = v.text()
         assert f"published by {boot.peer_id[-6:]}" in text and "cannot be reached" not in text
-        assert f"reachability: {boot.peer_id[-6:]} dialled this node back at /ip4/{v.host.address}" in text, text
+        assert f"reachability: {boot.peer_id[-6:]} dialled this node back at /ip4/{v.host.address}" in text, (
+            text
+        )
         # what a node prints for others names an address of its own host, first
         assert f"join through this node with --initial-peers /ip4/{v.host.address}/tcp/31338/p2p/" in text
 
@@ -158,7 +165,8 @@ def test_metrics_parse_with_the_prometheus_parser(public_run):
               [(p["short_id"], p["state"], p["verified"]) for p in boot.peers()])
         return None
 
-    samples = wait_for(four_training, 60, "the metrics to count the four volunteers as training", public_run["workdir"])
+    samples = wait_for(four_training, 60, "the metrics to count the four volunteers as training",
+                       public_run["workdir"])
     assert samples[("swarm_bootstrap_up", ())] == 1
     assert sum(1 for name, _ in samples if name == "swarm_peer_inner_step") == 4
 
@@ -176,7 +184,8 @@ def test_dashboard_shows_the_peer_table_and_a_loss_plot_from_real_data(public_ru
     _all_paired_twice(public_run)
     wait_for(lambda: sum(p["loss"] is not None for p in json.loads(boot.get("/api/history")[1])) >= 3, 60,
              "three loss points in the history")
-    browser = ["ip", "netns", "exec", boot.host.namespace, chromium, "--headless", "--no-sandbox", "--disable-gpu",
+    browser = ["ip", "netns", "exec", boot.host.namespace, chromium, "--headless", "--no-sandbox",
+               "--disable-gpu",
                "--virtual-time-budget=8000"]
     url = "http://127.0.0.1:8080/"
     dom = subprocess.run([*browser, "--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
@@ -214,8 +223,12 @@ def test_training_outlives_every_bootstrap_and_a_restarted_one_lists_the_swarm_a
         os.killpg(bootstrap.process.pid, signal.SIGKILL)
         bootstrap.process.wait()
     at_kill = {v.host.name: _last_step(v) for v in public_run["volunteers"]}
-    wait_for(lambda: all(_last_step(v) >= at_kill[v.host.name] + INNER_STEPS for v in public_run["volunteers"]),
-             120, "every volunteer to train another round with every bootstrap gone", workdir)
+    wait_for(
+        lambda: all(_last_step(v) >= at_kill[v.host.name] + INNER_STEPS for v in public_run["volunteers"]),
+        120,
+        "every volunteer to train another round with every bootstrap gone",
+        workdir,
+    )
 
     boot.start()  # the same identity, port and run spec, as systemd's Restart=always would
     restarted = time.monotonic()
@@ -223,14 +236,18 @@ def test_training_outlives_every_bootstrap_and_a_restarted_one_lists_the_swarm_a
     up = time.monotonic()
     wait_for(lambda: live <= {p["peer_id"] for p in boot.peers() if p["state"] == "training"}, 30,
              "the restarted bootstrap to list every live node", workdir)
-    print(f"the restarted bootstrap was up {up - restarted:.1f} s after its start and listed all {len(live)} live "
-          f"nodes {time.monotonic() - up:.1f} s later")
+    print(
+        f"the restarted bootstrap was up {up - restarted:.1f} s after its start and listed all {len(live)} "
+        f"live nodes {time.monotonic() - up:.1f} s later"
+    )
     # it found them itself, from the peers it wrote down, not only through the nodes' redials
     # (which may list them first: its own dials' line comes when they are done)
     wait_for(lambda: re.search(r"dialled [4-9] of the \d+ peers this bootstrap knew before its restart",
-                               boot.log.read_text()), 30, "the restarted bootstrap to dial the peers it knew", workdir)
+                               boot.log.read_text()), 30, "the restarted bootstrap to dial the peers it knew",
+             workdir)
     newcomer = Volunteer(bed, bed.add_host("late"), workdir, boot.join_line())
-    wait_for(lambda: "downloaded state from" in newcomer.text(), 120, "the newcomer to download state", workdir)
+    wait_for(lambda: "downloaded state from" in newcomer.text(), 120, "the newcomer to download state",
+             workdir)
     found = wait_for(lambda: next((p for p in boot.peers() if p["short_id"] == newcomer.peer_id()
                                    and p["state"] == "training"), None), 60, "the newcomer to train", workdir)
     assert found["inner_step"] > 0 and found["reachable"]
@@ -245,9 +262,11 @@ def _last_step(volunteer: Volunteer) -> int:
 def test_a_volunteer_listening_on_loopback_only_says_so_and_trains_stage_0(public_run):
     """What `join` did by default before: others could not dial it, and it did not know."""
     bed, boot, workdir = public_run["bed"], public_run["boot"], public_run["workdir"]
-    shy = Volunteer(bed, bed.add_host("shy"), workdir, boot.join_line(), "--host-maddrs", "/ip4/127.0.0.1/tcp/0")
+    shy = Volunteer(bed, bed.add_host("shy"), workdir, boot.join_line(), "--host-maddrs",
+                    "/ip4/127.0.0.1/tcp/0")
     found = wait_for(lambda: next((p for p in boot.peers() if p["short_id"] == shy.peer_id()
-                                   and p["state"] == "training"), None), 120, "the loopback volunteer to train",
+                                   and p["state"] == "training"), None), 120,
+                     "the loopback volunteer to train",
                      workdir)
     assert found["stage"] == 0 and not found["reachable"]
     assert "this node listens on loopback only (/ip4/127.0.0.1/tcp/0)" in shy.text()

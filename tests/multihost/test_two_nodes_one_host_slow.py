@@ -76,7 +76,8 @@ def one_try(bed, boot, host, workdir: Path, line: str, attempt: int) -> tuple[in
     assert PORT_LINE.fullmatch(last_line) and status == "exit status 2", texts[loser][-2000:]
     winner_log = logs[1 - loser]
     winner = wait_for(lambda: node_id(winner_log), 120, f"try {attempt}: the other node to start", workdir)
-    wait_for(lambda: trains(peer(boot, winner)), 180, f"try {attempt}: the other node to train, reachable", workdir)
+    wait_for(lambda: trains(peer(boot, winner)), 180, f"try {attempt}: the other node to train, reachable",
+             workdir)
     winner_text = winner_log.read_text(errors="replace")
     assert "NAT" not in winner_text and "exit status" not in winner_text
     stop(shell, 30.0)  # SIGTERM to the script's process group: the winner too
@@ -88,7 +89,8 @@ def test_two_joins_in_the_same_second_one_stops_with_the_port_line_the_other_tra
     line = boot.join_line()
     host = bed.add_host("gpus2")
     outcomes = [one_try(bed, boot, host, tmp_path, line, attempt) for attempt in range(TRIES)]
-    print("\n".join(f"try {i}: node {loser} stopped with: {text}" for i, (loser, text) in enumerate(outcomes)))
+    print("\n".join(f"try {i}: node {loser} stopped with: {text}" for i, (loser,
+                                                                          text) in enumerate(outcomes)))
 
     shell, logs = start_pair(bed, host, tmp_path, line, "--port", "0", tag="port0")
     ids = wait_for(lambda: started_ids(logs), 120, "both nodes with --port 0 to start", tmp_path)

@@ -13,4 +13,5 @@ from .bed import (
 )
 from .netns import call_in
 
-__all__ = ["ClosedOnFailure", "Host", "TestBed", "call_in", "ensure_iptables", "host_env", "remove_leftovers", "stop", "unavailable"]
+__all__ = ["ClosedOnFailure", "Host", "TestBed", "call_in", "ensure_iptables", "host_env", "remove_leftovers",
+           "stop", "unavailable"]

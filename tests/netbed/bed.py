@@ -3,7 +3,7 @@
     namespace PREFIX-wan        bridge br0: "the internet", 10.201.0.0/24
       port pN  <-- access link -->  namespace PREFIX-NAME   eth0 10.201.0.(10+N)   (a public host)
       port pN  <-- access link -->  namespace PREFIX-NAME-nat  wan0 10.201.0.(10+N)  (a home router)
-                                        lan0 192.168.1.1  <-- veth -->  namespace PREFIX-NAME  eth0 192.168.1.2
+                                        lan0 192.168.1.1  <- veth ->  namespace PREFIX-NAME  eth0 192.168.1.2
 
 An access link is a veth pair, or, when the host asks for latency, a pair of TAP devices
 joined by ``delay.py`` (``tc netem`` is missing here). Rates are ``tc tbf`` on both ends of
@@ -156,7 +156,8 @@ class TestBed(ClosedOnFailure):
         self._next_index += 1
         public = f"{WAN_SUBNET}.{10 + index}"
         namespace = f"{self.prefix}-{name}"
-        host = Host(name, namespace, LAN_SUBNET + ".2" if behind_nat else public, public, behind_nat, rate_mbit,
+        host = Host(name, namespace, LAN_SUBNET + ".2" if behind_nat else public, public, behind_nat,
+                    rate_mbit,
                     rtt_ms, router=f"{namespace}-nat" if behind_nat else None, port=f"p{index}")
         try:
             self._add_namespace(namespace)
@@ -180,7 +181,8 @@ class TestBed(ClosedOnFailure):
         """Bytes the host has sent into its access link: everything (payloads, DHT,
         libp2p and TCP/IP headers), the same count for any program."""
         edge, edge_dev = host.edge
-        shown = subprocess.run(["ip", "-n", edge, "-s", "-j", "link", "show", "dev", edge_dev], capture_output=True,
+        shown = subprocess.run(["ip", "-n", edge, "-s", "-j", "link", "show", "dev", edge_dev],
+                               capture_output=True,
                                text=True, check=True, timeout=30).stdout
         return int(json.loads(shown)[0]["stats64"]["tx"]["bytes"])
 

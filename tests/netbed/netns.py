@@ -57,7 +57,9 @@ def call_in(namespace: str, fn: Callable[..., T], *args, timeout_s: float = 60.0
     thread.start()
     thread.join(timeout_s)
     if thread.is_alive():
-        raise TimeoutError(f"{getattr(fn, '__name__', fn)} in namespace {namespace} ran past {timeout_s:.0f}s")
+        raise TimeoutError(
+            f"{getattr(fn, '__name__', fn)} in namespace {namespace} ran past {timeout_s:.0f}s"
+        )
     if "error" in result:
         raise result["error"]
     return result["value"]  # type: ignore[return-value]

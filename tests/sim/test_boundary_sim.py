@@ -17,7 +17,8 @@ from swarm_node.wire import boundary as coded
 STEPS = 40
 CONFIG = SimConfig(method=default_method("noloco", inner_steps=10),
                    inner=InnerHyper(lr=3e-3, warmup_steps=5, total_steps=STEPS),
-                   data=DataSpec(kind="synthetic", order=1, num_tokens=100_000), replicas=2, stages=2, seq_len=32,
+                   data=DataSpec(kind="synthetic", order=1, num_tokens=100_000), replicas=2, stages=2,
+                   seq_len=32,
                    batch_size=8, steps=STEPS, eval_every_steps=STEPS, eval_batches=2,
                    activation_codec="bottleneck8", activation_ratio=8.0)
 

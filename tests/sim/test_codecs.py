@@ -15,7 +15,8 @@ from swarm_node.spec import RunSpec
 STEPS = 300
 CONFIG = SimConfig(method=default_method("noloco", inner_steps=10),
                    inner=InnerHyper(lr=3e-3, warmup_steps=10, total_steps=STEPS),
-                   data=DataSpec(kind="synthetic", order=1, num_tokens=200_000), replicas=4, stages=2, seq_len=32,
+                   data=DataSpec(kind="synthetic", order=1, num_tokens=200_000), replicas=4, stages=2,
+                   seq_len=32,
                    batch_size=8, steps=STEPS, eval_every_steps=STEPS, eval_batches=4)
 
 
@@ -34,7 +35,8 @@ def test_a_short_run_with_both_codecs_trains():
 @pytest.mark.slow
 def test_8_bit_activations_and_4_bit_delta_with_error_feedback_within_1_percent():
     plain = final_loss()
-    for settings in (dict(activation_codec="int8"), dict(outer_codec=RunSpec().outer_codec), dict(outer_codec="int8")):
+    for settings in (dict(activation_codec="int8"), dict(outer_codec=RunSpec().outer_codec),
+                     dict(outer_codec="int8")):
         coded = final_loss(**settings)
         print(f"{settings}: {coded:.4f} against {plain:.4f}")
         assert abs(coded / plain - 1) <= 0.01, (settings, coded, plain)

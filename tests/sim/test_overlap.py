@@ -16,7 +16,8 @@ from swarm_node.sim import SimConfig, Simulator
 STEPS, H = 300, 10
 CONFIG = SimConfig(method=default_method("noloco", inner_steps=H),
                    inner=InnerHyper(lr=3e-3, warmup_steps=10, total_steps=STEPS),
-                   data=DataSpec(kind="synthetic", order=1, num_tokens=200_000), replicas=4, stages=2, seq_len=32,
+                   data=DataSpec(kind="synthetic", order=1, num_tokens=200_000), replicas=4, stages=2,
+                   seq_len=32,
                    batch_size=8, steps=STEPS, eval_every_steps=STEPS, eval_batches=4)
 
 
@@ -27,7 +28,8 @@ def final_loss(latency_steps: int | None, seed: int = 0) -> float:
     return result.final_val_loss
 
 
-@pytest.mark.slow  # two 4 x 2 runs; the rule's steps are checked by default in tests/unit/test_overlapped_worker.py
+# two 4 x 2 runs; the rule's steps are checked by default in tests/unit/test_overlapped_worker.py
+@pytest.mark.slow
 def test_an_exchange_landing_half_a_round_late_trains_as_well_as_the_blocking_round():
     blocking, overlapped = final_loss(None), final_loss(H // 2)
     assert overlapped != blocking  # the rule ran: the progress made meanwhile was carried

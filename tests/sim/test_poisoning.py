@@ -15,7 +15,8 @@ from swarm_node.sim import SimConfig
 def config(steps: int) -> SimConfig:
     return SimConfig(method=default_method("noloco", inner_steps=10),
                      inner=InnerHyper(lr=3e-3, warmup_steps=10, total_steps=steps),
-                     data=DataSpec(kind="synthetic", order=1, num_tokens=200_000), replicas=4, stages=2, seq_len=32,
+                     data=DataSpec(kind="synthetic", order=1, num_tokens=200_000), replicas=4, stages=2,
+                     seq_len=32,
                      batch_size=8, steps=steps, eval_every_steps=steps, eval_batches=4)
 
 
@@ -71,4 +72,5 @@ def test_other_attackers_are_refused_or_clipped(undisturbed, attack, max_accepte
     is accepted but clipped to 1.5x our own Delta norm: it cannot pull the honest nodes
     apart, and their loss stays within 2% of an undisturbed run."""
     report, loss = run(LONG, attacker=ATTACKER, **attack)
-    check_defended(LONG, report, loss, undisturbed, max_accepted=max_accepted if max_accepted is not None else 10**6)
+    check_defended(LONG, report, loss, undisturbed,
+                   max_accepted=max_accepted if max_accepted is not None else 10**6)

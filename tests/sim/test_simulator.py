@@ -117,7 +117,8 @@ def test_cli_reports_bad_settings_in_one_line(capsys):
 def test_config_refuses_a_split_the_model_cannot_take_before_loading_anything():
     from swarm_node.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="the debug model has 2 layers, which cannot be split into 3 stages: "
+    with pytest.raises(ConfigError,
+                       match="the debug model has 2 layers, which cannot be split into 3 stages: "
                                           "use stages 2 or fewer"):
         small_config("noloco", stages=3)
     assert small_config("noloco", stages=3, layers_per_stage=(0, 1, 1)).stages == 3
@@ -218,7 +219,8 @@ def test_the_reference_codes_frozen_input_embedding_never_moves_while_the_rest_t
     for step in range(1, 7):
         sim.advance(step)
     for w, embedding, trained in zip(sim.workers[0], before, blocks):
-        assert torch.equal(w.stage.model.embed_tokens.weight, embedding)  # through inner steps and outer rounds
+        # through inner steps and outer rounds
+        assert torch.equal(w.stage.model.embed_tokens.weight, embedding)
         assert any(not torch.equal(p, q) for p, q in zip([p for p in w.stage.parameters() if p.requires_grad],
                                                           trained))
     moving = Simulator(small_config("noloco", steps=2, inner_steps=3))

@@ -56,11 +56,14 @@ class Bootstrap:
         def printed():
             assert self.process.poll() is None, f"bootstrap exited: {self.err_path.read_text()[-2000:]}"
             lines = self.out_path.read_text().splitlines()
-            joins = [ln.split()[-1] for ln in lines if ln.strip().startswith("swarm-node join --initial-peers")]
+            joins = [
+                ln.split()[-1] for ln in lines if ln.strip().startswith("swarm-node join --initial-peers")
+            ]
             urls = [ln.split()[1] for ln in lines if ln.startswith("dashboard: ")]
             return (joins[0], urls[0]) if joins and urls else None
 
-        self.maddr, self.url = wait_for(printed, timeout_s, "the bootstrap to print its address", self.err_path)
+        self.maddr, self.url = wait_for(printed, timeout_s, "the bootstrap to print its address",
+                                        self.err_path)
         return time.monotonic() - self.started
 
     @property

@@ -25,7 +25,9 @@ def node(stage: int, argv: list[str]) -> int:
 
     def step_or_fail(self):
         if ours and self.inner_step >= 1:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (injected by the test)")
+            raise torch.OutOfMemoryError(
+                "CUDA out of memory. Tried to allocate 20.00 GiB (injected by the test)"
+            )
         return step(self)
 
     StageWorker.step = step_or_fail

@@ -44,7 +44,8 @@ def test_a_node_serves_healthz_and_its_own_metrics(tmp_path):
     proc = join(tmp_path, "node", "--config", str(spec_path), "--host-maddrs", "/ip4/127.0.0.1/tcp/0",
                 "--http-port", "0", "--threads", "1", "--no-progress")
     try:
-        url = wait_for(lambda: re.search(r"status endpoints: (http://\S+)/healthz", (tmp_path / "node.log").read_text()),
+        url = wait_for(lambda: re.search(r"status endpoints: (http://\S+)/healthz",
+                                         (tmp_path / "node.log").read_text()),
                        90, "the status endpoints", tmp_path).group(1)
 
         def get(path: str) -> bytes:
@@ -55,8 +56,15 @@ def test_a_node_serves_healthz_and_its_own_metrics(tmp_path):
                 return exc.read()
 
         assert wait_for(lambda: get("/healthz").startswith(b"ok: training"), 60, "a healthy node")
-        families = wait_for(lambda: (f := {f.name: f for f in text_string_to_metric_families(get("/metrics").decode())})
-                            and f["swarm_node_inner_step"].samples[0].value > 0 and f, 60, "inner steps")
+        families = wait_for(
+            lambda: (
+                (f := {f.name: f for f in text_string_to_metric_families(get("/metrics").decode())})
+                and f["swarm_node_inner_step"].samples[0].value > 0
+                and f
+            ),
+            60,
+            "inner steps",
+        )
         assert families["swarm_node_inner_step"].samples[0].labels["stage"] == "0"
         assert "swarm_node_bytes_sent" in families
         status = json.loads(get("/api/status"))

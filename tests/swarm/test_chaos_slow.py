@@ -20,7 +20,8 @@ def honest_faults(run_dir) -> list[str]:
 
 def run(tmp_path, name: str, *extra: str) -> tuple[dict, str]:
     out = tmp_path / f"{name}.json"
-    cmd = [sys.executable, "-m", "swarm_node", "local", "--stages", "2", "--replicas", "3", "--model", "debug",
+    cmd = [sys.executable, "-m", "swarm_node", "local", "--stages", "2", "--replicas", "3", "--model",
+           "debug",
            "--data", "synthetic", "--steps", str(STEPS), "--inner-steps", "25", "--round-timeout", "5",
            "--run-dir", str(tmp_path / name), "--json-out", str(out), "--no-progress", *extra]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
@@ -38,7 +39,8 @@ def calm(tmp_path_factory):
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize("seed", [0, 1])
 def test_two_kills_and_a_restart_from_checkpoint_cost_under_ten_percent(tmp_path, calm, seed):
-    chaos, log = run(tmp_path, "chaos", "--chaos-kills", "2", "--chaos-restarts", "1", "--chaos-seed", str(seed))
+    chaos, log = run(tmp_path, "chaos", "--chaos-kills", "2", "--chaos-restarts", "1", "--chaos-seed",
+                     str(seed))
     assert log.count("chaos: killing node") == 2 and log.count("chaos: restarted node") == 1
     lost = [p for p in chaos["peers"] if p["status"] == "lost"]
     restarted = [p for p in chaos["peers"] if p["restarted"]]
@@ -46,6 +48,7 @@ def test_two_kills_and_a_restart_from_checkpoint_cost_under_ten_percent(tmp_path
     assert restarted[0]["status"] == "finished" and restarted[0]["resumed_from_step"] > 0
     survivors = [p for p in chaos["peers"] if p["status"] == "finished"]
     assert len(survivors) == 5 and all(p["inner_steps"] > 0 for p in survivors)
-    assert chaos["final_val_loss"] <= 1.10 * calm["final_val_loss"], (chaos["final_val_loss"], calm["final_val_loss"])
+    assert chaos["final_val_loss"] <= 1.10 * calm["final_val_loss"], (chaos["final_val_loss"],
+                                                                      calm["final_val_loss"])
     print(f"seed {seed}: undisturbed {calm['final_val_loss']:.4f}, chaos {chaos['final_val_loss']:.4f}, "
           f"{sum(p['microbatches_lost'] for p in chaos['peers'])} micro-batches lost")

@@ -20,7 +20,8 @@ TAGGED = TaggedRun("SWARM_TEST_RUN")
 def test_a_local_swarm_with_a_bottleneck_boundary_trains(tmp_path):
     out, log = tmp_path / "coded.json", tmp_path / "coded.log"
     cmd = [sys.executable, "-m", "swarm_node", "local", "--stages", "2", "--replicas", "1",
-           "--model", "debug", "--steps", "20", "--activation-codec", "bottleneck8", "--activation-ratio", "32",
+           "--model", "debug", "--steps", "20", "--activation-codec", "bottleneck8", "--activation-ratio",
+           "32",
            "--json-out", str(out), "--no-progress"]
     with open(log, "wb") as sink:
         proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,

@@ -36,7 +36,7 @@ def test_thirty_honest_joins_are_all_adopted_and_the_check_is_cheap(harness_fact
         h = harness_factory(spec(seed))
         for stage in (0, 0, 1, 1):
             h.spawn(stage, "--round-timeout", "5", name=f"s{seed}-base{stage}-{len(h.processes)}")
-        h.wait_for(lambda: all(r.outer_round >= 3 for s in (0, 1) for r in h.records(s).values())
+        h.wait_for(lambda h=h: all(r.outer_round >= 3 for s in (0, 1) for r in h.records(s).values())
                    and all(len(h.records(s)) == 2 for s in (0, 1)), 240, "the 2 x 2 run to train 3 rounds")
         alive = []
         for k in range(JOINS_PER_SEED):
@@ -45,7 +45,8 @@ def test_thirty_honest_joins_are_all_adopted_and_the_check_is_cheap(harness_fact
             started = time.monotonic()
             name = f"s{seed}-join{k}"
             proc = h.spawn(stage, "--round-timeout", "5", name=name)
-            h.wait_for(lambda: "downloaded state from" in h.log_of(name) and training(h, name, stage), 180,
+            h.wait_for(lambda h=h, name=name, stage=stage: "downloaded state from" in h.log_of(name)
+                       and training(h, name, stage), 180,
                        f"joiner {name} to adopt a state and train")
             join_s = time.monotonic() - started
             alive.append((proc, name, stage, size, join_s))
@@ -74,5 +75,6 @@ def finish(h, proc, name: str, stage: int, size: int, join_s: float) -> dict:
     assert proc.wait(timeout=60) == 0, h.log_of(name)[-2000:]
     summary = h.summary_of(proc)
     return {"joiner": name, "stage": stage, "stage_size": size, "join_s": round(join_s, 1),
-            "check_s": round(summary["state_check_s"], 3), "download_s": round(summary["state_download_s"], 3),
+            "check_s": round(summary["state_check_s"], 3), "download_s": round(summary["state_download_s"],
+                                                                               3),
             "refused": summary["states_refused"], "verdict": summary["state_check"]}

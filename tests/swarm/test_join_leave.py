@@ -8,7 +8,8 @@ from swarm_node.spec import RunSpec
 
 
 def spec(run_id: str, steps: int) -> RunSpec:
-    return RunSpec(run_id=run_id, model_size="debug", num_stages=2, seq_len=32, batch_size=8, samples_per_step=8,
+    return RunSpec(run_id=run_id, model_size="debug", num_stages=2, seq_len=32, batch_size=8,
+                   samples_per_step=8,
                    total_steps=steps, data=DataSpec(kind="synthetic", order=1, num_tokens=400_000),
                    method=default_method("noloco", inner_steps=20),
                    inner=InnerHyper(lr=3e-3, warmup_steps=10, total_steps=steps))

@@ -64,8 +64,11 @@ def test_a_node_out_of_memory_is_dead_named_and_its_model_not_evaluated(tmp_path
                   "--json-out", str(out), *LOCAL)
     assert proc.wait(timeout=300) == 1, log.read_text()[-3000:]
     text = log.read_text()
-    assert re.search(r"dead: node stage 0 replica 0 \(pid \d+\) died with exit code 2: swarm-node join: error: "
-                     r"out of memory on cpu", text), text[-3000:]
+    assert re.search(
+        r"dead: node stage 0 replica 0 \(pid \d+\) died with exit code 2: swarm-node join: error: "
+        r"out of memory on cpu",
+        text,
+    ), text[-3000:]
     assert "evaluating" not in text and "has done its" not in text
     summary = json.loads(out.read_text())
     assert summary["peers"][0]["status"] == "dead" and summary["peers"][0]["exit_code"] == 2
@@ -89,7 +92,8 @@ def test_a_dead_stage_stops_the_run_and_the_other_stage_is_not_evaluated_either(
 
 def test_sigterm_during_a_final_evaluation_that_never_ends_stops_everything_within_10_s(tmp_path):
     log = tmp_path / "local.log"
-    proc = _start(log, str(FAULTS), "stuck-eval", "--", "--stages", "1", "--replicas", "1", "--steps", "10", *LOCAL)
+    proc = _start(log, str(FAULTS), "stuck-eval", "--", "--stages", "1", "--replicas", "1", "--steps", "10",
+                  *LOCAL)
     _wait_for(lambda: "evaluation stuck" in log.read_text(), 240, "evaluation", proc, log)
     assert _sigterm_and_time(proc) <= 10
     assert proc.returncode == 130 and "interrupted" in log.read_text()
@@ -110,7 +114,8 @@ def test_sigterm_during_training_stops_every_node_within_10_s(tmp_path):
 
 def test_sigterm_while_the_nodes_start_stops_them_within_10_s(tmp_path):
     log = tmp_path / "local.log"
-    proc = _start(log, "-m", "swarm_node", "local", "--stages", "2", "--replicas", "2", "--steps", "100000", *LOCAL)
+    proc = _start(log, "-m", "swarm_node", "local", "--stages", "2", "--replicas", "2", "--steps", "100000",
+                  *LOCAL)
     _wait_for(lambda: "bootstrap DHT at" in log.read_text(), 120, "the bootstrap", proc, log)
     assert _sigterm_and_time(proc) <= 10
     assert proc.returncode == 130

@@ -23,17 +23,21 @@ def run_local(tmp_path, method: str, steps: int = 90, dashboard: bool = False,
     /api/status showed once all four nodes were training and had answered it (verified).
     Its output is in METHOD.log."""
     out, log = tmp_path / f"{method}.json", tmp_path / f"{method}.log"
-    cmd = [sys.executable, "-m", "swarm_node", "local", "--stages", "2", "--replicas", "2", "--model", "debug",
+    cmd = [sys.executable, "-m", "swarm_node", "local", "--stages", "2", "--replicas", "2", "--model",
+           "debug",
            "--data", "synthetic:order=1", "--steps", str(steps), "--inner-steps", "30", "--method", method,
            "--json-out", str(out), "--no-progress", *(["--dashboard-port", "0"] if dashboard else []), *extra]
     with open(log, "wb") as sink:
-        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True, env=_tagged_env())
+        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+                                env=_tagged_env())
     status = None
     try:
         if dashboard:
-            url = wait_for(lambda: re.search(r"dashboard: (http://\S+)", log.read_text()), 60, "the dashboard", log)
+            url = wait_for(lambda: re.search(r"dashboard: (http://\S+)", log.read_text()), 60,
+                           "the dashboard", log)
             seen: set[str] = set()
-            status = wait_for(lambda: _all_training(url.group(1).rstrip("/") + "/api/status", 4, seen, proc), 90,
+            status = wait_for(lambda: _all_training(url.group(1).rstrip("/") + "/api/status", 4, seen, proc),
+                              90,
                               "all four nodes in /api/status", log)
         assert proc.wait(timeout=240) == 0, log.read_text()[-3000:]
     finally:
@@ -141,18 +145,21 @@ def test_nothing_is_left_behind(runs):
 def test_a_node_killed_hard_is_reported_dead_and_named_and_the_rest_finish(tmp_path):
     run_dir = tmp_path / "run"
     out = tmp_path / "out.json"
-    cmd = [sys.executable, "-m", "swarm_node", "local", "--stages", "2", "--replicas", "2", "--model", "debug",
+    cmd = [sys.executable, "-m", "swarm_node", "local", "--stages", "2", "--replicas", "2", "--model",
+           "debug",
            "--data", "synthetic:order=1", "--steps", "60", "--inner-steps", "30", "--run-dir", str(run_dir),
            "--round-timeout", "5", "--json-out", str(out), "--no-progress",
            *COMPUTE_SHARE]  # not to save time (the run is 60 steps either way): to see `local` pass it on
-    swarm = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_tagged_env())
+    swarm = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                             env=_tagged_env())
     victim_log = run_dir / "node-s1-r1.log"
     victim = None
     deadline = time.monotonic() + 120
     while victim is None and time.monotonic() < deadline and swarm.poll() is None:
         if victim_log.exists() and "round 0" in victim_log.read_text(errors="replace"):
             # the node itself, not its forked DHT child (same command line): a direct child of `local`
-            found = subprocess.run(["pgrep", "-P", str(swarm.pid), "-f", f"{run_dir}/run-spec.json --stage 1"],
+            found = subprocess.run(["pgrep", "-P", str(swarm.pid), "-f",
+                                    f"{run_dir}/run-spec.json --stage 1"],
                                    capture_output=True, text=True).stdout.split()
             victim = int(found[-1]) if found else None
         time.sleep(0.2)  # polling a log file for a condition
@@ -169,10 +176,12 @@ def test_a_node_killed_hard_is_reported_dead_and_named_and_the_rest_finish(tmp_p
     assert by_pid[victim]["status"] == "dead" and summary["dead_nodes"][0].startswith("stage 1 replica 1")
     others = [p for p in summary["peers"] if p["pid"] != victim]
     assert all(p["status"] == "finished" for p in others)
-    assert all(p["inner_steps"] == 60 for p in others if p["stage"] == 0)  # a round after the kill, alone in stage 1
+    # a round after the kill, alone in stage 1
+    assert all(p["inner_steps"] == 60 for p in others if p["stage"] == 0)
     # replica 0's path is evaluated; replica 1's and the consensus need the dead node's weights
     assert summary["final_val_loss"] is not None and summary["final_consensus_val_loss"] is None
-    assert [reason.split(":")[0] for reason in summary["evaluation_skipped"]] == ["replica 1", "the consensus model"]
+    assert [reason.split(":")[0] for reason in summary["evaluation_skipped"]] == ["replica 1",
+                                                                                  "the consensus model"]
     assert _ours_running(".*/p2pd ") == ""
     # The victim's sockets are gone too: the daemons' and clients' files our processes had
     # open before the kill (other swarms on the machine have sockets of their own there).

@@ -24,16 +24,20 @@ pytestmark = pytest.mark.slow
 
 
 def test_a_5x_poisoner_is_shut_out_and_the_honest_nodes_keep_pairing(harness_factory):
-    spec = RunSpec(run_id="poison", model_size="tiny", num_stages=1, seq_len=64, batch_size=8, samples_per_step=8,
+    spec = RunSpec(run_id="poison", model_size="tiny", num_stages=1, seq_len=64, batch_size=8,
+                   samples_per_step=8,
                    total_steps=STEPS, data=DataSpec(kind="synthetic", order=1, num_tokens=400_000),
                    method=default_method("noloco", inner_steps=20),
                    inner=InnerHyper(lr=3e-3, warmup_steps=20, total_steps=STEPS))
     h = harness_factory(spec)
     honest = [h.spawn(0, "--round-timeout", "5", name=f"honest{i}") for i in range(2)]
-    h.wait_for(lambda: sum(r.outer_round >= 2 for r in h.records(0).values()) == 2, 120, "the honest nodes to train")
-    poisoner = h.spawn(0, "--round-timeout", "5", name="poisoner", program=POISONER, env={"POISON_SCALE": "5"})
+    h.wait_for(lambda: sum(r.outer_round >= 2 for r in h.records(0).values()) == 2, 120,
+               "the honest nodes to train")
+    poisoner = h.spawn(0, "--round-timeout", "5", name="poisoner", program=POISONER,
+                       env={"POISON_SCALE": "5"})
     ids = set(h.records(0))
-    joined = h.wait_for(lambda: [r for p, r in h.records(0).items() if p not in ids and r.state == "training"], 120,
+    joined = h.wait_for(lambda: [r for p,
+                                 r in h.records(0).items() if p not in ids and r.state == "training"], 120,
                         "the poisoner to join")[0]
     h.wait_for(lambda: any(p not in ids and r.outer_round >= joined.outer_round + ROUNDS for p, r in
                            h.records(0).items()), 180, f"the poisoner to take {ROUNDS} rounds")
@@ -50,7 +54,8 @@ def test_a_5x_poisoner_is_shut_out_and_the_honest_nodes_keep_pairing(harness_fac
     for i, s in enumerate(summaries):
         lines = h.log_of(f"honest{i}").splitlines()
         other = honest_ids[1 - i]
-        assert s["partners"].count(other) >= ROUNDS / 2, (s["partners"], s["outer_rounds"])  # they keep pairing
+        # they keep pairing
+        assert s["partners"].count(other) >= ROUNDS / 2, (s["partners"], s["outer_rounds"])
         assert not [ln for ln in lines if f"peer {other[-6:]}" in ln or f"with {other[-6:]} at" in ln]
         # At its own round it is rejected and shut out for half an hour, logged once; at
         # another round (where it lags after its rounds go local-only) it is declined,

@@ -21,7 +21,8 @@ from swarm_node.data.spec import DataSpec
 from swarm_node.optim import default_method
 from swarm_node.spec import RunSpec
 
-SPEC = RunSpec(run_id="port-race", model_size="debug", num_stages=2, seq_len=16, batch_size=4, samples_per_step=4,
+SPEC = RunSpec(run_id="port-race", model_size="debug", num_stages=2, seq_len=16, batch_size=4,
+               samples_per_step=4,
                data=DataSpec(kind="synthetic"), method=default_method("noloco", inner_steps=2))
 pytestmark = pytest.mark.slow
 
@@ -54,7 +55,9 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def test_of_two_joins_started_together_on_one_port_one_goes_on_and_the_other_says_the_port_is_in_use(tmp_path):
+def test_of_two_joins_started_together_on_one_port_one_goes_on_and_the_other_says_the_port_is_in_use(
+    tmp_path,
+):
     spec_path = tmp_path / "run-spec.json"
     SPEC.write_json(spec_path)
     port = free_port()
@@ -77,9 +80,10 @@ def test_of_two_joins_started_together_on_one_port_one_goes_on_and_the_other_say
         assert loser.wait(timeout=60) == 2
         errors = (tmp_path / ("a.err" if loser is racers[0] else "b.err")).read_text()
         assert errors.splitlines()[-1] == (
-            f"swarm-node join: error: TCP port {port} is in use (another swarm-node on this machine is starting "
-            "or running there): pass --port with a free port (and forward that one if this machine is behind a "
-            "router)"), errors
+            f"swarm-node join: error: TCP port {port} is in use (another swarm-node on this machine is "
+            f"starting or running there): pass --port with a free port (and forward that one if this machine "
+            f"is behind a router)"
+        ), errors
         assert "Traceback" not in errors
         assert winner.poll() is None  # still holding the port
         winner.stdin.write("stop\n")

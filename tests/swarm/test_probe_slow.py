@@ -54,7 +54,8 @@ def probe_env() -> dict:
 def start_node(tmp_path: Path, name: str, spec_path: Path, *extra: str) -> tuple[subprocess.Popen, str]:
     """A `swarm-node join` process of stage 0 and the multiaddr it prints."""
     log_path = tmp_path / f"{name}.log"
-    cmd = [sys.executable, "-m", "swarm_node", "join", "--config", str(spec_path), "--stage", "0", "--device", "cpu",
+    cmd = [sys.executable, "-m", "swarm_node", "join", "--config", str(spec_path), "--stage", "0", "--device",
+           "cpu",
            "--threads", "1", "--run-dir", str(tmp_path / name), "--metrics", "none", "--no-progress",
            "--host-maddrs", "/ip4/127.0.0.1/tcp/0", *extra]
     with open(log_path, "wb") as log:
@@ -86,7 +87,9 @@ def run_probe(env: dict, maddr: str, *extra: str) -> subprocess.CompletedProcess
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "swarm_node", "probe", maddr, "--timeout", "30", *extra],
                           capture_output=True, text=True, env=env, timeout=120)
-    print(f"probe {' '.join(extra)}: {time.monotonic() - started:.1f} s, exit {done.returncode}\n{done.stdout}")
+    print(
+        f"probe {' '.join(extra)}: {time.monotonic() - started:.1f} s, exit {done.returncode}\n{done.stdout}"
+    )
     return done
 
 
@@ -109,7 +112,9 @@ def test_probe_reads_a_nodes_status_over_noise(probe_env, node):
     report = json.loads(done.stdout)
     spec = RunSpec.from_file(SPEC)
     status = report["status"]
-    assert report["ok"] and report["verdict"].startswith(f"OK: node {status['peer_id']} of run 'debug-synthetic'")
+    assert report["ok"] and report["verdict"].startswith(
+        f"OK: node {status['peer_id']} of run 'debug-synthetic'"
+    )
     assert status["run_id"] == spec.run_id and status["spec_hash"] == spec.spec_hash()
     assert status["stage"] == 0 and status["num_stages"] == 2 and status["version"] == __version__
     assert status["peer_id"] == node.rsplit("/p2p/", 1)[1] == report["peer_id"]
@@ -133,12 +138,14 @@ def test_probing_a_closed_port_fails_with_a_clear_line(probe_env, node):
         port = s.getsockname()[1]
     done = run_probe(probe_env, f"/ip4/127.0.0.1/tcp/{port}/p2p/{node.rsplit('/p2p/', 1)[1]}")
     assert done.returncode == 1
-    assert re.match(r"cannot connect to /ip4/127\.0\.0\.1/tcp/\d+/p2p/\w+: .*Connection refused", verdict(done))
+    assert re.match(r"cannot connect to /ip4/127\.0\.0\.1/tcp/\d+/p2p/\w+: .*Connection refused",
+                    verdict(done))
 
 
 def test_probing_a_peer_without_the_status_protocol_says_so(probe_env):
     loop = asyncio.new_event_loop()
-    dht = loop.run_until_complete(SwarmDHT.start())  # a hivemind peer, like a bootstrap: no swarm-node protocols
+    # a hivemind peer, like a bootstrap: no swarm-node protocols
+    dht = loop.run_until_complete(SwarmDHT.start())
     try:
         done = run_probe(probe_env, dht.visible_maddrs()[0])
     finally:
@@ -160,5 +167,7 @@ def test_a_closed_run_refuses_the_probe(probe_env, tmp_path):
     finally:
         stop(proc)
     assert done.returncode == 1
-    assert verdict(done).startswith("refused: the node closed the stream unanswered: the run is closed to this peer")
+    assert verdict(done).startswith(
+        "refused: the node closed the stream unanswered: the run is closed to this peer"
+    )
     assert "lists /swarm-node/status/1.0.0: yes" in done.stdout  # libp2p itself still answered

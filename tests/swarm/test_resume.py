@@ -12,7 +12,8 @@ from swarm_node.spec import RunSpec
 from swarm_node.state.checkpoint import save_checkpoint
 from swarm_node.train.worker import StageWorker
 
-SPEC = RunSpec(run_id="resume", model_size="debug", num_stages=1, seq_len=32, batch_size=8, samples_per_step=8,
+SPEC = RunSpec(run_id="resume", model_size="debug", num_stages=1, seq_len=32, batch_size=8,
+               samples_per_step=8,
                total_steps=1000, data=DataSpec(kind="synthetic", order=1, num_tokens=400_000),
                method=default_method("noloco", inner_steps=10),
                inner=InnerHyper(lr=3e-3, warmup_steps=10, total_steps=1000))
@@ -75,7 +76,9 @@ def test_after_kill_9_nothing_of_the_node_is_left_and_the_same_command_resumes(h
     h.wait_for(lambda: "resumed from checkpoint" in h.log_of("restarted"), 60, "the restart to resume")
     h.wait_for(lambda: any(r.state == "training" and r.recent_steps > 0 for r in h.records(0).values()), 60,
                "the restarted node to train")
-    print(f"gone after {gone_s:.1f} s, training again {time.monotonic() - restarted_at:.1f} s after the restart")
+    print(
+        f"gone after {gone_s:.1f} s, training again {time.monotonic() - restarted_at:.1f} s after the restart"
+    )
     assert time.monotonic() - restarted_at < 60 and gone_s < 5
     assert "already taken" not in h.log_of("restarted") and again.poll() is None
 

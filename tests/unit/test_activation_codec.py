@@ -16,7 +16,8 @@ from swarm_node.wire.frames import FrameLimits, decode_frame, encode_frame
 from swarm_node.wire.messages import check_forward_request, decode_gradient_answer
 
 HIDDEN = 16
-CHECK = dict(spec_hash="s", hidden_size=HIDDEN, max_batch=8, max_seq=32, vocab_size=50, default_deadline_s=30.0)
+CHECK = dict(spec_hash="s", hidden_size=HIDDEN, max_batch=8, max_seq=32, vocab_size=50,
+             default_deadline_s=30.0)
 
 
 def forward_frame(hidden: torch.Tensor, targets: torch.Tensor, codec: str) -> tuple[dict, list[torch.Tensor]]:
@@ -31,12 +32,15 @@ def test_a_forward_request_and_its_answer_decode_to_what_was_sent(codec):
     hidden, targets = torch.randn(4, 32, HIDDEN, generator=g), torch.randint(0, 50, (4, 32), generator=g)
     _, got, got_targets = check_forward_request(*forward_frame(hidden, targets, codec), codec=codec, **CHECK)
     largest = hidden.abs().max().item()  # int8: half a step of the block's largest value over 127
-    tolerance = {"fp32": 0, "fp16": largest * 2 ** -11, "bf16": largest * 2 ** -8, "int8": largest / 127 / 2}[codec]
+    tolerance = {"fp32": 0, "fp16": largest * 2 ** -11, "bf16": largest * 2 ** -8,
+                 "int8": largest / 127 / 2}[codec]
     assert got.dtype == torch.float32 and got_targets.equal(targets)
     assert (got - hidden).abs().max() <= tolerance * 1.001 + 1e-6
     answer = encode_frame({"ok": True, "loss": 1.5}, encode_activations(hidden, codec))
     grad, loss = decode_gradient_answer(answer, FrameLimits(), hidden.shape, codec)
-    assert grad.shape == hidden.shape and loss == 1.5 and (grad - hidden).abs().max() <= tolerance * 1.001 + 1e-6
+    assert (
+        grad.shape == hidden.shape and loss == 1.5 and (grad - hidden).abs().max() <= tolerance * 1.001 + 1e-6
+    )
 
 
 @settings(max_examples=200, deadline=None)
@@ -49,7 +53,8 @@ def test_fp16_keeps_its_precision_at_any_scale_a_float32_reaches(exponent, seed)
     assert got.isfinite().all() and (got - sent).abs().max() <= sent.abs().max() * 2 ** -11
 
 
-@pytest.mark.parametrize("shift", [torch.tensor([127], dtype=torch.int32), torch.tensor([3], dtype=torch.int64),
+@pytest.mark.parametrize("shift", [torch.tensor([127], dtype=torch.int32), torch.tensor([3],
+                                                                                        dtype=torch.int64),
                                    torch.tensor([[3]], dtype=torch.int32), torch.tensor([3.0])])
 def test_an_fp16_scale_that_is_not_one_int32_in_range_is_a_protocol_error(shift):
     with pytest.raises(ProtocolError, match="fp16 scale"):

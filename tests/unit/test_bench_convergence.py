@@ -45,7 +45,8 @@ def _run(section, dp, pp, method, seed, loss, outer_lr=None, variant=""):
             "outer_lr": 0.7 if outer_lr is None and method in ("noloco", "diloco") else outer_lr,
             "outer_gamma": 0.7, "outer_momentum": 0.3 if method == "diloco" else 0.5,
             "nesterov": section == "scaling",
-            "inner_steps": 100 if method == "diloco" else 50, "tokens": 1000, "num_parameters": 10, "wall_s": 1.0,
+            "inner_steps": 100 if method == "diloco" else 50, "tokens": 1000, "num_parameters": 10,
+            "wall_s": 1.0,
             "cpu_s": 1.0, "val_windows": 256, "all_val_windows": 486}
 
 
@@ -101,7 +102,8 @@ def test_checks_fail_when_the_shape_is_broken():
     assert check_ddp_best(rows)["best_by_grid"]["8 x 2"] == "diloco" and not check_ddp_best(rows)["holds"]
     assert not check_noloco_vs_diloco(rows, runs)["holds"]
     assert not check_gaps_grow_with_dp(rows)["holds"]
-    worse = [r | {"val_loss": 9.0, "ppl": math.exp(9.0)} if (r["method"], r["dp"], r["pp"]) == ("noloco", 4, 2) else r
+    worse = [r | {"val_loss": 9.0, "ppl": math.exp(9.0)} if (r["method"], r["dp"], r["pp"]) == ("noloco", 4,
+                                                                                                2) else r
              for r in _paper_like_runs()]
     local = check_local_worst(grid_rows(worse))
     assert not local["holds"] and local["worst_by_grid"]["4 x 2"] == "noloco"
@@ -141,8 +143,11 @@ def test_plan_phases_and_markdown_render_from_json_alone():
 
 def test_the_wire_section_at_the_sweeps_choice_pairs_with_the_blocking_round_at_that_choice():
     wire = [j for j in confirming_jobs(FULL, 3e-3, {}, "alpha = 0.3") if j.section == "wire"]
-    assert len(wire) == len(FULL.wire_at_choice) * len(FULL.seeds)  # every seed: the first ran only the defaults
-    assert {j.outer_momentum for j in wire} == {0.3} and all(j.variant.endswith("; alpha = 0.3") for j in wire)
+    # every seed: the first ran only the defaults
+    assert len(wire) == len(FULL.wire_at_choice) * len(FULL.seeds)
+    assert {j.outer_momentum for j in wire} == {0.3} and all(
+        j.variant.endswith("; alpha = 0.3") for j in wire
+    )
     late = "overlapped, half a round late"
 
     def run(variant, seed, loss, alpha):
@@ -150,7 +155,8 @@ def test_the_wire_section_at_the_sweeps_choice_pairs_with_the_blocking_round_at_
             "outer_momentum": alpha, "outer_codec": "fp16", "activation_codec": "fp16",
             "outer_latency_steps": 5 if variant.startswith(late) else None}
 
-    runs = [run(WIRE_BASELINE, s, 1.0 + s, 0.5) for s in (0, 1)] + [run(late, s, 1.02 * (1.0 + s), 0.5) for s in (0, 1)]
+    runs = [run(WIRE_BASELINE, s, 1.0 + s, 0.5) for s in (0, 1)] + [run(late, s, 1.02 * (1.0 + s),
+                                                                        0.5) for s in (0, 1)]
     runs += [run(f"{WIRE_BASELINE}; alpha = 0.3", s, 0.9 + s, 0.3) for s in (0, 1)]
     runs += [run(f"{late}; alpha = 0.3", s, 1.005 * (0.9 + s), 0.3) for s in (0, 1)]
     gaps = {r["variant"]: r["gap_pct"] for r in wire_rows(runs, WIRE_BASELINE)}
@@ -195,7 +201,8 @@ def test_steps_to_target_and_the_wall_clock_model():
     assert step_cost("diloco", 8, 10, link) == pytest.approx(61.0)
     assert step_cost("noloco", 8, 10, link) == pytest.approx(41.0)  # phi and Delta, 2 messages each way
     assert step_cost("noloco", 8, 10, link, as_run_here=True) == pytest.approx(3.0)  # waits for the exchange
-    assert step_cost("noloco", 8, 100, link, as_run_here=True) == pytest.approx(1 / 0.95)  # hidden behind compute
+    # hidden behind compute
+    assert step_cost("noloco", 8, 100, link, as_run_here=True) == pytest.approx(1 / 0.95)
     # DiLoCo's round gathers every other peer's payload: measured among 4, 7 others at DP 8
     assert step_cost("diloco", 4, 10, link, as_run_here=True) == pytest.approx(6.0)
     assert step_cost("diloco", 8, 10, link, as_run_here=True) == pytest.approx(60.0 * 7 / 3 / 10)
@@ -205,7 +212,8 @@ def test_steps_to_target_and_the_wall_clock_model():
     assert [(w["method"], w["round"], w["vs_diloco"]) for w in walls] == [
         ("diloco", "paper", 1.0), ("diloco", "as run here", 1.0), ("noloco", "paper", pytest.approx(41 / 61)),
         ("noloco", "as run here", pytest.approx(3 / 14)), ("local", "", pytest.approx(1 / 61))]
-    unmeasured = wall_rows([{"grid": "8 x 1", "dp": 8, "method": "noloco", "inner_steps": 10, "steps": 100.0}],
+    unmeasured = wall_rows([{"grid": "8 x 1", "dp": 8, "method": "noloco", "inner_steps": 10,
+                             "steps": 100.0}],
                            Link(payload_steps=100.0, cv=0.0))
     assert [w["round"] for w in unmeasured] == ["paper"]  # no "as run here" without a measured round
 

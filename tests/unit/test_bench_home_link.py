@@ -31,7 +31,8 @@ def test_a_methods_round_as_run_is_what_the_wall_clock_model_charges():
     assert rounds["noloco"]["round_s"] == 11.0 and rounds["noloco"]["utilisation"] == 0.94  # the slowest node
     assert rounds["diloco"]["inner_phase_s"] == 25.0 and rounds["diloco"]["volunteers"] == METHOD_VOLUNTEERS
     # the link's step is a volunteer's of the main scenarios: 0.25 s, so DiLoCo's round is 92 steps
-    link = link_from_home_link({"payload_s_fp16": 10.0, "volunteer_step_s": 0.25, "rounds_as_run_here": rounds})
+    link = link_from_home_link({"payload_s_fp16": 10.0, "volunteer_step_s": 0.25,
+                                "rounds_as_run_here": rounds})
     assert step_cost("diloco", 4, 10, link, as_run_here=True) == pytest.approx(23.0 / 0.25 / 10)
     assert step_cost("noloco", 8, 10, link, as_run_here=True) == pytest.approx(11.0 / 0.25 / 10)
     text = "\n".join(home_link._rounds_as_run(rounds))

@@ -21,20 +21,26 @@ def test_the_full_plan_spans_sizes_seeds_and_both_h_ratios():
     sizes = [sum(_params(s)) for s in with_gpu(FULL).sizes]
     assert sizes[-1] / sizes[0] >= 30  # with the GPU's small model
     body = [_params(s)[0] for s in FULL.sizes]
-    assert len(body) >= 3 and body == sorted(body) and body[-1] / body[0] >= 30  # on a CPU: outside the embeddings
-    assert all(0 < bench.body_parameters(s) - _params(s)[0] < 0.01 * _params(s)[0] for s in FULL.sizes)  # norms
+    # on a CPU: outside the embeddings
+    assert len(body) >= 3 and body == sorted(body) and body[-1] / body[0] >= 30
+    # norms
+    assert all(0 < bench.body_parameters(s) - _params(s)[0] < 0.01 * _params(s)[0] for s in FULL.sizes)
     assert len(FULL.seeds) >= 3 and FULL.steps >= 1000
     jobs = method_jobs(FULL, "debug", "corpus", 1e-3)
     grid = [(j.method, j.plan.h_of(j.method), j.seed) for j in jobs if j.section == "size"]
     for seed in FULL.seeds:
         for method, h in (("ddp", None), ("local", None), ("noloco", 10), ("diloco", 10), ("diloco", 20)):
             assert (method, h, seed) in grid
-        low_alpha = [j for j in jobs if j.method == "noloco" and j.seed == seed and j.outer_momentum is not None]
+        low_alpha = [
+            j for j in jobs if j.method == "noloco" and j.seed == seed and j.outer_momentum is not None
+        ]
         assert [(j.outer_momentum, j.plan.h_of("noloco")) for j in low_alpha] == [(0.3, 10)]
     assert FULL.corpus == "docs" and QUICK.corpus == "bundled"  # the full runs are about one pass, not ten
     assert {j.outer_lr for j in jobs if j.section == "m1" and j.method == "diloco"} == set(FULL.m1_outer_lrs)
     larger = method_jobs(FULL, "tiny", "corpus", 1e-3)  # around the smallest size's best
-    assert {j.outer_lr for j in larger if j.section == "m1" and j.method == "diloco"} == set(FULL.m1_outer_lrs_larger)
+    assert {j.outer_lr for j in larger if j.section == "m1" and j.method == "diloco"} == set(
+        FULL.m1_outer_lrs_larger
+    )
     lr = suggested_lr("tiny")
     assert [j.inner_lr for j in tuning_jobs(FULL, "tiny", "corpus")] == [lr / 2, lr, 2 * lr]
     ablations = ablation_jobs(FULL, "tiny", "corpus", 1e-3)
@@ -42,11 +48,13 @@ def test_the_full_plan_spans_sizes_seeds_and_both_h_ratios():
     assert {j.method for j in frozen} == {"ddp", "diloco", "noloco"}
     assert {j.group_size for j in ablations} == {2, 3, 4}
     halved = [j for j in ablations if j.variant == "inner lr halved"]
-    assert {j.method for j in halved} == {"local", "diloco", "noloco"} and {j.inner_lr for j in halved} == {5e-4}
+    assert {j.method for j in halved} == {"local", "diloco",
+                                          "noloco"} and {j.inner_lr for j in halved} == {5e-4}
     assert all(j.seed == FULL.seeds[0] and j.plan.model == "tiny" for j in ablations)
     # NoLoCo's alpha, beta and gamma (the issue's, at the largest size) before the rest
     outer = [j.variant.split()[0] for j in ablations[:5]]
-    assert outer == ["alpha", "beta", "beta", "gamma", "gamma"] and all(j.method == "noloco" for j in ablations[:5])
+    assert outer == ["alpha", "beta", "beta", "gamma",
+                     "gamma"] and all(j.method == "noloco" for j in ablations[:5])
 
 
 def _params(size: str) -> tuple[int, int]:
@@ -56,7 +64,8 @@ def _params(size: str) -> tuple[int, int]:
 
 
 def _run(model, method, seed, loss, variant="", section="size", outer_lr=None, h=10):
-    return {"kind": "run", "section": section, "model": model, "method": method, "seed": seed, "val_loss": loss,
+    return {"kind": "run", "section": section, "model": model, "method": method, "seed": seed,
+            "val_loss": loss,
             "variant": variant, "dp": 4, "num_parameters": 4_000_000 if model == "tiny" else 400_000,
             "tokens": 64_000, "outer_lr": outer_lr, "inner_steps": h if method in ("noloco", "diloco") else 1,
             "cpu_s": 1.0}
@@ -97,24 +106,30 @@ def test_the_answer_follows_the_numbers():
     spread_out = [r for r in spread_out if r["model"] == "debug" or r["seed"] == 0]
     largest_alone = answer(bench.trend_rows(spread_out, CHOSEN, 10))
     assert "no evidence" not in largest_alone and "tiny on one seed so far" in largest_alone
-    assert "does not change beyond the spread" in largest_alone  # 5 % to 1 %, within debug's sd of about 5 points
+    # 5 % to 1 %, within debug's sd of about 5 points
+    assert "does not change beyond the spread" in largest_alone
     assert "+1.00 % (one seed) at" in largest_alone
     assert "level with DiLoCo" in largest_alone  # +1 % at tiny, inside the borrowed spread
     middle = [r for r in _runs({"mini": 3.0}) if r["seed"] == 0]
     in_size_order = {"debug": CHOSEN["debug"], "mini": CHOSEN["tiny"], "tiny": CHOSEN["tiny"]}
     three = answer(bench.trend_rows(spread_out + middle, in_size_order, 10))
-    assert "mini and tiny on one seed so far: the spread beside them" in three  # any size short of seeds, not the ends
+    # any size short of seeds, not the ends
+    assert "mini and tiny on one seed so far: the spread beside them" in three
     assert "with outer momentum 0.3, NoLoCo's is +2.50 % (sd 0.00, 3 seeds) at 0.11M, +0.50 %" in answer(
         shrinking)  # the low-alpha rows, every size
-    assert "With outer momentum 0.3 the gap shrinks as the model grows; at the largest size NoLoCo is behind" in (
-        answer(shrinking))  # 2.5 % to 0.5 %, the seeds 0.01 points apart
+    assert (
+        "With outer momentum 0.3 the gap shrinks as the model grows; at the largest size NoLoCo is behind"
+        in (answer(shrinking))
+    )  # 2.5 % to 0.5 %, the seeds 0.01 points apart
     one_size = answer(bench.trend_rows(_runs({"debug": 4.0}), {"debug": CHOSEN["debug"]}, 10))
     assert "One size shows no trend" in one_size and "+4.00 %" in one_size and "+2.00 %" in one_size
     assert answer([]).startswith("No size")
     sizes = bench.size_rows(_runs({"debug": 5.0, "tiny": 1.0}), CHOSEN, 64_000)
     budget = answer(shrinking, sizes)
-    assert budget.endswith("the same 0.1M tokens, 0.2 a parameter at the smallest and 0.0 at the largest: the trend "
-                           "is of size and training length together.")
+    assert budget.endswith(
+        "the same 0.1M tokens, 0.2 a parameter at the smallest and 0.0 at the largest: the trend "
+        "is of size and training length together."
+    )
     ablations = [{"model": model, "method": method, "ablation": label, "change_pct": change}
                  for model, method, label, change in [("debug", "noloco", "beta 0.5", -9.0),
                                                       ("tiny", "noloco", "beta 0.5", -4.0),
@@ -122,11 +137,14 @@ def test_the_answer_follows_the_numbers():
                                                       ("tiny", "noloco", "alpha 0.7", 6.0),
                                                       ("tiny", "diloco", "frozen input embedding", 9.0)]]
     assert answer(shrinking, sizes, ablations[:-1]).endswith(
-        " What moves NoLoCo at tiny (first seed, against its run at the paper's settings, beyond the spread): "
-        "alpha 0.7 +6.00 %, beta 0.5 -4.00 %.")  # the largest size's, beyond the seeds' spread, largest first
+        " What moves NoLoCo at tiny (first seed, against its run at the paper's settings, beyond the "
+        "spread): alpha 0.7 +6.00 %, beta 0.5 -4.00 %."
+    )  # the largest size's, beyond the seeds' spread, largest first
     frozen = [{"model": "tiny", "method": "noloco", "ablation": "frozen input embedding", "change_pct": 10.0}]
     assert answer(shrinking, sizes, ablations + frozen).endswith(
-        "beta 0.5 -4.00 %. Run on every method it concerns: frozen input embedding diloco +9.00 %, noloco +10.00 %.")
+        "beta 0.5 -4.00 %. Run on every method it concerns: frozen input embedding diloco +9.00 %, noloco "
+        "+10.00 %."
+    )
     assert answer(shrinking, sizes, ablations[2:3]).endswith("None of NoLoCo's settings moves it at tiny "
                                                               "beyond the spread over seeds.")
     # until the largest size has run an ablation, the smaller size's figure stands, named
@@ -134,11 +152,14 @@ def test_the_answer_follows_the_numbers():
                   for method, label, change in [("noloco", "groups of 3", 3.0), ("noloco", "alpha 0.7", 7.0),
                                                 ("ddp", "frozen input embedding", 11.0),
                                                 ("noloco", "frozen input embedding", 12.0)]]
-    tiny_ddp_only = [{"model": "tiny", "method": "ddp", "ablation": "frozen input embedding", "change_pct": 2.0}]
+    tiny_ddp_only = [{"model": "tiny", "method": "ddp", "ablation": "frozen input embedding",
+                      "change_pct": 2.0}]
     assert answer(shrinking, sizes, only_debug + ablations[1:2] + tiny_ddp_only).endswith(
-        " What moves NoLoCo (first seed, against its run at the paper's settings, beyond the spread; each setting at "
-        "the largest size that has run it): at tiny beta 0.5 -4.00 %; at debug alpha 0.7 +7.00 %, groups of 3 "
-        "+3.00 %. Run on every method it concerns: frozen input embedding at debug ddp +11.00 %, noloco +12.00 %.")
+        " What moves NoLoCo (first seed, against its run at the paper's settings, beyond the spread; each "
+        "setting at the largest size that has run it): at tiny beta 0.5 -4.00 %; at debug alpha 0.7 +7.00 %, "
+        "groups of 3 +3.00 %. Run on every method it concerns: frozen input embedding at debug ddp +11.00 %, "
+        "noloco +12.00 %."
+    )
     assert "debug alpha 0.7" not in answer(shrinking, sizes, only_debug + ablations[1:4])  # tiny has run it
 
 
@@ -146,7 +167,9 @@ def test_size_rows_pair_gaps_by_seed_and_state_tokens_per_parameter():
     rows = bench.size_rows(_runs({"debug": 2.0, "tiny": 2.0}), CHOSEN, train_tokens=32_000)
     local = next(r for r in rows if r["model"] == "tiny" and r["method"] == "local")
     assert abs(local["gap_to_ddp_pct"] - 100 * 0.5 / 3.001) < 0.01 and local["seeds"] == 3
-    assert local["parameters"] == 4_000_000 and local["tokens_per_parameter"] == 0.016 and local["epochs"] == 2.0
+    assert (
+        local["parameters"] == 4_000_000 and local["tokens_per_parameter"] == 0.016 and local["epochs"] == 2.0
+    )
     m1 = bench.m1_rows(_runs({"debug": 2.0}), {"debug": CHOSEN["debug"]})
     assert m1[0]["gap_to_ddp_pct"] < 0 and m1[0]["sweep_first_seed"] == {"0.7": round(100 * -0.01 / 3.0, 2)}
 
@@ -154,17 +177,23 @@ def test_size_rows_pair_gaps_by_seed_and_state_tokens_per_parameter():
 def test_the_page_renders_from_the_result_alone():
     runs = _runs({"debug": 3.0, "tiny": 1.0})
     ablation = dict(_run("tiny", "noloco", 0, 3.2, "frozen input embedding", section="ablation"))
-    rows = (bench.size_rows(runs, CHOSEN, 32_000) + bench.trend_rows(runs, CHOSEN, 10) + bench.m1_rows(runs, CHOSEN)
+    rows = (bench.size_rows(runs, CHOSEN, 32_000) + bench.trend_rows(runs, CHOSEN, 10) + bench.m1_rows(runs,
+                                                                                                       CHOSEN)
             + bench.ablation_rows(runs + [ablation], 10))
     frozen = next(r for r in rows if r["kind"] == "ablation")
     assert frozen["baseline"] == next(r["val_loss"] for r in runs if r["model"] == "tiny" and r["seed"] == 0
-                                      and r["method"] == "noloco" and r["variant"] == "H=10")  # not alpha 0.3's
+                                      # not alpha 0.3's
+                                      and r["method"] == "noloco" and r["variant"] == "H=10")
     result = {"mode": "full", "rows": rows, "notes": [], "summary": {
-        "runs": len(runs), "steps": 1000, "global_batch": 64, "seq_len": 64, "grid": "4 x 2", "seeds": [0, 1, 2],
+        "runs": len(runs), "steps": 1000, "global_batch": 64, "seq_len": 64, "grid": "4 x 2", "seeds": [0, 1,
+                                                                                                        2],
         "vocab": 4096, "train_tokens": 32_000, "h": 10, "corpus": "docs",
         "answer": answer(bench.trend_rows(runs, CHOSEN, 10))}}
     page = bench.markdown(result)
-    assert "| tiny | noloco H=10 | paper ratio | +1.00" in page and "| tiny | frozen input embedding | noloco" in page
+    assert (
+        "| tiny | noloco H=10 | paper ratio | +1.00" in page
+        and "| tiny | frozen input embedding | noloco" in page
+    )
     assert "| tiny | noloco H=10 alpha 0.3 | paper ratio | +0.50" in page and "Django" in page
     assert "**Answer.** At the paper's H ratio" in page
 
@@ -184,9 +213,12 @@ class _FakeRunner:
         for job in jobs:
             self.ran.append(job)
             h = job.plan.h_of(job.method) or 1
-            row = {"section": job.section, "model": job.plan.model, "dp": job.dp, "pp": job.pp, "method": job.method,
-                   "seed": job.seed, "variant": job.variant, "inner_lr": job.inner_lr, "outer_lr_asked": job.outer_lr,
-                   "group_size": job.group_size, "freeze_embedding": job.freeze_embedding, "steps": job.plan.steps,
+            row = {"section": job.section, "model": job.plan.model, "dp": job.dp, "pp": job.pp,
+                   "method": job.method,
+                   "seed": job.seed, "variant": job.variant, "inner_lr": job.inner_lr,
+                   "outer_lr_asked": job.outer_lr,
+                   "group_size": job.group_size, "freeze_embedding": job.freeze_embedding,
+                   "steps": job.plan.steps,
                    "inner_steps": h if job.method in ("noloco", "diloco") else 1, "val_loss": 3.0}
             outer = job_method(job).outer
             row.update(outer_momentum=outer and outer.alpha, outer_lr=outer and outer.beta,
@@ -235,7 +267,8 @@ def test_the_methods_ddp_run_at_the_tuned_lr_is_the_tuning_run(tmp_path):
     runner = _FakeRunner()
     rows = bench.Ledger(path).run(runner, methods, "methods")
     borrowed = [j for j in methods if j not in runner.ran]
-    assert [(j.section, j.method, j.seed, j.dp) for j in borrowed] == [("size", "ddp", FULL.seeds[0], GRID[0])]
+    assert [(j.section, j.method, j.seed, j.dp) for j in borrowed] == [("size", "ddp", FULL.seeds[0],
+                                                                        GRID[0])]
     assert len(rows) == len(methods) and sum(r["section"] == "tune" for r in rows) == 0
     assert len(path.read_text().splitlines()) == len(tune) + len(methods) - 1
     elsewhere = _FakeRunner()  # at an lr no tuning run used, every job runs
@@ -302,21 +335,25 @@ def test_a_best_inner_lr_on_the_edge_of_the_grid_is_followed_past_it(tmp_path, m
         grid = FULL.m1_outer_lrs if size == FULL.sizes[0] else FULL.m1_outer_lrs_larger
         swept = sorted(r["outer_lr"] for r in runs if r["section"] == "m1" and r["method"] == "diloco"
                        and r["seed"] == FULL.seeds[0] and r["model"] == size)
-        assert swept == sorted(grid) + [2 * max(grid), 4 * max(grid)]  # M = 1's best on the edge: followed twice
+        # M = 1's best on the edge: followed twice
+        assert swept == sorted(grid) + [2 * max(grid), 4 * max(grid)]
         assert chosen[size]["m1_outer_lr"] == 4 * max(grid)
     phases = [(j.section, j.plan.model) for j in runner.ran]
     first_tiny_method = phases.index(("size", "tiny"))
     assert all(section in ("tune", "size", "m1") for section, _ in phases[:first_tiny_method])
     assert ("ablation", "debug") in phases[first_tiny_method:]  # whole phases of the smaller size first
-    assert {model for section, model in phases if section == "ablation"} == {"debug", "tiny"}  # smallest, largest
+    # smallest, largest
+    assert {model for section, model in phases if section == "ablation"} == {"debug", "tiny"}
     methods = [j for j in runner.ran if j.section in ("size", "m1")]
     last_first_seed = max(i for i, j in enumerate(methods) if j.seed == FULL.seeds[0] and j.section == "size")
     first_second_seed = min(i for i, j in enumerate(methods) if j.seed == FULL.seeds[1])
     assert last_first_seed < first_second_seed  # every size's first seed before any size's second
     assert {j.plan.model for j in methods[:last_first_seed + 1]} == set(FULL.sizes)
-    largest_later_seeds = [i for i, j in enumerate(runner.ran) if j.plan.model == FULL.sizes[-1] and j.seed > 0]
+    largest_later_seeds = [i for i,
+                           j in enumerate(runner.ran) if j.plan.model == FULL.sizes[-1] and j.seed > 0]
     last_ablation = max(i for i, (section, _) in enumerate(phases) if section == "ablation")
-    assert min(largest_later_seeds) > last_ablation  # the largest size's spread after what the issue asks there
+    # the largest size's spread after what the issue asks there
+    assert min(largest_later_seeds) > last_ablation
     assert {runner.ran[i].section for i in largest_later_seeds} == {"size", "m1"}
     assert {(j.plan.model, j.seed) for j in runner.ran} == {(m, s) for m in FULL.sizes for s in FULL.seeds}
 

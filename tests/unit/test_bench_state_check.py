@@ -15,5 +15,6 @@ def test_a_small_swarm_refuses_only_the_hostile_states(tmp_path):
     assert by_case["honest"]["refused"] == 0 and by_case["honest"]["checked"] >= 60
     for case in ("scaled by 1.5", "one tensor replaced", "20 rounds old", "another run's"):
         assert by_case[case]["refused"] == by_case[case]["checked"] > 0, case
-    section = markdown({"rows": result.rows, "summary": result.summary, "notes": [], "mode": "quick", "wall_s": 1.0})
+    section = markdown({"rows": result.rows, "summary": result.summary, "notes": [], "mode": "quick",
+                        "wall_s": 1.0})
     assert "| 2 x 2, H = 3, noloco | 0 / " in section

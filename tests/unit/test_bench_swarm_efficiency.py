@@ -21,14 +21,16 @@ def test_steady_window_is_where_every_node_is_between_the_steps():
 def test_count_between_interpolates_the_cumulative_amount():
     times, amounts = [1.0, 2.0, 3.0], [8, 8, 8]
     assert ana.count_between(times, amounts, 1.5, 3.0) == pytest.approx(12.0)
-    assert ana.count_between(times, amounts, 0.0, 1.0) == pytest.approx(8.0)  # before the first event: nothing
+    # before the first event: nothing
+    assert ana.count_between(times, amounts, 0.0, 1.0) == pytest.approx(8.0)
     assert ana.count_between([], [], 0.0, 1.0) == 0.0
 
 
 def test_step_intervals_leave_out_rounds_and_the_outside_of_the_window():
     steps = [0.0, 1.0, 2.0, 5.0, 6.0, 7.5]
     intervals = ana.interval_stats(steps, [[2.5, 4.5]], start=0.5, end=7.0)
-    assert intervals == [1.0, 1.0]  # 0->1 starts before the window, 2->5 spans the round, 6->7.5 ends after it
+    # 0->1 starts before the window, 2->5 spans the round, 6->7.5 ends after it
+    assert intervals == [1.0, 1.0]
     stats = ana.mean_std([1.0, 2.0, 3.0])
     assert stats["mean"] == 2.0 and stats["std"] == pytest.approx(1.0) and stats["n"] == 3
     assert ana.mean_std([])["mean"] is None
@@ -46,7 +48,8 @@ def test_compute_buckets_split_recompute_and_avoid_double_counting():
     stats = {
         forward: _entry(0.1, 2.0),
         backward: _entry(0.1, 5.0),
-        (MODULE, 1, "_wrapped_call_impl"): _entry(2.0, 4.0, {forward: (1, 1, 1.0, 1.9), backward: (1, 1, 1.0, 2.0)}),
+        (MODULE, 1, "_wrapped_call_impl"): _entry(2.0, 4.0, {forward: (1, 1, 1.0, 1.9), backward: (1, 1, 1.0,
+                                                                                                   2.0)}),
         step: _entry(1.0, 1.0),
         ("/x/swarm_node/wire/frames.py", 1, "encode_frame"): _entry(0.5, 0.5),
         check: _entry(0.1, 0.4),
@@ -75,7 +78,8 @@ def _sample(t: float, busy: float, idle: float, cpu: dict[int, float]) -> ana.Sa
     # driver 10 -> node 20 (threads 20, 21) -> DHT 30 -> p2pd 40; driver's p2pd 50
     tree = {20: (20, 10, "python"), 21: (20, 10, "python"), 30: (30, 20, "python"), 40: (40, 30, "p2pd"),
             10: (10, 1, "python"), 50: (50, 10, "p2pd")}
-    tasks = {tid: ana.TaskStat(pid, ppid, comm, cpu[tid], cpu[tid] / 10) for tid, (pid, ppid, comm) in tree.items()}
+    tasks = {tid: ana.TaskStat(pid, ppid, comm, cpu[tid], cpu[tid] / 10) for tid, (pid, ppid,
+                                                                                   comm) in tree.items()}
     return ana.Sample(t, busy, idle, tasks)
 
 
@@ -87,23 +91,27 @@ def test_cpu_accounting_by_role_and_stage():
     cpu = ana.cpu_accounting(samples, nodes, 0.0, 2.0)
     assert cpu["roles"] == pytest.approx({"compute": 0.5, "event_loop": 1.0, "dht": 0.25, "p2pd": 0.6,
                                           "driver": 0.2})
-    assert cpu["stages"][1] == pytest.approx({"compute": 0.5, "compute_wait": 0.05, "event_loop": 1.0, "dht": 0.25,
+    assert cpu["stages"][1] == pytest.approx({"compute": 0.5, "compute_wait": 0.05, "event_loop": 1.0,
+                                              "dht": 0.25,
                                               "p2pd": 0.5})
     assert (cpu["machine_busy"], cpu["machine_idle"]) == (4.0, 0.0)
 
 
 def test_markdown_is_rendered_from_the_result_alone():
-    machine = {c: 0.05 for c in ("useful", "recompute", "serialisation", "outer", "other", "event_loops", "dht",
+    machine = {c: 0.05 for c in ("useful", "recompute", "serialisation", "outer", "other", "event_loops",
+                                 "dht",
                                  "p2pd", "driver", "other_processes", "idle")}
     result = {
         "command": "python bench/swarm_efficiency/__main__.py", "mode": "quick", "notes": ["a note"],
         "rows": [{"table": "throughput", "layout": "plain, 4 threads", "tokens_per_s": 1000.0, "ratio": 1.0},
-                 {"table": "throughput", "layout": "2x2", "tokens_per_s": 700.0, "ratio": 0.7, "ratio_cores": 0.6,
+                 {"table": "throughput", "layout": "2x2", "tokens_per_s": 700.0, "ratio": 0.7,
+                  "ratio_cores": 0.6,
                   "outer_rounds": 8, "rounds_with_partner": 6, "round_time_mean_s": 2.5},
                  {"table": "machine", "layout": "plain, 4 threads", **machine, "useful": 0.9},
                  {"table": "machine", "layout": "2x2", **machine, "useful": 0.5},
                  {"table": "stages", "layout": "2x2", "stage": 0, "useful": 0.4, "idle": 0.3}],
-        "summary": {"model": "tiny", "num_parameters": 3_000_000, "seq_len": 128, "batch_size": 8, "inner_steps": 20,
+        "summary": {"model": "tiny", "num_parameters": 3_000_000, "seq_len": 128, "batch_size": 8,
+                    "inner_steps": 20,
                     "window_steps": [10, 60], "round_timeout_s": 15.0, "plain_threads": 4, "cores": 2,
                     "tokens_per_s_plain": 1000.0,
                     "tokens_per_s_plain_cores": 1100.0, "tokens_per_s": {"2x2": 700.0}, "ratio": {"2x2": 0.7},
@@ -122,9 +130,11 @@ def test_markdown_is_rendered_from_the_result_alone():
 def test_the_fast_link_section_compares_libp2p_with_lanes():
     from bench.swarm_efficiency.report import fast_link_section
 
-    rows = [{"table": "fast_link", "path": path, "tokens_per_s": tps, "transport_share": share, "p2pd_share": 0.1,
+    rows = [{"table": "fast_link", "path": path, "tokens_per_s": tps, "transport_share": share,
+             "p2pd_share": 0.1,
              "node_io_share": share - 0.1, "compute_share": 0.5, "idle_share": 0.1, "stage0_blocked": 0.2,
-             "mb_per_s_whole_run": 30.0, "step_time_mean_s": 0.2, "microbatches_lost": 0, "other_processes": 0.0}
+             "mb_per_s_whole_run": 30.0, "step_time_mean_s": 0.2, "microbatches_lost": 0,
+             "other_processes": 0.0}
             for path, tps, share in (("libp2p streams", 4000.0, 0.4), ("direct lanes", 6000.0, 0.15))]
     result = {"rows": rows, "summary": {"fast_link": {
         "model": "debug", "seq_len": 512, "batch_size": 16, "speedup": 1.5,

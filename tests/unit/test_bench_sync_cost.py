@@ -12,7 +12,8 @@ from bench.sync_cost.ipc import SeekingBoard
 from tests.netbed.bed import tbf_args
 
 PLAN = sync_cost.Plan(settings=(sync_cost.Setting("loopback", None, ((1_000_000, (2, 4)),)),),
-                      plain_rounds=1, straggler_rounds=1, message_repeats=1, inner_phase_s=1.0, slow_factor=3.0)
+                      plain_rounds=1, straggler_rounds=1, message_repeats=1, inner_phase_s=1.0,
+                      slow_factor=3.0)
 LOOPBACK = PLAN.settings[0]
 
 
@@ -57,8 +58,10 @@ def _rows():
         extra = ({"matchmaking_s": 1.0} if method == "allreduce"
                  else {"exchange_s": 0.2, "attempts": 1.5 if method == "pair" else 0.5, "compute_s": 0.1})
         return {"table": "round", "setting": "loopback", "rate_mbit": 0, "params": 1_000_000, "peers": peers,
-                "method": method, "stragglers": slow, "delay_s": 2.0 if slow else 0.0, "rounds": 1, "failed": 0,
-                "round_s": round_s, "mean_idle_s": idle, "max_idle_s": idle, "idle_by_peer_s": "0.10 0.20*", **extra}
+                "method": method, "stragglers": slow, "delay_s": 2.0 if slow else 0.0, "rounds": 1,
+                "failed": 0,
+                "round_s": round_s, "mean_idle_s": idle, "max_idle_s": idle, "idle_by_peer_s": "0.10 0.20*",
+                **extra}
     rows = [{"table": "message", "setting": "loopback", "rate_mbit": 0, "params": 1_000_000,
              "frame_bytes": 4_000_100, "message_s": 0.1, "mbit_per_s": 320.0}]
     for peers, (pair, matched, allreduce) in ((2, (0.5, 0.25, 0.25)), (4, (1.0, 0.25, 1.0))):
@@ -99,7 +102,8 @@ def test_the_benchmark_peers_live_on_hosts_of_the_test_bed_with_ethernet_frames(
         prefixes = [namespaces.exec_prefix(rank) for rank in range(2)]
         addresses = [namespaces.address(rank) for rank in range(2)]
         namespaces.shape(50)
-        mtu = subprocess.run([*prefixes[0], "cat", "/sys/class/net/eth0/mtu"], capture_output=True, text=True).stdout
+        mtu = subprocess.run([*prefixes[0], "cat", "/sys/class/net/eth0/mtu"], capture_output=True,
+                             text=True).stdout
     assert all(p[:3] == ["ip", "netns", "exec"] and p[3].startswith("snb-") for p in prefixes)
     assert len(set(addresses)) == 2 and mtu.strip() == "1500"
     assert tbf_args(200)[:3] == ["tbf", "rate", "200mbit"] and int(tbf_args(1)[4]) >= 64 * 1024

@@ -44,13 +44,16 @@ def test_frames_match_the_payload_plus_a_small_header():
     tokens = 2 * 8
     assert 0 < sizes["forward"] - tokens * (64 * 2 + 4) < 200
     assert 0 < sizes["gradient"] - tokens * 64 * 2 < 200
-    sent = predicted_sent({"stage": 0, "rounds_with_partner": 3, "microbatches_done": 5, "retries": 1}, sizes, 2)
+    sent = predicted_sent({"stage": 0, "rounds_with_partner": 3, "microbatches_done": 5, "retries": 1}, sizes,
+                          2)
     assert sent == 3 * sizes["outer0"] + 6 * sizes["forward"]
-    sent = predicted_sent({"stage": 1, "rounds_with_partner": 0, "microbatches_done": 5, "retries": 0}, sizes, 2)
+    sent = predicted_sent({"stage": 1, "rounds_with_partner": 0, "microbatches_done": 5, "retries": 0}, sizes,
+                          2)
     assert sent == 5 * sizes["gradient"]
 
 
 def test_declined_requests_show_as_whole_outer_frames():
     sizes = {"outer0": 1000, "forward": 10, "gradient": 10}
-    peer = {"stage": 0, "rounds_with_partner": 3, "microbatches_done": 0, "retries": 0, "bytes_sent": 7 * 1000 + 44}
+    peer = {"stage": 0, "rounds_with_partner": 3, "microbatches_done": 0, "retries": 0,
+            "bytes_sent": 7 * 1000 + 44}
     assert refused_requests(peer, sizes, 1) == 4

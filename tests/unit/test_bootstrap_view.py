@@ -29,7 +29,8 @@ def verified_view(*peers: str, num_stages: int = 2) -> SwarmView:
 def test_tokens_per_second_ignores_peers_that_left():
     view = verified_view("a", "b", "c")
     view.ingest(100.0, {"a": rec(0, tokens=1000), "b": rec(0, tokens=500), "c": rec(1, loss=3.0)})
-    view.ingest(102.0, {"a": rec(0, tokens=1600), "c": rec(1, loss=2.5)})  # b left: its tokens do not go negative
+    # b left: its tokens do not go negative
+    view.ingest(102.0, {"a": rec(0, tokens=1600), "c": rec(1, loss=2.5)})
     assert view.history[-1]["tokens_per_s"] == pytest.approx(300.0)
     assert view.tokens_total == 2100 and view.swarm_loss() == 2.5
 
@@ -37,7 +38,8 @@ def test_tokens_per_second_ignores_peers_that_left():
 def test_failures_are_recorded_from_record_changes():
     view = SwarmView("r", HASH, num_stages=2)
     view.ingest(1.0, {"a": rec(0), "b": rec(1), "c": rec(1, state="training")})
-    view.ingest(2.0, {"a": rec(0, lost=2, last_error="micro-batch lost: timeout"), "b": rec(1, local_rounds=1),
+    view.ingest(2.0, {"a": rec(0, lost=2, last_error="micro-batch lost: timeout"), "b": rec(1,
+                                                                                            local_rounds=1),
                       "c": rec(1, state="leaving")})
     view.ingest(3.0, {"a": rec(0, lost=2, last_error="micro-batch lost: timeout")})  # b missing, c left
     assert len(view.failures) == 2  # one poll without a record may be a DHT hiccup
@@ -49,9 +51,12 @@ def test_failures_are_recorded_from_record_changes():
 
 def test_joins_leaves_and_vanishings_are_reported_for_the_log():
     view = SwarmView("r", HASH, num_stages=2)
-    assert view.ingest(1.0, {"abcdef": rec(0), "ghijkl": rec(1)}) == ["peer abcdef joined stage 0 (version 0.1.0)",
-                                                                       "peer ghijkl joined stage 1 (version 0.1.0)"]
-    assert view.ingest(1.5, {"abcdef": rec(0), "ghijkl": rec(0)}) == ["peer ghijkl moved from stage 1 to stage 0"]
+    assert view.ingest(1.0, {"abcdef": rec(0), "ghijkl": rec(1)}) == [
+        "peer abcdef joined stage 0 (version 0.1.0)",
+        "peer ghijkl joined stage 1 (version 0.1.0)",
+    ]
+    assert view.ingest(1.5, {"abcdef": rec(0),
+                             "ghijkl": rec(0)}) == ["peer ghijkl moved from stage 1 to stage 0"]
     assert view.ingest(2.0, {"abcdef": rec(0, state="leaving")}) == ["peer abcdef of stage 0 is leaving"]
     assert view.ingest(3.0, {}) == ["peer ghijkl of stage 0 vanished without leaving"]
 
@@ -78,7 +83,8 @@ def test_prometheus_text_parses_and_carries_the_swarm():
                       "b": rec(1, loss=2.25, lost=1, last_error='quote " and \\ and \n newline')})
     text = prometheus_text(view, up=True, peer_id="QmBoot", version="0.1.0", now_s=5.0)
     families = {f.name: f for f in text_string_to_metric_families(text)}
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples}
+    samples = {(s.name,
+                tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples}
     assert samples[("swarm_peers", (("stage", "0"), ("state", "training")))] == 1
     assert samples[("swarm_peers", (("stage", "1"), ("state", "starting")))] == 1  # b never made progress
     assert samples[("swarm_peer_inner_step", (("peer", "a"), ("stage", "0")))] == 7
@@ -86,7 +92,12 @@ def test_prometheus_text_parses_and_carries_the_swarm():
     assert samples[("swarm_peer_microbatches_lost_total", (("peer", "b"), ("stage", "1")))] == 1
     assert families["swarm_tokens"].type == "counter"
     empty = prometheus_text(SwarmView("r", HASH, 2), up=False, peer_id="Qm", version="0", now_s=0.0)
-    nan = [s.value for f in text_string_to_metric_families(empty) for s in f.samples if s.name == "swarm_train_loss"]
+    nan = [
+        s.value
+        for f in text_string_to_metric_families(empty)
+        for s in f.samples
+        if s.name == "swarm_train_loss"
+    ]
     assert math.isnan(nan[0])
 
 
@@ -127,7 +138,8 @@ def test_a_peer_is_shown_training_only_while_it_makes_progress():
     """A record saying "training" at step 0 with every micro-batch lost is no training
     peer (the defect: a dashboard listed nodes that trained nothing as training)."""
     view = SwarmView("r", HASH, num_stages=2)
-    shown = lambda: {p["short_id"]: p["state"] for s in view.status()["stages"] for p in s["peers"]}
+    def shown():
+        return {p["short_id"]: p["state"] for s in view.status()["stages"] for p in s["peers"]}
     view.ingest(0.0, {"a": rec(0, lost=5), "b": rec(1, state="joining")})
     assert shown() == {"a": "starting", "b": "joining"}
     view.ingest(2.0, {"a": rec(0, inner_step=3, recent_steps=3), "b": rec(1, recent_microbatches=4)})

@@ -102,7 +102,8 @@ def test_a_forward_request_and_its_answer_decode_to_what_was_sent(bits):
     (lambda h, t: (h, [t[0][:-1], t[1], t[2]]), "codes do not fit"),
 ])
 def test_a_hostile_forward_request_is_a_protocol_error(change, match):
-    header, tensors = decode_frame(forward_request(HEADER, torch.randn(2, 8, 6), torch.randint(0, 50, (2, 9)), CODEC))
+    header, tensors = decode_frame(forward_request(HEADER, torch.randn(2, 8, 6), torch.randint(0, 50, (2, 9)),
+                                                   CODEC))
     header, tensors = change(header, tensors)
     with pytest.raises(ProtocolError, match=match):
         check_forward_request(header, tensors, CODEC, **CHECK)
@@ -110,7 +111,8 @@ def test_a_hostile_forward_request_is_a_protocol_error(change, match):
 
 def test_a_code_of_another_width_or_a_gradient_of_another_shape_is_refused():
     wider = BoundaryCodec("bottleneck", 8, width=7, vocab_size=50)
-    header, tensors = decode_frame(forward_request(HEADER, torch.randn(2, 8, 7), torch.randint(0, 50, (2, 9)), wider))
+    header, tensors = decode_frame(forward_request(HEADER, torch.randn(2, 8, 7), torch.randint(0, 50, (2, 9)),
+                                                   wider))
     with pytest.raises(ProtocolError):
         check_forward_request(header, tensors, CODEC, **CHECK)
     _, grad = decode_frame(gradient_answer({"ok": True, "loss": 1.0}, torch.randn(2, 8, 6), CODEC))

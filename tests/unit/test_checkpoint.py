@@ -27,7 +27,8 @@ def batch(step: int):
 def train(worker: StageWorker, steps: range) -> None:
     """Stage 1 on fake activations: forward, loss, backward, steps and outer rounds."""
     for step in steps:
-        hidden = torch.randn(4, 16, worker.model_config.hidden_size, generator=torch.Generator().manual_seed(step))
+        hidden = torch.randn(4, 16, worker.model_config.hidden_size,
+                             generator=torch.Generator().manual_seed(step))
         worker.forward_backward_last(hidden, batch(step)[1])
         if worker.ready_to_step():
             worker.step()

@@ -92,7 +92,8 @@ def test_local_refuses_a_checkpoint_dir_holding_an_earlier_run(nothing_may_start
     assert "already holds checkpoints" in capsys.readouterr().err
 
 
-def test_join_refuses_a_spec_with_an_impossible_split_before_the_node_starts(tmp_path, nothing_may_start, capsys):
+def test_join_refuses_a_spec_with_an_impossible_split_before_the_node_starts(tmp_path, nothing_may_start,
+                                                                             capsys):
     spec = tmp_path / "run.toml"
     spec.write_text('run_id = "x"\nmodel_size = "debug"\nnum_stages = 3\n')
     assert cli.main(["join", "--config", str(spec), "--no-progress"]) == 2

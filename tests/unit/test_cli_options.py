@@ -49,7 +49,8 @@ def declarations() -> dict[str, set[str]]:
 
 def test_no_flag_is_declared_in_two_places():
     places = declarations()
-    assert {"--method", "--port", "--data", "--checkpoint", "--maddrs-file", "-v"} <= set(places)  # it reads them
+    # it reads them
+    assert {"--method", "--port", "--data", "--checkpoint", "--maddrs-file", "-v"} <= set(places)
     twice = {flag: sorted(where) for flag, where in places.items() if len(where) > 1}
     assert not twice, f"declared in more than one place: {twice}"
 
@@ -80,10 +81,12 @@ DIFFERENT_HELP = {
     ("--replicas", "local", "sim"), ("--steps", "local", "sim"), ("--method", "local", "sim"),
     ("--outer-codec", "local", "sim"), ("--activation-codec", "local", "sim"),
     ("--threads", "join", "sim"), ("--run-dir", "join", "local"), ("--checkpoint-dir", "join", "local"),
-    ("--no-progress", "data prepare", "join"), ("--no-progress", "join", "local"), ("--no-progress", "join", "sim"),
+    ("--no-progress", "data prepare", "join"), ("--no-progress", "join", "local"), ("--no-progress", "join",
+                                                                                    "sim"),
     ("--data-cache", "export", "join"), ("--data-cache", "generate", "join"),
     ("--tokenizer", "data prepare", "export"), ("--tokenizer", "data prepare", "generate"),
-    ("--tokenizer", "data prepare", "sim"), ("--tokenizer", "export", "sim"), ("--tokenizer", "generate", "sim"),
+    ("--tokenizer", "data prepare", "sim"), ("--tokenizer", "export", "sim"), ("--tokenizer", "generate",
+                                                                               "sim"),
     ("--seed", "generate", "local"), ("--seed", "generate", "sim"),
     ("--out", "data prepare", "export"),
     ("--data", "local", "swarm-bootstrap"), ("--data", "sim", "swarm-bootstrap"),
@@ -131,7 +134,8 @@ def test_the_real_differences_between_commands():
     assert (default("join", "--round-timeout"), default("local", "--round-timeout")) == (20.0, 15.0)
     assert (default("join", "--port"), default("swarm-bootstrap", "--port")) == (31338, None)  # None: 31337
     assert (default("join", "--http-port"), default("swarm-bootstrap", "--http-port")) == (None, 8080)
-    assert (default("join", "--http-host"), default("swarm-bootstrap", "--http-host")) == ("127.0.0.1", "0.0.0.0")
+    assert (default("join", "--http-host"), default("swarm-bootstrap", "--http-host")) == ("127.0.0.1",
+                                                                                           "0.0.0.0")
     assert default("join", "--identity") is None
     assert default("swarm-bootstrap", "--identity") == bootstrap_cli.DEFAULT_IDENTITY
 
@@ -175,10 +179,12 @@ def test_every_row_names_flags_its_commands_have_and_keys_a_spec_has():
 
 
 # Values unlike every default, for each flag of the table.
-GIVEN = {"--model": "tiny", "--stages": "3", "--layers-per-stage": "1,2,1", "--seq-len": "33", "--batch-size": "5",
+GIVEN = {"--model": "tiny", "--stages": "3", "--layers-per-stage": "1,2,1", "--seq-len": "33",
+         "--batch-size": "5",
          "--steps": "77", "--seed": "9", "--data": "synthetic:alphabet=12", "--tokenizer": "tok.json",
          "--method": "diloco", "--inner-steps": "7", "--group-size": "3", "--alpha": "0.11", "--beta": "0.22",
-         "--gamma": "0.33", "--nesterov": None, "--lr": "0.0123", "--warmup-steps": "4", "--weight-decay": "0.01",
+         "--gamma": "0.33", "--nesterov": None, "--lr": "0.0123", "--warmup-steps": "4",
+         "--weight-decay": "0.01",
          "--outer-codec": "int8", "--activation-codec": "subspace8", "--activation-ratio": "16",
          "--registry-shards": "4"}
 
@@ -195,7 +201,9 @@ def _expected(row, key: str):
     if row.flag == "--data":
         return DataSpec.parse(GIVEN["--data"])
     action = _action(parsers()[row.commands[0]], row.flag)
-    return True if GIVEN[row.flag] is None else action.type(GIVEN[row.flag]) if action.type else GIVEN[row.flag]
+    return (
+        True if GIVEN[row.flag] is None else action.type(GIVEN[row.flag]) if action.type else GIVEN[row.flag]
+    )
 
 
 @pytest.fixture

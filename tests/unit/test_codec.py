@@ -81,7 +81,8 @@ def _frame_with_specs(specs, payload=b""):
 
 def test_huge_declared_shapes_are_refused_before_allocation():
     with pytest.raises(ProtocolError, match="cap"):
-        decode_frame(_frame_with_specs([["f32", [2**31 - 1, 2**31 - 1]]]), FrameLimits(max_payload_bytes=1 << 20))
+        decode_frame(_frame_with_specs([["f32", [2**31 - 1, 2**31 - 1]]]),
+                     FrameLimits(max_payload_bytes=1 << 20))
     with pytest.raises(ProtocolError, match="payload"):
         decode_frame(_frame_with_specs([["f32", [1000]]], b"\0" * 16))
 
@@ -95,9 +96,14 @@ def test_bad_tensor_specs(specs):
 
 def _junk(rng: random.Random, depth: int = 0):
     """A msgpack value of any type a hostile peer can send, nested."""
-    kinds = [lambda: None, lambda: rng.random() < 0.5, lambda: rng.randint(-2**63, 2**64 - 1),
-             lambda: rng.choice([float("nan"), float("inf"), -0.0, rng.random()]),
-             lambda: rng.choice(["f32", "f16", "bf16", "i64", "x", ""]), lambda: rng.randbytes(rng.randint(0, 8))]
+    kinds = [
+        lambda: None,
+        lambda: rng.random() < 0.5,
+        lambda: rng.randint(-(2**63), 2**64 - 1),
+        lambda: rng.choice([float("nan"), float("inf"), -0.0, rng.random()]),
+        lambda: rng.choice(["f32", "f16", "bf16", "i64", "x", ""]),
+        lambda: rng.randbytes(rng.randint(0, 8)),
+    ]
     if depth < 3:
         kinds += [lambda: [_junk(rng, depth + 1) for _ in range(rng.randint(0, 3))],
                   lambda: {rng.choice(["v", "tensors", "kind", "a"]): _junk(rng, depth + 1)

@@ -68,7 +68,9 @@ def test_a_compile_failure_is_one_line_that_says_what_to_change(monkeypatch, rec
     with pytest.raises(compiled.CompileFailed) as failed:
         compiled_worker(SPEC, 0, 32)
     message = str(failed.value)
-    assert "\n" not in message and message.endswith("run without --compile") and "C++ compile error" in message
+    assert (
+        "\n" not in message and message.endswith("run without --compile") and "C++ compile error" in message
+    )
 
 
 def test_out_of_memory_while_compiling_stays_out_of_memory(monkeypatch, recorded_compiles):

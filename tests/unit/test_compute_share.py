@@ -139,7 +139,8 @@ def test_closing_ends_a_rest_at_once():
 
 @pytest.mark.parametrize("share", ["0", "-0.5", "1.5", "nan"])
 def test_a_share_outside_zero_to_one_is_refused_by_every_command(share, capsys):
-    for argv in (["join", "--config", "x.toml", "--compute-share", share], ["local", "--compute-share", share]):
+    for argv in (["join", "--config", "x.toml", "--compute-share", share], ["local", "--compute-share",
+                                                                            share]):
         with pytest.raises(SystemExit) as exc:
             cli.build_parser().parse_args(argv)
         assert exc.value.code == 2

@@ -146,7 +146,8 @@ def test_hugging_face_tokenizer_file(tmp_path):
     tokenizer.save(str(tmp_path / "tokenizer.json"))
     (tmp_path / "text.txt").write_text("the swarm trains a model " * 200 + "zebra")
 
-    spec = DataSpec(kind="text", path=str(tmp_path / "text.txt"), tokenizer_path=str(tmp_path / "tokenizer.json"))
+    spec = DataSpec(kind="text", path=str(tmp_path / "text.txt"),
+                    tokenizer_path=str(tmp_path / "tokenizer.json"))
     data = load_windows(spec, seq_len=8)
     assert data.vocab_size == len(words)
     assert data.tokens[:5].tolist() == [0, 1, 2, 3, 4]

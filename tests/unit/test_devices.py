@@ -68,7 +68,8 @@ def fake_mps(monkeypatch, available: bool, built: bool = True):
 
 # -- resolve_device ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("cuda, mps, want", [(True, True, "cuda"), (False, True, "mps"), (False, False, "cpu")])
+@pytest.mark.parametrize("cuda, mps, want", [(True, True, "cuda"), (False, True, "mps"), (False, False,
+                                                                                          "cpu")])
 def test_auto_prefers_cuda_then_mps_then_cpu(monkeypatch, cuda, mps, want):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     fake_mps(monkeypatch, available=mps)
@@ -227,8 +228,10 @@ def test_clipping_works_where_torch_has_no_foreach_kernels(monkeypatch, gen):
 
 # -- out of memory ---------------------------------------------------------------------------
 
-CUDA_OOM = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
-                                  "14.58 GiB of which 1.06 GiB is free.")
+CUDA_OOM = torch.OutOfMemoryError(
+    "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+    "14.58 GiB of which 1.06 GiB is free."
+)
 MPS_OOM = RuntimeError("MPS backend out of memory (MPS allocated: 17.00 GB, other allocations: 1.2 GB, max "
                        "allowed: 18.13 GB). Tried to allocate 256.00 MB on private pool.")
 
@@ -242,7 +245,8 @@ def test_out_of_memory_is_recognised_and_nothing_else():
 
 def test_cuda_oom_names_model_stage_device_need_and_remedies(monkeypatch):
     fake_cuda(monkeypatch, "T4")
-    error = explain_oom(CUDA_OOM, model_size="medium", stage=1, num_stages=2, device="cuda", vocab_size=32_000,
+    error = explain_oom(CUDA_OOM, model_size="medium", stage=1, num_stages=2, device="cuda",
+                        vocab_size=32_000,
                         batch_size=8, seq_len=1024)
     assert isinstance(error, OutOfMemory)
     message = str(error)
@@ -258,13 +262,16 @@ def test_cuda_oom_names_model_stage_device_need_and_remedies(monkeypatch):
 
 def test_mps_oom_uses_the_recommended_working_set(monkeypatch):
     fake_mps(monkeypatch, available=True)
-    message = str(explain_oom(MPS_OOM, model_size="small", stage=0, num_stages=1, device="mps", vocab_size=256,
+    message = str(explain_oom(MPS_OOM, model_size="small", stage=0, num_stages=1, device="mps",
+                              vocab_size=256,
                               batch_size=8, seq_len=256))
     assert "out of memory on mps (Apple GPU (MPS), 21.0 GiB in all)" in message and "--device cpu" in message
 
 
 def test_cpu_oom_does_not_suggest_the_cpu():
-    oom = RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1099511627776 bytes.")
+    oom = RuntimeError(
+        "DefaultCPUAllocator: can't allocate memory: you tried to allocate 1099511627776 bytes."
+    )
     message = str(explain_oom(oom, model_size="tiny", stage=0, num_stages=1, device="cpu", vocab_size=256,
                               batch_size=8, seq_len=256))
     assert message.startswith("out of memory on cpu") and "--device cpu" not in message
@@ -277,13 +284,15 @@ def test_other_errors_are_not_explained():
 
 def test_context_manager_converts_oom_and_passes_everything_else(monkeypatch):
     fake_cuda(monkeypatch, "A100")
-    spec = RunSpec(model_size="small", num_stages=4, batch_size=4, seq_len=512, method=default_method("local"))
+    spec = RunSpec(model_size="small", num_stages=4, batch_size=4, seq_len=512,
+                   method=default_method("local"))
     with pytest.raises(OutOfMemory, match="stage 3 of 4 of the small model") as caught:
         with oom_explained(spec, stage=3, vocab_size=32_000, device="cuda:0"):
             raise CUDA_OOM
     assert caught.value.__cause__ is CUDA_OOM
     need = estimate_stage_memory(model_config("small", vocab_size=32_000, max_seq_len=512), num_stages=4,
-                                 stage_index=3, batch_size=4, seq_len=512, autocast_bf16=True, outer_state=False)
+                                 stage_index=3, batch_size=4, seq_len=512, autocast_bf16=True,
+                                 outer_state=False)
     assert f"needs about {format_bytes(need.peak_bytes)}" in str(caught.value)
     with pytest.raises(KeyError), oom_explained(spec, stage=3, vocab_size=32_000, device="cuda:0"):
         raise KeyError("not memory")
@@ -294,7 +303,8 @@ def test_simulator_explains_oom_while_building_and_training(monkeypatch):
     from swarm_node.sim import SimConfig, Simulator
     from swarm_node.sim.simulator import simulator_memory
 
-    config = SimConfig(method=default_method("noloco", inner_steps=2), inner=InnerHyper(warmup_steps=1, total_steps=4),
+    config = SimConfig(method=default_method("noloco", inner_steps=2), inner=InnerHyper(warmup_steps=1,
+                                                                                        total_steps=4),
                        data=DataSpec(kind="synthetic", order=1, num_tokens=20_000), replicas=2, stages=2,
                        seq_len=32, batch_size=4, steps=4, eval_batches=1)
     sim = Simulator(config)

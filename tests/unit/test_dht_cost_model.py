@@ -9,7 +9,8 @@ from swarm_node.net.dht import LATEST_GET, Traversal
 from swarm_node.scale.network import DhtCosts, Endpoint, Network
 from swarm_node.scale.vclock import run
 
-RECORD = {"stage": 0, "spec_hash": "0123456789abcdef", "version": "0.1.0", "throughput": 1.0, "inner_step": 12345,
+RECORD = {"stage": 0, "spec_hash": "0123456789abcdef", "version": "0.1.0", "throughput": 1.0,
+          "inner_step": 12345,
           "outer_round": 250, "round_step": 20, "partner_rounds": 240, "local_rounds": 10, "recent_steps": 55,
           "recent_microbatches": 236, "last_error": "", "tokens": 0, "queue": 0, "lost": 0, "loss": None,
           "seeking": False, "state": "training", "reachable": True}  # ~258 msgpack bytes, as measured
@@ -84,4 +85,5 @@ def test_only_a_sharded_registry_reads_fresh_copies():
 
 def test_only_a_one_key_registry_publishes_each_rounds_start_and_end():
     assert Cadence.for_shards(1, 2.0, 1.0, 15.0).announce_rounds
-    assert not Cadence.for_shards(16, 2.0, 1.0, 15.0).announce_rounds  # heartbeats only: a read is stale anyway
+    # heartbeats only: a read is stale anyway
+    assert not Cadence.for_shards(16, 2.0, 1.0, 15.0).announce_rounds

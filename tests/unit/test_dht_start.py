@@ -43,7 +43,8 @@ def test_gives_up_at_the_start_up_timeout(monkeypatch):
     monkeypatch.setattr(dht_module, "_any_port_listening", lambda maddrs: True)
     with pytest.raises(dht_module._InitialPeersSilent):
         vclock.run(dht_module._start_dht_patiently({}, False, [PEER.format(port=1)], timeout_s=20.0))
-    assert len(calls) == 4 and calls[-1] - calls[0] < 20.0  # at 0, 2, 6 and 14 s; waiting 8 more would pass 20
+    # at 0, 2, 6 and 14 s; waiting 8 more would pass 20
+    assert len(calls) == 4 and calls[-1] - calls[0] < 20.0
 
 
 def test_a_port_nobody_listens_on_is_an_error_at_once(monkeypatch):

@@ -113,9 +113,12 @@ def test_bootstrap_publishes_its_ports_keeps_its_identity_in_a_volume_and_tells_
 
 
 def test_compose_and_the_dockerfile_use_the_same_image_and_commands_answer_help():
-    assert {s["image"] for s in SERVICES.values()} == {"swarm-node:latest"} and SERVICES["bootstrap"]["build"] == "."
+    assert {s["image"] for s in SERVICES.values()} == {"swarm-node:latest"} and SERVICES["bootstrap"][
+        "build"
+    ] == "."
     for program, sub in (("swarm-bootstrap", []), ("swarm-node", ["join"])):
-        done = subprocess.run([str(Path(sys.executable).parent / program), *sub, "--help"], capture_output=True,
+        done = subprocess.run([str(Path(sys.executable).parent / program), *sub, "--help"],
+                              capture_output=True,
                               text=True, timeout=60)
         assert done.returncode == 0 and "usage:" in done.stdout
 
@@ -124,7 +127,8 @@ def test_dockerfile_builds_cpu_by_default_cuda_by_build_arg_and_runs_unprivilege
     instructions = dockerfile()
     args = dict(re.match(r"(\w+)=?(.*)", a).groups() for kind, a in instructions if kind == "ARG")
     assert args["BASE_IMAGE"] == "python:3.13-slim" and args["TORCH_VARIANT"] == "cpu"
-    dev_sh_torch = re.search(r'TORCH_VERSION="\$\{SWARM_TORCH_VERSION:-([\d.]+)\}"', (REPO / "dev.sh").read_text())
+    dev_sh_torch = re.search(r'TORCH_VERSION="\$\{SWARM_TORCH_VERSION:-([\d.]+)\}"',
+                             (REPO / "dev.sh").read_text())
     assert args["TORCH_VERSION"] == dev_sh_torch.group(1)  # the version the tests run with
     assert ("FROM", "${BASE_IMAGE}") in instructions
     runs = " ".join(a for kind, a in instructions if kind == "RUN")

@@ -28,7 +28,8 @@ from swarm_node.net.maddr import check_maddrs, is_peer_id
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
 DOCS = [README, *sorted((REPO / "docs").glob("*.md"))]
-GUIDES = [REPO / "docs" / name for name in ("VOLUNTEERS.md", "HOSTS.md", "DATA.md", "RESEARCHERS.md", "FAILURES.md")]
+GUIDES = [REPO / "docs" / name for name in ("VOLUNTEERS.md", "HOSTS.md", "DATA.md", "RESEARCHERS.md",
+                                            "FAILURES.md")]
 SERVICE = REPO / "examples" / "swarm-bootstrap.service"
 FENCE = re.compile(r"^[ \t]*```([\w-]*)[ \t]*\n(.*?)^[ \t]*```[ \t]*$", re.M | re.S)
 SHELL_BLOCKS = ("", "bash", "sh", "shell", "console", "ini")  # unlabelled blocks hold printed commands too

@@ -26,7 +26,8 @@ from swarm_node.state.checkpoint import save_checkpoint
 from swarm_node.train.worker import StageWorker
 
 H = 10
-SPEC = RunSpec(run_id="export", model_size="debug", num_stages=2, seq_len=16, batch_size=4, samples_per_step=4,
+SPEC = RunSpec(run_id="export", model_size="debug", num_stages=2, seq_len=16, batch_size=4,
+               samples_per_step=4,
                data=DataSpec(kind="synthetic"), method=default_method("noloco", inner_steps=H),
                inner=InnerHyper(lr=3e-3, warmup_steps=1, total_steps=2000))
 LOCAL_SPEC = RunSpec(run_id="export-local", model_size="debug", num_stages=2, seq_len=16, batch_size=4,
@@ -67,7 +68,8 @@ def test_replicas_up_to_three_quarters_of_the_newest_ones_steps_apart_are_averag
     assert assembled.peers_per_stage == [1, 2]
     torch.testing.assert_close(assembled.state_dict["lm_head.weight"], initial(1, "lm_head.weight") + 2.0)
     c = checkpoint(tmp_path / "c", 1, step=273, round_=27)  # one step more
-    with pytest.raises(ConfigError, match=r"205 inner steps apart, more than 75% of the newest one's 273 and more "
+    with pytest.raises(ConfigError,
+                       match=r"205 inner steps apart, more than 75% of the newest one's 273 and more "
                                           r"than 2\*H = 20"):
         assemble([s0, a, c])
 
@@ -75,7 +77,8 @@ def test_replicas_up_to_three_quarters_of_the_newest_ones_steps_apart_are_averag
 def test_early_in_training_two_rounds_apart_are_still_averaged(tmp_path):
     s0 = checkpoint(tmp_path / "s0", 0, step=5, round_=0)
     a = checkpoint(tmp_path / "a", 1, step=5, round_=0)
-    assert assemble([s0, a, checkpoint(tmp_path / "b", 1, step=5 + 2 * H, round_=2)]).peers_per_stage == [1, 2]
+    assert assemble([s0, a, checkpoint(tmp_path / "b", 1, step=5 + 2 * H, round_=2)]).peers_per_stage == [1,
+                                                                                                          2]
     with pytest.raises(ConfigError, match="inner steps apart"):
         assemble([s0, a, checkpoint(tmp_path / "c", 1, step=5 + 2 * H + 1, round_=2)])
 
@@ -104,12 +107,16 @@ def test_force_averages_far_apart_checkpoints_with_one_warning_per_stage(tmp_pat
     assert export("--checkpoint", *map(str, dirs), "--out", str(out), "--force") == 0
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 2, warnings
-    assert warnings[0].startswith("stage 0: averaging checkpoints 1358 inner steps apart, more than 75% of the "
-                                  "newest one's 1426 and more than 2*H = 20 as --force asks")
+    assert warnings[0].startswith(
+        "stage 0: averaging checkpoints 1358 inner steps apart, more than 75% of the "
+        "newest one's 1426 and more than 2*H = 20 as --force asks"
+    )
     assert warnings[1].startswith("stage 1:")
     tensors = load_file(out / "model.safetensors")
     torch.testing.assert_close(tensors["lm_head.weight"], initial(1, "lm_head.weight") + 2.0)
-    torch.testing.assert_close(tensors["model.embed_tokens.weight"], initial(0, "model.embed_tokens.weight") + 1.0)
+    torch.testing.assert_close(
+        tensors["model.embed_tokens.weight"], initial(0, "model.embed_tokens.weight") + 1.0
+    )
 
 
 def test_without_outer_rounds_checkpoints_more_than_three_quarters_of_the_steps_apart_are_refused(tmp_path):
@@ -118,7 +125,8 @@ def test_without_outer_rounds_checkpoints_more_than_three_quarters_of_the_steps_
     close = checkpoint(tmp_path / "close", 1, step=4000, round_=0, spec=LOCAL_SPEC)  # 3000 <= 3/4 of 4000
     far = checkpoint(tmp_path / "far", 1, step=4004, round_=0, spec=LOCAL_SPEC)
     assert assemble([s0, a, close]).peers_per_stage == [1, 2]
-    with pytest.raises(ConfigError, match=r"3004 inner steps apart, more than 75% of the newest one's 4004 \(.*far "
+    with pytest.raises(ConfigError,
+                       match=r"3004 inner steps apart, more than 75% of the newest one's 4004 \(.*far "
                                           r"at inner step 4004\)"):
         assemble([s0, a, far])
 
@@ -127,9 +135,13 @@ def test_a_stage_given_twice_from_one_peer_is_refused_even_with_force(tmp_path, 
     s0 = checkpoint(tmp_path / "s0", 0, step=70, round_=7)
     first = checkpoint(tmp_path / "first", 1, step=60, round_=6, peer="QmSame")
     again = checkpoint(tmp_path / "again", 1, step=70, round_=7, peer="QmSame")
-    assert export("--checkpoint", str(s0), str(first), str(again), "--out", str(tmp_path / "hf"), "--force") == 2
+    assert export("--checkpoint", str(s0), str(first), str(again), "--out", str(tmp_path / "hf"),
+                  "--force") == 2
     err = capsys.readouterr().err
-    assert "stage 1 is given twice from peer QmSame" in err and "export the newest checkpoint of each peer" in err
+    assert (
+        "stage 1 is given twice from peer QmSame" in err
+        and "export the newest checkpoint of each peer" in err
+    )
 
 
 def test_checkpoints_of_different_runs_are_refused_even_with_force(tmp_path):

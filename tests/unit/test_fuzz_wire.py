@@ -183,7 +183,8 @@ def test_an_outer_header_is_the_part_expected_or_is_refused(part, header):
 
 
 # -- state and its witnesses -------------------------------------------------------------------
-STATE_META = {"ok": True, "snapshot": "d" * 16, "chunk": 2, "num_chunks": 5, "inner_step": 40, "outer_round": 2,
+STATE_META = {"ok": True, "snapshot": "d" * 16, "chunk": 2, "num_chunks": 5, "inner_step": 40,
+              "outer_round": 2,
               "last_round_step": 30, "num_tensors": 7}
 
 
@@ -247,7 +248,8 @@ def test_any_blockwise_code_of_a_fitting_length_decodes_to_finite_values_or_is_r
         steps = data.draw(st.lists(st.floats(width=32) | st.sampled_from([HUGE_STEP, 1e38, 1e-45]),
                                    min_size=-(-numel // BLOCK), max_size=-(-numel // BLOCK)))
         q = Quantized(torch.frombuffer(bytearray(codes), dtype=torch.uint8) if codes else
-                      torch.zeros(0, dtype=torch.uint8), torch.tensor(steps, dtype=torch.float32), (numel,), bits)
+                      torch.zeros(0, dtype=torch.uint8), torch.tensor(steps, dtype=torch.float32), (numel,),
+                      bits)
     try:
         out = dequantize(q)
     except ProtocolError:
@@ -267,7 +269,8 @@ def test_any_near_code_decodes_to_finite_values_near_ours_or_is_refused(bits, nu
         codes = data.draw(st.binary(min_size=packed_bytes(numel, bits), max_size=packed_bytes(numel, bits)))
         steps = data.draw(st.lists(st.floats(width=32) | st.sampled_from([HUGE_STEP, 1e-45]),
                                    min_size=-(-numel // BLOCK), max_size=-(-numel // BLOCK)))
-        q = Quantized(torch.frombuffer(bytearray(codes), dtype=torch.uint8), torch.tensor(steps), (numel,), bits)
+        q = Quantized(torch.frombuffer(bytearray(codes), dtype=torch.uint8), torch.tensor(steps), (numel,),
+                      bits)
         ours = torch.randn(numel, generator=torch.Generator().manual_seed(numel)) * scale
     try:
         out = dequantize_near(q, ours)
@@ -308,7 +311,8 @@ def test_an_outer_part_fits_our_stage_or_is_refused(name, part, data):
 
 # -- records the DHT carries -----------------------------------------------------------------------
 @fuzz_settings(150)
-@given(raw=bent_map(PeerRecord(stage=1, spec_hash=SPEC, version="0.1.0", loss=2.0, seeking=True).compact_wire()))
+@given(raw=bent_map(PeerRecord(stage=1, spec_hash=SPEC, version="0.1.0", loss=2.0,
+                               seeking=True).compact_wire()))
 def test_a_bent_registry_record_parses_to_a_record_that_round_trips_or_is_refused(raw):
     try:
         record = PeerRecord.from_wire(raw)
@@ -378,7 +382,8 @@ def test_a_manifest_of_any_bytes_parses_or_is_a_data_error(choice, data):
 
 
 @fuzz_settings(150)
-@given(head=st.one_of(st.binary(max_size=40), mutated(shard_bytes(torch.arange(10).numpy(), 300)[:HEADER_BYTES])),
+@given(head=st.one_of(st.binary(max_size=40), mutated(shard_bytes(torch.arange(10).numpy(),
+                                                                  300)[:HEADER_BYTES])),
        file_bytes=st.integers(0, 2**40), vocab=st.sampled_from([None, 300, 2**16 + 1]))
 def test_a_shard_header_agrees_with_its_file_or_is_a_data_error(head, file_bytes, vocab):
     try:
@@ -448,7 +453,8 @@ def test_acknowledgements_rise_within_what_was_sent_or_are_refused(acks, paced):
             assert config.min_bytes <= window.pacer.window_bytes <= config.max_bytes
 
 
-STATUS = {"kind": "status", "ok": True, "run_id": "r", "spec_hash": SPEC, "version": "0.1.0", "peer_id": "QmA",
+STATUS = {"kind": "status", "ok": True, "run_id": "r", "spec_hash": SPEC, "version": "0.1.0",
+          "peer_id": "QmA",
           "stage": 0, "num_stages": 2, "state": "training", "inner_step": 12, "outer_round": 1,
           "peers_per_stage": [1, 2]}
 
@@ -492,7 +498,8 @@ def test_any_tensors_a_frame_carries_have_a_digest(data):
 @fuzz_settings(100)
 @given(values=st.dictionaries(st.text(max_size=8), st.one_of(st.binary(max_size=30), mutated(msgpack.packb(
     PeerRecord(stage=1, spec_hash=SPEC, version="0.1.0").compact_wire())), st.just(b"\xc1")), max_size=4))
-@example(values={"QmGood": msgpack.packb({"stage": 1}), "QmJunk": b"\xc1"})  # FormatError, once: the key unread
+# FormatError, once: the key unread
+@example(values={"QmGood": msgpack.packb({"stage": 1}), "QmJunk": b"\xc1"})
 def test_a_registry_key_read_near_its_replicas_keeps_the_entries_that_deserialize(values):
     """Anyone can store any bytes as an entry's value (a signature proves its writer, not
     its format): the other entries of the key must still be read."""

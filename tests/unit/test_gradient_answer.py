@@ -28,4 +28,9 @@ def test_a_missing_loss_is_a_protocol_error_and_a_good_answer_decodes():
     with pytest.raises(ProtocolError):
         decode_gradient_answer(answer(), LIMITS, SHAPE)
     grad, loss = decode_gradient_answer(answer(loss=2), LIMITS, SHAPE)
-    assert grad.dtype == torch.float32 and grad.shape == SHAPE and loss == 2.0 and rms(grad) == pytest.approx(1.0)
+    assert (
+        grad.dtype == torch.float32
+        and grad.shape == SHAPE
+        and loss == 2.0
+        and rms(grad) == pytest.approx(1.0)
+    )

@@ -20,8 +20,12 @@ def test_saved_dataset_json_lines_and_parquet_give_the_same_windows(tmp_path):
     table.save_to_disk(str(tmp_path / "saved"))
     datasets.DatasetDict({"train": table}).save_to_disk(str(tmp_path / "with-splits"))
     (tmp_path / "lines").mkdir()
-    (tmp_path / "lines" / "part-0.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCS[:20]))
-    (tmp_path / "lines" / "part-1.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCS[20:]))
+    (tmp_path / "lines" / "part-0.jsonl").write_text(
+        "".join(json.dumps({"text": d}) + "\n" for d in DOCS[:20])
+    )
+    (tmp_path / "lines" / "part-1.jsonl").write_text(
+        "".join(json.dumps({"text": d}) + "\n" for d in DOCS[20:])
+    )
     table.to_parquet(str(tmp_path / "docs.parquet"))
     (tmp_path / "plain.txt").write_text("\n\n".join(DOCS))
 

@@ -19,7 +19,8 @@ from swarm_node.spec import RunSpec
 from swarm_node.state.checkpoint import save_checkpoint
 from swarm_node.train.worker import StageWorker
 
-SPEC = RunSpec(run_id="export", model_size="debug", num_stages=2, seq_len=32, batch_size=4, samples_per_step=4,
+SPEC = RunSpec(run_id="export", model_size="debug", num_stages=2, seq_len=32, batch_size=4,
+               samples_per_step=4,
                data=DataSpec(kind="synthetic"), method=default_method("noloco", inner_steps=10),
                inner=InnerHyper(lr=3e-3, warmup_steps=1, total_steps=100))
 VOCAB = 16
@@ -66,7 +67,8 @@ def test_exported_checkpoint_loads_in_transformers_with_the_same_logits(tmp_path
 
     assembled = assemble(dirs)
     head = (workers[1].stage.lm_head.weight + workers[2].stage.lm_head.weight) / 2
-    torch.testing.assert_close(assembled.state_dict["lm_head.weight"], head.detach())  # stage 1: the peers' mean
+    # stage 1: the peers' mean
+    torch.testing.assert_close(assembled.state_dict["lm_head.weight"], head.detach())
     ours = load_model(assembled)
     theirs = LlamaForCausalLM.from_pretrained(out, torch_dtype=torch.float32).eval()
     tokens = torch.randint(0, VOCAB, (2, SPEC.seq_len), generator=torch.Generator().manual_seed(7))

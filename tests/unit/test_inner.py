@@ -77,7 +77,8 @@ def test_steps_are_bit_identical_to_torch_adamw_and_the_state_dicts_load_into_ea
 def test_the_fused_kernel_is_taken_on_cuda_only():
     assert fused_by_default(torch.device("cuda")) and fused_by_default(torch.device("cuda:1"))
     assert not fused_by_default(torch.device("cpu")) and not fused_by_default(torch.device("mps"))
-    assert not InnerOptimizer([torch.nn.Parameter(torch.zeros(2))], InnerHyper()).fused  # the CPU: bit-exact path
+    # the CPU: bit-exact path
+    assert not InnerOptimizer([torch.nn.Parameter(torch.zeros(2))], InnerHyper()).fused
 
 
 @pytest.mark.parametrize("weight_decay", [0.0, 0.1])
@@ -103,7 +104,8 @@ def test_the_fused_kernel_steps_as_the_foreach_path_does_to_fp32_rounding(weight
     assert ours["param_groups"] == theirs["param_groups"]  # one layout, whichever kernel stepped
     for index, state in ours["state"].items():
         assert torch.equal(state["step"], theirs["state"][index]["step"])
-        torch.testing.assert_close(theirs["state"][index]["exp_avg_sq"], state["exp_avg_sq"], rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(theirs["state"][index]["exp_avg_sq"], state["exp_avg_sq"], rtol=1e-5,
+                                   atol=1e-7)
 
 
 def test_moments_that_do_not_fit_the_parameters_are_refused():
@@ -135,7 +137,8 @@ def _stepped_worker(betas=(0.9, 0.999), steps: int = 3):
     from swarm_node.spec import RunSpec
     from swarm_node.train.worker import StageWorker
 
-    spec = RunSpec(run_id="moments", model_size="debug", num_stages=1, seq_len=8, batch_size=2, samples_per_step=2,
+    spec = RunSpec(run_id="moments", model_size="debug", num_stages=1, seq_len=8, batch_size=2,
+                   samples_per_step=2,
                    data=DataSpec(kind="synthetic"), method=default_method("noloco", inner_steps=4),
                    inner=InnerHyper(lr=1e-3, warmup_steps=2, total_steps=1000, betas=betas))
     worker = StageWorker(spec, 0, 64, "cpu")

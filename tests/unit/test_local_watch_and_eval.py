@@ -54,7 +54,8 @@ def test_the_bar_shows_no_loss_before_the_last_stage_reports_one(tmp_path, monke
     swarm.children = [local.Child(0, 0, FakeProcess(polls=2), tmp_path / "node.log")]
 
     async def records(dht):  # training, but no loss yet
-        return {0: [PeerRecord(stage=0, spec_hash=spec.spec_hash(), version=__version__, inner_step=4, loss=None)]}
+        return {0: [PeerRecord(stage=0, spec_hash=spec.spec_hash(), version=__version__, inner_step=4,
+                               loss=None)]}
 
     monkeypatch.setattr(swarm, "_records", records)
     asyncio.run(swarm._watch(None, 0.0))
@@ -63,12 +64,15 @@ def test_the_bar_shows_no_loss_before_the_last_stage_reports_one(tmp_path, monke
 
 
 def _two_by_two(tmp_path):
-    spec = RunSpec(run_id="eval", num_stages=2, seq_len=16, data=DataSpec(kind="synthetic", num_tokens=120_000))
-    swarm = local.LocalSwarm(spec, local.LocalConfig(replicas=2, eval_batches=2, eval_threads=2, run_dir=tmp_path,
+    spec = RunSpec(run_id="eval", num_stages=2, seq_len=16, data=DataSpec(kind="synthetic",
+                                                                          num_tokens=120_000))
+    swarm = local.LocalSwarm(spec, local.LocalConfig(replicas=2, eval_batches=2, eval_threads=2,
+                                                     run_dir=tmp_path,
                                                      progress=False))
     swarm.preflight()
     config = model_config("debug", vocab_size=swarm.data.vocab_size, max_seq_len=16)
-    weights = {s: {r: build_stage(config, num_stages=2, stage_index=s, seed=r + 1).state_dict() for r in range(2)}
+    weights = {s: {r: build_stage(config, num_stages=2, stage_index=s,
+                                  seed=r + 1).state_dict() for r in range(2)}
                for s in range(2)}
     return spec, swarm, weights
 
@@ -93,10 +97,13 @@ def test_the_final_evaluation_logs_each_path_and_uses_its_threads(tmp_path, monk
     finally:
         torch.set_num_threads(1)
     lines = [r.getMessage() for r in caplog.records]
-    assert lines[0].startswith("evaluating 4 model paths (the initial weights, 2 replicas, the consensus model) "
-                               "on 2 validation batches of 64 windows with 2 torch threads")
+    assert lines[0].startswith(
+        "evaluating 4 model paths (the initial weights, 2 replicas, the consensus model) "
+        "on 2 validation batches of 64 windows with 2 torch threads"
+    )
     assert [line.split(":")[0] for line in lines[1:]] == [
-        "evaluated the initial weights (1 of 4)", "evaluated replica 0 (2 of 4)", "evaluated replica 1 (3 of 4)",
+        "evaluated the initial weights (1 of 4)", "evaluated replica 0 (2 of 4)",
+        "evaluated replica 1 (3 of 4)",
         "evaluated the consensus model (4 of 4)"]
     assert threads == [2, 2, 2, 2]
     assert result["final_consensus_val_loss"] is not None and result["initial_val_loss"] > 0
@@ -111,7 +118,11 @@ def test_paths_that_need_a_dead_nodes_weights_are_skipped_and_say_why():
     assert plan.skipped == ["replica 1: stage 1 replica 1 (pid 7) died with exit code -9",
                             "the consensus model: stage 1 replica 1 (pid 7) died with exit code -9"]
     lost = plan_paths(2, 2, weights, {})  # killed by the chaos plan: its replica goes, the consensus stays
-    assert lost.replicas == [0] and lost.consensus and lost.skipped == ["replica 1: stage 1 replica 1 left no weights"]
+    assert (
+        lost.replicas == [0]
+        and lost.consensus
+        and lost.skipped == ["replica 1: stage 1 replica 1 left no weights"]
+    )
 
 
 def test_a_stage_whose_nodes_all_died_leaves_nothing_to_evaluate(tmp_path, monkeypatch):
@@ -173,7 +184,9 @@ def test_batches_are_split_into_parts_that_fit_and_halved_on_out_of_memory(tmp_p
     path = [build_stage(config, num_stages=2, stage_index=s, seed=1) for s in range(2)]
     whole = path_val_loss(path, swarm.data, batch_size=64, max_batches=2)
     parts = BatchParts(rows=10)
-    assert path_val_loss(path, swarm.data, batch_size=64, max_batches=2, parts=parts) == pytest.approx(whole, rel=1e-5)
+    assert path_val_loss(path, swarm.data, batch_size=64, max_batches=2, parts=parts) == pytest.approx(
+        whole, rel=1e-5
+    )
     forward = path[0].forward
 
     def small_card(inputs, targets=None, **kwargs):
@@ -183,7 +196,9 @@ def test_batches_are_split_into_parts_that_fit_and_halved_on_out_of_memory(tmp_p
 
     path[0].forward = small_card
     parts = BatchParts(rows=64)
-    assert path_val_loss(path, swarm.data, batch_size=64, max_batches=2, parts=parts) == pytest.approx(whole, rel=1e-5)
+    assert path_val_loss(path, swarm.data, batch_size=64, max_batches=2, parts=parts) == pytest.approx(
+        whole, rel=1e-5
+    )
     assert parts.rows == 2  # 64, 32, ..., 4 did not fit
 
 
@@ -199,7 +214,9 @@ def test_parts_fit_half_the_free_memory_of_a_card(monkeypatch):
 
 def test_a_node_that_exits_non_zero_is_dead_and_named(tmp_path, no_reaping, caplog):
     log = tmp_path / "node.log"
-    log.write_text("starting\nswarm-node join: error: out of memory on cuda:0 (H100, 79.2 GiB in all) training ...\n")
+    log.write_text(
+        "starting\nswarm-node join: error: out of memory on cuda:0 (H100, 79.2 GiB in all) training ...\n"
+    )
     dead, chaos, stopped, done = (local.Child(s, 0, FakeProcess(0, code), log) for s, code in
                                   ((0, 2), (1, -9), (1, -15), (0, 0)))
     chaos.killed_on_purpose = True
@@ -207,8 +224,10 @@ def test_a_node_that_exits_non_zero_is_dead_and_named(tmp_path, no_reaping, capl
         local_procs.poll([dead, chaos, done])
         local_procs.poll([stopped], stopping=True)
     assert [c.status for c in (dead, chaos, stopped, done)] == ["dead", "lost", "lost", "finished"]
-    assert dead.death() == ("stage 0 replica 0 (pid 0) died with exit code 2: swarm-node join: error: out of memory "
-                            "on cuda:0 (H100, 79.2 GiB in all) training ...")
+    assert dead.death() == (
+        "stage 0 replica 0 (pid 0) died with exit code 2: swarm-node join: error: out of memory "
+        "on cuda:0 (H100, 79.2 GiB in all) training ..."
+    )
     assert any(r.levelname == "ERROR" and "died with exit code 2" in r.getMessage() for r in caplog.records)
 
 
@@ -243,7 +262,11 @@ def test_nodes_crowding_few_cores_get_longer_to_reach_the_bootstrap(tmp_path, mo
     few = local.LocalSwarm(spec, local.LocalConfig(replicas=2, run_dir=tmp_path))
     assert few.startup_timeout_s() == local.DEFAULT_STARTUP_TIMEOUT_S  # the demo: the join's own default
     crowd = local.LocalSwarm(spec, local.LocalConfig(replicas=16, run_dir=tmp_path))
-    assert crowd.startup_timeout_s() == 32 / 2 * local.STARTUP_S_PER_NODE_A_CORE > local.DEFAULT_STARTUP_TIMEOUT_S
+    assert (
+        crowd.startup_timeout_s()
+        == 32 / 2 * local.STARTUP_S_PER_NODE_A_CORE
+        > local.DEFAULT_STARTUP_TIMEOUT_S
+    )
     spawned = []
     monkeypatch.setattr(local.subprocess, "Popen", lambda cmd, **kw: spawned.append(cmd) or FakeProcess(0))
     crowd._spawn_args = (tmp_path / "spec.json", ["/ip4/127.0.0.1/tcp/1/p2p/Qm"])
@@ -271,7 +294,8 @@ def test_compile_is_passed_on_to_every_node(tmp_path, monkeypatch):
     spawned = []
     monkeypatch.setattr(local.subprocess, "Popen", lambda cmd, **kw: spawned.append(cmd) or FakeProcess(0))
     for compiled in (False, True):
-        swarm = local.LocalSwarm(spec, local.LocalConfig(replicas=1, run_dir=tmp_path, compile_stage=compiled))
+        swarm = local.LocalSwarm(spec, local.LocalConfig(replicas=1, run_dir=tmp_path,
+                                                         compile_stage=compiled))
         swarm._spawn_args = (tmp_path / "spec.json", ["/ip4/127.0.0.1/tcp/1/p2p/Qm"])
         swarm._spawn(1, 0)
     assert ["--compile" in cmd for cmd in spawned] == [False, True]

@@ -23,7 +23,8 @@ def test_hivemind_records_use_the_project_format():
     lines = [ln for ln in out.splitlines() if ln.strip()]
     assert "\x1b[" not in out, out  # no ANSI colours
     assert len(lines) == 2, out  # hivemind's info is below the level asked for
-    for line, name, message in zip(lines, ("hivemind.p2p.test", "swarm_node.test"), ("a hivemind warning", "ours")):
+    for line, name, message in zip(lines, ("hivemind.p2p.test", "swarm_node.test"), ("a hivemind warning",
+                                                                                     "ours")):
         assert re.fullmatch(rf"\d\d:\d\d:\d\d [WI] {re.escape(name)}: {message}", line), line
 
 
@@ -47,4 +48,6 @@ def test_a_stream_reset_before_its_header_is_a_debug_line_and_other_loop_errors_
         loop.close()
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and "a real bug" in str(errors[0].exc_info[1])
-    assert any("reset before it began" in r.getMessage() and r.levelno == logging.DEBUG for r in caplog.records)
+    assert any(
+        "reset before it began" in r.getMessage() and r.levelno == logging.DEBUG for r in caplog.records
+    )

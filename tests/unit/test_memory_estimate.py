@@ -76,7 +76,9 @@ def test_stage_parameters_match_the_built_stages_of_every_named_size():
                 with torch.device("meta"):  # shapes only: the large model has 6.7B parameters
                     built = PipelineStage(config, stage, stages, layers[stage])
                 counted = sum(p.numel() for p in built.parameters())
-                assert stage_parameters(config, num_stages=stages, stage_index=stage) == counted, (size, stages, stage)
+                assert stage_parameters(config, num_stages=stages, stage_index=stage) == counted, (size,
+                                                                                                   stages,
+                                                                                                   stage)
     config = model_config("tiny", vocab_size=VOCAB, max_seq_len=SEQ)
     with torch.device("meta"):
         built = PipelineStage(config, 1, 3, range(1, 4))
@@ -110,7 +112,8 @@ def _state_bytes(worker: StageWorker) -> int:
 
 
 @pytest.mark.parametrize("method", ["noloco", "local"])
-@pytest.mark.parametrize("size, stages, stage", [("debug", 2, 0), ("debug", 2, 1), ("tiny", 3, 1), ("tiny", 1, 0)])
+@pytest.mark.parametrize("size, stages, stage", [("debug", 2, 0), ("debug", 2, 1), ("tiny", 3, 1), ("tiny", 1,
+                                                                                                    0)])
 def test_parameter_part_equals_the_state_after_a_step(gen, method, size, stages, stage):
     spec = RunSpec(model_size=size, num_stages=stages, batch_size=BATCH, seq_len=SEQ, samples_per_step=BATCH,
                    method=default_method(method))
@@ -119,7 +122,8 @@ def test_parameter_part_equals_the_state_after_a_step(gen, method, size, stages,
     run()
     worker.step()  # Adam's moments now exist
     run()  # and gradients again, as while accumulating towards the next step
-    estimate = estimate_stage_memory(worker.model_config, num_stages=stages, stage_index=stage, batch_size=BATCH,
+    estimate = estimate_stage_memory(worker.model_config, num_stages=stages, stage_index=stage,
+                                     batch_size=BATCH,
                                      seq_len=SEQ, autocast_bf16=False, outer_state=method == "noloco")
     assert estimate.parameters == sum(p.numel() for p in worker.params)
     in_flight = ROUND_IN_FLIGHT_BYTES_PER_PARAMETER * estimate.parameters if method == "noloco" else 0
@@ -155,7 +159,8 @@ def _vocab_and_casts():
     the slow tier adds the other two pairings."""
     for vocab, autocast_bf16 in ((VOCAB, False), (8192, True), (VOCAB, True), (8192, False)):
         marks = () if (vocab == 8192) == autocast_bf16 else (pytest.mark.slow,)
-        yield pytest.param(vocab, autocast_bf16, marks=marks, id=f"{vocab}-{'bf16-autocast' if autocast_bf16 else 'fp32'}")
+        yield pytest.param(vocab, autocast_bf16, marks=marks,
+                           id=f"{vocab}-{'bf16-autocast' if autocast_bf16 else 'fp32'}")
 
 
 @pytest.mark.parametrize("vocab, autocast_bf16", list(_vocab_and_casts()))
@@ -170,10 +175,12 @@ def test_activation_part_bounds_a_measured_micro_batch(gen, vocab, autocast_bf16
     worker.autocast_dtype = torch.bfloat16 if autocast_bf16 else None
     inputs, run = _one_micro_batch(worker, gen)
     run()  # gradients exist from here on; later micro-batches add into them
-    tracker = PeakAllocation([*worker.params, *(p.grad for p in worker.params), *worker.stage.buffers(), *inputs])
+    tracker = PeakAllocation([*worker.params, *(p.grad for p in worker.params), *worker.stage.buffers(),
+                              *inputs])
     with tracker:
         run()
-    estimate = estimate_stage_memory(worker.model_config, num_stages=stages, stage_index=stage, batch_size=BATCH,
+    estimate = estimate_stage_memory(worker.model_config, num_stages=stages, stage_index=stage,
+                                     batch_size=BATCH,
                                      seq_len=SEQ, autocast_bf16=autocast_bf16)
     assert 0.8 * estimate.activation_bytes <= tracker.peak <= estimate.activation_bytes, \
         f"measured {tracker.peak} bytes against an estimate of {estimate.activation_bytes}"
@@ -191,16 +198,19 @@ def test_the_chunked_loss_fits_its_estimate(gen, autocast_bf16, size, stages):
     worker.stage.loss_chunk_logits = chunk_logits
     inputs, run = _one_micro_batch(worker, gen)
     run()
-    tracker = PeakAllocation([*worker.params, *(p.grad for p in worker.params), *worker.stage.buffers(), *inputs])
+    tracker = PeakAllocation([*worker.params, *(p.grad for p in worker.params), *worker.stage.buffers(),
+                              *inputs])
     with tracker:
         run()
     estimate = estimate_stage_memory(worker.model_config, num_stages=stages, stage_index=stages - 1,
                                      batch_size=BATCH, seq_len=SEQ, autocast_bf16=autocast_bf16,
                                      loss_chunk_logits=chunk_logits)
-    plain = estimate_stage_memory(worker.model_config, num_stages=stages, stage_index=stages - 1, batch_size=BATCH,
+    plain = estimate_stage_memory(worker.model_config, num_stages=stages, stage_index=stages - 1,
+                                  batch_size=BATCH,
                                   seq_len=SEQ, autocast_bf16=autocast_bf16, loss_chunk_logits=None)
-    assert 0.8 * estimate.activation_bytes <= tracker.peak <= estimate.activation_bytes < plain.activation_bytes, \
-        f"measured {tracker.peak} bytes against an estimate of {estimate.activation_bytes}"
+    assert (
+        0.8 * estimate.activation_bytes <= tracker.peak <= estimate.activation_bytes < plain.activation_bytes
+    ), f"measured {tracker.peak} bytes against an estimate of {estimate.activation_bytes}"
 
 
 @pytest.mark.parametrize("partner", [False, True], ids=["local-only", "pair"])
@@ -214,13 +224,15 @@ def test_outer_step_part_bounds_a_measured_round(gen, partner, size, stages, sta
     with torch.no_grad():
         for p in worker.params:
             p.add_(torch.randn(p.shape, generator=gen) * 1e-2)
-    other = ([t.half() for t in worker.slow.phi], [t.half() for t in worker.slow.deltas()])  # arrives on the CPU
+    # arrives on the CPU
+    other = ([t.half() for t in worker.slow.phi], [t.half() for t in worker.slow.deltas()])
     opened = worker.open_round()  # what it keeps is resident while the round runs: counted in the state
     tracker = PeakAllocation([*worker.params, *worker.slow.phi, *worker.slow.momentum, *other[0], *other[1],
                               *opened.wire])
     with tracker:
         worker.close_round([other] if partner else [])
-    estimate = estimate_stage_memory(worker.model_config, num_stages=stages, stage_index=stage, batch_size=BATCH,
+    estimate = estimate_stage_memory(worker.model_config, num_stages=stages, stage_index=stage,
+                                     batch_size=BATCH,
                                      seq_len=SEQ, autocast_bf16=False)
     assert 0.6 * estimate.outer_step_bytes <= tracker.peak <= estimate.outer_step_bytes, \
         f"measured {tracker.peak} bytes against an estimate of {estimate.outer_step_bytes}"
@@ -231,7 +243,8 @@ def test_simulator_need_counts_every_worker_once():
     from swarm_node.optim import InnerHyper
     from swarm_node.sim import SimConfig
 
-    config = SimConfig(method=default_method("noloco"), inner=InnerHyper(), data=DataSpec(), replicas=3, stages=2,
+    config = SimConfig(method=default_method("noloco"), inner=InnerHyper(), data=DataSpec(), replicas=3,
+                       stages=2,
                        model_size="tiny", seq_len=SEQ, batch_size=BATCH)
     model = model_config("tiny", vocab_size=VOCAB, max_seq_len=SEQ)
     per_stage = [estimate_stage_memory(model, num_stages=2, stage_index=s, batch_size=BATCH, seq_len=SEQ,
@@ -300,7 +313,10 @@ def test_the_vocabulary_table_grows_with_the_vocabulary_and_is_the_readme_s(caps
         assert peaks == sorted(peaks) and peaks[0] < peaks[-1], row
     small = model_config("small", vocab_size=50_257, max_seq_len=1024)
     _, need = largest_stage_memory(small, num_stages=2, batch_size=8, seq_len=1024, autocast_bf16=True)
-    assert next(r for r in rows if r.startswith("| small")).split(" | ")[4] == f"{need.peak_bytes / 2**30:.1f} GiB"
+    assert (
+        next(r for r in rows if r.startswith("| small")).split(" | ")[4]
+        == f"{need.peak_bytes / 2**30:.1f} GiB"
+    )
     assert table in (Path(__file__).resolve().parents[2] / "docs" / "DATA.md").read_text()
     main(["--vocab-costs"])
     assert table in capsys.readouterr().out

@@ -53,7 +53,8 @@ def test_hugging_face_parameter_names():
         expected |= {prefix + s for s in ("input_layernorm.weight", "post_attention_layernorm.weight",
                                           "self_attn.q_proj.weight", "self_attn.k_proj.weight",
                                           "self_attn.v_proj.weight", "self_attn.o_proj.weight",
-                                          "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")}
+                                          "mlp.gate_proj.weight", "mlp.up_proj.weight",
+                                          "mlp.down_proj.weight")}
     assert names == expected
 
 
@@ -75,7 +76,9 @@ def test_named_sizes_and_data_driven_shapes():
     assert NAMED_SIZES["large"][:2] == (4096, 32)
     tiny = model_config("tiny", vocab_size=256, max_seq_len=256)
     assert 1e6 < tiny.num_parameters() < 1e7
-    assert model_config("large", vocab_size=32000, max_seq_len=1024).num_parameters() == pytest.approx(6.74e9, rel=0.01)
+    assert model_config("large", vocab_size=32000, max_seq_len=1024).num_parameters() == pytest.approx(
+        6.74e9, rel=0.01
+    )
     with pytest.raises(ValueError, match="unknown model size"):
         model_config("huge", vocab_size=1, max_seq_len=1)
 

@@ -18,7 +18,8 @@ print(type(sys.modules["scipy.optimize"]).__name__)
 
 
 def test_scipy_optimize_waits_for_its_first_use():
-    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120,
+                         check=True)
     deferred, balance, after = out.stdout.split("\n")[:3]
     assert deferred.split()[0] == "_ImportedOnFirstUse" and int(deferred.split()[1]) < 20
     assert sum(int(share) for share in balance.strip("()").split(",")) == 100
@@ -33,7 +34,8 @@ from swarm_node.optim import default_method
 from swarm_node.spec import RunSpec
 from swarm_node.train.rounds import step_if_ready
 from swarm_node.train.worker import StageWorker
-spec = RunSpec(run_id="imports", model_size="debug", num_stages=2, seq_len=16, batch_size=4, samples_per_step=4,
+spec = RunSpec(run_id="imports", model_size="debug", num_stages=2, seq_len=16, batch_size=4,
+               samples_per_step=4,
                data=DataSpec(kind="synthetic"), method=default_method("noloco", inner_steps=2))
 first, last = StageWorker(spec, 0, 16), StageWorker(spec, 1, 16)
 for _ in range(2):

@@ -86,7 +86,9 @@ def test_the_bytes_on_the_wire_are_what_the_codec_says(name):
     encoder.observe(phi, [[t + 0.01 for t in phi]])  # near codecs: after a first partner
     wire = encoder.encode(phi, phi)
     numel = sum(s.numel() for s in shapes)
-    assert sum(t.numel() * t.element_size() for t in wire) / numel == pytest.approx(codec.bytes_per_parameter())
+    assert sum(t.numel() * t.element_size() for t in wire) / numel == pytest.approx(
+        codec.bytes_per_parameter()
+    )
 
 
 def test_the_default_codec_sends_at_most_a_quarter_of_a_16_bit_round():
@@ -133,7 +135,8 @@ def test_anything_that_does_not_fit_our_stage_is_a_protocol_error(name, data):
     except ProtocolError:
         return
     assert [t.shape for t in phi] == shapes and [t.shape for t in delta] == shapes
-    if codec.phi_bits:  # blockwise values are finite by construction; float ones are screened by the partner check
+    # blockwise values are finite by construction; float ones are screened by the partner check
+    if codec.phi_bits:
         assert all(torch.isfinite(t).all() for t in phi)
 
 

@@ -170,7 +170,10 @@ def test_an_overlapped_step_with_no_steps_in_between_is_the_blocking_step(gen):
             step = torch.randn(4, 3, generator=gen)
             a.add_(step)
             b.add_(step)
-    partner = ([torch.randn(4, 3, generator=gen) for _ in range(2)], [torch.randn(4, 3, generator=gen) for _ in range(2)])
+    partner = (
+        [torch.randn(4, 3, generator=gen) for _ in range(2)],
+        [torch.randn(4, 3, generator=gen) for _ in range(2)],
+    )
     sent = (overlapped.phi, overlapped.deltas())
     start = overlapped.start_overlapped()
     blocking.apply([blocking.phi, partner[0]], [blocking.deltas(), partner[1]])
@@ -189,13 +192,16 @@ def test_an_overlapped_step_keeps_the_progress_made_while_the_exchange_ran(gen):
         params[0].add_(torch.randn(5, generator=gen))  # the round's inner steps
     sent_phi, sent_delta = [slow.phi[0].clone()], slow.deltas()
     start = slow.start_overlapped()
-    local_phi, _ = outer_update(sent_phi, [torch.zeros(5)], [sent_phi], [sent_delta], alpha=0.5, beta=0.7, gamma=0.7)
-    assert torch.allclose(params[0].detach(), local_phi[0])  # the steps beside the exchange start from the local step
+    local_phi, _ = outer_update(sent_phi, [torch.zeros(5)], [sent_phi], [sent_delta], alpha=0.5, beta=0.7,
+                                gamma=0.7)
+    # the steps beside the exchange start from the local step
+    assert torch.allclose(params[0].detach(), local_phi[0])
     meanwhile = torch.randn(5, generator=gen)
     with torch.no_grad():
         params[0].add_(meanwhile)  # inner steps while the exchange runs
     partner = ([torch.randn(5, generator=gen)], [torch.randn(5, generator=gen)])
-    expected_phi, _ = outer_update(sent_phi, [torch.zeros(5)], [sent_phi, partner[0]], [sent_delta, partner[1]],
+    expected_phi, _ = outer_update(sent_phi, [torch.zeros(5)], [sent_phi, partner[0]], [sent_delta,
+                                                                                        partner[1]],
                                    alpha=0.5, beta=0.7, gamma=0.7)
     slow.apply_overlapped([sent_phi, partner[0]], [sent_delta, partner[1]], start)
     assert torch.allclose(slow.phi[0], expected_phi[0])
@@ -232,7 +238,8 @@ def test_a_delta_landed_ahead_of_phi_moves_the_steps_to_the_groups_delta_step_an
     with torch.no_grad():
         params[0].add_(after_delta)
     slow.apply_overlapped([sent_phi, partner[0]], [sent_delta, partner[1]], start)
-    expected_phi, _ = outer_update(sent_phi, [torch.zeros(5)], [sent_phi, partner[0]], [sent_delta, partner[1]],
+    expected_phi, _ = outer_update(sent_phi, [torch.zeros(5)], [sent_phi, partner[0]], [sent_delta,
+                                                                                        partner[1]],
                                    alpha=0.5, beta=0.7, gamma=0.7)
     assert torch.allclose(slow.phi[0], expected_phi[0])
     assert torch.allclose(params[0].detach(), expected_phi[0] + before_delta + after_delta, atol=1e-5)

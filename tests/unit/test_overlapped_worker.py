@@ -46,7 +46,10 @@ def test_steps_taken_during_the_exchange_are_carried_onto_the_new_weights():
     opened = worker.open_round(overlapped=True)
     assert not worker.outer_round_due() and worker.ready_to_step() is False  # steps go on: the round is taken
     sent_phi, sent_delta = worker.own_payload()
-    phi_before, momentum_before = [t.clone() for t in worker.slow.phi], [t.clone() for t in worker.slow.momentum]
+    phi_before, momentum_before = (
+        [t.clone() for t in worker.slow.phi],
+        [t.clone() for t in worker.slow.momentum],
+    )
     train(worker, 2, seed=1)
     progress = [p.detach().float() - s for p, s in zip(worker.params, opened.theta_start)]
     assert any(t.abs().max() > 0 for t in progress)

@@ -26,8 +26,10 @@ from swarm_node.net.pacing import (
     send_paced,
 )
 
+DEFAULT_PACER = PacerConfig()
 
-def simulate(rate_mbit: float, rtt_s: float, body_bytes: int, config: PacerConfig = PacerConfig(),
+
+def simulate(rate_mbit: float, rtt_s: float, body_bytes: int, config: PacerConfig = DEFAULT_PACER,
              reverse_queue_s: Callable[[float], float] = lambda t: 0.0):
     """One paced transfer over a bottleneck link (a FIFO at ``rate_mbit``, ``rtt_s`` of
     propagation), in virtual time; acknowledgements wait ``reverse_queue_s(t)`` more on
@@ -38,7 +40,8 @@ def simulate(rate_mbit: float, rtt_s: float, body_bytes: int, config: PacerConfi
     pacer = Pacer(config, clock=lambda: clock[0])
     link_free = 0.0
     sent = acked = 0
-    pending: list[tuple[float, int, float, float, float]] = []  # (ack back at, end, written at, queued, read at)
+    # (ack back at, end, written at, queued, read at)
+    pending: list[tuple[float, int, float, float, float]] = []
     worst_late = worst = 0.0
     while acked < body_bytes:
         while sent < body_bytes and sent - acked < pacer.window_bytes:
@@ -48,7 +51,8 @@ def simulate(rate_mbit: float, rtt_s: float, body_bytes: int, config: PacerConfi
             sent += n
             queued = start - clock[0]
             read_at = link_free + rtt_s / 2
-            back = max(read_at + rtt_s / 2 + reverse_queue_s(read_at), pending[-1][0] if pending else 0.0)  # FIFO
+            # FIFO
+            back = max(read_at + rtt_s / 2 + reverse_queue_s(read_at), pending[-1][0] if pending else 0.0)
             pending.append((back, sent, clock[0], queued, read_at))
         at, end, written_at, queued, read_at = pending.pop(0)
         clock[0] = at
@@ -60,12 +64,14 @@ def simulate(rate_mbit: float, rtt_s: float, body_bytes: int, config: PacerConfi
     return clock[0], worst_late, worst
 
 
-@pytest.mark.parametrize("rate_mbit, rtt_s", [(2, 0.05), (7, 0.05), (20, 0.1), (100, 0.1), (500, 0.02), (50, 0.3)])
+@pytest.mark.parametrize("rate_mbit, rtt_s", [(2, 0.05), (7, 0.05), (20, 0.1), (100, 0.1), (500, 0.02), (50,
+                                                                                                         0.3)])
 def test_a_transfer_keeps_the_link_busy_and_its_queue_near_the_target(rate_mbit, rtt_s):
     body = int(rate_mbit * 1e6 / 8 * 20)  # 20 s at the link's rate
     seconds, worst_late, _ = simulate(rate_mbit, rtt_s, body)
     ideal = body / (rate_mbit * 1e6 / 8) + rtt_s
-    assert seconds < 1.15 * ideal + 1.0, (seconds, ideal)  # the link stays busy (slow start costs about a second)
+    # the link stays busy (slow start costs about a second)
+    assert seconds < 1.15 * ideal + 1.0, (seconds, ideal)
     assert worst_late < 2 * PacerConfig().target_s, worst_late  # what any other stream waits behind it
 
 
@@ -103,13 +109,15 @@ PIPES = [("loop", "loop"), ("lane", "lane"), ("lane", "loop"), ("loop", "lane")]
 
 @settings(max_examples=25, deadline=None)
 @given(st.integers(0, 300_000), st.integers(0, 2**32 - 1),
-       st.sampled_from([None, PacerConfig(chunk_bytes=1000, initial_bytes=ACK_EVERY_BYTES, min_bytes=ACK_EVERY_BYTES),
+       st.sampled_from([None, PacerConfig(chunk_bytes=1000, initial_bytes=ACK_EVERY_BYTES,
+                                          min_bytes=ACK_EVERY_BYTES),
                         PacerConfig(chunk_bytes=3000, initial_bytes=ACK_EVERY_BYTES + 1,
                                     min_bytes=ACK_EVERY_BYTES + 1)]))
 @example(200_000, 1, PacerConfig(chunk_bytes=1000, initial_bytes=ACK_EVERY_BYTES, min_bytes=ACK_EVERY_BYTES))
 @example(3_000_000, 2, None)
 @pytest.mark.parametrize("kinds", PIPES)
-def test_a_paced_body_arrives_whole_and_the_next_frame_follows_its_last_acknowledgement(kinds, size, seed, config):
+def test_a_paced_body_arrives_whole_and_the_next_frame_follows_its_last_acknowledgement(kinds, size, seed,
+                                                                                        config):
     """Including a sender held at its smallest window for the whole body, and either end
     a lane's pipe: the two ways of sending and receiving speak the same protocol."""
     body = random.Random(seed).randbytes(size)
@@ -124,7 +132,8 @@ def test_a_paced_body_arrives_whole_and_the_next_frame_follows_its_last_acknowle
             await b_writer.drain()
             return got
 
-        async with asyncio.timeout(30):  # a sender that waits for an acknowledgement that never comes fails here
+        # a sender that waits for an acknowledgement that never comes fails here
+        async with asyncio.timeout(30):
             receiving = asyncio.create_task(receiver())
             await send_paced(a_writer, a_reader, body, Pacer(config) if config else None)
             assert await a_reader.readexactly(4) == b"NEXT"
@@ -177,7 +186,9 @@ def test_the_receiver_acknowledges_in_steps_and_at_the_end(receiver):
         for start in range(0, len(body), piece):  # the next piece only once the last one is acknowledged
             a_writer.write(body[start:start + piece])
             await a_writer.drain()
-            acks.append(int.from_bytes((await a_reader.readexactly(LENGTH_BYTES + CLOCK_BYTES))[:LENGTH_BYTES], "big"))
+            acks.append(
+                int.from_bytes((await a_reader.readexactly(LENGTH_BYTES + CLOCK_BYTES))[:LENGTH_BYTES], "big")
+            )
         assert await receiving == b""
         for w in (a_writer, b_writer):
             w.close()

@@ -31,7 +31,8 @@ def test_behind_a_partner_that_is_far_in_its_own_scale_we_decline_and_catch_up(r
 
 @pytest.mark.parametrize("rounds_ahead", [0, 1, -2, -60])
 def test_a_partner_at_our_round_or_behind_is_judged_in_our_scale(rounds_ahead):
-    phi, delta = check_with(own_delta_norm=2.0, partner_delta_norm=1.0, phi_distance=8.0, rounds_ahead=rounds_ahead)
+    phi, delta = check_with(own_delta_norm=2.0, partner_delta_norm=1.0, phi_distance=8.0,
+                            rounds_ahead=rounds_ahead)
     assert float(phi[0].norm()) == pytest.approx(1.5 * 2.0)  # pulled in to 1.5x our scale on the way
     assert float(delta[0].norm()) == pytest.approx(1.0)
 
@@ -98,7 +99,7 @@ def met_each_round(partner, early: bool, seed: int = 0) -> str:
         check.note_own_delta(own, (ours[1] - ours[0]) / H, *([ours] if early else []))
         claim = [theirs] if early else []
         try:
-            check.check_delta(partner(walk(theirs, seed=r)), phi, lambda: own, 0, *claim)
+            check.check_delta(partner(walk(theirs, seed=r)), phi, lambda own=own: own, 0, *claim)
             seen += "."
         except Poisoned:
             seen += "P"

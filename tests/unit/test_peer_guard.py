@@ -146,7 +146,8 @@ def test_notes_about_a_peer_are_logged_at_most_once_a_minute(caplog):
             guard.note("QmForged", f"stage-1 peer Forged failed at {second}")
             guard.note("QmOther", f"stage-1 peer Other failed at {second}")
     lines = [r.getMessage() for r in caplog.records]
-    assert [ln for ln in lines if "Forged" in ln] == [f"stage-1 peer Forged failed at {t}" for t in (0, 60, 120)]
+    assert [ln for ln in lines if "Forged" in ln] == [f"stage-1 peer Forged failed at {t}" for t in (0, 60,
+                                                                                                     120)]
     assert len([ln for ln in lines if "Other" in ln]) == 3
 
 
@@ -167,7 +168,8 @@ def test_refusals_are_counted_by_reason_from_a_fixed_vocabulary():
     guard.poisoned("QmLiar", "disowned", what="state")
     guard.ignore("QmForeign", "another run's record", reason="bad-record")
     guard.ignore("QmLogged", "only logged")
-    assert guard.refusals.as_dict() == {**dict.fromkeys(REASONS, 0), "malformed": 2, "banned": 1, "bad-data": 1,
+    assert guard.refusals.as_dict() == {**dict.fromkeys(REASONS, 0), "malformed": 2, "banned": 1,
+                                        "bad-data": 1,
                                         "failed": 1, "rounds-apart": 1, "poisoned": 1, "bad-state": 1,
                                         "bad-record": 1}
     assert guard.is_banned("QmPoison") and guard.is_poisoned("QmLiar") and not guard.admit("QmBad")

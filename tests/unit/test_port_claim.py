@@ -58,7 +58,8 @@ def free_port() -> int:
 
 def claimer(abstract: bool, tmp_path) -> subprocess.Popen:
     env = dict(os.environ, TMPDIR=str(tmp_path))  # the lock files of this test only
-    process = subprocess.Popen([sys.executable, "-c", CLAIMER, "1" if abstract else "0"], stdin=subprocess.PIPE,
+    process = subprocess.Popen([sys.executable, "-c", CLAIMER, "1" if abstract else "0"],
+                               stdin=subprocess.PIPE,
                                stdout=subprocess.PIPE, text=True, env=env)
     assert process.stdout.readline() == "ready\n"
     return process
@@ -167,7 +168,8 @@ def test_a_port_another_program_listens_on_is_refused_without_any_claim():
 
 
 def test_port_zero_and_other_transports_are_never_claimed():
-    maddrs = ["/ip4/0.0.0.0/tcp/0", "/ip6/::/tcp/0", "/ip4/0.0.0.0/udp/31338/quic", "/dns4/example.org/tcp/31338"]
+    maddrs = ["/ip4/0.0.0.0/tcp/0", "/ip6/::/tcp/0", "/ip4/0.0.0.0/udp/31338/quic",
+              "/dns4/example.org/tcp/31338"]
     assert listen_ports(maddrs) == []
     claims = [claim_ports(maddrs) for _ in range(2)]  # any free port: every daemon gets its own
     assert all(claim.ports == () for claim in claims)

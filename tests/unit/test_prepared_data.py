@@ -185,7 +185,10 @@ def test_token_ids_outside_the_tokenizer_vocabulary_are_refused(tmp_path, bpe_to
     with pytest.raises(DataError, match="outside the tokenizer's vocabulary"):
         small_prepare(tmp_path / "out", source=f"bin:{ids}", tokenizer_path=bpe_tokenizer)
     manifest, _ = small_prepare(tmp_path / "plain", source=f"bin:{ids}", shard_tokens=4096)
-    assert manifest.vocab_size == 5000 and manifest.train_tokens() + sum(e.tokens for e in manifest.val) == 20_000
+    assert (
+        manifest.vocab_size == 5000
+        and manifest.train_tokens() + sum(e.tokens for e in manifest.val) == 20_000
+    )
 
 
 def test_prepare_refuses_too_little_data_and_synthetic(tmp_path):
@@ -233,9 +236,11 @@ def test_peers_that_claim_together_end_on_distinct_slots(peers, num_slots):
 
 def _manifest_of(files: int) -> Manifest:
     from swarm_node.data.manifest import FileEntry
-    entry = [FileEntry(name=f"s{i}", bytes=HEADER_BYTES + 2000, sha256="0" * 64, chunks=("0" * 64,), tokens=1000)
+    entry = [FileEntry(name=f"s{i}", bytes=HEADER_BYTES + 2000, sha256="0" * 64, chunks=("0" * 64,),
+                       tokens=1000)
              for i in range(files)]
-    return Manifest(vocab_size=256, dtype="u16", chunk_bytes=1 << 20, tokenizer=None, train=tuple(entry), val=())
+    return Manifest(vocab_size=256, dtype="u16", chunk_bytes=1 << 20, tokenizer=None, train=tuple(entry),
+                    val=())
 
 
 def test_export_finds_the_prepared_tokenizer_in_the_folder_or_the_cache(tmp_path, bpe_tokenizer):
@@ -265,7 +270,8 @@ def test_one_long_document_is_written_down_in_linear_time(tmp_path, monkeypatch)
     real = prepare_module._save_state
     monkeypatch.setattr(prepare_module, "_save_state",
                         lambda out, settings, shards, done, carry: (saved.append(len(carry)),
-                                                                    real(out, settings, shards, done, carry))[1])
+                                                                    real(out, settings, shards, done,
+                                                                         carry))[1])
     manifest, _ = small_prepare(tmp_path / "out", source=f"text:{text}", shard_tokens=1024)
     assert len(manifest.train) >= 30
     assert sum(saved) < 2 * 1024 and all(carry < 1024 for carry in saved)
@@ -290,7 +296,8 @@ def test_prepare_refuses_a_prepared_dataset_as_its_source(tmp_path, prepared):
 
 
 @pytest.mark.parametrize(("limit", "value"), [("MAX_SHARDS", 5), ("MAX_MANIFEST_BYTES", 12_000)])
-def test_a_dataset_the_protocol_cannot_carry_is_refused_while_it_is_prepared(tmp_path, monkeypatch, limit, value):
+def test_a_dataset_the_protocol_cannot_carry_is_refused_while_it_is_prepared(tmp_path, monkeypatch, limit,
+                                                                             value):
     monkeypatch.setattr(prepare_module, limit, value)
     with pytest.raises(DataError, match="more than the data protocol carries"):
         small_prepare(tmp_path, shard_tokens=4096, chunk_bytes=4096)
@@ -298,7 +305,8 @@ def test_a_dataset_the_protocol_cannot_carry_is_refused_while_it_is_prepared(tmp
     assert not (tmp_path / MANIFEST_FILE).exists()
 
 
-@pytest.mark.parametrize("name", ["shard-00000.tok.part", "x.have", "tokenizer.json.tmp", "a.lock", ".hidden"])
+@pytest.mark.parametrize("name", ["shard-00000.tok.part", "x.have", "tokenizer.json.tmp", "a.lock",
+                                  ".hidden"])
 def test_a_manifest_naming_a_file_like_a_cache_sidecar_is_refused(prepared, name):
     """A cache keeps NAME.part, NAME.have, staging and lock files beside its files: no
     file of a manifest may be named like one."""

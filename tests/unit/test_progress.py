@@ -33,14 +33,17 @@ def test_the_final_evaluation_logs_a_line_per_path(caplog):
                 progress.advance()
             progress.finished(what, 2.0, 0.5)
     progress.close()
-    assert [r.getMessage() for r in caplog.records] == ["evaluated replica 0 (1 of 2): val loss 2.0000 in 0.5 s",
-                                                        "evaluated replica 1 (2 of 2): val loss 2.0000 in 0.5 s"]
+    assert [r.getMessage() for r in caplog.records] == [
+        "evaluated replica 0 (1 of 2): val loss 2.0000 in 0.5 s",
+        "evaluated replica 1 (2 of 2): val loss 2.0000 in 0.5 s",
+    ]
 
 
 def test_a_node_status_line_says_step_loss_speed_peers_and_last_round():
     from swarm_node.obs.progress import NodeSnapshot, node_status_line
 
-    line = node_status_line(NodeSnapshot(inner_step=1234, max_steps=5000, loss=2.3104, tokens_per_s=1530.4, stage=1,
+    line = node_status_line(NodeSnapshot(inner_step=1234, max_steps=5000, loss=2.3104, tokens_per_s=1530.4,
+                                         stage=1,
                                          num_stages=2, peers_in_stage=3, last_round=24, last_partner="ab12cd",
                                          last_round_ago_s=12.2))
     assert line == "step 1,234/5,000 | loss 2.310 | 1,530 tok/s | stage 1 of 2 with 3 other peers | " \
@@ -48,8 +51,11 @@ def test_a_node_status_line_says_step_loss_speed_peers_and_last_round():
     first = node_status_line(NodeSnapshot(inner_step=0, max_steps=None, loss=None, tokens_per_s=0.0, stage=0,
                                           num_stages=2, peers_in_stage=1,
                                           stalled="no micro-batch came back from stage 1 in the last minute"))
-    assert first == "step 0 | loss - | 0 tok/s | stage 0 of 2 with 1 other peer | stalled: no micro-batch came back " \
-                    "from stage 1 in the last minute"
+    assert (
+        first
+        == "step 0 | loss - | 0 tok/s | stage 0 of 2 with 1 other peer | stalled: no micro-batch came back "
+        "from stage 1 in the last minute"
+    )
     assert "nan" not in first
 
 
@@ -80,7 +86,8 @@ def test_the_node_feeds_the_line_from_its_components():
     from swarm_node.obs.stats import NodeStats
     from swarm_node.spec import RunSpec
 
-    spec = RunSpec.from_dict({"run_id": "r", "model_size": "debug", "num_stages": 2, "batch_size": 4, "seq_len": 16})
+    spec = RunSpec.from_dict({"run_id": "r", "model_size": "debug", "num_stages": 2, "batch_size": 4,
+                              "seq_len": 16})
     worker = SimpleNamespace(inner_step=7, loss_ema=None, is_first=True, is_last=False)
     membership = SimpleNamespace(stage=0, live_peers=lambda stage: {"QmOther": None})
     exchange = SimpleNamespace(last=None)
@@ -105,6 +112,9 @@ def test_the_node_feeds_the_line_from_its_components():
 
     first, later = asyncio.run(snapshots())
     assert (first.loss, first.peers_in_stage, first.max_steps) == (2.5, 1, 100)
-    assert first.stalled == "no micro-batch came back from stage 1 in the last minute" and first.last_round is None
+    assert (
+        first.stalled == "no micro-batch came back from stage 1 in the last minute"
+        and first.last_round is None
+    )
     assert later.stalled is None and (later.last_round, later.last_partner) == (4, "abc123")
     assert later.tokens_per_s > 0  # 3 micro-batches of 4 x 16 tokens over the time between the two

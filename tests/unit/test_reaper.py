@@ -21,7 +21,8 @@ time.sleep(600)
 
 
 def _watching(requests, rescan_s):
-    node = subprocess.Popen([sys.executable, "-c", NODE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    node = subprocess.Popen([sys.executable, "-c", NODE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
     scans = queue.Queue()
     stopped = []
     thread = threading.Thread(target=lambda: stopped.extend(reaper.watch(

@@ -22,10 +22,16 @@ from swarm_node.wire.messages import (
 from swarm_node.wire.records import PeerRecord
 
 peer_ids = st.text(string.ascii_letters + string.digits, min_size=1, max_size=64)
-anything = st.recursive(st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.floats(allow_nan=True) | st.text(max_size=80)
-                        | st.binary(max_size=20),
-                        lambda inner: st.lists(inner, max_size=6) | st.dictionaries(st.text(max_size=5), inner,
-                                                                                     max_size=4), max_leaves=12)
+anything = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=True)
+    | st.text(max_size=80)
+    | st.binary(max_size=20),
+    lambda inner: st.lists(inner, max_size=6) | st.dictionaries(st.text(max_size=5), inner, max_size=4),
+    max_leaves=12,
+)
 
 
 @given(st.text(max_size=40), st.lists(peer_ids, max_size=MAX_SEEKER_HINTS))
@@ -57,7 +63,8 @@ def test_random_bytes_raise_protocol_error(data):
 
 def test_an_older_nodes_refusal_has_no_hints():
     assert refusal_hints(encode_frame({"ok": False, "error": "not-ready"})) == []
-    assert refusal("busy") == encode_frame({"ok": False, "error": "busy"})  # no hints: the frame older nodes sent
+    # no hints: the frame older nodes sent
+    assert refusal("busy") == encode_frame({"ok": False, "error": "busy"})
 
 
 def test_too_many_hints_are_cut_when_sent_and_refused_when_read():
@@ -99,10 +106,12 @@ def test_the_tables_stay_bounded_whatever_number_of_ids_call():
 
 
 records = st.builds(PeerRecord, stage=st.integers(0, 1024), spec_hash=st.text(max_size=16),
-                    version=st.text(max_size=8), state=st.sampled_from(["joining", "training", "finished", "leaving"]),
+                    version=st.text(max_size=8), state=st.sampled_from(["joining", "training", "finished",
+                                                                        "leaving"]),
                     throughput=st.floats(0, 1e6), queue=st.integers(0, 100), inner_step=st.integers(0, 10**9),
                     seeking=st.booleans(), round_step=st.integers(0, 100),
-                    loss=st.none() | st.floats(0, 100), last_error=st.text(max_size=20), reachable=st.booleans())
+                    loss=st.none() | st.floats(0, 100), last_error=st.text(max_size=20),
+                    reachable=st.booleans())
 
 
 @given(records)

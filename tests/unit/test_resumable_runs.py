@@ -43,7 +43,8 @@ def test_a_run_stopped_part_way_ends_where_an_unbroken_run_ends(method, tmp_path
             runs.run_job(job, resume_dir=tmp_path)
     assert len(list(tmp_path.glob("*.pkl"))) == 1
     resumed = runs.run_job(job, resume_dir=tmp_path)
-    for key in ("val_loss", "fixed_val_loss", "consensus_val_loss", "loss_curve", "outer_rounds", "weight_std"):
+    for key in ("val_loss", "fixed_val_loss", "consensus_val_loss", "loss_curve", "outer_rounds",
+                "weight_std"):
         assert resumed[key] == unbroken[key], key
     assert resumed["cpu_s"] > 0 and not list(tmp_path.glob("*.pkl"))  # done: nothing left to go on from
 

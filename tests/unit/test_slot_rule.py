@@ -85,7 +85,7 @@ def test_a_peer_behind_a_forged_flood_is_asked_within_one_pass_over_the_flood():
     net = Net(running=["Qm1Honest"])
     for seed in range(5):
         claims = SlotClaims(lambda: dict(records), guard, net, rng=random.Random(seed))
-        for look in range(1, 40):
+        for look in range(1, 40):  # noqa: B007 (the last look is read after the loop)
             asyncio.run(claims.verify("QmVictim", 0))
             if guard.is_verified("Qm1Honest"):
                 break

@@ -98,18 +98,21 @@ def test_every_suggested_explicit_split_is_accepted(stages):
             suggested = re.search(r"layers_per_stage ([\d,]+)", str(exc))
             if suggested:
                 split = tuple(int(x) for x in suggested.group(1).split(","))
-                assert RunSpec(model_size=size, num_stages=stages, layers_per_stage=split).layers_per_stage == split
+                assert RunSpec(model_size=size, num_stages=stages,
+                               layers_per_stage=split).layers_per_stage == split
                 checked += 1
     assert checked >= 1
 
 
 def test_unknown_model_size_lists_the_known_ones():
-    with pytest.raises(ConfigError, match=r"unknown model size 'huge'.*debug \(2 layers\).*large \(32 layers\)"):
+    with pytest.raises(ConfigError,
+                       match=r"unknown model size 'huge'.*debug \(2 layers\).*large \(32 layers\)"):
         RunSpec(model_size="huge")
 
 
 @pytest.mark.parametrize("raw", [{"num_stages": 3}, {"model_size": "huge"}, {"layers_per_stage": [1, 2]},
-                                 {"num_stages": 2, "layers_per_stage": [0, 1, 1]}, {"method": {"name": "ddp"}}])
+                                 {"num_stages": 2, "layers_per_stage": [0, 1, 1]},
+                                 {"method": {"name": "ddp"}}])
 def test_spec_files_with_impossible_models_or_methods_are_refused(raw):
     with pytest.raises(ConfigError, match="invalid run spec"):
         RunSpec.from_dict(raw)

@@ -58,7 +58,8 @@ wire_values = st.one_of(st.none(), st.integers(), st.text(max_size=40), st.binar
                         st.lists(st.integers(), max_size=3))
 
 
-@given(st.one_of(wire_values, st.dictionaries(st.sampled_from(["run_id", "spec", "spec_hash", "min_version", "x"]),
+@given(st.one_of(wire_values, st.dictionaries(st.sampled_from(["run_id", "spec", "spec_hash", "min_version",
+                                                               "x"]),
                                               st.one_of(wire_values, st.text(max_size=20_000)), max_size=6)))
 @example({"run_id": "0", "spec": "0", "spec_hash": "0", "min_version": "\u00b9"})  # a non-ASCII digit
 @example({"run_id": "0", "spec": "0", "spec_hash": "0", "min_version": "0"})  # a spec that is not an object

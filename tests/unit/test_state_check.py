@@ -65,7 +65,8 @@ def run():
     config = SimConfig(method=default_method("noloco", inner_steps=H, alpha=0.5),
                        inner=InnerHyper(lr=suggested_lr("debug"), warmup_steps=default_warmup_steps(steps),
                                         total_steps=steps),
-                       data=DataSpec(kind="corpus"), replicas=REPLICAS, stages=2, model_size="debug", steps=steps,
+                       data=DataSpec(kind="corpus"), replicas=REPLICAS, stages=2, model_size="debug",
+                       steps=steps,
                        eval_every_steps=10**9)
     simulator.random_groups = spy
     try:
@@ -87,7 +88,8 @@ def run():
                 for stage, workers in enumerate(sim.workers):
                     for r, w in enumerate(workers):
                         states.setdefault((stage, r), {})[step] = State(
-                            [p.detach().clone() for p in w.stage.parameters()], [t.clone() for t in w.slow.phi],
+                            [p.detach().clone() for p in w.stage.parameters()],
+                            [t.clone() for t in w.slow.phi],
                             [t.clone() for t in w.slow.momentum], step)
         return states, spread, sim
     finally:
@@ -135,13 +137,15 @@ def hostile_states(run, stage: int, step: int) -> dict[str, State]:
     fresh = build_stage(sim.model_config, num_stages=2, stage_index=stage, seed=12345)
 
     def replaced(ts):
-        return [f.detach().clone() if k == biggest else t for k, (t, f) in enumerate(zip(ts, fresh.parameters()))]
+        return [f.detach().clone() if k == biggest else t for k, (t, f) in enumerate(zip(ts,
+                                                                                         fresh.parameters()))]
 
     other_run = [p.detach().clone() for p in build_stage(sim.model_config, num_stages=2, stage_index=stage,
                                                          seed=777).parameters()]
     old = states[(stage, 0)][step - OLD_ROUNDS * H]
     return {
-        "scaled by 1.5": State([1.5 * t for t in honest.theta], [1.5 * t for t in honest.phi], honest.momentum, step),
+        "scaled by 1.5": State([1.5 * t for t in honest.theta], [1.5 * t for t in honest.phi],
+                               honest.momentum, step),
         "noise at 10x the spread": State(noisy(honest.theta), noisy(honest.phi), honest.momentum, step),
         "one tensor replaced": State(replaced(honest.theta), replaced(honest.phi), honest.momentum, step),
         "20 rounds old": State(old.theta, old.phi, old.momentum, step),
@@ -168,9 +172,14 @@ def test_counters_are_no_evidence_but_the_adopted_ones_stay_within_the_witnesses
     step = 20 * H
     said = {f"w{r}": witness(run, 0, r, step, 5) for r in (1, 2, 3)}
     honest = states[(0, 0)][step]
-    claims_more = check_state(honest.sketch(5, step=step + 100_000, outer_round=honest.outer_round + 30), said,
+    claims_more = check_state(honest.sketch(5, step=step + 100_000, outer_round=honest.outer_round + 30),
+                              said,
                               inner_steps=H)
-    assert claims_more.accepted and claims_more.inner_step == step and claims_more.outer_round == honest.outer_round
+    assert (
+        claims_more.accepted
+        and claims_more.inner_step == step
+        and claims_more.outer_round == honest.outer_round
+    )
     claims_less = check_state(honest.sketch(5, step=3, outer_round=0), said, inner_steps=H)
     assert claims_less.accepted and claims_less.inner_step == step
     old = states[(0, 0)][step - OLD_ROUNDS * H]  # with its own counters: its tensors give it away
@@ -185,7 +194,8 @@ def test_momentum_or_progress_out_of_scale_is_refused(run):
     assert check_state(honest.sketch(9), said, inner_steps=H).accepted
     pushed = State(honest.theta, honest.phi, [5 * m for m in honest.momentum], step)
     assert not check_state(pushed.sketch(9), said, inner_steps=H).accepted
-    ran_off = State([p + 10 * (t - p) for t, p in zip(honest.theta, honest.phi)], honest.phi, honest.momentum, step)
+    ran_off = State([p + 10 * (t - p) for t, p in zip(honest.theta, honest.phi)], honest.phi, honest.momentum,
+                    step)
     assert not check_state(ran_off.sketch(9), said, inner_steps=H).accepted
 
 
@@ -240,7 +250,8 @@ def test_a_donor_rounds_ahead_is_compared_along_the_witnesses_course(run):
     states, _, _ = run
     rng = random.Random(3)
     refused = {"now or a round before": 0, "along the course": 0}
-    for rounds_apart, stage, step in itertools.product((2, 3, 4), (0, 1), range(6 * H, (ROUNDS - 4) * H + 1, H)):
+    for rounds_apart, stage, step in itertools.product((2, 3, 4), (0, 1), range(6 * H, (ROUNDS - 4) * H + 1,
+                                                                                H)):
         for donor in range(REPLICAS):
             seed = rng.randrange(1 << 62)
             lone = {"w": witness(run, stage, (donor + 1) % REPLICAS, step, seed)}

@@ -112,7 +112,8 @@ def test_the_manifest_vocabulary_sizes_the_model_of_a_node_of_local_and_of_sim(t
     out, manifest, _ = trained
     data = DataSpec.parse(f"manifest:{out}")
     # A node (join, and each node of `local`): StageWorker is built with what RunData.open returns.
-    node_data = RunData(RunSpec(data=data), cache_dir=out / "unused", cache_gb=None, initial_peers=[], peers=list,
+    node_data = RunData(RunSpec(data=data), cache_dir=out / "unused", cache_gb=None, initial_peers=[],
+                        peers=list,
                         on_fault=lambda peer, why: None, progress=False)
 
     async def open_then_close() -> int:
@@ -148,7 +149,9 @@ def test_the_same_source_and_options_prepared_twice_give_the_same_manifest(tmp_p
         digests.append(re.search(r'manifest_sha256 = "([0-9a-f]{64})"', done.stdout).group(1))
         assert digests[-1] == local_manifest_sha256(out)
     assert digests[0] == digests[1]
-    assert (tmp_path / "out0" / "tokenizer.json").read_bytes() == (tmp_path / "out1" / "tokenizer.json").read_bytes()
+    assert (tmp_path / "out0" / "tokenizer.json").read_bytes() == (
+        tmp_path / "out1" / "tokenizer.json"
+    ).read_bytes()
 
 
 def test_a_rerun_does_not_train_again_but_an_edited_source_does(tmp_path, monkeypatch):
