@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from swarm_node.model.config import NAMED_SIZES, ModelConfig, model_config
 from swarm_node.model.memory import per_stage_count, stage_parameters
+from swarm_node.wire.boundary import boundary_codec, bytes_per_token
 from swarm_node.wire.outer_codec import outer_codec
 
 ACTIVATION_BYTES = {"fp16": 2.0, "int8": 1.0 + 4 / 256}  # a value, blockwise steps included
@@ -30,6 +31,15 @@ def activation_mbit(hidden_size: int, tokens_per_microbatch: int, microbatches_p
                     codec: str = "int8") -> float:
     """Mbit/s each way across one stage boundary (activations forward, gradients back)."""
     return ACTIVATION_BYTES[codec] * hidden_size * tokens_per_microbatch * 8 * microbatches_per_s / 1e6
+
+
+def coded_mbit(hidden_size: int, vocab_size: int, batch: int, seq: int, microbatches_per_s: float,
+               codec: str = "bottleneck8", ratio: float = 32.0) -> float:
+    """Mbit/s each way across one coded stage boundary (wire/boundary.py): the code, its
+    steps, the window's token ids and the frame, the larger of the two directions."""
+    coded = boundary_codec(codec, hidden_size=hidden_size, ratio=ratio, vocab_size=vocab_size, batch=batch,
+                           seq=seq)
+    return max(bytes_per_token(coded, batch, seq)) * batch * seq * 8 * microbatches_per_s / 1e6
 
 
 def _rate(mbit: float) -> str:
@@ -64,14 +74,19 @@ def round_table(*, inner_phase_s: float = 60.0, vocab_size: int = 32_000, seq_le
     return "\n".join(lines)
 
 
-def activation_table(*, tokens_per_microbatch: int = 8 * 1024, microbatches_per_s: float = 1.0) -> str:
-    """Per named size: what one stage boundary needs each way at one micro-batch a second."""
-    lines = ["| model | hidden | fp16 activations | int8 activations |", "|---|---|---|---|"]
+def activation_table(*, batch: int = 8, seq_len: int = 1024, microbatches_per_s: float = 1.0,
+                     vocab_size: int = 32_000, ratio: float = 32.0) -> str:
+    """Per named size: what one stage boundary needs each way at one micro-batch of
+    ``batch`` x ``seq_len`` tokens a second, in fp16, int8 and the coded boundary at
+    ``ratio`` (its token ids at ``vocab_size``'s width)."""
+    lines = ["| model | hidden | fp16 activations | int8 activations "
+             f"| bottleneck8 at {ratio:g}x (code and token ids) |", "|---|---|---|---|---|"]
     for size, (hidden, *_) in NAMED_SIZES.items():
         if size in TEST_SIZES:
             continue
-        cells = [_rate(activation_mbit(hidden, tokens_per_microbatch, microbatches_per_s, codec))
+        cells = [_rate(activation_mbit(hidden, batch * seq_len, microbatches_per_s, codec))
                  for codec in ("fp16", "int8")]
+        cells.append(_rate(coded_mbit(hidden, vocab_size, batch, seq_len, microbatches_per_s, ratio=ratio)))
         lines.append(f"| {size} | {hidden} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
