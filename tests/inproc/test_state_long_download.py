@@ -185,3 +185,12 @@ def test_a_moving_download_keeps_its_snapshot_while_new_rounds_fill_the_cache():
     served, held = vclock.run(scenario())
     assert all(served), served
     assert max(held) == state_sync_module.MAX_SNAPSHOTS
+
+
+def test_the_documented_numbers_are_the_codes(monkeypatch):
+    """docs/PROTOCOL.md 4.4: 60 s without a chunk, 1 Mbit/s; the node's settings default to them."""
+    from swarm_node.node_config import NodeConfig
+    monkeypatch.undo()
+    assert (state_sync_module.STALL_S, state_sync_module.MIN_BYTES_PER_S) == (60.0, 1e6 / 8)
+    fields = NodeConfig.__dataclass_fields__
+    assert (fields["state_stall_s"].default, fields["state_min_mbit_s"].default) == (60.0, 1.0)
