@@ -18,6 +18,7 @@ import pytest
 import vclock
 from state_peers import SPEC, Stage, joiner, replica
 
+from swarm_node.errors import StreamClosed
 from swarm_node.net import protocols
 from swarm_node.state import sync as state_sync_module
 from swarm_node.train.worker import StageWorker
@@ -108,6 +109,29 @@ def test_a_trickling_donor_is_given_up_by_the_floor_rate():
     given_up_s = stage.chunks[node.stats.downloaded_from][0] - 20.0
     assert stage.chunks["QmA"] and given_up_s - stage.chunks["QmA"][-1] < STALL_S  # not for quiet
     assert given_up_s < 4 * STALL_S
+
+
+class BrokenOnce(SlowStage):
+    """QmA's stream for chunk ``at`` breaks once (a reset), then answers as before."""
+
+    def __init__(self, peers, delay_s, at: int):
+        super().__init__(peers, delay_s)
+        self.at, self.broken = at, 0
+
+    async def request(self, peer, protocol, payload, **kwargs):
+        if (protocol == protocols.STATE and peer == "QmA" and len(self.chunks[peer]) == self.at
+                and not self.broken):
+            self.broken += 1
+            raise StreamClosed("stream reset")
+        return await super().request(peer, protocol, payload, **kwargs)
+
+
+def test_a_broken_chunk_stream_is_asked_again_of_the_same_donor():
+    """A reset mid-download costs a retry, not the chunks already received."""
+    peers = three_peers()
+    stage = BrokenOnce(peers, {}, at=5)
+    node, ok, _ = download(stage, peers, "QmA")
+    assert ok and stage.broken == 1 and node.stats.downloaded_from == "QmA"
 
 
 # -- the donor's side -----------------------------------------------------------------
