@@ -71,7 +71,11 @@ class NodeConfig:
     heartbeat_s: float = 2.0
     record_ttl_s: float = 15.0
     registry_poll_s: float = 1.0
-    state_download_timeout_s: float = 120.0
+    # A joiner gives a state donor up when no chunk came for state_stall_s, or when it fell
+    # more than state_stall_s behind state_min_mbit_s; a download is cut at the stage's
+    # state at that rate (state/sync.py). No fixed total: 2.6 GB at 20 Mbit/s takes 18 min.
+    state_stall_s: float = 60.0
+    state_min_mbit_s: float = 1.0
     startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
     # Nodes started together (a local swarm): stage 0, which drives the pipeline, waits
     # before its first micro-batch (at most startup_timeout_s) until its stage (itself
@@ -121,6 +125,8 @@ class NodeConfig:
             raise ValueError(f"--data-cache-gb must be positive, got {self.data_cache_gb}")
         if self.slowest_link_mbit_s <= 0:
             raise ValueError("slowest_link_mbit_s must be positive")
+        if not (self.state_stall_s > 0 and self.state_min_mbit_s > 0):
+            raise ValueError("state_stall_s and state_min_mbit_s must be positive")
         if self.checkpoint_every_rounds < 1:
             raise ValueError("checkpoint_every_rounds must be >= 1")
         if self.record_ttl_s > MAX_RECORD_TTL_S:

@@ -22,7 +22,8 @@ waits that long, yet one that gave up may still have bytes on their way (a close
 socket sends what it holds), and they look like a slow caller's.
 
 No deadline at an expected rate can tell a full link from a stall: the receiver sees
-neither the link's rate nor how many streams share it."""
+neither the link's rate nor how many streams share it. A receiver judges a download it
+makes by the same rule (``Flow``; state/sync.py judges a donor's chunks so)."""
 
 from __future__ import annotations
 
@@ -50,10 +51,11 @@ class StallRule:
     first_s: float = float("inf")
 
 
-class _Flow:
-    """One caller's open bodies in one direction, together: what they owe (the floor for
-    each, from its start) less what they moved, capped on both sides at ``stall_s`` of
-    the floor for each; and when any of them last moved."""
+class Flow:
+    """One caller's open bodies in one direction, together (or one download, judged by
+    its receiver): what they owe (the floor for each, from its start) less what they
+    moved, capped on both sides at ``stall_s`` of the floor for each; and when any of
+    them last moved."""
 
     __slots__ = ("bodies", "owed_per_s", "allowance", "credit", "at", "moved_at")
 
@@ -77,13 +79,26 @@ class _Flow:
         self.allowance += sign * rule.min_bytes_per_s * rule.stall_s
         self.credit = min(self.credit, self.allowance)
 
+    def stalled(self, rule: StallRule, now: float, since: float) -> bool:
+        """Whether it stalls at ``now`` by ``rule``: nothing moved for ``stall_s`` (counted
+        from ``since`` at the earliest), or more than ``stall_s`` behind the floor."""
+        self.settle(now)
+        return now - max(self.moved_at, since) >= rule.stall_s or self.credit < -self.allowance
+
+    def left_s(self, rule: StallRule, now: float, since: float) -> float:
+        """How long from ``now`` until it stalls if nothing more moves."""
+        self.settle(now)
+        quiet_s = max(self.moved_at, since) + rule.stall_s - now
+        behind_s = (self.credit + self.allowance) / self.owed_per_s if self.owed_per_s > 0 else quiet_s
+        return max(0.0, min(quiet_s, behind_s))
+
 
 class Flows:
     """Every caller's open bodies, by (caller, direction); an entry lives while one of
     its bodies is open (bounded by the stream caps)."""
 
     def __init__(self):
-        self._flows: dict[Hashable, _Flow] = {}
+        self._flows: dict[Hashable, Flow] = {}
 
     def __len__(self) -> int:
         return len(self._flows)
@@ -99,7 +114,7 @@ class Flows:
         started = loop.time()
         flow = self._flows.get(key)
         if flow is None:
-            flow = self._flows[key] = _Flow(started)
+            flow = self._flows[key] = Flow(started)
         flow.join(rule, +1, started)
         last = moved()
         check, stalled = None, False
@@ -118,8 +133,7 @@ class Flows:
                     flow.took(count - last, now)
                     last = count
                     quiet_s = now - max(flow.moved_at, started)  # each body has its own start
-                    stalled = (quiet_s >= rule.stall_s or flow.credit < -flow.allowance
-                               or (quiet_s >= rule.first_s and not begun()))
+                    stalled = flow.stalled(rule, now, started) or (quiet_s >= rule.first_s and not begun())
                     if stalled or now >= started + rule.max_s:
                         check = None
                         scope.reschedule(now)  # expires at once: TimeoutError in the block

@@ -189,8 +189,8 @@ class NodeStartup:
                                    partner_spread=self.exchange.check.partner_spread)
         self.state_sync = StateSync(worker=self.worker, spec_hash=self.spec_hash,
                                     donors=partial(membership.callable_peers, self.stage),
-                                    witnesses=self.witnesses,
-                                    timeout_s=cfg.state_download_timeout_s, progress=cfg.progress,
+                                    witnesses=self.witnesses, stall_s=cfg.state_stall_s,
+                                    min_bytes_per_s=cfg.state_min_mbit_s * 1e6 / 8, progress=cfg.progress,
                                     prefer=cfg.state_from, services=services)
 
     async def _catch_up(self, resume: tuple[dict, dict] | None) -> dict | None:
