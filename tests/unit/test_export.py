@@ -274,3 +274,11 @@ def test_a_plain_export_reads_back_as_the_same_model(tmp_path):
     inputs = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         torch.testing.assert_close(load_exported(tmp_path / "hf")(inputs), load_model(assembled)(inputs))
+
+
+def test_generate_samples_from_a_bottleneck_run(tmp_path, capsys):
+    paths, _ = coded_checkpoints(tmp_path, CODED["bottleneck8"])
+    assert main(["generate", "--checkpoint", *map(str, paths), "--prompt", "abc", "--max-new-tokens", "5",
+                 "--seed", "3"]) == 0
+    text = capsys.readouterr().out.strip()
+    assert text.startswith("abc") and len(text) == 8 and set(text) <= set("abcdefghijklmnop")
