@@ -11,20 +11,21 @@ from swarm_node.cli import options
 from swarm_node.cli.args import check_folder
 from swarm_node.export.replicas import SPREAD_RULE
 
+EXPORT_DESCRIPTION = (
+    "Assemble one model from the checkpoints of every stage (several peers of a stage are averaged) and "
+    "write config.json, model.safetensors and, when the run used a Hugging Face tokenizer, its files. Load "
+    "it with transformers' LlamaForCausalLM.from_pretrained(OUT); a bottleneck run's model (its stage "
+    "boundaries are layers of their own) also gets its modelling file: "
+    "AutoModelForCausalLM.from_pretrained(OUT, trust_remote_code=True). Peers of a stage are averaged only "
+    "when they are at about the same point of training; checkpoints of a stage that are far apart are "
+    "refused unless --force is given. Far apart: "
+    f"{SPREAD_RULE}. Checkpoints of different run specs, or two of one stage from the same peer, are always "
+    "refused.")
+
 
 def add_export_parser(sub) -> None:
-    p = sub.add_parser(
-        "export",
-        help="write a Hugging Face Llama checkpoint assembled from stage checkpoints",
-        description="Assemble one model from the checkpoints of every stage (several peers of a "
-        "stage are averaged) and write config.json, model.safetensors and, when the run "
-        "used a Hugging Face tokenizer, its files. Load it with "
-        "transformers' LlamaForCausalLM.from_pretrained(OUT). Peers of a stage are "
-        "averaged only when they are at about the same point of training; checkpoints "
-        "of a stage that are far apart are refused unless --force is given. Far apart: "
-        f"{SPREAD_RULE}. Checkpoints of different run specs, or two of one stage from "
-        "the same peer, are always refused.",
-    )
+    p = sub.add_parser("export", description=EXPORT_DESCRIPTION,
+                       help="write a Hugging Face Llama checkpoint assembled from stage checkpoints")
     _checkpoint_args(p)
     options.out(p, holds="the model's files", replaced=True)
     p.set_defaults(handler=_run_export)
@@ -79,11 +80,11 @@ def _run_export(args: argparse.Namespace) -> int:
     assembled = assemble(args.checkpoint, force=args.force)
     written = write_hf_checkpoint(assembled, args.out, _tokenizer_path(args, assembled))
     params = sum(t.numel() for t in assembled.state_dict.values())
-    print(
-        f"wrote a Hugging Face Llama checkpoint of run {assembled.spec.run_id!r} ({params:,} parameters; "
-        f"peers averaged per stage: {assembled.peers_per_stage}) to {args.out}:",
-        file=sys.stderr,
-    )
+    boundary = assembled.config.boundary
+    what = ("a Hugging Face Llama checkpoint" if boundary is None else
+            f"a Hugging Face Llama with its {boundary.kind} boundaries (load with trust_remote_code=True)")
+    print(f"wrote {what} of run {assembled.spec.run_id!r} ({params:,} parameters; peers "
+          f"averaged per stage: {assembled.peers_per_stage}) to {args.out}:", file=sys.stderr)
     for path in written:
         print(f"  {path.name}", file=sys.stderr)
     if _tokenizer_path(args, assembled) is None:

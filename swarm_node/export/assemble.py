@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 class AssembledModel:
     spec: RunSpec
     config: ModelConfig
-    state_dict: dict[str, torch.Tensor]  # Hugging Face Llama names, fp32
+    state_dict: dict[str, torch.Tensor]  # Hugging Face Llama names (and a bottleneck's boundaries.*), fp32
     peers_per_stage: list[int]
 
 
@@ -102,24 +102,23 @@ def assemble(paths: list[Path], *, force: bool = False) -> AssembledModel:
             log.info("stage %d: averaged %d peers' weights", stage, len(replicas))
     config, boundary = spec.model(vocab_size)
     if boundary is not None:
-        config, state_dict = _plain(spec, config, state_dict)
+        config, state_dict = _coded(spec, config, state_dict)
     return AssembledModel(spec, config, state_dict, [len(weights[s]) for s in range(spec.num_stages)])
 
 
-def _plain(spec: RunSpec, config: ModelConfig,
+def _coded(spec: RunSpec, config: ModelConfig,
            state_dict: dict[str, torch.Tensor]) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """A coded run's model as a plain Llama: a ``subspace`` model is one whose weights lie
-    in a subspace (model/boundary.py plain_state_dict multiplies them out); a
-    ``bottleneck`` model has boundary layers of its own, which no plain Llama holds."""
+    """A coded run's model in the form its export takes. A ``subspace`` model is a plain
+    Llama whose weights lie in a subspace (model/boundary.py plain_state_dict multiplies
+    them out); a ``bottleneck`` model keeps its boundary layers and its config's
+    boundary, and is written with a modelling file of its own (export/hf.py)."""
     from swarm_node.model.boundary import plain_state_dict
     from swarm_node.model.stages import build_model
 
-    if config.boundary.kind != "subspace":
-        raise ConfigError(f"run {spec.run_id!r} sends a {spec.activation_codec} boundary: exporting a "
-                          "bottleneck run is not supported yet (its boundary layers are no plain Llama); a "
-                          "subspace run exports as one")
-    model = build_model(config, seed=spec.seed)  # its fixed basis and table, from the run's seed
-    model.load_state_dict(state_dict, strict=True)
+    model = build_model(config, seed=spec.seed)  # a subspace's fixed basis and table, from the run's seed
+    model.load_state_dict(state_dict, strict=True)  # every boundary weight is there, and nothing else
+    if config.boundary.kind == "bottleneck":
+        return config, state_dict
     return dataclasses.replace(config, boundary=None), plain_state_dict(model)
 
 

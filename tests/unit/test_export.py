@@ -1,11 +1,14 @@
 """`swarm-node export`/`generate` without transformers: which checkpoints of a stage may be
 averaged (close ones are, far-apart ones are refused unless --force), what is refused
-outright, the files' modes and the flags' help. The transformers round trip is in
+outright, the files' modes and the flags' help, and that a coded run's export computes the
+swarm's loss (read back in pure torch). The transformers round trips are in
 test_hf_export_slow.py."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import logging
 import os
 import stat
@@ -227,9 +230,67 @@ def test_a_subspace_run_exports_as_a_plain_llama_whose_loss_is_the_swarms(tmp_pa
     assert export("--checkpoint", *map(str, paths), "--out", str(tmp_path / "hf")) == 0
 
 
-def test_a_bottleneck_run_is_refused_in_one_line(tmp_path, capsys):
+def swarm_loss(workers: list[StageWorker], inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The loss of the stages chained as the swarm runs them (the code between, unrounded)."""
+    hidden = workers[0].stage(inputs)
+    for worker in workers[1:-1]:
+        hidden = worker.stage(hidden, tokens=inputs)
+    return workers[-1].stage(hidden, targets, tokens=inputs)
+
+
+BOTTLENECK = {
+    "2-stages": CODED["bottleneck8"],
+    # 3 stages: a middle stage's boundary reads the anchor before it; cuts before layer 0 and after the last
+    **{f"layers-{'-'.join(map(str, layers))}": dataclasses.replace(
+        CODED["bottleneck8"], run_id=f"export-bottleneck-{''.join(map(str, layers))}", num_stages=3,
+        layers_per_stage=layers, activation_codec="bottleneck4") for layers in [(0, 1, 1), (1, 1, 0)]}}
+
+
+@pytest.mark.parametrize("spec", BOTTLENECK.values(), ids=BOTTLENECK.keys())
+def test_a_bottleneck_run_exports_its_boundary_layers_and_the_folder_gives_the_swarms_loss(tmp_path, spec):
+    from swarm_node.export.hf import MODELLING_FILE, load_exported
+
+    paths, workers = coded_checkpoints(tmp_path, spec)
+    out = tmp_path / "hf"
+    assert export("--checkpoint", *map(str, paths), "--out", str(out)) == 0
+    config = json.loads((out / "config.json").read_text())
+    cuts = list(spec.model(VOCAB)[0].boundary.cuts)
+    assert config["architectures"] == ["SwarmBottleneckLlamaForCausalLM"]
+    assert config["model_type"] == "swarm_bottleneck_llama"
+    assert config["auto_map"]["AutoModelForCausalLM"] == \
+        "modeling_swarm_bottleneck.SwarmBottleneckLlamaForCausalLM"
+    width = workers[0].boundary.width
+    assert config["swarm_boundary"] == {"kind": "bottleneck", "width": width, "cuts": cuts}
+    assert (out / MODELLING_FILE.name).read_text() == MODELLING_FILE.read_text()
+    tensors = load_file(out / "model.safetensors")
+    assert {f"boundaries.sides.{i}.{part}.weight" for i in range(len(cuts))
+            for part in ("encoder", "decoder", "anchor")} <= set(tensors)
+    exported = load_exported(out)  # pure torch: the folder's config and weights, read back
+    g = torch.Generator().manual_seed(2)
+    for _ in range(3):
+        inputs = torch.randint(0, VOCAB, (4, 16), generator=g)
+        targets = torch.randint(0, VOCAB, (4, 16), generator=g)
+        with torch.no_grad():
+            swarm, got = swarm_loss(workers, inputs, targets), exported(inputs, targets)
+        torch.testing.assert_close(got, swarm, rtol=1e-5, atol=1e-5)
+
+
+def test_a_plain_export_reads_back_as_the_same_model(tmp_path):
+    from swarm_node.export.assemble import load_model
+    from swarm_node.export.hf import load_exported
+
+    assembled = assemble([checkpoint(tmp_path / "s0", 0, step=5, round_=0, offset=0.01),
+                          checkpoint(tmp_path / "s1", 1, step=5, round_=0, offset=-0.01)])
+    write_hf_checkpoint(assembled, tmp_path / "hf")
+    assert not (tmp_path / "hf" / "modeling_swarm_bottleneck.py").exists()
+    inputs = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        torch.testing.assert_close(load_exported(tmp_path / "hf")(inputs), load_model(assembled)(inputs))
+
+
+def test_generate_samples_from_a_bottleneck_run(tmp_path, capsys):
     paths, _ = coded_checkpoints(tmp_path, CODED["bottleneck8"])
-    assert export("--checkpoint", *map(str, paths), "--out", str(tmp_path / "hf")) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "exporting a bottleneck run is not supported yet" in err
-    assert not (tmp_path / "hf" / "model.safetensors").exists()
+    assert main(["generate", "--checkpoint", *map(str, paths), "--prompt", "abc", "--max-new-tokens", "5",
+                 "--seed", "3"]) == 0
+    text = capsys.readouterr().out.strip()
+    assert text.startswith("abc") and len(text) == 8 and set(text) <= set("abcdefghijklmnop")

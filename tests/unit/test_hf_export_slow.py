@@ -1,11 +1,14 @@
 """`swarm-node export` round trip: checkpoints of a 2-stage run (stage 1 from two peers,
 averaged) become a Hugging Face Llama checkpoint that `LlamaForCausalLM` loads and that
-gives the swarm model's logits. Slow tier: it needs the `hf` extra (transformers), which
-`./dev.sh test-slow` installs."""
+gives the swarm model's logits; a bottleneck run's export loads with its modelling file
+(trust_remote_code) and gives the swarm's loss, and `generate` runs on it. Slow tier: it
+needs the `hf` extra (transformers), which `./dev.sh test-slow` installs."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import subprocess
 import sys
 
@@ -59,7 +62,7 @@ def test_exported_checkpoint_loads_in_transformers_with_the_same_logits(tmp_path
         write(worker, directory)
     out = tmp_path / "hf"
     done = subprocess.run([sys.executable, "-m", "swarm_node", "export", "--checkpoint", *map(str, dirs),
-                           "--out", str(out)], capture_output=True, text=True, timeout=120)
+                           "--out", str(out)], check=False, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "peers averaged per stage: [1, 2]" in done.stderr
     config = json.loads((out / "config.json").read_text())
@@ -86,7 +89,69 @@ def test_generate_samples_text_from_the_same_checkpoints(tmp_path):
         write(trained(stage, stage), directory)
     done = subprocess.run([sys.executable, "-m", "swarm_node", "generate", "--checkpoint", *map(str, dirs),
                            "--prompt", "abc", "--max-new-tokens", "20", "--seed", "3"],
-                          capture_output=True, text=True, timeout=120)
+                          check=False, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     text = done.stdout.strip()
     assert text.startswith("abc") and len(text) == 23 and set(text) <= set("abcdefghijklmnop")
+
+
+# Run in a child with Hugging Face's caches in the test's folder: trust_remote_code copies
+# the modelling file into HF_MODULES_CACHE and imports it from there.
+LOAD_REMOTE = """
+import sys, torch
+from transformers import AutoModelForCausalLM
+folder, given, answer = sys.argv[1:]
+try:
+    AutoModelForCausalLM.from_pretrained(folder)
+    refused = ""
+except ValueError as exc:
+    refused = str(exc)
+model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
+data = torch.load(given)
+with torch.no_grad():
+    logits = model(input_ids=data["tokens"]).logits
+    out = model.generate(data["prompt"], max_new_tokens=6, do_sample=False, output_logits=True,
+                         return_dict_in_generate=True, pad_token_id=0, eos_token_id=None)
+torch.save({"class": type(model).__name__, "dtype": str(logits.dtype), "refused": refused, "logits": logits,
+            "sequences": out.sequences, "step_logits": torch.stack(out.logits, 1)}, answer)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layers", [None, (0, 1, 1), (1, 1, 0)], ids=str)
+def test_a_bottleneck_export_loads_in_transformers_with_the_swarms_loss_and_generates(tmp_path, layers):
+    from tests.unit.test_export import CODED, coded_checkpoints, swarm_loss
+
+    spec = CODED["bottleneck8"]
+    if layers is not None:
+        spec = dataclasses.replace(spec, run_id="export-bottleneck-3", num_stages=3, layers_per_stage=layers)
+    paths, workers = coded_checkpoints(tmp_path, spec)
+    out = tmp_path / "hf"
+    done = subprocess.run([sys.executable, "-m", "swarm_node", "export", "--checkpoint", *map(str, paths),
+                           "--out", str(out)], check=False, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "with its bottleneck boundaries (load with trust_remote_code=True)" in done.stderr
+    g = torch.Generator().manual_seed(5)
+    tokens = torch.randint(0, VOCAB, (4, 16), generator=g)
+    targets = torch.randint(0, VOCAB, (4, 16), generator=g)
+    torch.save({"tokens": tokens, "prompt": tokens[:2, :5]}, tmp_path / "given.pt")
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf-home"), "HF_MODULES_CACHE": str(tmp_path / "modules"),
+           "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-c", LOAD_REMOTE, str(out), str(tmp_path / "given.pt"),
+                           str(tmp_path / "answer.pt")], check=False, capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    answer = torch.load(tmp_path / "answer.pt")
+    assert answer["class"] == "SwarmBottleneckLlamaForCausalLM" and answer["dtype"] == "torch.float32"
+    assert "trust_remote_code" in answer["refused"]  # never taken for a plain Llama without its boundaries
+    with torch.no_grad():
+        swarm = swarm_loss(workers, tokens, targets)
+        ours = load_model(assemble(paths))
+        theirs = torch.nn.functional.cross_entropy(answer["logits"].flatten(0, 1), targets.flatten())
+        torch.testing.assert_close(theirs, swarm, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(answer["logits"], ours(tokens), rtol=1e-4, atol=1e-4)
+        # generate's cached steps: each new token's logits are the full sequence's at that position
+        sequences = answer["sequences"]
+        assert sequences.shape == (2, 5 + 6)
+        full = ours(sequences[:, :-1])[:, 4:]
+        torch.testing.assert_close(answer["step_logits"], full, rtol=1e-4, atol=1e-4)
