@@ -52,8 +52,8 @@ class Ledger:
 
     @staticmethod
     def _key(fields: dict) -> str:
-        wanted = {k: v for k,
-                  v in fields.items() if k in CodecJob.__dataclass_fields__ or k in ("data_sha256",)}
+        wanted = {k: v for k, v in fields.items()
+                  if k in CodecJob.__dataclass_fields__ or k in ("data_sha256",)}
         wanted.pop("section", None)
         wanted.pop("data", None)
         return json.dumps(wanted, sort_keys=True)

@@ -41,8 +41,8 @@ def plot(rows: list[dict], path, plt) -> None:
         means = [r["ppl_mean"] for _, r in points]
         left.errorbar([x for x, _ in points], means, fmt="o", capsize=3, color=METHOD_COLOURS[method],
                       label=method,
-                      yerr=_min_max_bars(means, [r["ppl_min"] for _, r in points], [r["ppl_max"] for _,
-                                                                                    r in points]))
+                      yerr=_min_max_bars(means, [r["ppl_min"] for _, r in points],
+                                         [r["ppl_max"] for _, r in points]))
     left.set_xticks(range(len(grids)), [f"DP x PP = {g}" for g in grids])
     left.set_ylabel("validation perplexity, random paths (bytes)")
     left.set_title("perplexity at equal tokens (bars: min-max over seeds)")

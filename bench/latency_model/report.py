@@ -141,8 +141,8 @@ def _message_table(rows: list[dict]) -> str:
     measured = {r["cv"] for r in messages if r["cv_source"] == "measured"}
     return _table(["setting / params", "message t"]
                   + [f"std/t = {cv:.2g}" + (" (measured)" if cv in measured else "") for cv in cvs],
-                  [[lab, _seconds(mean_s)] + [cell.get((lab, cv), "") for cv in cvs] for lab,
-                   mean_s in labels.items()])
+                  [[lab, _seconds(mean_s)] + [cell.get((lab, cv), "") for cv in cvs]
+                   for lab, mean_s in labels.items()])
 
 
 def _projected_n(rows: list[dict]) -> int | None:

@@ -100,8 +100,8 @@ class Swarm:
 
     @staticmethod
     def totals(snap) -> int:
-        return sum(v for counts, _, _ in snap for k,
-                   v in counts.items() if k.endswith(".req") or k.endswith(".resp"))
+        return sum(v for counts, _, _ in snap
+                   for k, v in counts.items() if k.endswith(".req") or k.endswith(".resp"))
 
     async def settle(self, quiet_s: float = 0.35, max_s: float = 4.0):
         """Wait until no DHT RPC moves for ``quiet_s``; returns the last snapshot."""

@@ -230,8 +230,8 @@ def _against_latency_model(rows: list[dict], model: dict | None) -> str:
     ratios = (model or {}).get("summary", {}).get("allreduce_ratio_at_1024", {})
     if ratios:
         text += (", where the model's tree all-reduce costs "
-                 + ", ".join(f"{v:.0f}x a pair ({k.split(', ')[1]})" for k,
-                             v in ratios.items()) + " at N = 1024")
+                 + ", ".join(f"{v:.0f}x a pair ({k.split(', ')[1]})"
+                             for k, v in ratios.items()) + " at N = 1024")
     if barrier:
         sizes = {b["peers_per_stage"] for b in barrier}
         text += (". The barrier baseline here (DiLoCo's group round, every peer of the stage) took "

@@ -73,8 +73,8 @@ def assemble(paths: list[Path], *, force: bool = False) -> AssembledModel:
             )
         spec, spec_path, vocab_size = this_spec, spec_path or path, meta["vocab_size"]
         names = meta["param_names"]
-        weights.setdefault(meta["stage"], []).append({name: tensors[f"theta.{i}"] for i,
-                                                      name in enumerate(names)})
+        weights.setdefault(meta["stage"], []).append({name: tensors[f"theta.{i}"]
+                                                      for i, name in enumerate(names)})
         found.append(StageCheckpoint(
             path=Path(path), stage=meta["stage"], peer_id=meta.get("peer_id"),
             inner_step=int(meta.get("inner_step", meta["step"])),

@@ -305,8 +305,8 @@ class SwarmDHT:
                                            num_workers=FRESH_GET.workers, return_future=True)
         if found is None or not isinstance(found.value, dict):
             return {}
-        return {str(sub): Signed(entry.value, float(entry.expiration_time)) for sub,
-                entry in found.value.items()
+        return {str(sub): Signed(entry.value, float(entry.expiration_time))
+                for sub, entry in found.value.items()
                 if hasattr(entry, "value") and hasattr(entry, "expiration_time")}
 
     async def shutdown(self) -> None:

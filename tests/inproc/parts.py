@@ -57,8 +57,8 @@ class FakeDHT:
 
 def signed_entries(values: dict, ttl_s: float = 15.0) -> dict[str, Signed]:
     """Entries as the DHT returns them: values stored just now, unless given as Signed."""
-    return {peer: v if isinstance(v, Signed) else Signed(v, time.time() + ttl_s) for peer,
-            v in values.items()}
+    return {peer: v if isinstance(v, Signed) else Signed(v, time.time() + ttl_s)
+            for peer, v in values.items()}
 
 
 async def inline(fn, *args, **kwargs):

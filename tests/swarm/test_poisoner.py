@@ -36,8 +36,8 @@ def test_a_5x_poisoner_is_shut_out_and_the_honest_nodes_keep_pairing(harness_fac
     poisoner = h.spawn(0, "--round-timeout", "5", name="poisoner", program=POISONER,
                        env={"POISON_SCALE": "5"})
     ids = set(h.records(0))
-    joined = h.wait_for(lambda: [r for p,
-                                 r in h.records(0).items() if p not in ids and r.state == "training"], 120,
+    joined = h.wait_for(lambda: [r for p, r in h.records(0).items()
+                                 if p not in ids and r.state == "training"], 120,
                         "the poisoner to join")[0]
     h.wait_for(lambda: any(p not in ids and r.outer_round >= joined.outer_round + ROUNDS for p, r in
                            h.records(0).items()), 180, f"the poisoner to take {ROUNDS} rounds")

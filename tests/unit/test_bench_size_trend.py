@@ -349,8 +349,8 @@ def test_a_best_inner_lr_on_the_edge_of_the_grid_is_followed_past_it(tmp_path, m
     first_second_seed = min(i for i, j in enumerate(methods) if j.seed == FULL.seeds[1])
     assert last_first_seed < first_second_seed  # every size's first seed before any size's second
     assert {j.plan.model for j in methods[:last_first_seed + 1]} == set(FULL.sizes)
-    largest_later_seeds = [i for i,
-                           j in enumerate(runner.ran) if j.plan.model == FULL.sizes[-1] and j.seed > 0]
+    largest_later_seeds = [i for i, j in enumerate(runner.ran)
+                           if j.plan.model == FULL.sizes[-1] and j.seed > 0]
     last_ablation = max(i for i, (section, _) in enumerate(phases) if section == "ablation")
     # the largest size's spread after what the issue asks there
     assert min(largest_later_seeds) > last_ablation

@@ -106,8 +106,8 @@ def test_every_peer_of_a_stage_builds_the_same_weights_and_the_tables_stay_out_o
         assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
         assert all(torch.equal(x, y) for x, y in zip(a.buffers(), b.buffers()))
         persistent = set(a.state_dict())
-        assert persistent == {n for n, _ in a.named_parameters()}, persistent ^ {n for n,
-                                                                                 _ in a.named_parameters()}
+        named = {n for n, _ in a.named_parameters()}
+        assert persistent == named, persistent ^ named
     other = build_stage(config, num_stages=2, stage_index=1, seed=10)
     assert any(not torch.equal(x, y) for x, y in zip(other.parameters(), b.parameters()))
 
