@@ -58,8 +58,8 @@ class SpecRecord:
         if not isinstance(raw, dict):
             raise ProtocolError("run-spec record is not a map")
         fields = {name: raw.get(key) for name, key in (("run_id", "run_id"), ("spec_json", "spec"),
-                                                        ("spec_hash", "spec_hash"), ("min_version",
-                                                                                     "min_version"))}
+                                                       ("spec_hash", "spec_hash"),
+                                                       ("min_version", "min_version"))}
         for name, value in fields.items():
             limit = MAX_SPEC_JSON_CHARS if name == "spec_json" else 128
             if not isinstance(value, str) or not value or len(value) > limit:

@@ -29,10 +29,9 @@ def fuzz_settings(max_examples: int) -> settings:
 # Any value msgpack carries, nested a little (what a header field may hold).
 scalars = (st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.floats() | st.text(max_size=20)
            | st.binary(max_size=20))
-junk = st.recursive(scalars, lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=8),
-                                                                                       kids,
-                                                                                       max_size=3),
-                    max_leaves=8)
+junk = st.recursive(scalars,
+                    lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=8), kids,
+                                                                              max_size=3), max_leaves=8)
 # Numbers near the edges a check must hold: NaN, infinities, zero, huge, negative.
 edgy_numbers = st.sampled_from([float("nan"), float("inf"), -float("inf"), 0, -0.0, -1, 1e300, 2**63,
                                 2**64 - 1,

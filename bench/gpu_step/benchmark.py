@@ -68,10 +68,9 @@ BYTE_VOCAB = 256  # the bundled corpus (what the issue's measurements used)
 PAPER_VOCAB = 32_000
 # Dense bf16 tensor-core peaks from the vendors' spec sheets (TFLOP/s, no sparsity), by
 # the first name fragment that the card's name holds.
-SPEC_BF16_TFLOPS = (("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.4), ("H200", 989.4), ("GH200",
-                                                                                                  989.4),
-                    ("B200", 2250.0), ("A100", 312.0), ("L40S", 362.1), ("L4", 121.0), ("A10", 125.0),
-                    ("RTX 4090", 165.2), ("RTX 3090", 71.0))
+SPEC_BF16_TFLOPS = (("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.4), ("H200", 989.4),
+                    ("GH200", 989.4), ("B200", 2250.0), ("A100", 312.0), ("L40S", 362.1), ("L4", 121.0),
+                    ("A10", 125.0), ("RTX 4090", 165.2), ("RTX 3090", 71.0))
 
 
 @dataclass(frozen=True)

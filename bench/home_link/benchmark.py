@@ -191,8 +191,8 @@ def one_stage_row(plan: Plan, scenario: Scenario, rate: float, workdir: Path, al
 
 def _critical_path(node: dict, rounds: int, partnered: int) -> dict:
     """A node's mean round: from the boundary to the outer step, and its parts."""
-    return {"round": round(node["round_s"] / rounds, 2), "prepare": round(node["round_prepare_s"] / rounds,
-                                                                          2),
+    return {"round": round(node["round_s"] / rounds, 2),
+            "prepare": round(node["round_prepare_s"] / rounds, 2),
             "to_partner": round(node["round_to_partner_s"] / partnered, 2),
             "exchange": round(node["round_exchange_s"] / max(1, node["round_exchanges"]), 2),
             "close": round(node["round_close_s"] / rounds, 2),
@@ -403,7 +403,7 @@ def markdown(result: dict) -> str:
     ]
     for r in (r for r in one_stage if "compute_utilisation" in r):
         partners = ", ".join(f"{p}/{lo} ({al})" for p, lo, al in zip(r["rounds_with_partner"],
-                                                                    r["local_only_rounds"],
+                                                                     r["local_only_rounds"],
                                                                      r["rounds_alone"]))
         lines.append(
             f"| {r['scenario']} | {r['codec']} | {', '.join(f'{u:.0%}' for u in r['compute_utilisation'])} | "

@@ -78,7 +78,6 @@ def run_spec(plan: Plan, codec: str, stages: int = 1, activation_codec: str = "f
     return RunSpec(run_id=f"home-{method}-{codec}-{stages}-{activation_codec}", model_size=plan.model,
                    num_stages=stages, seq_len=plan.seq_len, batch_size=plan.batch_size,
                    samples_per_step=plan.batch_size, total_steps=steps, data=DataSpec.parse(DATA),
-                   outer_codec=codec,
-                   activation_codec=activation_codec, method=default_method(method,
-                                                                            inner_steps=plan.inner_steps),
+                   outer_codec=codec, activation_codec=activation_codec,
+                   method=default_method(method, inner_steps=plan.inner_steps),
                    inner=InnerHyper(lr=plan.lr, warmup_steps=plan.inner_steps, total_steps=steps))

@@ -116,13 +116,12 @@ def barrier_rows(step_mu: float, step_sigma: float, workers: int, part: int,
     rng = rng_for(part)
     rows = []
     for n, variants in variants_by_n.items():
-        results = barrier_run_times(rng, n, variants, step_mu, step_sigma, RUN_INNER_STEPS, max(1,
-                                                                                                workers // n))
+        results = barrier_run_times(rng, n, variants, step_mu, step_sigma, RUN_INNER_STEPS,
+                                    max(1, workers // n))
         rows += [{"n_workers": n, "inner_steps": v.inner_steps, "message": v.message, "rounds": r["rounds"],
                   "diloco_round_s": r["diloco_s"] / r["rounds"],
-                  "noloco_round_s": r["noloco_s"] / r["rounds"],
-                  "ratio": r["ratio"], "idle_fraction": 1 - 1 / r["ratio"]} for v, r in zip(variants,
-                                                                                            results)]
+                  "noloco_round_s": r["noloco_s"] / r["rounds"], "ratio": r["ratio"],
+                  "idle_fraction": 1 - 1 / r["ratio"]} for v, r in zip(variants, results)]
     return rows
 
 
@@ -271,8 +270,8 @@ def run(mode: str, out_dir: Path) -> Result:
     result.rows += interpretation_rows(curve, budget["variants"])
     result.rows += [{"table": "barrier_curve", **r} for r in barrier]
     summarise(result)
-    result.summary.update(run_inner_steps=RUN_INNER_STEPS, step_lognormal={"mu": STEP_MU,
-                                                                           "sigma2": STEP_SIGMA2})
+    result.summary.update(run_inner_steps=RUN_INNER_STEPS,
+                          step_lognormal={"mu": STEP_MU, "sigma2": STEP_SIGMA2})
     add_measured(result, curve, budget)
     return result
 

@@ -293,8 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     for calibrated in (False, True):
         sims = simulated_figures(args, real, args.seeds, calibrated)
         for seed, sim in enumerate(sims):
-            result.add(kind="simulated", seed=seed, **{k: v for k, v in sim.items() if not isinstance(v,
-                                                                                                      dict)},
+            result.add(kind="simulated", seed=seed,
+                       **{k: v for k, v in sim.items() if not isinstance(v, dict)},
                        registry_ops_per_peer_min=sim["registry_ops_per_peer_min"])
         share = statistics.mean(s["partner_share"] for s in sims)
         proposals = statistics.mean(s["proposals_per_round"] for s in sims)

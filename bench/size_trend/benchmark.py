@@ -307,10 +307,10 @@ def summarise(result: Result, plan: SizePlan, runs: list[dict], chosen: dict) ->
     ablations = ablation_rows(runs, plan.h)
     result.rows = sizes + trend + m1_rows(runs, chosen) + ablations + runs
     result.summary = {"sizes": list(plan.sizes), "corpus": plan.corpus, "steps": plan.steps,
-                      "seeds": list(plan.seeds), "grid": "4 x 2",
-                      "h": plan.h, "global_batch": plan.global_batch, "seq_len": plan.seq_len, "vocab": VOCAB,
-                      "train_tokens": train_tokens, "chosen": chosen, "answer": answer(trend, sizes,
-                                                                                       ablations),
+                      "seeds": list(plan.seeds), "grid": "4 x 2", "h": plan.h,
+                      "global_batch": plan.global_batch, "seq_len": plan.seq_len, "vocab": VOCAB,
+                      "train_tokens": train_tokens, "chosen": chosen,
+                      "answer": answer(trend, sizes, ablations),
                       "run_cpu_s_total": sum(r["cpu_s"] for r in runs), "runs": len(runs),
                       "device": plan.device}
 

@@ -61,14 +61,14 @@ class SizePlan:
 # tuned lr is DDP's best at 4x the batch of a worker's local step, so the
 # low-communication methods are also run at half of it, to see whether the gaps follow
 # the lr rather than the method.
-OUTER_ABLATIONS = (("alpha 0.7", "outer_momentum", 0.7), ("beta 0.5", "outer_lr", 0.5), ("beta 1.0",
-                                                                                         "outer_lr", 1.0),
-                   ("gamma 0.35", "outer_gamma", 0.35), ("gamma 1.0", "outer_gamma", 1.0))
+OUTER_ABLATIONS = (("alpha 0.7", "outer_momentum", 0.7), ("beta 0.5", "outer_lr", 0.5),
+                   ("beta 1.0", "outer_lr", 1.0), ("gamma 0.35", "outer_gamma", 0.35),
+                   ("gamma 1.0", "outer_gamma", 1.0))
 GAP_ABLATIONS = (("frozen input embedding", "freeze_embedding", True), ("groups of 3", "group_size", 3),
                  ("groups of 4", "group_size", 4))
 ABLATIONS = (*OUTER_ABLATIONS, *GAP_ABLATIONS, ("inner lr halved", "inner_lr_factor", 0.5))
-ABLATION_METHODS = {"inner_lr_factor": ("local", "diloco", "noloco"), "freeze_embedding": ("ddp", "diloco",
-                                                                                           "noloco")}
+ABLATION_METHODS = {"inner_lr_factor": ("local", "diloco", "noloco"),
+                    "freeze_embedding": ("ddp", "diloco", "noloco")}
 QUICK = SizePlan(sizes=("debug", "tiny"), steps=24, seeds=(0,), h=4, lr_factors=(1.0,), m1_outer_lrs=(0.7,),
                  m1_outer_lrs_larger=(0.7,),
                  ablations=GAP_ABLATIONS[:2], corpus="bundled", curve_every=12, eval_batches=2)
@@ -76,11 +76,9 @@ QUICK = SizePlan(sizes=("debug", "tiny"), steps=24, seeds=(0,), h=4, lr_factors=
 # over, so 0.1 is the plain inner optimizer's pace; debug's best of 0.2-1.0 was 0.2, the
 # edge, and of 0.1-1.0 0.2 (0.7 and 1.0 two and five times 0.4's gap to DDP): the larger
 # sizes sweep 0.1-0.4.
-FULL = SizePlan(sizes=("debug", "mini", "tiny"), steps=1000, seeds=(0, 1, 2), h=10, lr_factors=(0.5, 1.0,
-                                                                                                2.0),
-                m1_outer_lrs=(0.1, 0.2, 0.4, 0.7, 1.0), m1_outer_lrs_larger=(0.1, 0.2, 0.4),
-                ablations=ABLATIONS,
-                corpus="docs")
+FULL = SizePlan(sizes=("debug", "mini", "tiny"), steps=1000, seeds=(0, 1, 2), h=10,
+                lr_factors=(0.5, 1.0, 2.0), m1_outer_lrs=(0.1, 0.2, 0.4, 0.7, 1.0),
+                m1_outer_lrs_larger=(0.1, 0.2, 0.4), ablations=ABLATIONS, corpus="docs")
 
 
 def with_gpu(plan: SizePlan) -> SizePlan:

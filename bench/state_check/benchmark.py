@@ -61,9 +61,8 @@ class Swarm:
 
 
 SWARMS = {"quick": (Swarm(4, 5), Swarm(3, 5)),
-          "full": (Swarm(4, 5), Swarm(3, 5), Swarm(2, 5), Swarm(8, 5), Swarm(4, 10), Swarm(4, 5,
-                                                                                           method="diloco"),
-                   Swarm(4, 5, late=True))}
+          "full": (Swarm(4, 5), Swarm(3, 5), Swarm(2, 5), Swarm(8, 5), Swarm(4, 10),
+                   Swarm(4, 5, method="diloco"), Swarm(4, 5, late=True))}
 
 
 @dataclass
@@ -157,8 +156,7 @@ def hostile(states: dict, sim: simulator.Simulator, stage: int, step: int, repli
     if rms > 0:  # replicas that always average into one point have no spread to scale noise by
         cases["noise at 10x the spread"] = State([t + e for t, e in zip(honest.theta, noise)],
                                                  [t + e for t, e in zip(honest.phi, noise)], honest.momentum,
-                                                 step, h,
-                                                 now)
+                                                 step, h, now)
     return cases
 
 

@@ -53,10 +53,9 @@ class Plan:
         from swarm_node.spec import RunSpec
 
         return RunSpec(run_id="bench-plain", model_size=self.model, num_stages=num_stages,
-                       seq_len=self.seq_len,
-                       batch_size=self.batch_size, samples_per_step=self.batch_size, total_steps=self.steps,
-                       data=DataSpec.parse(self.data), method=default_method("noloco",
-                                                                             inner_steps=self.inner_steps),
+                       seq_len=self.seq_len, batch_size=self.batch_size, samples_per_step=self.batch_size,
+                       total_steps=self.steps, data=DataSpec.parse(self.data),
+                       method=default_method("noloco", inner_steps=self.inner_steps),
                        inner=InnerHyper(lr=suggested_lr(self.model),
                                         warmup_steps=default_warmup_steps(self.steps),
                                         total_steps=self.steps))
@@ -155,8 +154,8 @@ def run_swarm(plan: Plan, stages: int, replicas: int, work_dir: Path, *, lanes: 
            "--round-timeout", str(plan.round_timeout_s),
            "--run-dir", str(probe_dir / "run"), "--json-out", str(summary_path), "--no-progress",
            *([] if lanes else ["--no-lanes"])]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO),
-                                                                    os.environ.get("PYTHONPATH")])),
+    env = dict(os.environ,
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
                **{PROBE_DIR_ENV: str(probe_dir), PROFILE_STEPS_ENV: f"{plan.window[0]}:{plan.window[1]}"})
     log_path = probe_dir / "driver.log"
     with open(log_path, "wb") as log:
@@ -281,8 +280,8 @@ def _stage_row(layout: str, stage: int, cpu: dict[str, float], shares: dict[str,
     row.update({column: busy * shares[column] for column in COMPUTE_COLUMNS})
     row.update({"wait_for_core": wait, "idle": max(0.0, 1.0 - busy - wait),
                 "event_loop_cores": cpu.get("event_loop", 0.0) / node_seconds,
-                "dht_cores": cpu.get("dht", 0.0) / node_seconds, "p2pd_cores": cpu.get("p2pd",
-                                                                                       0.0) / node_seconds})
+                "dht_cores": cpu.get("dht", 0.0) / node_seconds,
+                "p2pd_cores": cpu.get("p2pd", 0.0) / node_seconds})
     return row
 
 

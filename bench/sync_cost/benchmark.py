@@ -233,9 +233,8 @@ class Bench:
         start_at = time.time() + 0.3  # time for the commands to arrive everywhere
         answers = swarm.call_each({r: dict(round_key=self._round_key, members=rp.members, start_at=start_at,
                                            delay_s=rp.waits[r], request_timeout_s=request_s,
-                                           round_timeout_s=seek_s,
-                                           **roles[r]) for r in rp.members}, "pair_round",
-                                  timeout_s=rp.timeout_s)
+                                           round_timeout_s=seek_s, **roles[r]) for r in rp.members},
+                                  "pair_round", timeout_s=rp.timeout_s)
         attempts = statistics.fmean(a.get("attempts", 0) for a in answers.values())
         if not all(a["ok"] and a["partner"] is not None for a in answers.values()):
             errors = {r: a.get("error") or "no partner (local-only step)" for r, a in answers.items()}

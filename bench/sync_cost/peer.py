@@ -188,8 +188,7 @@ class BenchPeer:
             started = time.monotonic()
             _, frame = await self.compute(self.own_frame)
             await self.transport.request(self.peer_ids[to], MESSAGE_PROTOCOL, frame,
-                                         timeout_s=request_timeout_s,
-                                         max_response_bytes=1 << 16)
+                                         timeout_s=request_timeout_s, max_response_bytes=1 << 16)
             times.append(time.monotonic() - started)
         return {"times_s": times[1:], "frame_bytes": len(frame)}
 

@@ -129,8 +129,8 @@ def run(mode: str, out_dir: Path) -> Result:
     result.summary.update({f"{path}: direct lane / libp2p": round(lane[path]["mb_s"] / p2p[path]["mb_s"], 2)
                            for path in lane})
     size = int(megabytes * 1e6)
-    result.summary["fresh_body_ms"] = {"4 KiB pages": _fault_ms(size, False), "huge pages": _fault_ms(size,
-                                                                                                      True)}
+    result.summary["fresh_body_ms"] = {"4 KiB pages": _fault_ms(size, False),
+                                       "huge pages": _fault_ms(size, True)}
     result.note(
         f"a lane reads a body into memory that holds it (raw TCP's sink reuses one 4 MiB buffer): up to "
         f"{BODY_BUFFERS.max_kept_bytes >> 20} MiB the same buffers transfer after transfer, above that "

@@ -25,8 +25,8 @@ from swarm_node.net.transport import ServeLimits, Transport
 from swarm_node.system import run_on_fast_loop
 
 WAYS = (("raw_tcp", "raw TCP (one Python stream)"), ("libp2p_plain", "libp2p stream"),
-        ("libp2p_paced", "libp2p stream, paced"), ("lane_plain", "direct lane"), ("lane_paced",
-                                                                                  "direct lane, paced"))
+        ("libp2p_paced", "libp2p stream, paced"), ("lane_plain", "direct lane"),
+        ("lane_paced", "direct lane, paced"))
 PLAIN = protocols.FORWARD  # a bulk protocol with plain bodies (activations travel so)
 PACED = protocols.OUTER  # a bulk protocol with paced bodies (outer payloads travel so)
 MAX_BYTES = 1 << 30

@@ -98,8 +98,8 @@ def epoch_schedule(args: argparse.Namespace, hyper: InnerHyper):
     per epoch, so the same warm-up and cosine run over epochs instead of steps."""
     epochs = max(1, args.steps // args.inner_steps)
     per_epoch = InnerHyper(lr=hyper.lr, warmup_steps=default_warmup_steps(epochs), total_steps=epochs)
-    return partial(torch.optim.lr_scheduler.LambdaLR, lr_lambda=lambda epoch: lr_at(epoch,
-                                                                                    per_epoch) / hyper.lr)
+    return partial(torch.optim.lr_scheduler.LambdaLR,
+                   lr_lambda=lambda epoch: lr_at(epoch, per_epoch) / hyper.lr)
 
 
 def make_optimizer(args: argparse.Namespace, dht, model: torch.nn.Module, hyper: InnerHyper):

@@ -88,14 +88,12 @@ def run_local(args: argparse.Namespace) -> int:
             method.inner_steps,
         )
     config = LocalConfig(replicas=args.replicas, steps=args.steps, device=args.device,
-                         compile_stage=args.compile,
-                         round_timeout_s=args.round_timeout, run_dir=args.run_dir,
-                         progress=not args.no_progress,
-                         threads_per_node=args.threads_per_node, compute_share=args.compute_share,
-                         eval_batches=args.eval_batches,
+                         compile_stage=args.compile, round_timeout_s=args.round_timeout, run_dir=args.run_dir,
+                         progress=not args.no_progress, threads_per_node=args.threads_per_node,
+                         compute_share=args.compute_share, eval_batches=args.eval_batches,
                          blocking_rounds=args.blocking_rounds, lanes=not args.no_lanes,
                          dashboard_port=args.dashboard_port, checkpoint_dir=args.checkpoint_dir,
-                         chaos=ChaosPlan(kills=args.chaos_kills, restarts=min(args.chaos_restarts,
-                                                                              args.chaos_kills),
+                         chaos=ChaosPlan(kills=args.chaos_kills,
+                                         restarts=min(args.chaos_restarts, args.chaos_kills),
                                          seed=args.chaos_seed) if args.chaos_kills else None)
     return local_exit_status(run_local(spec, config, args.json_out))

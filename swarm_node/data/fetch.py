@@ -224,10 +224,8 @@ class DataFetcher:
         took = _now() - started
         got = entry.bytes - already_bytes
         log.info("data: %s verified (%d of %d chunks fetched now, %.1f MB in %.1f s, %.1f MB/s, from %s)",
-                 entry.name,
-                 entry.num_chunks() - already, entry.num_chunks(), got / 1e6, took, got / 1e6 / max(took,
-                                                                                                    1e-3),
-                 ", ".join(sorted(map(short_source, job.used))))
+                 entry.name, entry.num_chunks() - already, entry.num_chunks(), got / 1e6, took,
+                 got / 1e6 / max(took, 1e-3), ", ".join(sorted(map(short_source, job.used))))
         return cache.path(entry.name)
 
     async def _lock(self, entry: FileEntry) -> int:
@@ -329,10 +327,9 @@ class DataFetcher:
         if is_mirror(source):
             start, end = entry.chunk_span(index, self.manifest.chunk_bytes)
             return await asyncio.to_thread(http_range, source, entry.name, start, end,
-                                           timeout_s=self.timeout_s,
-                                           private_ok=self.private_mirrors)
-        return await self._ask_bytes(source, data_request(self.cache.manifest_sha256, "chunk", entry.name,
-                                                          index),
+                                           timeout_s=self.timeout_s, private_ok=self.private_mirrors)
+        return await self._ask_bytes(source,
+                                     data_request(self.cache.manifest_sha256, "chunk", entry.name, index),
                                      max_bytes=self.manifest.chunk_bytes + 4096)
 
     # -- who holds what --------------------------------------------------------------

@@ -157,9 +157,8 @@ def chunk_hashes(data: bytes | memoryview, chunk_bytes: int) -> tuple[str, ...]:
 
 
 def file_entry(name: str, data: bytes, chunk_bytes: int, tokens: int = 0) -> FileEntry:
-    return FileEntry(name=name, bytes=len(data), sha256=sha256_hex(data), chunks=chunk_hashes(data,
-                                                                                              chunk_bytes),
-                     tokens=tokens)
+    return FileEntry(name=name, bytes=len(data), sha256=sha256_hex(data),
+                     chunks=chunk_hashes(data, chunk_bytes), tokens=tokens)
 
 
 def _entry_dict(entry: FileEntry | None) -> dict | None:

@@ -56,8 +56,8 @@ def http_range(url: str, name: str, start: int, end: int, *, timeout_s: float,
     path = f"{parts.path.rstrip('/')}/{quote(name)}"
     conn = _Connection(address, parts.hostname, port, https, _left(deadline))
     try:
-        conn.request("GET", path, headers={"Range": f"bytes={start}-{end - 1}",
-                                           "Accept-Encoding": "identity"})
+        conn.request("GET", path,
+                     headers={"Range": f"bytes={start}-{end - 1}", "Accept-Encoding": "identity"})
         sock = conn.sock  # the connection lets go of it once the answer says it closes
         response = conn.getresponse()
         if 300 <= response.status < 400:

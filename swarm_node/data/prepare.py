@@ -171,8 +171,8 @@ class _Room:
 
     def add(self, entry: FileEntry) -> FileEntry:
         self.files += 1
-        self.bytes += len(json.dumps({**entry.__dict__, "chunks": list(entry.chunks)}, separators=(",",
-                                                                                                   ":"))) + 1
+        self.bytes += len(json.dumps({**entry.__dict__, "chunks": list(entry.chunks)},
+                                     separators=(",", ":"))) + 1
         if self.files > MAX_SHARDS or self.bytes > MAX_MANIFEST_BYTES:
             raise self.too_big(self.bytes)
         return entry

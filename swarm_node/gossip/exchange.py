@@ -162,8 +162,7 @@ class OuterExchange:
         # two a peer: its withdrawal may come while its proposal is still being answered
         await transport.serve(protocols.PAIR, self.handle_propose,
                               ServeLimits(max_request_bytes=CONTROL_MAX_BYTES, max_concurrent=8,
-                                          max_per_peer=2,
-                                          handler_timeout_s=PROPOSE_TIMEOUT_S),
+                                          max_per_peer=2, handler_timeout_s=PROPOSE_TIMEOUT_S),
                               authorize=authorize)
 
     # -- the seeking side --------------------------------------------------------------

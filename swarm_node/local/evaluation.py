@@ -149,8 +149,7 @@ class FinalEvaluation:
                 progress.start(name)
                 began = time.perf_counter()
                 losses[name] = path_val_loss(path, self.data, batch_size=self.batch_size,
-                                             max_batches=self.max_batches,
-                                             device=self.device, parts=parts,
+                                             max_batches=self.max_batches, device=self.device, parts=parts,
                                              on_batch=lambda: self._batch_done(progress))
                 progress.finished(name, losses[name], time.perf_counter() - began)
                 del path

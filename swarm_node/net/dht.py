@@ -255,8 +255,8 @@ class SwarmDHT:
 
     async def store(self, key: str, subkey: str, value, ttl_s: float) -> bool:
         return bool(await self.dht.store(key, value, get_dht_time() + ttl_s, subkey=subkey,
-                                         return_future=True,
-                                         beam_size=STORE.beam_size, num_workers=STORE.workers))
+                                         return_future=True, beam_size=STORE.beam_size,
+                                         num_workers=STORE.workers))
 
     async def store_signed(self, key: str, value, ttl_s: float) -> bool:
         """Store under our owner subkey: only this peer's key can write that entry."""

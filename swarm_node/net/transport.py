@@ -110,10 +110,10 @@ class Transport(StreamServer):
             started = time.monotonic()
             lane = await self.lanes.take(peer_id, timeout_s)
             if lane is not None:
-                return await self._request_on_lane(lane, peer_id, protocol, payload, timeout_s=timeout_s - (
-                    time.monotonic() - started), max_response_bytes=max_response_bytes,
-                                                   paced_request=paced_request,
-                                                    paced_response=paced_response)
+                return await self._request_on_lane(lane, peer_id, protocol, payload,
+                                                   timeout_s=timeout_s - (time.monotonic() - started),
+                                                   max_response_bytes=max_response_bytes,
+                                                   paced_request=paced_request, paced_response=paced_response)
             timeout_s -= time.monotonic() - started
         response, _ = await self._call(peer_id, protocol, payload, timeout_s=timeout_s,
                                        max_response_bytes=max_response_bytes, paced_request=paced_request,

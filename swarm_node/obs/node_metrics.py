@@ -30,13 +30,13 @@ def node_metrics_text(record: PeerRecord, summary: dict, *, run_id: str, version
     states = ("joining", "training", "finished", "leaving")
     out.metric("swarm_node_state", "gauge", "1 for the node's current state.",
                [({**labels, "state": s}, 1 if record.state == s else 0) for s in states])
-    out.metric("swarm_node_inner_step", "gauge", "Inner optimizer steps taken.", [(labels,
-                                                                                   record.inner_step)])
+    out.metric("swarm_node_inner_step", "gauge", "Inner optimizer steps taken.",
+               [(labels, record.inner_step)])
     out.metric("swarm_node_outer_round", "gauge", "Outer rounds done.", [(labels, record.outer_round)])
     out.metric("swarm_node_throughput_samples_per_second", "gauge", "Stage compute throughput (EMA).",
                [(labels, record.throughput)])
-    out.metric("swarm_node_queue", "gauge", "Micro-batches waiting or in flight here.", [(labels,
-                                                                                          record.queue)])
+    out.metric("swarm_node_queue", "gauge", "Micro-batches waiting or in flight here.",
+               [(labels, record.queue)])
     out.metric("swarm_node_train_loss", "gauge", "Last stage: training loss (EMA).",
                [(labels, record.loss if record.loss is not None else math.nan)])
     for key, help_text in COUNTERS:

@@ -190,8 +190,8 @@ class Network:
             async with asyncio.timeout(timeout_s):
                 if them is None or not them.alive or not them.reachable or protocol not in them.handlers:
                     await asyncio.sleep(timeout_s + 1.0)  # never answered: the deadline ends it
-                await asyncio.sleep(self.transfer_s(me, them, self.modelled_bytes(protocol, True,
-                                                                                  len(payload))))
+                await asyncio.sleep(self.transfer_s(me, them,
+                                                    self.modelled_bytes(protocol, True, len(payload))))
                 if not them.alive or not them.authorize[protocol](caller):
                     await asyncio.sleep(timeout_s + 1.0)
                 them.on_reached(caller)
@@ -199,8 +199,8 @@ class Network:
                     me.traffic.add(count_as, len(payload))
                     them.traffic.add(count_as, len(payload))
                 answer = await them.handlers[protocol](caller, payload)
-                await asyncio.sleep(self.transfer_s(them, me, self.modelled_bytes(protocol, False,
-                                                                                  len(answer))))
+                await asyncio.sleep(self.transfer_s(them, me,
+                                                    self.modelled_bytes(protocol, False, len(answer))))
                 if not them.alive:
                     await asyncio.sleep(timeout_s + 1.0)
                 if count_as:
@@ -312,8 +312,8 @@ class Network:
         now = asyncio.get_running_loop().time()
         versions = [v for v in self.store[key].get(caller, []) if v[2] > now]
         # the entry stored before stays visible until this one has spread
-        self.store[key][caller] = [*versions[-1:], (value, now + self.rng.uniform(*self.record_delay_s),
-                                                    now + ttl_s)]
+        self.store[key][caller] = [*versions[-1:],
+                                   (value, now + self.rng.uniform(*self.record_delay_s), now + ttl_s)]
         return True
 
     def _near_read(self, caller: str, key: str, live: int, enough: Callable[[str], bool]) -> list[str] | None:

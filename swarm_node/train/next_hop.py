@@ -63,9 +63,9 @@ class NextHop:
         next_stage = self.worker.stage.stage_index + 1
         clock = asyncio.get_running_loop().time  # time.monotonic, or a test's virtual clock
         deadline = clock() + timeout_s
-        payload = await self.wire(encode_forward, {"kind": "fwd", "spec": self.spec_hash,
-                                                   "deadline_s": timeout_s},
-                                  outgoing, targets, self.codec)
+        payload = await self.wire(encode_forward,
+                                  {"kind": "fwd", "spec": self.spec_hash, "deadline_s": timeout_s}, outgoing,
+                                  targets, self.codec)
         tried: set[str] = set()
         attempts = 0
         while True:

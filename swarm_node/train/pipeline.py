@@ -132,9 +132,8 @@ class Pipeline:
         else:
             shard_id, num_shards = self.config.data_shard or (_shard_of(peer_id, SHARDS_BY_PEER_ID),
                                                               SHARDS_BY_PEER_ID)
-        self.loader = data.open_loader(peer_id=peer_id, batch_size=self.spec.batch_size, shard=(shard_id,
-                                                                                                num_shards),
-                                       resumed=resumed, claims=claims)
+        self.loader = data.open_loader(peer_id=peer_id, batch_size=self.spec.batch_size,
+                                       shard=(shard_id, num_shards), resumed=resumed, claims=claims)
         return self.loader
 
     def data_position(self) -> dict | None:

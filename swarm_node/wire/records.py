@@ -59,24 +59,24 @@ class PeerRecord:
         if not isinstance(raw, dict):
             raise ProtocolError("registry record is not a map")
         try:
-            record = cls(
-                stage=_int(raw["stage"], 0, 1024), spec_hash=_str(raw["spec_hash"]),
-                version=_str(raw["version"]),
-                state=_str(raw.get("state", "training")), throughput=_float(raw.get("throughput", 0.0)),
-                queue=_int(raw.get("queue", 0), 0, 10**6), inner_step=_int(raw.get("inner_step", 0), 0,
-                                                                           10**12),
-                outer_round=_int(raw.get("outer_round", 0), 0, 10**12), seeking=_bool(raw.get("seeking",
-                                                                                              False)),
-                round_step=_int(raw.get("round_step", 0), 0, 10**12),
-                loss=None if raw.get("loss") is None else _float(raw["loss"]),
-                tokens=_int(raw.get("tokens", 0), 0, 10**18), lost=_int(raw.get("lost", 0), 0, 10**12),
-                partner_rounds=_int(raw.get("partner_rounds", 0), 0, 10**12),
-                local_rounds=_int(raw.get("local_rounds", 0), 0, 10**12),
-                last_error=_str(raw.get("last_error", ""), MAX_ERROR_CHARS),
-                reachable=_bool(raw.get("reachable", True)),
-                recent_steps=_int(raw.get("recent_steps", 0), 0, 10**9),
-                recent_microbatches=_int(raw.get("recent_microbatches", 0), 0, 10**9),
-                data_slot=_int(raw.get("data_slot", -1), -1, 1 << 20))
+            record = cls(stage=_int(raw["stage"], 0, 1024), spec_hash=_str(raw["spec_hash"]),
+                         version=_str(raw["version"]), state=_str(raw.get("state", "training")),
+                         throughput=_float(raw.get("throughput", 0.0)),
+                         queue=_int(raw.get("queue", 0), 0, 10**6),
+                         inner_step=_int(raw.get("inner_step", 0), 0, 10**12),
+                         outer_round=_int(raw.get("outer_round", 0), 0, 10**12),
+                         seeking=_bool(raw.get("seeking", False)),
+                         round_step=_int(raw.get("round_step", 0), 0, 10**12),
+                         loss=None if raw.get("loss") is None else _float(raw["loss"]),
+                         tokens=_int(raw.get("tokens", 0), 0, 10**18),
+                         lost=_int(raw.get("lost", 0), 0, 10**12),
+                         partner_rounds=_int(raw.get("partner_rounds", 0), 0, 10**12),
+                         local_rounds=_int(raw.get("local_rounds", 0), 0, 10**12),
+                         last_error=_str(raw.get("last_error", ""), MAX_ERROR_CHARS),
+                         reachable=_bool(raw.get("reachable", True)),
+                         recent_steps=_int(raw.get("recent_steps", 0), 0, 10**9),
+                         recent_microbatches=_int(raw.get("recent_microbatches", 0), 0, 10**9),
+                         data_slot=_int(raw.get("data_slot", -1), -1, 1 << 20))
         except KeyError as exc:
             raise ProtocolError(f"registry record lacks {exc}") from None
         if record.state not in STATES:

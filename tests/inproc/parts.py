@@ -75,8 +75,8 @@ def partner_payload(spec: RunSpec, phi: list, delta: list, round_no: int = 0) ->
     """A partner's payload as it answers our fetches: whole (None), or the part a
     fetch names (a pair's node fetches Delta, then phi)."""
     header = {"kind": "outer", "spec": spec.spec_hash(), "round": round_no, "ok": True}
-    return {None: encode_frame(header, [*phi, *delta]), "delta": encode_frame({**header, "part": "delta"},
-                                                                              delta),
+    return {None: encode_frame(header, [*phi, *delta]),
+            "delta": encode_frame({**header, "part": "delta"}, delta),
             "phi": encode_frame({**header, "part": "phi"}, phi)}
 
 

@@ -18,8 +18,8 @@ from swarm_node.wire.frames import FrameLimits, decode_frame, encode_frame
 
 def test_a_hostile_donor_asked_first_is_refused_and_an_honest_one_adopted(caplog):
     base = StageWorker(SPEC, 1, 16)
-    peers = {"QmHonestA": replica(base, 1), "QmHonestB": replica(base, 2), "QmHostile": replica(base, 3,
-                                                                                                scale=1.5)}
+    peers = {"QmHonestA": replica(base, 1), "QmHonestB": replica(base, 2),
+             "QmHostile": replica(base, 3, scale=1.5)}
     stage = Stage(peers)
     node = joiner(stage, peers, prefer="QmHostile")
     with caplog.at_level(logging.INFO, logger="swarm_node"):

@@ -38,8 +38,8 @@ def test_a_liar_is_refused_once_and_the_shard_still_verifies(tmp_path, host_fold
     folder, manifest, digest = host_folder
     net = FakeNet()
     honest = serving(folder, digest)
-    net.handlers |= {"QmBoot": honest.handle, "QmLiar": liar(honest), "QmPeer": serving(folder,
-                                                                                        digest).handle}
+    net.handlers |= {"QmBoot": honest.handle, "QmLiar": liar(honest),
+                     "QmPeer": serving(folder, digest).handle}
     faults = []
     f = fetcher(tmp_path, digest, net, peers=["QmLiar", "QmPeer"], faults=faults)
 

@@ -66,8 +66,8 @@ class _LongRanges(_Recording):
 def _server(handler, directory: Path, **attrs):
     seen: list[str] = []
     cls = type("Handler", (handler,), {"seen": seen, **attrs})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(cls,
-                                                                                 directory=str(directory)))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
+                                             functools.partial(cls, directory=str(directory)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, f"http://127.0.0.1:{server.server_address[1]}", seen
 

@@ -18,9 +18,8 @@ from swarm_node.train.worker import StageWorker
 from swarm_node.wire.frames import decode_frame
 
 SPEC = RunSpec(run_id="delta-ahead", outer_codec="fp16", model_size="debug", num_stages=2, seq_len=16,
-               batch_size=4,
-               samples_per_step=4, data=DataSpec(kind="synthetic"), method=default_method("noloco",
-                                                                                          inner_steps=50),
+               batch_size=4, samples_per_step=4, data=DataSpec(kind="synthetic"),
+               method=default_method("noloco", inner_steps=50),
                inner=InnerHyper(lr=3e-3, warmup_steps=1, total_steps=100))
 
 

@@ -52,10 +52,9 @@ def test_joiner_reads_the_spec_its_initial_peer_signed_and_ignores_forgeries():
             assert await publish_spec(boot, SPEC)
             # The forger signs its own entry under the bootstrap's key: valid in the DHT, not trusted.
             forged = dataclasses.replace(SPEC, seq_len=32)
-            await forger.store_signed(spec_key(boot.peer_id), {"run_id": "alpha",
-                                                               "spec": forged.canonical_json(),
-                                                               "spec_hash": forged.spec_hash(),
-                                                               "min_version": "0.1.0"}, ttl_s=60)
+            await forger.store_signed(spec_key(boot.peer_id),
+                                      {"run_id": "alpha", "spec": forged.canonical_json(),
+                                       "spec_hash": forged.spec_hash(), "min_version": "0.1.0"}, ttl_s=60)
             # ...and cannot overwrite the bootstrap's own entry.
             assert not await forger.store(spec_key(boot.peer_id), boot._owner, {"run_id": "evil"}, ttl_s=60)
             assert set(await joiner.get_signed(spec_key(boot.peer_id))) == {boot.peer_id, forger.peer_id}

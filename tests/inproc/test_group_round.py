@@ -127,8 +127,8 @@ def test_a_higher_member_calls_a_lower_one_whose_call_never_comes():
     """The lower id calls; a lower member that does not (it counts only some members, or
     is late) is called by the higher one after a call's time, within the round."""
     async def scenario():
-        high = group_round(round_timeout_s=5.0, request_timeout_s=1.0, own_id="peerB", backoff_s=(0.001,
-                                                                                                  0.01))
+        high = group_round(round_timeout_s=5.0, request_timeout_s=1.0, own_id="peerB",
+                           backoff_s=(0.001, 0.01))
         calls = []
 
         async def send(peer, payload, timeout):

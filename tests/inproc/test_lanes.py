@@ -55,11 +55,9 @@ async def two_peers(*, server_lanes: bool = True, client_lanes: bool = True, tls
         return handler
 
     for protocol, paced in ((BULK, False), (BULK_PACED, True), (CONTROL, False)):
-        await serving.serve(protocol, recorder(protocol), ServeLimits(max_request_bytes=64 << 20,
-                                                                      max_per_peer=2,
-                                                                      paced_request=paced,
-                                                                      paced_response=paced),
-                            with_address=True)
+        await serving.serve(protocol, recorder(protocol),
+                            ServeLimits(max_request_bytes=64 << 20, max_per_peer=2, paced_request=paced,
+                                        paced_response=paced), with_address=True)
     lane_port = None
     if server_lanes:
         lane_port = await (serving.open_lanes(LOOPBACK, 0) if admit is None else
@@ -101,8 +99,8 @@ def test_bulk_requests_share_one_lane_with_libp2p_answers_and_control_stays_on_l
             answers = [await calling.request(server.peer_id, BULK, f"hello {i}".encode(), timeout_s=30,
                                              max_response_bytes=1 << 20) for i in range(5)]
             paced = await calling.request(server.peer_id, BULK_PACED, big, timeout_s=60,
-                                          max_response_bytes=32 << 20,
-                                          paced_request=True, paced_response=True)
+                                          max_response_bytes=32 << 20, paced_request=True,
+                                          paced_response=True)
             status = await calling.request(server.peer_id, CONTROL, b"status?", timeout_s=30,
                                            max_response_bytes=1024)
             return (answers, paced == big[::-1], status, seen, calling.lanes.lanes_opened,
@@ -156,8 +154,7 @@ def test_no_usable_lane_means_libp2p_with_the_same_answers(case, monkeypatch, ca
             serving._lane_server.identity.cert_sha256 = bytes(32)
         try:
             answers = [await calling.request(server.peer_id, BULK, b"abc", timeout_s=30,
-                                             max_response_bytes=1024)
-                       for _ in range(3)]
+                                             max_response_bytes=1024) for _ in range(3)]
             over_lanes = serving._lane_server.requests if serving._lane_server else 0
             return answers, calling.lanes.lanes_opened, over_lanes, calling.lanes.direct_to(server.peer_id)
         finally:

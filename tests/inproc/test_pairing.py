@@ -28,10 +28,9 @@ class FakeNetwork:
         self.proposals = 0
         self.payloads = 0
         self.nodes = {name: PairingCoordinator(round_timeout_s=round_timeout_s,
-                                               request_timeout_s=0.3 + 2 * payload_s,
-                                               propose_timeout_s=0.1, own_id=name if tie_break else "",
-                                               backoff_s=(0.001, 0.01), rng=random.Random(self.rng.random()))
-                      for name in self.names}
+                                               request_timeout_s=0.3 + 2 * payload_s, propose_timeout_s=0.1,
+                                               own_id=name if tie_break else "", backoff_s=(0.001, 0.01),
+                                               rng=random.Random(self.rng.random())) for name in self.names}
 
     async def _hop(self, extra_s: float = 0.0) -> None:
         await asyncio.sleep(self.rng.uniform(0, 0.003) + extra_s)
@@ -275,8 +274,7 @@ def test_a_round_opened_early_for_a_proposer_starts_reserved_for_it():
 
         node.hold_for("puller")
         task = asyncio.create_task(node.run_round(0, "mine", candidates=lambda: [("elsewhere", 0)],
-                                                  propose=propose,
-                                                  send=None, expect_request=True))
+                                                  propose=propose, send=None, expect_request=True))
         await node.seeking.wait()
         node.on_propose("puller")  # its proposal, answered once the round is open: yes
         node.drop_hold("puller")  # what the handler does on its way out: the hold is spent already
@@ -340,8 +338,7 @@ def test_an_eta_wait_still_accepts_proposals():
             raise Refused("not-ready", ready_in_s=8.0)
 
         task = asyncio.create_task(node.run_round(0, "mine", candidates=lambda: [("later", 0)],
-                                                  propose=propose,
-                                                  send=None))
+                                                  propose=propose, send=None))
         await asyncio.sleep(1.0)
         assert node.state.value == "seeking"
         node.on_propose("caller")

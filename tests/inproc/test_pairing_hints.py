@@ -65,8 +65,8 @@ def test_a_refusal_names_the_proposers_refused_lately_but_not_the_asker():
 def test_hinted_peers_of_our_verified_view_are_tried_first_and_others_ignored():
     async def scenario():
         answer = refusal("busy", ["QmSeeker", "QmStranger", "QmUnverified", "QmSelf"])
-        parts = parts_with_view(answer, {"QmRefuser": True, "QmSeeker": True, "QmOther": True,
-                                         "QmUnverified": False})
+        parts = parts_with_view(answer,
+                                {"QmRefuser": True, "QmSeeker": True, "QmOther": True, "QmUnverified": False})
         exchange = parts.exchange(own_id="QmSelf")
         with pytest.raises(Refused):
             await exchange._send_proposal("QmRefuser", 1.0)

@@ -56,8 +56,8 @@ def test_scaled_up_or_nan_updates_are_rejected_and_the_sender_banned():
     async def scenario():
         answers = {}
         answers["honest"] = await exchange_as_partner(exchange, "QmHonest", request(phi, delta))
-        answers["x1000"] = await exchange_as_partner(exchange, "QmScaled", request(phi,
-                                                                                   [d * 1000 for d in delta]))
+        answers["x1000"] = await exchange_as_partner(exchange, "QmScaled",
+                                                     request(phi, [d * 1000 for d in delta]))
         answers["nan"] = await exchange_as_partner(
             exchange, "QmNan", request(phi, [torch.full_like(d, float("nan")) for d in delta])
         )
@@ -145,8 +145,8 @@ def test_what_a_partner_out_of_scale_costs_depends_on_its_round():
     async def scenario():
         answers, behind = {}, {}
         for peer, (round_no, p, d) in cases.items():
-            answers[peer] = decode_frame(await exchange_as_partner(exchange, peer, at_round(round_no, p,
-                                                                                            d)))[0]
+            answers[peer] = decode_frame(await exchange_as_partner(exchange, peer,
+                                                                   at_round(round_no, p, d)))[0]
             behind[peer] = exchange.behind
         return answers, behind
 

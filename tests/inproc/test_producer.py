@@ -83,8 +83,8 @@ def test_stage_0_waits_for_a_next_stage_peer_instead_of_losing_micro_batches():
     known (it used to lose a micro-batch every hop deadline, and showed as failing),
     and stops cleanly while it waits."""
     spec = RunSpec(run_id="producer", model_size="debug", num_stages=2, seq_len=16, batch_size=4,
-                   samples_per_step=4, data=DataSpec(kind="synthetic"), method=default_method("noloco",
-                                                                                              inner_steps=50))
+                   samples_per_step=4, data=DataSpec(kind="synthetic"),
+                   method=default_method("noloco", inner_steps=50))
     data = load_windows(spec.data, spec.seq_len)
     stage = StageParts(spec, StageWorker(spec, 0, data.vocab_size))
     pipeline = stage.pipeline()
@@ -112,12 +112,12 @@ def test_stage_0_keeps_as_many_micro_batches_in_flight_as_its_window_says():
     tests/unit/test_in_flight_window.py pins) says, no more; a window that grows lets
     more out at once, one that shrinks lets those out finish before it draws again."""
     spec = RunSpec(run_id="producer", model_size="debug", num_stages=2, seq_len=16, batch_size=4,
-                   samples_per_step=4, data=DataSpec(kind="synthetic"), method=default_method("noloco",
-                                                                                              inner_steps=50))
+                   samples_per_step=4, data=DataSpec(kind="synthetic"),
+                   method=default_method("noloco", inner_steps=50))
     data = load_windows(spec.data, spec.seq_len)
     hidden_size = StageWorker(spec, 0, data.vocab_size).model_config.hidden_size
-    answer = encode_frame({"ok": True, "loss": 2.0}, encode_activations(torch.zeros(4, 16, hidden_size),
-                                                                        "fp16"))
+    answer = encode_frame({"ok": True, "loss": 2.0},
+                          encode_activations(torch.zeros(4, 16, hidden_size), "fp16"))
     held: list[asyncio.Future] = []
 
     class NextStage:

@@ -55,9 +55,8 @@ def test_simultaneous_joiners_spread_over_stages_and_agree_on_it():
         chosen[me] = assign_stage({0: others, **base, 2: {}}, me, spec.num_stages, reachable=True)
     assert chosen == {"Qa": 0, "Qb": 2, "Qc": 0}  # in peer-id order, each to the emptiest stage
     # ties on peer count go to the stage with less throughput
-    tied = {0: {"a": rec(0, "training", 90.0)}, 1: {"b": rec(1, "training", 10.0)}, 2: {"c": rec(2,
-                                                                                                 "training",
-                                                                                                 40.0)}}
+    tied = {0: {"a": rec(0, "training", 90.0)}, 1: {"b": rec(1, "training", 10.0)},
+            2: {"c": rec(2, "training", 40.0)}}
     assert assign_stage(tied, "Qz", spec.num_stages, reachable=True) == 1
 
 
@@ -148,10 +147,10 @@ def test_a_peer_that_changed_stage_while_joining_is_shown_in_the_stage_it_trains
     spec = RunSpec(run_id="r", model_size="tiny", num_stages=2)
     rec = partial(PeerRecord, spec_hash=spec.spec_hash(), version=__version__)
     now = time.time()
-    dht = FakeDHT("reader", {"r/stage/0": {"mover": Signed(rec(stage=0, state="training").to_wire(),
-                                                           now + 15)},
-                             "r/stage/1": {"mover": Signed(rec(stage=1, state="leaving").to_wire(), now + 4),
-                                           "other": Signed(rec(stage=1).to_wire(), now + 15)}})
+    dht = FakeDHT("reader",
+                  {"r/stage/0": {"mover": Signed(rec(stage=0, state="training").to_wire(), now + 15)},
+                   "r/stage/1": {"mover": Signed(rec(stage=1, state="leaving").to_wire(), now + 4),
+                                 "other": Signed(rec(stage=1).to_wire(), now + 15)}})
     records, refused = asyncio.run(read_registry(dht, "r", spec.num_stages))
     assert not refused
     assert {p: (r.stage, r.state) for p, r in records.items()} == {

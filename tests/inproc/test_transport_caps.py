@@ -36,9 +36,9 @@ def test_per_peer_concurrency_size_and_time_caps_hold_and_others_are_still_serve
                 finally:
                     running -= 1
 
-            await serving.serve(PROTOCOL, slow, ServeLimits(max_request_bytes=1024, max_concurrent=16,
-                                                            max_per_peer=4,
-                                                            handler_timeout_s=2.0))
+            await serving.serve(PROTOCOL, slow,
+                                ServeLimits(max_request_bytes=1024, max_concurrent=16, max_per_peer=4,
+                                            handler_timeout_s=2.0))
             for client in (greedy, polite):
                 await client.rebootstrap(server.visible_maddrs())
             greedy_t, polite_t = (
@@ -88,8 +88,8 @@ def test_silent_or_oversize_callers_free_their_slots_quickly_and_are_counted_as_
         server, stalling, polite = [await SwarmDHT.start() for _ in range(3)]
         faults = []
         try:
-            serving = Transport(await server.replicate_p2p(), on_fault=lambda peer, why: faults.append((peer,
-                                                                                                        why)))
+            serving = Transport(await server.replicate_p2p(), on_fault=lambda peer,
+                                why: faults.append((peer, why)))
 
             async def echo(remote: str, request: bytes) -> bytes:
                 return request
@@ -147,8 +147,8 @@ def test_a_silent_stream_told_busy_is_a_stall_too():
         server, stalling, holder = [await SwarmDHT.start() for _ in range(3)]
         faults = []
         try:
-            serving = Transport(await server.replicate_p2p(), on_fault=lambda peer, why: faults.append((peer,
-                                                                                                        why)))
+            serving = Transport(await server.replicate_p2p(), on_fault=lambda peer,
+                                why: faults.append((peer, why)))
             release, holding = asyncio.Event(), asyncio.Event()
 
             async def hold(remote: str, request: bytes) -> bytes:

@@ -25,11 +25,10 @@ def test_forged_records_cost_at_most_2_micro_batches_and_30_percent_of_tokens_pe
     undisturbed, lost_undisturbed = measure_window(boot, WINDOW_S)
 
     log = tmp_path / "forger.log"
-    forger = bed.popen(bed.add_host("evil"), [sys.executable, str(FORGER), "--initial-peers", boot.maddr,
-                                              "--run-id", "forged", "--spec-hash", boot.status()["spec_hash"],
-                                              "--stage", "1", "--count", "30", "--seconds",
-                                              str(WINDOW_S + 30)],
-                       env=volunteer_env(), log=log)
+    forger = bed.popen(bed.add_host("evil"),
+                       [sys.executable, str(FORGER), "--initial-peers", boot.maddr, "--run-id", "forged",
+                        "--spec-hash", boot.status()["spec_hash"], "--stage", "1", "--count", "30",
+                        "--seconds", str(WINDOW_S + 30)], env=volunteer_env(), log=log)
     wait_for(lambda: '"ready"' in log.read_text(), 120, "the forger to store its first records", tmp_path)
     shown = wait_for(lambda: (s := boot.status()) and s["unverified_peers"] >= 20 and s, 60,
                      "the forged records to reach the bootstrap", tmp_path)

@@ -61,8 +61,8 @@ def test_hostile_holders_starve_no_volunteer_and_are_refused_once_each(bed, tmp_
         for attacker in ATTACKERS:
             log = tmp_path / f"{attacker.name}.log"
             ids[attacker.name] = wait_for(lambda log=log: (m := re.search(r"node (\w+): stage 1 of",
-                                                                          log.read_text()))
-                                          and m.group(1), 300, f"the {attacker.name} to join", tmp_path)
+                                                                          log.read_text())) and m.group(1),
+                                          300, f"the {attacker.name} to join", tmp_path)
         volunteers = [Volunteer(bed, bed.add_host(f"v{i}"), tmp_path, line) for i in range(HONEST)]
 
         def training() -> bool:

@@ -53,14 +53,14 @@ def test_every_joiner_refuses_each_hostile_state_then_trains_from_an_honest_dono
                              "--state-from", evil_id) for k in range(JOINERS_PER_CASE)]
         for joiner in joiners:
             adopted = wait_for(lambda j=joiner: re.search(r"downloaded state from (\w+): step (\d+)",
-                                                          j.text()),
-                               240, f"a {case} joiner to adopt a state", tmp_path)
+                                                          j.text()), 240, f"a {case} joiner to adopt a state",
+                               tmp_path)
             text = joiner.text()
             refusals = [ln for ln in text.splitlines() if "rejected its state" in ln]
             assert len(refusals) == 1 and evil_id[-6:] in refusals[0], text[-3000:]
             assert adopted.group(1) != evil_id[-6:]  # an honest donor's
-            figures.setdefault(case, []).append(re.search(r"disown it: (.*)\); not pairing",
-                                                          refusals[0]).group(1))
+            figures.setdefault(case,
+                               []).append(re.search(r"disown it: (.*)\); not pairing", refusals[0]).group(1))
             step = int(adopted.group(2))
             me = joiner.peer_id()  # the tail logs show
             wait_for(

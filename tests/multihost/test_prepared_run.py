@@ -85,8 +85,8 @@ def test_volunteers_without_data_train_on_verified_shards_that_peers_serve_each_
                      cwd=tmp_path, env=volunteer_env(XDG_CACHE_HOME=str(tmp_path / "liar-cache")),
                      log=liar_log)
     liar_id = wait_for(lambda: (m := re.search(r"node (\w+): stage 1 of",
-                                               liar_log.read_text())) and m.group(1),
-                       300, "the liar to join", tmp_path)
+                                               liar_log.read_text())) and m.group(1), 300, "the liar to join",
+                       tmp_path)
     wait_for(lambda: training(5), 300, "the liar to train", tmp_path)
     volunteers.append(Volunteer(bed, bed.add_host("v4"), tmp_path, line))
     wait_for(lambda: training(6), 300, "the last volunteer to train", tmp_path)

@@ -66,9 +66,9 @@ def _start_stock_reader(run):
               "print('ENTRIES', json.dumps([e.value for e in found.value.values()] if found else None))\n"
               "dht.shutdown()\n")
     log = run["workdir"] / "reader.log"
-    process = bed.popen(bed.add_host("reader"), [sys.executable, "-c", script, boot.maddr,
-                                                 boot.status()["spec_key"]],
-                        log=log, env=volunteer_env())
+    process = bed.popen(bed.add_host("reader"),
+                        [sys.executable, "-c", script, boot.maddr, boot.status()["spec_key"]], log=log,
+                        env=volunteer_env())
     return process, log
 
 

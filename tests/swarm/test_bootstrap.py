@@ -45,8 +45,8 @@ def test_a_node_serves_healthz_and_its_own_metrics(tmp_path):
                 "--http-port", "0", "--threads", "1", "--no-progress")
     try:
         url = wait_for(lambda: re.search(r"status endpoints: (http://\S+)/healthz",
-                                         (tmp_path / "node.log").read_text()),
-                       90, "the status endpoints", tmp_path).group(1)
+                                         (tmp_path / "node.log").read_text()), 90, "the status endpoints",
+                       tmp_path).group(1)
 
         def get(path: str) -> bytes:
             try:

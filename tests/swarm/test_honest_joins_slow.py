@@ -75,6 +75,6 @@ def finish(h, proc, name: str, stage: int, size: int, join_s: float) -> dict:
     assert proc.wait(timeout=60) == 0, h.log_of(name)[-2000:]
     summary = h.summary_of(proc)
     return {"joiner": name, "stage": stage, "stage_size": size, "join_s": round(join_s, 1),
-            "check_s": round(summary["state_check_s"], 3), "download_s": round(summary["state_download_s"],
-                                                                               3),
-            "refused": summary["states_refused"], "verdict": summary["state_check"]}
+            "check_s": round(summary["state_check_s"], 3),
+            "download_s": round(summary["state_download_s"], 3), "refused": summary["states_refused"],
+            "verdict": summary["state_check"]}

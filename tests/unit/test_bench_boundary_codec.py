@@ -16,16 +16,16 @@ def test_the_full_plan_is_the_issues_grid_within_its_budget():
     assert all(j.layers == 4 for j in wide)
     curve = {j.ratio for j in wide if j.section == "curve" and j.codec == CODEC}
     assert {8.0, 16.0, 32.0, 64.0} <= curve and CODEC == "bottleneck8"
-    assert {(j.codec, j.ratio, j.seed) for j in wide if j.section == "seed"} == {("fp16", None, 1), (CODEC,
-                                                                                                     32.0, 1)}
+    assert {(j.codec, j.ratio, j.seed) for j in wide if j.section == "seed"} == {("fp16", None, 1),
+                                                                                 (CODEC, 32.0, 1)}
     narrow = {(j.model, j.codec) for j in jobs if j.section == "width"}
     assert narrow == {(m, c) for m in ("tiny", "mini") for c in ("fp16", "int8", CODEC)}
     assert all(j.steps * j.global_batch * j.seq_len >= TOKENS_PER_RUN for j in jobs)
     assert all((j.dp, j.pp, j.h) == (4, 2, 10) for j in jobs)
     assert sum(planned_cpu_s(j) for j in jobs) <= 60 * 3600
     assert len({json.dumps(j.key_fields(), sort_keys=True) for j in jobs}) == len(jobs)
-    assert [j.section for j in jobs] == sorted((j.section for j in jobs), key=["curve", "seed",
-                                                                               "width"].index)
+    assert [j.section for j in jobs] == sorted((j.section for j in jobs),
+                                               key=["curve", "seed", "width"].index)
 
 
 def _row(model, codec, seed, loss, ratio=None, hidden=768):
@@ -64,9 +64,9 @@ def test_the_ledger_knows_a_run_by_what_it_trains(tmp_path):
 
 
 def test_the_page_and_the_plot_render_from_rows(tmp_path):
-    runs = [_row("small", "fp16", 0, 3.0), _row("small", CODEC, 0, 3.05, 32.0), _row("small", "bottleneck4",
-                                                                                     0, 3.1, 32.0),
-            _row("tiny", "fp16", 0, 3.5, hidden=256), _row("tiny", "int8", 0, 3.5, hidden=256)]
+    runs = [_row("small", "fp16", 0, 3.0), _row("small", CODEC, 0, 3.05, 32.0),
+            _row("small", "bottleneck4", 0, 3.1, 32.0), _row("tiny", "fp16", 0, 3.5, hidden=256),
+            _row("tiny", "int8", 0, 3.5, hidden=256)]
     compares = bench.compare_rows(runs)
     result = {"mode": "full", "rows": compares + runs, "notes": ["a note"],
               "summary": {"runs": len(runs), "tokens": 8_003_584, "answer": bench.answer(compares)}}

@@ -67,10 +67,10 @@ def test_step_spread_costs_the_global_barrier_more(rng):
     assert run["ratio"] > 1.0
 
 
-SYNC_COST = {"mode": "quick", "started": "t0", "summary": {
-    "message_time_s": {"loopback": {"1000000": 0.05, "10000000": 0.4}, "tbf_200mbit": {"1000000": 0.2,
-                                                                                       "x": "?"}},
-    "allreduce_over_pair": {"loopback": {"1000000": {"2": 1.2, "4": 1.9}}}}}
+SYNC_COST = {"mode": "quick", "started": "t0",
+             "summary": {"message_time_s": {"loopback": {"1000000": 0.05, "10000000": 0.4},
+                                            "tbf_200mbit": {"1000000": 0.2, "x": "?"}},
+                         "allreduce_over_pair": {"loopback": {"1000000": {"2": 1.2, "4": 1.9}}}}}
 SWARM = {"mode": "quick", "started": "t0", "summary": {"step_time_s": {"mean": 0.3, "std": 0.06, "n": 9,
                                                                        "layout": "2x2"}}}
 

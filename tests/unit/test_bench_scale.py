@@ -79,15 +79,13 @@ def test_the_section_shows_the_real_processes_beside_both_simulators():
     from bench.scale.report import _processes
 
     real = {"kind": "real", "nodes": 32, "stages": 2, "peers_per_stage": 16, "inner_steps": 10,
-            "registry_shards": 4,
-            "rounds_in_window": 600, "partner_share": 0.9, "proposals_per_round": 8.5,
-            "refusals_per_round": 8.0,
-            "proposal_s_mean": 0.77, "dht_get_s_mean": 1.2, "dht_store_s_mean": 2.5, "step_s_median": 2.6,
-            "microbatches_lost": 0, "registry_ops_per_peer_min": {"gets": 9.0, "entries_read": 30.0,
-                                                                  "stores": 11.0}}
+            "registry_shards": 4, "rounds_in_window": 600, "partner_share": 0.9, "proposals_per_round": 8.5,
+            "refusals_per_round": 8.0, "proposal_s_mean": 0.77, "dht_get_s_mean": 1.2,
+            "dht_store_s_mean": 2.5, "step_s_median": 2.6, "microbatches_lost": 0,
+            "registry_ops_per_peer_min": {"gets": 9.0, "entries_read": 30.0, "stores": 11.0}}
     sim = {"kind": "simulated", "rounds": 700, "partner_share": 0.94, "proposals_per_round": 6.0,
-           "refusals_per_round": 5.5, "registry_ops_per_peer_min": {"gets": 9.5, "entries_read": 35.0,
-                                                                    "stores": 10.0}}
+           "refusals_per_round": 5.5,
+           "registry_ops_per_peer_min": {"gets": 9.5, "entries_read": 35.0, "stores": 10.0}}
     rows = [real, {"kind": "memory", "process": "node", "count": 32, "pss_mb_median": 218.0,
                    "pss_mb_max": 281.0},
             sim | {"links": "loopback", "rtt_ms": 0.1, "record_delay_s": [0.05, 0.5]},

@@ -184,11 +184,10 @@ def test_the_page_renders_from_the_result_alone():
     assert frozen["baseline"] == next(r["val_loss"] for r in runs if r["model"] == "tiny" and r["seed"] == 0
                                       # not alpha 0.3's
                                       and r["method"] == "noloco" and r["variant"] == "H=10")
-    result = {"mode": "full", "rows": rows, "notes": [], "summary": {
-        "runs": len(runs), "steps": 1000, "global_batch": 64, "seq_len": 64, "grid": "4 x 2", "seeds": [0, 1,
-                                                                                                        2],
-        "vocab": 4096, "train_tokens": 32_000, "h": 10, "corpus": "docs",
-        "answer": answer(bench.trend_rows(runs, CHOSEN, 10))}}
+    result = {"mode": "full", "rows": rows, "notes": [],
+              "summary": {"runs": len(runs), "steps": 1000, "global_batch": 64, "seq_len": 64,
+                          "grid": "4 x 2", "seeds": [0, 1, 2], "vocab": 4096, "train_tokens": 32_000, "h": 10,
+                          "corpus": "docs", "answer": answer(bench.trend_rows(runs, CHOSEN, 10))}}
     page = bench.markdown(result)
     assert (
         "| tiny | noloco H=10 | paper ratio | +1.00" in page

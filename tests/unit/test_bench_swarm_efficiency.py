@@ -45,18 +45,15 @@ def test_compute_buckets_split_recompute_and_avoid_double_counting():
     forward = (WORKER, 60, "forward")
     step = (WORKER, 100, "step")
     check = ("/x/swarm_node/gossip/partner_check.py", 1, "check")
-    stats = {
-        forward: _entry(0.1, 2.0),
-        backward: _entry(0.1, 5.0),
-        (MODULE, 1, "_wrapped_call_impl"): _entry(2.0, 4.0, {forward: (1, 1, 1.0, 1.9), backward: (1, 1, 1.0,
-                                                                                                   2.0)}),
-        step: _entry(1.0, 1.0),
-        ("/x/swarm_node/wire/frames.py", 1, "encode_frame"): _entry(0.5, 0.5),
-        check: _entry(0.1, 0.4),
-        ("/x/swarm_node/gossip/partner_check.py", 2, "norm"): _entry(0.3, 0.3, {check: (1, 1, 0.2, 0.2)}),
-        ("~", 0, "<method 'get' of '_queue.SimpleQueue' objects>"): _entry(50.0, 50.0),
-        ("/x/other.py", 1, "check"): _entry(6.0, 6.0),
-    }
+    stats = {forward: _entry(0.1, 2.0), backward: _entry(0.1, 5.0),
+             (MODULE, 1, "_wrapped_call_impl"): _entry(2.0, 4.0,
+                                                       {forward: (1, 1, 1.0, 1.9),
+                                                        backward: (1, 1, 1.0, 2.0)}), step: _entry(1.0, 1.0),
+             ("/x/swarm_node/wire/frames.py", 1, "encode_frame"): _entry(0.5, 0.5), check: _entry(0.1, 0.4),
+             ("/x/swarm_node/gossip/partner_check.py", 2, "norm"): _entry(0.3, 0.3,
+                                                                          {check: (1, 1, 0.2, 0.2)}),
+             ("~", 0, "<method 'get' of '_queue.SimpleQueue' objects>"): _entry(50.0, 50.0),
+             ("/x/other.py", 1, "check"): _entry(6.0, 6.0),}
     buckets = ana.compute_buckets(stats)
     assert buckets["recompute"] == pytest.approx(2.0)
     assert buckets["useful"] == pytest.approx(2.0 + 5.0 + 1.0 - 2.0)
@@ -92,8 +89,7 @@ def test_cpu_accounting_by_role_and_stage():
     assert cpu["roles"] == pytest.approx({"compute": 0.5, "event_loop": 1.0, "dht": 0.25, "p2pd": 0.6,
                                           "driver": 0.2})
     assert cpu["stages"][1] == pytest.approx({"compute": 0.5, "compute_wait": 0.05, "event_loop": 1.0,
-                                              "dht": 0.25,
-                                              "p2pd": 0.5})
+                                              "dht": 0.25, "p2pd": 0.5})
     assert (cpu["machine_busy"], cpu["machine_idle"]) == (4.0, 0.0)
 
 

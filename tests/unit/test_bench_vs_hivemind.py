@@ -18,8 +18,8 @@ def test_swarm_curve_keeps_the_latest_snapshot_of_a_sync():
 
 
 def test_snapshots_of_peers_stopped_between_synchronisations_make_a_last_point():
-    points = [Point(0, 50, 10.0, 3.0), Point(1, 50, 10.5, 3.2), Point(0, 63, 170.0, 2.8), Point(1, 65, 171.0,
-                                                                                                2.9)]
+    points = [Point(0, 50, 10.0, 3.0), Point(1, 50, 10.5, 3.2), Point(0, 63, 170.0, 2.8),
+              Point(1, 65, 171.0, 2.9)]
     curve = swarm_curve(points, num_peers=2, steps_per_sync=50)
     assert [(c.step, c.time_s, c.peers) for c in curve] == [(50, 10.5, 2), (64, 171.0, 2)]
     assert [c.val_loss for c in curve] == pytest.approx([3.1, 2.85])

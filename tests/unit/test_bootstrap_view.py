@@ -38,9 +38,9 @@ def test_tokens_per_second_ignores_peers_that_left():
 def test_failures_are_recorded_from_record_changes():
     view = SwarmView("r", HASH, num_stages=2)
     view.ingest(1.0, {"a": rec(0), "b": rec(1), "c": rec(1, state="training")})
-    view.ingest(2.0, {"a": rec(0, lost=2, last_error="micro-batch lost: timeout"), "b": rec(1,
-                                                                                            local_rounds=1),
-                      "c": rec(1, state="leaving")})
+    view.ingest(2.0,
+                {"a": rec(0, lost=2, last_error="micro-batch lost: timeout"), "b": rec(1, local_rounds=1),
+                 "c": rec(1, state="leaving")})
     view.ingest(3.0, {"a": rec(0, lost=2, last_error="micro-batch lost: timeout")})  # b missing, c left
     assert len(view.failures) == 2  # one poll without a record may be a DHT hiccup
     view.ingest(4.0, {"a": rec(0, lost=2, last_error="micro-batch lost: timeout")})  # b vanished

@@ -77,23 +77,20 @@ def _action(parser: argparse.ArgumentParser, flag: str) -> argparse.Action:
 # (flag, command, command): the help texts that differ between two commands, on purpose
 # (the text says how); any other pair of commands sharing a flag shares its help text,
 # `local`'s "every node: " prefix aside.
-DIFFERENT_HELP = {
-    ("--replicas", "local", "sim"), ("--steps", "local", "sim"), ("--method", "local", "sim"),
-    ("--outer-codec", "local", "sim"), ("--activation-codec", "local", "sim"),
-    ("--threads", "join", "sim"), ("--run-dir", "join", "local"), ("--checkpoint-dir", "join", "local"),
-    ("--no-progress", "data prepare", "join"), ("--no-progress", "join", "local"), ("--no-progress", "join",
-                                                                                    "sim"),
-    ("--data-cache", "export", "join"), ("--data-cache", "generate", "join"),
-    ("--tokenizer", "data prepare", "export"), ("--tokenizer", "data prepare", "generate"),
-    ("--tokenizer", "data prepare", "sim"), ("--tokenizer", "export", "sim"), ("--tokenizer", "generate",
-                                                                               "sim"),
-    ("--seed", "generate", "local"), ("--seed", "generate", "sim"),
-    ("--out", "data prepare", "export"),
-    ("--data", "local", "swarm-bootstrap"), ("--data", "sim", "swarm-bootstrap"),
-    ("--initial-peers", "join", "swarm-bootstrap"), ("--run-id", "join", "swarm-bootstrap"),
-    ("--identity", "join", "swarm-bootstrap"), ("--port", "join", "swarm-bootstrap"),
-    ("--http-port", "join", "swarm-bootstrap"),
-}
+DIFFERENT_HELP = {("--replicas", "local", "sim"), ("--steps", "local", "sim"), ("--method", "local", "sim"),
+                  ("--outer-codec", "local", "sim"), ("--activation-codec", "local", "sim"),
+                  ("--threads", "join", "sim"), ("--run-dir", "join", "local"),
+                  ("--checkpoint-dir", "join", "local"), ("--no-progress", "data prepare", "join"),
+                  ("--no-progress", "join", "local"), ("--no-progress", "join", "sim"),
+                  ("--data-cache", "export", "join"), ("--data-cache", "generate", "join"),
+                  ("--tokenizer", "data prepare", "export"), ("--tokenizer", "data prepare", "generate"),
+                  ("--tokenizer", "data prepare", "sim"), ("--tokenizer", "export", "sim"),
+                  ("--tokenizer", "generate", "sim"), ("--seed", "generate", "local"),
+                  ("--seed", "generate", "sim"), ("--out", "data prepare", "export"),
+                  ("--data", "local", "swarm-bootstrap"), ("--data", "sim", "swarm-bootstrap"),
+                  ("--initial-peers", "join", "swarm-bootstrap"), ("--run-id", "join", "swarm-bootstrap"),
+                  ("--identity", "join", "swarm-bootstrap"), ("--port", "join", "swarm-bootstrap"),
+                  ("--http-port", "join", "swarm-bootstrap"),}
 
 
 def test_commands_that_share_a_flag_share_its_help_text():

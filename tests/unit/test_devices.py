@@ -303,8 +303,8 @@ def test_simulator_explains_oom_while_building_and_training(monkeypatch):
     from swarm_node.sim import SimConfig, Simulator
     from swarm_node.sim.simulator import simulator_memory
 
-    config = SimConfig(method=default_method("noloco", inner_steps=2), inner=InnerHyper(warmup_steps=1,
-                                                                                        total_steps=4),
+    config = SimConfig(method=default_method("noloco", inner_steps=2),
+                       inner=InnerHyper(warmup_steps=1, total_steps=4),
                        data=DataSpec(kind="synthetic", order=1, num_tokens=20_000), replicas=2, stages=2,
                        seq_len=32, batch_size=4, steps=4, eval_batches=1)
     sim = Simulator(config)

@@ -64,11 +64,11 @@ def test_the_bar_shows_no_loss_before_the_last_stage_reports_one(tmp_path, monke
 
 
 def _two_by_two(tmp_path):
-    spec = RunSpec(run_id="eval", num_stages=2, seq_len=16, data=DataSpec(kind="synthetic",
-                                                                          num_tokens=120_000))
-    swarm = local.LocalSwarm(spec, local.LocalConfig(replicas=2, eval_batches=2, eval_threads=2,
-                                                     run_dir=tmp_path,
-                                                     progress=False))
+    spec = RunSpec(run_id="eval", num_stages=2, seq_len=16,
+                   data=DataSpec(kind="synthetic", num_tokens=120_000))
+    swarm = local.LocalSwarm(spec,
+                             local.LocalConfig(replicas=2, eval_batches=2, eval_threads=2, run_dir=tmp_path,
+                                               progress=False))
     swarm.preflight()
     config = model_config("debug", vocab_size=swarm.data.vocab_size, max_seq_len=16)
     weights = {s: {r: build_stage(config, num_stages=2, stage_index=s,
@@ -294,8 +294,8 @@ def test_compile_is_passed_on_to_every_node(tmp_path, monkeypatch):
     spawned = []
     monkeypatch.setattr(local.subprocess, "Popen", lambda cmd, **kw: spawned.append(cmd) or FakeProcess(0))
     for compiled in (False, True):
-        swarm = local.LocalSwarm(spec, local.LocalConfig(replicas=1, run_dir=tmp_path,
-                                                         compile_stage=compiled))
+        swarm = local.LocalSwarm(spec,
+                                 local.LocalConfig(replicas=1, run_dir=tmp_path, compile_stage=compiled))
         swarm._spawn_args = (tmp_path / "spec.json", ["/ip4/127.0.0.1/tcp/1/p2p/Qm"])
         swarm._spawn(1, 0)
     assert ["--compile" in cmd for cmd in spawned] == [False, True]

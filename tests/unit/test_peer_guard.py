@@ -169,9 +169,8 @@ def test_refusals_are_counted_by_reason_from_a_fixed_vocabulary():
     guard.ignore("QmForeign", "another run's record", reason="bad-record")
     guard.ignore("QmLogged", "only logged")
     assert guard.refusals.as_dict() == {**dict.fromkeys(REASONS, 0), "malformed": 2, "banned": 1,
-                                        "bad-data": 1,
-                                        "failed": 1, "rounds-apart": 1, "poisoned": 1, "bad-state": 1,
-                                        "bad-record": 1}
+                                        "bad-data": 1, "failed": 1, "rounds-apart": 1, "poisoned": 1,
+                                        "bad-state": 1, "bad-record": 1}
     assert guard.is_banned("QmPoison") and guard.is_poisoned("QmLiar") and not guard.admit("QmBad")
     with pytest.raises(ValueError, match="unknown refusal reason"):
         guard.fault("QmBad", "garbage", reason="per-peer-QmBad")  # the vocabulary stays bounded

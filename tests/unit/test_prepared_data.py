@@ -268,10 +268,8 @@ def test_one_long_document_is_written_down_in_linear_time(tmp_path, monkeypatch)
     text.write_text("".join(f"line {i} of one long document\n" for i in range(1500)))  # about 40 KB
     saved = []
     real = prepare_module._save_state
-    monkeypatch.setattr(prepare_module, "_save_state",
-                        lambda out, settings, shards, done, carry: (saved.append(len(carry)),
-                                                                    real(out, settings, shards, done,
-                                                                         carry))[1])
+    monkeypatch.setattr(prepare_module, "_save_state", lambda out, settings, shards, done,
+                        carry: (saved.append(len(carry)), real(out, settings, shards, done, carry))[1])
     manifest, _ = small_prepare(tmp_path / "out", source=f"text:{text}", shard_tokens=1024)
     assert len(manifest.train) >= 30
     assert sum(saved) < 2 * 1024 and all(carry < 1024 for carry in saved)

@@ -61,8 +61,8 @@ def test_the_probe_decodes_what_the_codec_encodes():
 
 def test_the_codec_decodes_what_the_probe_encodes():
     tensors = _tensors()
-    frame = probe.encode_frame({"kind": "fwd", "spec": "abc"}, [(probe_name(t), t.shape,
-                                                                 _raw(t)) for t in tensors])
+    frame = probe.encode_frame({"kind": "fwd", "spec": "abc"},
+                               [(probe_name(t), t.shape, _raw(t)) for t in tensors])
     header, decoded = decode_frame(frame)
     assert header == {"v": 1, "kind": "fwd", "spec": "abc"}
     for got, want in zip(decoded, tensors, strict=True):

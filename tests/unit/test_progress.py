@@ -43,9 +43,8 @@ def test_a_node_status_line_says_step_loss_speed_peers_and_last_round():
     from swarm_node.obs.progress import NodeSnapshot, node_status_line
 
     line = node_status_line(NodeSnapshot(inner_step=1234, max_steps=5000, loss=2.3104, tokens_per_s=1530.4,
-                                         stage=1,
-                                         num_stages=2, peers_in_stage=3, last_round=24, last_partner="ab12cd",
-                                         last_round_ago_s=12.2))
+                                         stage=1, num_stages=2, peers_in_stage=3, last_round=24,
+                                         last_partner="ab12cd", last_round_ago_s=12.2))
     assert line == "step 1,234/5,000 | loss 2.310 | 1,530 tok/s | stage 1 of 2 with 3 other peers | " \
                    "round 24 with ab12cd 12s ago"
     first = node_status_line(NodeSnapshot(inner_step=0, max_steps=None, loss=None, tokens_per_s=0.0, stage=0,

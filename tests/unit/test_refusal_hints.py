@@ -106,12 +106,11 @@ def test_the_tables_stay_bounded_whatever_number_of_ids_call():
 
 
 records = st.builds(PeerRecord, stage=st.integers(0, 1024), spec_hash=st.text(max_size=16),
-                    version=st.text(max_size=8), state=st.sampled_from(["joining", "training", "finished",
-                                                                        "leaving"]),
+                    version=st.text(max_size=8),
+                    state=st.sampled_from(["joining", "training", "finished", "leaving"]),
                     throughput=st.floats(0, 1e6), queue=st.integers(0, 100), inner_step=st.integers(0, 10**9),
-                    seeking=st.booleans(), round_step=st.integers(0, 100),
-                    loss=st.none() | st.floats(0, 100), last_error=st.text(max_size=20),
-                    reachable=st.booleans())
+                    seeking=st.booleans(), round_step=st.integers(0, 100), loss=st.none() | st.floats(0, 100),
+                    last_error=st.text(max_size=20), reachable=st.booleans())
 
 
 @given(records)

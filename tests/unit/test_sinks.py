@@ -16,8 +16,8 @@ def test_jsonl_sink_appends_one_flushed_object_per_log(tmp_path):
     sinks.log(20, {"train_loss": 2.25, "tokens": 1280})
     sinks.close()
     rows = [json.loads(line) for line in path.read_text().splitlines()]
-    assert [(r["step"], r["tokens"]) for r in rows] == [(10, 640), (20,
-                                                                    1280)] and all("time" in r for r in rows)
+    assert [(r["step"], r["tokens"]) for r in rows] == [(10, 640),
+                                                        (20, 1280)] and all("time" in r for r in rows)
 
 
 def test_a_failing_sink_is_dropped_with_one_error_and_the_others_keep_logging(tmp_path, caplog):

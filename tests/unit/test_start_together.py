@@ -26,9 +26,9 @@ class View:
 def waited(arrivals: dict[float, tuple[int, str]], want: int = 2, timeout_s: float = 60.0,
            num_stages: int = 3) -> tuple[float, types.SimpleNamespace]:
     node = types.SimpleNamespace(config=NodeConfig(wait_for_peers_per_stage=want,
-                                                   startup_timeout_s=timeout_s),
-                                 membership=View(arrivals), spec=types.SimpleNamespace(num_stages=num_stages),
-                                 stage=0, peer_id="Qself", _training_since=None, _training_started_unix=None)
+                                                   startup_timeout_s=timeout_s), membership=View(arrivals),
+                                 spec=types.SimpleNamespace(num_stages=num_stages), stage=0, peer_id="Qself",
+                                 _training_since=None, _training_started_unix=None)
 
     async def scenario():
         await Node._wait_for_peers(node)
