@@ -91,6 +91,7 @@ class NextHop:
                 grad, loss = await self.wire(self._check_gradient, raw, shape)
                 self.guard.succeeded(peer)
                 self.round_trips.note(peer, shape[0], clock() - sent)
+                self.stats.to_next.note(len(payload), len(raw), targets.numel())
                 return grad, loss
             except PeerRefused as exc:
                 tried.add(peer)
