@@ -96,7 +96,7 @@ class InFlightWindow:
 
     def deadline_s(self, in_flight: int, floor_s: float, cap_s: float) -> float:
         """A hop's deadline with ``in_flight`` of ours in the pipeline, this one included."""
-        rate = self.link_rate()
-        if rate is None:
+        if not self.rates:
             return min(cap_s, floor_s * max(1, in_flight))
+        rate = statistics.median(self.rates)  # the typical pace: a burst of completions must not shorten it
         return min(cap_s, max(floor_s, DEADLINE_GAIN * max(1, in_flight) / rate))

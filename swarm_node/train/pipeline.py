@@ -97,6 +97,8 @@ class Pipeline:
         self.queue = 0  # forward requests being served
         self.in_flight = 0  # our own micro-batches in the pipeline (stage 0)
         self.window = InFlightWindow(config.max_in_flight)
+        self.window_size = 0  # stage 0: the window as last sized, and the last hop's deadline (for /api/status)
+        self.hop_deadline_s = 0.0
         self._turns = FairTurns()  # the previous stage's peers share our compute in turn
         self._own_output_logged = False
         self._slot_freed = asyncio.Event()  # one of our micro-batches is done (stage 0)
@@ -116,7 +118,8 @@ class Pipeline:
             await transport.serve(protocols.FORWARD, self.handle_forward,
                                   ServeLimits(max_request_bytes=self.max_request_bytes, max_per_peer=FORWARD_PER_CALLER,
                                               max_concurrent=self.config.max_queue,
-                                              handler_timeout_s=self._handler_timeout_s()),
+                                              handler_timeout_s=self._handler_timeout_s(), paced_request=True,
+                                              paced_response=True),
                                   authorize=authorize)
 
     def _handler_timeout_s(self) -> float:
@@ -174,10 +177,12 @@ class Pipeline:
         accepts = self.config.max_in_flight if self.worker.is_last else len(self.next_peers()) * FORWARD_PER_CALLER
         clock = asyncio.get_running_loop().time
         waited_from = None
-        while self.in_flight >= self.window.size(accepts):
+        while self.in_flight >= (size := self.window.size(accepts)):
+            self.window_size = size
             waited_from = clock() if waited_from is None else waited_from
             self._slot_freed.clear()
             await self._slot_freed.wait()
+        self.window_size = size
         if waited_from is not None:
             self.stats.link_wait_s += clock() - waited_from
 
@@ -218,7 +223,7 @@ class Pipeline:
             else:
                 clock = asyncio.get_running_loop().time
                 mark = self.window.sent(clock())
-                deadline_s = self.window.deadline_s(self.in_flight, self.config.hop_timeout_s,
+                deadline_s = self.hop_deadline_s = self.window.deadline_s(self.in_flight, self.config.hop_timeout_s,
                                                     self.config.max_hop_deadline_s)
                 try:
                     _, due, compute_s, wait_s = await self._hop(inputs, targets, deadline_s)

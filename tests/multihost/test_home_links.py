@@ -16,7 +16,8 @@ in the window are its rate times the window less everything else that crossed it
 (outer payloads, the DHT, TCP/IP and stream headers: the host's sent bytes less the
 boundary's), and the stage's capacity is the least of the two directions' sums.
 
-Slow tier: runs of several minutes on real hosts (tests/netbed)."""
+The volunteers compute at their full share (a link, not a resting CPU, is what is
+measured). Slow tier: runs of several minutes on real hosts (tests/netbed)."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ def test_a_link_bound_pipeline_runs_at_the_links_rate(bed, tmp_path, rate_mbit, 
 
     boot = BootstrapOnHost(bed, host("boot"), tmp_path, "--run-spec", str(_spec(tmp_path, codec)))
     line = boot.join_line()
-    volunteers = [Volunteer(bed, host(f"v{i}"), tmp_path, line, "--http-port", str(NODE_HTTP_PORT))
+    volunteers = [Volunteer(bed, host(f"v{i}"), tmp_path, line, "--http-port", str(NODE_HTTP_PORT), full_speed=True)
                   for i in range(VOLUNTEERS)]
 
     def joined():
@@ -88,6 +89,7 @@ def test_a_link_bound_pipeline_runs_at_the_links_rate(bed, tmp_path, rate_mbit, 
         rows.append({"host": name, "stage": now["stage"], "lost": stats["microbatches_lost"], "rounds": rounds,
                      "partnered": partnered, "bytes_per_token": round(per_token), "other_kb": round(other / 1e3),
                      "tokens_crossed": moved, "link_wait": stats["link_wait_share"],
+                     "window": stats["in_flight_window"], "deadline_s": stats["hop_deadline_s"],
                      "boundaries": stats["boundaries"]})
     tokens_s, capacity_s = tokens / window_s, min(up, down) / window_s
     guard_lines = {v.host.name: GUARD_LINE.findall(v.text()) for v in volunteers}
