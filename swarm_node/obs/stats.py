@@ -64,7 +64,7 @@ class NodeStats:
     # before (the micro-batches it serves)
     to_next: BoundaryBytes = field(default_factory=BoundaryBytes)
     from_previous: BoundaryBytes = field(default_factory=BoundaryBytes)
-    link_wait_s: float = 0.0  # stage 0: seconds it held a full window, waiting on its link and the stages after
+    link_wait_s: float = 0.0  # stage 0: seconds it held a full window (its link's and the later stages' time)
 
     def boundaries(self, stage: int | None) -> dict[str, dict[str, float]]:
         """Bytes per token across each boundary this node crossed, by boundary ("0-1")."""

@@ -20,16 +20,17 @@ each: a fifth is answered busy; routing/chooser.py sends a peer no more than tha
 Until both times are measured it is ``MIN_WINDOW``.
 
 On a slow link the link, not the compute, sets the pace, and micro-batches beyond what
-it moves only queue behind each other on it. So the window is also held to the link's
-bandwidth-delay product plus one: the rate at which our hops complete (BBR's delivery
-rate: the micro-batches completed while one was out, over its time out; the most of the
-recent samples, as a window-limited sample only underestimates) times the least time a
-micro-batch is out, plus one to probe for more. A compute-bound stage completes at its
-compute's pace, and this figure is then the compute window's.
+it moves only queue behind each other on it, and each one more takes a share of the
+uplink from the outer payloads (paced flows share it alike). So the window is also held
+to the link's bandwidth-delay product plus one: the rate at which our hops complete
+(BBR's delivery rate: the micro-batches completed while one was out, over its time out;
+the most of the recent samples, as a window-limited sample only underestimates) times
+the least time a micro-batch is out, plus one to probe for more. A compute-bound stage
+completes at its compute's pace, and this figure is then about the compute window's.
 
 A hop's deadline is about a stall, not a full honest link: the micro-batches in flight
 cross the link one after another, so a hop is given ``DEADLINE_GAIN`` times the time the
-link takes to move them all at the measured rate, never less than the floor
+link takes to move them all at the typical (median) rate, never less than the floor
 (NodeConfig.hop_timeout_s; unmeasured, the floor for each micro-batch in flight) nor
 more than the cap (NodeConfig.max_hop_deadline_s, which is also the most a caller may
 ask of a stage that serves it)."""
@@ -51,7 +52,7 @@ class InFlightWindow:
     max_in_flight: int
     compute_s: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT))
     wait_s: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT))
-    rates: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT))  # delivery rates, micro-batches/s
+    rates: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT))  # micro-batches/s delivered
     completed: int = 0  # micro-batches delivered (the delivery-rate samples count them)
 
     def __post_init__(self) -> None:

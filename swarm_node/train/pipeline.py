@@ -97,7 +97,7 @@ class Pipeline:
         self.queue = 0  # forward requests being served
         self.in_flight = 0  # our own micro-batches in the pipeline (stage 0)
         self.window = InFlightWindow(config.max_in_flight)
-        self.window_size = 0  # stage 0: the window as last sized, and the last hop's deadline (for /api/status)
+        self.window_size = 0  # stage 0: the window as last sized and the last hop's deadline (/api/status)
         self.hop_deadline_s = 0.0
         self._turns = FairTurns()  # the previous stage's peers share our compute in turn
         self._own_output_logged = False
@@ -223,8 +223,9 @@ class Pipeline:
             else:
                 clock = asyncio.get_running_loop().time
                 mark = self.window.sent(clock())
-                deadline_s = self.hop_deadline_s = self.window.deadline_s(self.in_flight, self.config.hop_timeout_s,
+                deadline_s = self.window.deadline_s(self.in_flight, self.config.hop_timeout_s,
                                                     self.config.max_hop_deadline_s)
+                self.hop_deadline_s = deadline_s
                 try:
                     _, due, compute_s, wait_s = await self._hop(inputs, targets, deadline_s)
                 except MicrobatchLost:

@@ -28,10 +28,11 @@ from swarm_node.train.worker import StageWorker
 from swarm_node.wire.activations import encode_activations
 from swarm_node.wire.frames import decode_frame, encode_frame
 
-SPEC = RunSpec(run_id="slowlink", model_size="debug", num_stages=2, seq_len=16, batch_size=4, samples_per_step=4,
-               data=DataSpec(kind="synthetic"), method=default_method("noloco", inner_steps=50))
-MIDDLE_SPEC = RunSpec(run_id="slowlink", model_size="debug", num_stages=3, layers_per_stage=(0, 1, 1), seq_len=16,
-                      batch_size=4, samples_per_step=4, data=DataSpec(kind="synthetic"),
+SPEC = RunSpec(run_id="slowlink", model_size="debug", num_stages=2, seq_len=16, batch_size=4,
+               samples_per_step=4, data=DataSpec(kind="synthetic"),
+               method=default_method("noloco", inner_steps=50))
+MIDDLE_SPEC = RunSpec(run_id="slowlink", model_size="debug", num_stages=3, layers_per_stage=(0, 1, 1),
+                      seq_len=16, batch_size=4, samples_per_step=4, data=DataSpec(kind="synthetic"),
                       method=default_method("noloco", inner_steps=50))
 TX_S = 12.0  # one micro-batch's request (or answer) on its uplink
 MICROBATCHES = 20
@@ -92,14 +93,16 @@ def test_a_link_bound_stage_0_loses_nothing_and_keeps_its_link_busy():
     assert stats.microbatches_lost == 0 and stats.microbatches_done == MICROBATCHES
     link_allows = SPEC.batch_size * SPEC.seq_len / TX_S  # tokens/s: one micro-batch each TX_S up
     assert stats.tokens / elapsed_s >= 0.8 * link_allows, (stats.tokens / elapsed_s, link_allows)
-    assert next_stage.most_out <= 4  # no more out than the link moves in good time (8 would be the cap)
+    # no more out than the link holds (2: one each way) and one more, give or take a burst; 8 is the cap
+    assert next_stage.most_out <= 4
     # the figures /api/status shows: every request and answer byte, per token; stage 0 waited on its link
     tokens = MICROBATCHES * SPEC.batch_size * SPEC.seq_len
     assert stats.to_next.tokens == tokens and stats.to_next.received == MICROBATCHES * len(answer)
     assert stats.to_next.sent > MICROBATCHES * 4 * 16 * worker.model_config.hidden_size * 2
     assert stats.boundaries(0) == {"0-1": {"sent": round(stats.to_next.sent / tokens, 2),
                                            "received": round(len(answer) / 64, 2), "tokens": tokens}}
-    assert 0.8 <= stats.link_wait_s / elapsed_s <= 1.0
+    # blocked on a full window all along, but for the drain at the end (the window's last few)
+    assert 0.7 <= stats.link_wait_s / elapsed_s <= 1.0
 
 
 class RecordingNextStage:
@@ -124,8 +127,9 @@ def test_a_middle_stage_gives_its_hop_the_deadline_its_caller_asked_within_the_c
     server = middle.pipeline()
     g = torch.Generator().manual_seed(0)
     inputs, targets = (torch.randint(0, 16, (4, 16), generator=g) for _ in range(2))
+    activations = StageWorker(MIDDLE_SPEC, 0, 16).forward(inputs)
     request = forward_request({"kind": "fwd", "spec": MIDDLE_SPEC.spec_hash(), "deadline_s": asked_s},
-                              StageWorker(MIDDLE_SPEC, 0, 16).forward(inputs), targets, MIDDLE_SPEC.activation_codec)
+                              activations, targets, MIDDLE_SPEC.activation_codec)
     answer, _ = decode_frame(vclock.run(server.handle_forward("QmFirst", request)))
     assert answer["ok"] is False  # the next stage is gone: what matters is the time it was given
     assert next_stage.timeouts == [pytest.approx(expected_s)]

@@ -48,15 +48,17 @@ def test_a_link_bound_pipeline_runs_at_the_links_rate(bed, tmp_path, rate_mbit, 
 
     boot = BootstrapOnHost(bed, host("boot"), tmp_path, "--run-spec", str(_spec(tmp_path, codec)))
     line = boot.join_line()
-    volunteers = [Volunteer(bed, host(f"v{i}"), tmp_path, line, "--http-port", str(NODE_HTTP_PORT), full_speed=True)
+    # as docs/VOLUNTEERS.md tells volunteers on slow links: the outer exchange's deadline
+    extra = ("--http-port", str(NODE_HTTP_PORT), "--slowest-link-mbit", f"{rate_mbit:g}")
+    volunteers = [Volunteer(bed, host(f"v{i}"), tmp_path, line, *extra, full_speed=True)
                   for i in range(VOLUNTEERS)]
 
     def joined():
         for v in volunteers:
             assert v.process.poll() is None, f"volunteer {v.host.name} exited:\n{v.text()[-3000:]}"
         peers = boot.peers()
-        return (len(peers) == VOLUNTEERS and all(p["verified"] for p in peers) and all(map(_stage, volunteers))
-                and all(_status(bed, v) for v in volunteers))
+        return (len(peers) == VOLUNTEERS and all(p["verified"] for p in peers)
+                and all(map(_stage, volunteers)) and all(_status(bed, v) for v in volunteers))
 
     wait_for(joined, 600, "four volunteers to join", tmp_path)
     before = {v.host.name: (_status(bed, v), bed.tx_bytes(v.host)) for v in volunteers}
@@ -86,8 +88,9 @@ def test_a_link_bound_pipeline_runs_at_the_links_rate(bed, tmp_path, rate_mbit, 
             down += capacity
         rounds = now["outer_round"] - then["outer_round"]
         partnered = stats["rounds_with_partner"] - was["rounds_with_partner"]
-        rows.append({"host": name, "stage": now["stage"], "lost": stats["microbatches_lost"], "rounds": rounds,
-                     "partnered": partnered, "bytes_per_token": round(per_token), "other_kb": round(other / 1e3),
+        rows.append({"host": name, "stage": now["stage"], "lost": stats["microbatches_lost"],
+                     "rounds": rounds, "partnered": partnered, "bytes_per_token": round(per_token),
+                     "other_kb": round(other / 1e3),
                      "tokens_crossed": moved, "link_wait": stats["link_wait_share"],
                      "window": stats["in_flight_window"], "deadline_s": stats["hop_deadline_s"],
                      "boundaries": stats["boundaries"]})
@@ -95,7 +98,8 @@ def test_a_link_bound_pipeline_runs_at_the_links_rate(bed, tmp_path, rate_mbit, 
     guard_lines = {v.host.name: GUARD_LINE.findall(v.text()) for v in volunteers}
     guard_lines["boot"] = GUARD_LINE.findall(boot.log.read_text(errors="replace"))
     print(f"{rate_mbit:g} Mbit/s {codec}, {QUEUE_MS:g} ms queue: stage 0 {tokens_s:.0f} tokens/s over "
-          f"{window_s:.0f} s, the links allow {capacity_s:.0f} (up {up / window_s:.0f}, down {down / window_s:.0f}): "
+          f"{window_s:.0f} s, the links allow {capacity_s:.0f} "
+          f"(up {up / window_s:.0f}, down {down / window_s:.0f}): "
           f"{tokens_s / capacity_s:.0%}; per node: {rows}; guard lines: {guard_lines}")
     assert sorted(p["stage"] for p in peers) == [0, 0, 1, 1], peers
     assert all(p["verified"] and p["state"] == "training" for p in peers), peers  # every volunteer live
