@@ -31,7 +31,7 @@ completes at its compute's pace, and this figure is then about the compute windo
 A hop's deadline is about a stall, not a full honest link: the micro-batches in flight
 cross the link one after another, so a hop is given ``DEADLINE_GAIN`` times the time the
 link takes to move them all at the typical (median) rate, never less than the floor
-(NodeConfig.hop_timeout_s; unmeasured, the floor for each micro-batch in flight) nor
+(NodeConfig.hop_timeout_s; unmeasured, each micro-batch in flight is taken to need it) nor
 more than the cap (NodeConfig.max_hop_deadline_s, which is also the most a caller may
 ask of a stage that serves it)."""
 
@@ -97,7 +97,7 @@ class InFlightWindow:
 
     def deadline_s(self, in_flight: int, floor_s: float, cap_s: float) -> float:
         """A hop's deadline with ``in_flight`` of ours in the pipeline, this one included."""
-        if not self.rates:
-            return min(cap_s, floor_s * max(1, in_flight))
+        if not self.rates:  # unmeasured: each micro-batch in flight taken to need the floor on the link
+            return min(cap_s, DEADLINE_GAIN * floor_s * max(1, in_flight))
         rate = statistics.median(self.rates)  # the typical pace: a burst of completions must not shorten it
         return min(cap_s, max(floor_s, DEADLINE_GAIN * max(1, in_flight) / rate))

@@ -1,7 +1,7 @@
 """A link-bound pipeline runs at its link's rate; honest volunteers on full home links
 are not taken for attackers. The bundled run (examples/tiny-corpus.toml: 2 stages, 1 MB
-of fp16 activations a micro-batch; here with rounds of 4 inner steps, so that the
-measured window holds some) with four volunteers, every access link (the bootstrap's
+of fp16 activations a micro-batch; here with rounds of 2 inner steps per Mbit/s, so
+that the measured window holds some) with four volunteers, every access link (the bootstrap's
 too) at 2 Mbit/s, then 1 Mbit/s, each way behind a home router's 400 ms queue, with fp16
 and int8 activations: a micro-batch takes seconds to cross, several share each uplink
 with outer payloads and the DHT.
@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 QUEUE_MS = 400.0
 VOLUNTEERS = 4
 WINDOW_S = 300.0
-INNER_STEPS = 4  # the bundled run's 50 take a quarter of an hour a round on such links
+INNER_STEPS_PER_MBIT = 2  # the bundled run's 50 take a quarter of an hour a round on such links
 NODE_HTTP_PORT = 8081
 LINK_SHARE = 0.8  # of what the links allow, stage 0 must train at least this
 # What net/guard.py logs about a peer it ignores, bans, or refuses at the stream gate.
@@ -46,7 +46,7 @@ def test_a_link_bound_pipeline_runs_at_the_links_rate(bed, tmp_path, rate_mbit, 
     def host(name: str):
         return bed.add_host(name, rate_mbit=rate_mbit, queue_ms=QUEUE_MS)
 
-    boot = BootstrapOnHost(bed, host("boot"), tmp_path, "--run-spec", str(_spec(tmp_path, codec)))
+    boot = BootstrapOnHost(bed, host("boot"), tmp_path, "--run-spec", str(_spec(tmp_path, codec, round(INNER_STEPS_PER_MBIT * rate_mbit))))
     line = boot.join_line()
     # as docs/VOLUNTEERS.md tells volunteers on slow links: the outer exchange's deadline
     extra = ("--http-port", str(NODE_HTTP_PORT), "--slowest-link-mbit", f"{rate_mbit:g}")
@@ -109,9 +109,9 @@ def test_a_link_bound_pipeline_runs_at_the_links_rate(bed, tmp_path, rate_mbit, 
     assert tokens_s >= LINK_SHARE * capacity_s, rows
 
 
-def _spec(workdir, codec: str):
+def _spec(workdir, codec: str, inner_steps: int):
     text = (REPO / "examples" / "tiny-corpus.toml").read_text()
-    text = re.sub(r"(?m)^inner_steps = \d+", f"inner_steps = {INNER_STEPS}", text)
+    text = re.sub(r"(?m)^inner_steps = \d+", f"inner_steps = {inner_steps}", text)
     text = re.sub(r"(?m)^seed = 0$", f'seed = 0\nactivation_codec = "{codec}"', text)
     path = workdir / f"tiny-corpus-{codec}.toml"
     path.write_text(text)

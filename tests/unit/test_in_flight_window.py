@@ -82,7 +82,7 @@ def test_a_compute_bound_stage_keeps_its_compute_window():
 
 def test_a_hop_deadline_stretches_with_the_link_not_with_a_stall():
     window = InFlightWindow(16)
-    assert window.deadline_s(3, floor_s=30.0, cap_s=300.0) == 90.0  # unmeasured: the floor for each out
+    assert window.deadline_s(2, floor_s=30.0, cap_s=300.0) == 180.0  # unmeasured: 3x the floor for each out
     assert window.deadline_s(30, floor_s=30.0, cap_s=300.0) == 300.0
     window.delivered(window.sent(0.0), 8.0)  # one micro-batch in 8 s
     assert window.deadline_s(4, floor_s=30.0, cap_s=300.0) == pytest.approx(96.0)  # 3 x 4 x 8 s
