@@ -59,6 +59,9 @@ class NodeConfig:
     max_in_flight: int = 8
     max_queue: int = 32  # micro-batches a node accepts at once before answering busy
     hop_timeout_s: float = 30.0  # deadline of one micro-batch through the rest of the pipeline
+    # A slow link stretches that deadline (routing/window.py), to at most this; the most a
+    # caller may ask of us for one micro-batch, too.
+    max_hop_deadline_s: float = 300.0
     hop_retries: int = 3
     round_timeout_s: float = 20.0  # how long to seek a partner before the local-only step
     # floor of an outer exchange's deadline; larger stages get more, see below
@@ -127,6 +130,8 @@ class NodeConfig:
             raise ValueError("slowest_link_mbit_s must be positive")
         if not (self.state_stall_s > 0 and self.state_min_mbit_s > 0):
             raise ValueError("state_stall_s and state_min_mbit_s must be positive")
+        if self.max_hop_deadline_s < self.hop_timeout_s:
+            raise ValueError("max_hop_deadline_s must be at least hop_timeout_s")
         if self.checkpoint_every_rounds < 1:
             raise ValueError("checkpoint_every_rounds must be >= 1")
         if self.record_ttl_s > MAX_RECORD_TTL_S:

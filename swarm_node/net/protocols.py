@@ -1,7 +1,9 @@
 """Protocol names of the node's stream handlers; docs/PROTOCOL.md documents each message.
 The version suffix changes whenever a message layout changes."""
 
-FORWARD = "/swarm-node/forward/2.0.0"  # activations + targets in, input gradient + loss out
+# activations + targets in, input gradient + loss out; both bodies paced (3.0, net/pacing.py),
+# so that on a full home uplink proposals, heartbeats and outer payloads pass beside them
+FORWARD = "/swarm-node/forward/3.0.0"
 PAIR = "/swarm-node/pair/1.0.0"  # a few bytes: "pair with me this round?", answered before any payload moves
 # phi + Delta, one exchange per round, only after PAIR accepts: the caller's payload goes
 # in on OUTER (paced; the answer is the partner's verdict) while it fetches the partner's

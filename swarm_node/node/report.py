@@ -116,9 +116,18 @@ class NodeReport:
                 "bytes_received": transport.bytes_received if transport else 0,
                 "round_held_s": round(n.gate.held_s, 3),
                 "training_s": round(n.worker.training_s, 3) if n.worker else 0.0, **asdict(n.stats),
+                "boundaries": n.stats.boundaries(n.stage), "link_wait_share": self._link_wait_share(),
+                "in_flight_window": n.pipeline.window_size if n.pipeline else 0,
+                "hop_deadline_s": round(n.pipeline.hop_deadline_s, 1) if n.pipeline else 0.0,
                 "data": n.data.status() if n.data is not None else None,
                 "refusals": n.guard.refusals.as_dict(),
                 **{f"dht_{k}": v for k, v in (asdict(n.dht.ops) if n.dht else {}).items()}}
+
+    def _link_wait_share(self) -> float:
+        """Of the time since training began, the share stage 0 held a full window."""
+        since = self.node._training_since
+        elapsed = time.monotonic() - since if since is not None else 0.0
+        return round(min(1.0, self.node.stats.link_wait_s / elapsed), 4) if elapsed > 0 else 0.0
 
     def health(self) -> tuple[str, bool]:
         n = self.node

@@ -41,6 +41,14 @@ def node_metrics_text(record: PeerRecord, summary: dict, *, run_id: str, version
                [(labels, record.loss if record.loss is not None else math.nan)])
     for key, help_text in COUNTERS:
         out.metric(f"swarm_node_{key}", "counter", help_text, [(labels, int(summary.get(key, 0)))])
+    boundaries = summary.get("boundaries") or {}
+    out.metric("swarm_node_boundary_bytes_per_token", "gauge", "Bytes a token moved across a stage boundary "
+               "this node is on, each way (activations or gradients, scales, headers, targets).",
+               [({**labels, "boundary": b, "direction": d}, per[d]) for b, per in boundaries.items()
+                for d in ("sent", "received")])
+    out.metric("swarm_node_link_wait_share", "gauge", "Stage 0: share of the time since training began "
+               "that it held a full window, waiting on its link and the stages after.",
+               [(labels, float(summary.get("link_wait_share", 0.0)))])
     refusals = summary.get("refusals") or {}
     out.metric("swarm_node_refusals", "counter", "What this node refused of other peers, by reason "
                "(docs/PROTOCOL.md 2.2).", [({**labels, "reason": r}, int(refusals.get(r,

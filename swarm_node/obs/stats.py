@@ -7,6 +7,26 @@ from dataclasses import dataclass, field
 
 
 @dataclass
+class BoundaryBytes:
+    """What crossed one stage boundary at this node, for the micro-batches that crossed
+    it both ways: frame bytes sent and received (values, scales, headers, targets), and
+    their tokens."""
+    sent: int = 0
+    received: int = 0
+    tokens: int = 0
+
+    def note(self, sent: int, received: int, tokens: int) -> None:
+        self.sent += sent
+        self.received += received
+        self.tokens += tokens
+
+    def per_token(self) -> dict[str, float]:
+        tokens = max(1, self.tokens)
+        return {"sent": round(self.sent / tokens, 2), "received": round(self.received / tokens, 2),
+                "tokens": self.tokens}
+
+
+@dataclass
 class NodeStats:
     microbatches_done: int = 0
     microbatches_lost: int = 0
@@ -41,6 +61,20 @@ class NodeStats:
     # steps held after a boundary for the partner's Delta, the last exchange having
     # outlasted its steps (a wait moved from the next boundary, not an added one)
     round_waited_first_s: float = 0.0
+    # the boundaries this node's stage shares with the next stage (its hops) and the one
+    # before (the micro-batches it serves)
+    to_next: BoundaryBytes = field(default_factory=BoundaryBytes)
+    from_previous: BoundaryBytes = field(default_factory=BoundaryBytes)
+    link_wait_s: float = 0.0  # stage 0: seconds it held a full window (its link's and the later stages' time)
+
+    def boundaries(self, stage: int | None) -> dict[str, dict[str, float]]:
+        """Bytes per token across each boundary this node crossed, by boundary ("0-1")."""
+        out = {}
+        if stage is not None and self.to_next.tokens:
+            out[f"{stage}-{stage + 1}"] = self.to_next.per_token()
+        if stage is not None and self.from_previous.tokens:
+            out[f"{stage - 1}-{stage}"] = self.from_previous.per_token()
+        return out
 
     def __post_init__(self) -> None:
         # not a field: the summary lists counters; the record carries this separately

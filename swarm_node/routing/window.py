@@ -1,5 +1,6 @@
 """How many micro-batches stage 0 keeps in the pipeline: enough that its compute never
-waits for an answer, and no more.
+waits for an answer, no more than its link moves in good time, and how long each may
+take before it counts as lost.
 
 A micro-batch is out for the wait between its forward and its backward (encoding, the
 hops there and back, the later stages' compute, decoding); stage 0 computes for
@@ -16,7 +17,23 @@ the next stage queues our own micro-batches must not make us send more of them
 (BBR's reasoning for its minimum round trip). The window never exceeds the node's
 ``max_in_flight`` nor what the next stage's peers accept from one caller at once (4
 each: a fifth is answered busy; routing/chooser.py sends a peer no more than that).
-Until both times are measured it is ``MIN_WINDOW``."""
+Until both times are measured it is ``MIN_WINDOW``.
+
+On a slow link the link, not the compute, sets the pace, and micro-batches beyond what
+it moves only queue behind each other on it, and each one more takes a share of the
+uplink from the outer payloads (paced flows share it alike). So the window is also held
+to the link's bandwidth-delay product plus one: the rate at which our hops complete
+(BBR's delivery rate: the micro-batches completed while one was out, over its time out;
+the most of the recent samples, as a window-limited sample only underestimates) times
+the least time a micro-batch is out, plus one to probe for more. A compute-bound stage
+completes at its compute's pace, and this figure is then about the compute window's.
+
+A hop's deadline is about a stall, not a full honest link: the micro-batches in flight
+cross the link one after another, so a hop is given ``DEADLINE_GAIN`` times the time the
+link takes to move them all at the typical (median) rate, never less than the floor
+(NodeConfig.hop_timeout_s; unmeasured, each micro-batch in flight is taken to need it) nor
+more than the cap (NodeConfig.max_hop_deadline_s, which is also the most a caller may
+ask of a stage that serves it)."""
 
 from __future__ import annotations
 
@@ -27,6 +44,7 @@ from dataclasses import dataclass, field
 
 MIN_WINDOW = 2
 RECENT = 32  # micro-batches whose times count
+DEADLINE_GAIN = 3.0  # a hop's deadline over the time the link takes for what is in flight
 
 
 @dataclass
@@ -34,6 +52,8 @@ class InFlightWindow:
     max_in_flight: int
     compute_s: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT))
     wait_s: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT))
+    rates: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT))  # micro-batches/s delivered
+    completed: int = 0  # micro-batches delivered (the delivery-rate samples count them)
 
     def __post_init__(self) -> None:
         if self.max_in_flight < 1:
@@ -46,6 +66,21 @@ class InFlightWindow:
             self.compute_s.append(compute_s)
             self.wait_s.append(wait_s)
 
+    def sent(self, now: float) -> tuple[int, float]:
+        """A micro-batch goes out: the mark its delivery-rate sample is taken against."""
+        return self.completed, now
+
+    def delivered(self, mark: tuple[int, float], now: float) -> None:
+        """The micro-batch sent at ``mark`` came back at ``now``: a delivery-rate sample."""
+        self.completed += 1
+        completed_then, sent_at = mark
+        if now > sent_at:
+            self.rates.append((self.completed - completed_then) / (now - sent_at))
+
+    def link_rate(self) -> float | None:
+        """Micro-batches a second our hops deliver at best lately; None until measured."""
+        return max(self.rates) if self.rates else None
+
     def size(self, next_stage_accepts: int) -> int:
         """Micro-batches to keep in flight; ``next_stage_accepts``: how many the next
         stage's live peers take from us at once (their count times each one's cap)."""
@@ -53,5 +88,16 @@ class InFlightWindow:
         if not self.compute_s:
             return min(MIN_WINDOW, cap)
         compute_s = statistics.median(self.compute_s)
-        needed = math.ceil((compute_s + min(self.wait_s)) / compute_s) + 1
+        out_s = compute_s + min(self.wait_s)
+        needed = math.ceil(out_s / compute_s) + 1
+        rate = self.link_rate()
+        if rate is not None:
+            needed = min(needed, math.ceil(rate * out_s) + 1)
         return max(min(MIN_WINDOW, cap), min(needed, cap))
+
+    def deadline_s(self, in_flight: int, floor_s: float, cap_s: float) -> float:
+        """A hop's deadline with ``in_flight`` of ours in the pipeline, this one included."""
+        if not self.rates:  # unmeasured: each micro-batch in flight taken to need the floor on the link
+            return min(cap_s, DEADLINE_GAIN * floor_s * max(1, in_flight))
+        rate = statistics.median(self.rates)  # the typical pace: a burst of completions must not shorten it
+        return min(cap_s, max(floor_s, DEADLINE_GAIN * max(1, in_flight) / rate))

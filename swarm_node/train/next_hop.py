@@ -90,10 +90,12 @@ class NextHop:
             try:
                 sent = clock()
                 raw = await self.transport.request(peer, protocols.FORWARD, payload, timeout_s=remaining,
-                                                   max_response_bytes=len(payload) + (1 << 16))
+                                                   max_response_bytes=len(payload) + (1 << 16),
+                                                   paced_request=True, paced_response=True)
                 grad, loss = await self.wire(self._check_gradient, raw, shape)
                 self.guard.succeeded(peer)
                 self.round_trips.note(peer, shape[0], clock() - sent)
+                self.stats.to_next.note(len(payload), len(raw), targets.numel())
                 return grad, loss
             except PeerRefused as exc:
                 tried.add(peer)

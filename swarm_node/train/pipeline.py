@@ -11,7 +11,9 @@ a lost micro-batch. Every stage steps its inner optimizer when enough samples ar
 
 A failed hop is retried with another peer within the micro-batch's deadline; the
 failed peer is banned (net/guard.py), except for a single stream reset, which is
-retried at once. A micro-batch whose deadline passes is lost and counted.
+retried at once. A micro-batch whose deadline passes is lost and counted. Stage 0's
+deadline stretches with its link's measured pace (routing/window.py); a stage serving
+the one before takes the deadline its request carries, up to max_hop_deadline_s.
 
 Forwards, backwards and steps run on the compute thread; encoding and decoding what
 crosses the boundary runs on the wire thread beside it (train/compute.py; the work
@@ -98,6 +100,8 @@ class Pipeline:
         self.queue = 0  # forward requests being served
         self.in_flight = 0  # our own micro-batches in the pipeline (stage 0)
         self.window = InFlightWindow(config.max_in_flight)
+        self.window_size = 0  # stage 0: the window as last sized and the last hop's deadline (/api/status)
+        self.hop_deadline_s = 0.0
         self._turns = FairTurns()  # the previous stage's peers share our compute in turn
         self._own_output_logged = False
         self._slot_freed = asyncio.Event()  # one of our micro-batches is done (stage 0)
@@ -118,8 +122,13 @@ class Pipeline:
                                   ServeLimits(max_request_bytes=self.max_request_bytes,
                                               max_per_peer=FORWARD_PER_CALLER,
                                               max_concurrent=self.config.max_queue,
-                                              handler_timeout_s=self.config.hop_timeout_s * 2),
+                                              handler_timeout_s=self._handler_timeout_s(), paced_request=True,
+                                              paced_response=True),
                                   authorize=authorize)
+
+    def _handler_timeout_s(self) -> float:
+        """A last stage only computes; a middle one hops on within what its caller asked."""
+        return self.config.hop_timeout_s * 2 if self.worker.is_last else self.config.max_hop_deadline_s * 1.1
 
     # -- stage 0 -----------------------------------------------------------------------
     def open_data(self, data: RunData, peer_id: str, resumed: dict | None,
@@ -169,12 +178,19 @@ class Pipeline:
         await finished()
 
     async def _free_slot(self) -> None:
-        accepts = (
-            self.config.max_in_flight if self.worker.is_last else len(self.next_peers()) * FORWARD_PER_CALLER
-        )
-        while self.in_flight >= self.window.size(accepts):
+        """Wait for room in the window; the time waited is the link's (and the stages after)."""
+        accepts = (self.config.max_in_flight if self.worker.is_last
+                   else len(self.next_peers()) * FORWARD_PER_CALLER)
+        clock = asyncio.get_running_loop().time
+        waited_from = None
+        while self.in_flight >= (size := self.window.size(accepts)):
+            self.window_size = size
+            waited_from = clock() if waited_from is None else waited_from
             self._slot_freed.clear()
             await self._slot_freed.wait()
+        self.window_size = size
+        if waited_from is not None:
+            self.stats.link_wait_s += clock() - waited_from
 
     async def _next_stage_known(self) -> None:
         """Stage 0 draws a micro-batch only while some next-stage peer can take it: the
@@ -214,10 +230,16 @@ class Pipeline:
             else:
                 if self.worker.boundary is not None:  # the window's ids travel instead of the targets
                     targets = window_ids(inputs, targets)
+                clock = asyncio.get_running_loop().time
+                mark = self.window.sent(clock())
+                deadline_s = self.window.deadline_s(self.in_flight, self.config.hop_timeout_s,
+                                                    self.config.max_hop_deadline_s)
+                self.hop_deadline_s = deadline_s
                 try:
-                    _, due, compute_s, wait_s, _ = await self._hop(inputs, targets, self.config.hop_timeout_s)
+                    _, due, compute_s, wait_s, _ = await self._hop(inputs, targets, deadline_s)
                 except MicrobatchLost:
                     return
+                self.window.delivered(mark, clock())
             self.window.note(compute_s, wait_s)
             self.throughput = throughput_ema(self.throughput, len(inputs), time.perf_counter() - started)
             self.stats.microbatches_done += 1
@@ -279,7 +301,8 @@ class Pipeline:
         async with turn():
             (outgoing, shape), forward_s = await self.compute(timed, forward_to_host, self.worker, inputs,
                                                               self.worker.wire_codec, targets)
-        sent = time.perf_counter()
+        clock = asyncio.get_running_loop().time  # the wait is the link's: a test's virtual clock
+        sent = clock()
         try:
             grad_out, loss = await self.next_hop.send(outgoing, shape, targets, timeout_s)
         except OwnOutputNotFinite as exc:
@@ -291,7 +314,7 @@ class Pipeline:
             log.info("micro-batch lost: %s", exc)
             raise MicrobatchLost(f"downstream: {exc}") from exc
         self._note_loss(loss)
-        wait_s = time.perf_counter() - sent
+        wait_s = clock() - sent
         async with turn():
             (grad, due), backward_s = await self.compute(timed, backward_step, self.worker, inputs, grad_out,
                                                          codec, targets)
@@ -324,7 +347,7 @@ class Pipeline:
         try:
             deadline_s, hidden, targets = await self.wire(self._decode_forward, request)
             started = time.perf_counter()
-            budget = min(deadline_s, self.config.hop_timeout_s)
+            budget = min(deadline_s, self.config.max_hop_deadline_s)  # what the caller asked, capped
             codec = self.worker.wire_codec
             if self.worker.is_last:
                 async with self._turns.turn(remote):
@@ -335,7 +358,9 @@ class Pipeline:
             self.throughput = throughput_ema(self.throughput, len(hidden), time.perf_counter() - started)
             self.stats.microbatches_done += 1
             self.gate.note_due(due)
-            return await self.wire(encode_answer, {"ok": True, "loss": loss}, grad)
+            answer = await self.wire(encode_answer, {"ok": True, "loss": loss}, grad)
+            self.stats.from_previous.note(len(answer), len(request), targets.numel())
+            return answer
         except OutOfScale as exc:  # refused, not counted against the sender
             self.guard.note(remote, f"refusing a micro-batch of {short_id(remote)}: {exc}")
             return encode_frame({"ok": False, "error": f"out of scale: {exc}"[:200]})

@@ -133,6 +133,15 @@ def test_stage_0_keeps_as_many_micro_batches_in_flight_as_its_window_says():
         def note(self, compute_s, wait_s):
             self.noted += compute_s > 0 and wait_s >= 0
 
+        def sent(self, now):
+            return 0, now
+
+        def delivered(self, mark, now):
+            pass
+
+        def deadline_s(self, in_flight, floor_s, cap_s):
+            return floor_s
+
         def size(self, next_stage_accepts):
             assert next_stage_accepts == 4  # one next-stage peer, which serves a caller 4 at once
             return self.depth

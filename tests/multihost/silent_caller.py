@@ -58,7 +58,7 @@ async def main(args) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--targets", nargs="+", required=True)
-    parser.add_argument("--protocol", default="/swarm-node/forward/2.0.0")
+    parser.add_argument("--protocol", default="/swarm-node/forward/3.0.0")
     parser.add_argument("--identities", type=int, default=10)
     parser.add_argument("--streams", type=int, default=4)
     parser.add_argument("--hold", type=float, default=60.0)

@@ -53,3 +53,41 @@ def test_nonsense_is_not_noted_and_a_zero_cap_refused():
     assert window.size(64) == MIN_WINDOW
     with pytest.raises(ValueError):
         InFlightWindow(0)
+
+
+def test_a_link_bound_stage_keeps_no_more_in_flight_than_its_link_moves():
+    """8 s out (1 MB each way at 2 Mbit/s), 10 ms of compute: compute alone would keep the
+    cap out, all queued behind each other on the link. One comes back every 4 s (the
+    uplink's pace): the bandwidth-delay product is 2, and one more probes for more."""
+    window = InFlightWindow(64)
+    for _ in range(5):
+        window.note(compute_s=0.010, wait_s=8.0)
+    assert window.size(64) == 64  # unmeasured link: compute's window
+    marks = [window.sent(0.0) for _ in range(3)]  # three out at once, back 4 s apart
+    for i, mark in enumerate(marks):
+        window.delivered(mark, 8.0 + 4.0 * i)
+    assert window.link_rate() == pytest.approx(3 / 16.0)  # the last: 3 back while it was out 16 s
+    assert window.size(64) == 3  # ceil(3/16 * 8.01) + 1
+
+
+def test_a_compute_bound_stage_keeps_its_compute_window():
+    window = InFlightWindow(16)
+    for _ in range(5):
+        window.note(compute_s=0.200, wait_s=0.150)
+    marks = [window.sent(0.0) for _ in range(3)]
+    for i, mark in enumerate(marks):
+        window.delivered(mark, 0.35 + 0.2 * i)  # back at the compute's pace
+    assert window.size(64) == 3
+
+
+def test_a_hop_deadline_stretches_with_the_link_not_with_a_stall():
+    window = InFlightWindow(16)
+    assert window.deadline_s(2, floor_s=30.0, cap_s=300.0) == 180.0  # unmeasured: 3x the floor for each out
+    assert window.deadline_s(30, floor_s=30.0, cap_s=300.0) == 300.0
+    window.delivered(window.sent(0.0), 8.0)  # one micro-batch in 8 s
+    assert window.deadline_s(4, floor_s=30.0, cap_s=300.0) == pytest.approx(96.0)  # 3 x 4 x 8 s
+    assert window.deadline_s(1, floor_s=30.0, cap_s=300.0) == 30.0  # never under the floor
+    assert window.deadline_s(20, floor_s=30.0, cap_s=300.0) == 300.0  # nor over the cap
+    fast = InFlightWindow(16)
+    fast.delivered(fast.sent(0.0), 0.05)
+    assert fast.deadline_s(8, floor_s=30.0, cap_s=300.0) == 30.0  # a fast link: a stall is the floor
