@@ -43,9 +43,9 @@ buys no state) and never gets a donor banned (it counts for the donor there). Th
 is adopted when at least one witness agrees and the donor with the agreeing witnesses
 is at least half of the panel. A refused donor is banned as a poisoner only on an
 honest majority's evidence: at least two witnesses within OUT_OF_STEP_ROUNDS of the
-donor's round (a peer far behind, such as a joiner that adopted nothing, is no
-evidence) that disown the state even on the widest bounds any voter gives (which no
-colluder can narrow), more than the rest of the panel together. Otherwise a refusal
+donor's round (a peer beyond the alignment's reach is no evidence) that disown the
+state even on the widest bounds any voter gives (which no colluder can narrow), more
+than the rest of the panel together. Otherwise a refusal
 bans nobody.
 
 What this does not stop: colluding identities that make up half of the panel (its
@@ -81,9 +81,11 @@ EPS = 1e-5  # floating-point noise, relative to |phi|: replicas at round 0 share
 
 
 # A witness more rounds than this from the donor's claimed round is no evidence for a
-# ban: its vote compares states too far apart along the course to mean much (a joiner
-# that adopted nothing, a peer left 15-50 rounds behind).
-OUT_OF_STEP_ROUNDS = 2 * max(ALIGNED_ROUNDS)
+# ban: beyond the alignment's reach its vote compares states apart along the course (a
+# stage-0 peer whose partner left mid-round held its round 37 s, fell 8-10 rounds
+# behind the other honest peer in the multi-host test of hostile donors, and with a
+# joiner holding its copy, banned that honest peer at twice this reach).
+OUT_OF_STEP_ROUNDS = max(ALIGNED_ROUNDS)
 
 
 @dataclass(frozen=True)
