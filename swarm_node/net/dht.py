@@ -87,15 +87,7 @@ def _forget_parent_signal_handlers() -> None:
     """Runs in every child forked from this process; hivemind's DHT process is one. It
     would inherit the parent's asyncio signal handlers, which swallow SIGTERM: then
     hivemind's hard stop (terminate) cannot stop it, and the parent hangs at exit
-    joining it. The child leaves the node's process group, so that Ctrl-C in a terminal
-    (or a supervisor's signal to the group) reaches the node alone: the p2pd daemon the
-    DHT process starts exits on SIGINT at once, and the node's farewell (its leaving
-    record, the withdrawal of a partner's reservation) went nowhere. The node stops the
-    child; net/reaper.py stops it when the node dies without doing so."""
-    try:
-        os.setpgid(0, 0)
-    except OSError:  # already a group leader (or not allowed): it stays where it is
-        pass
+    joining it. Ctrl-C reaches the whole process group; the parent stops the child."""
     try:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)

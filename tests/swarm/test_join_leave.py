@@ -1,11 +1,8 @@
 """Late join with a state download, and a graceful leave, with real node processes."""
 
-import os
-import re
 import signal
 
 from swarm_node.data.spec import DataSpec
-from swarm_node.net.reaper import _alive, descendants
 from swarm_node.optim import InnerHyper, default_method
 from swarm_node.spec import RunSpec
 
@@ -76,31 +73,3 @@ def test_every_stage_given_max_steps_finishes_on_its_own(harness_factory):
     summaries = [h.summary_of(p) for p in (first, second)]
     assert summaries[0]["inner_steps"] == 60 and 50 <= summaries[1]["inner_steps"] <= 60, summaries
     assert all(s["status"] == "finished" for s in summaries)
-
-
-def test_a_stop_signalled_to_the_whole_process_group_still_leaves_gracefully(harness_factory):
-    """A supervisor or the test bed stops a volunteer by signalling its process group
-    (SIGTERM): the p2pd daemon under the node exited at once, and the node's leaving
-    record ("gave up publishing the leaving record") and withdrawals went nowhere, so a
-    partner held its round for a payload that never came. The DHT process and its
-    daemon have a group of their own: the record goes out, and the node still stops
-    them. (Ctrl-C needs nothing: p2pd inherits SIGINT ignored from the DHT process.)"""
-    h = harness_factory(spec("group-stop", 1000))
-    driver = h.spawn(0, "--round-timeout", "5", name="driver")
-    stay = h.spawn(1, "--round-timeout", "5", name="stay")
-    leave = h.spawn(1, "--round-timeout", "5", name="leave")
-    short = h.wait_for(lambda: (m := re.search(r"node (\w+): stage 1", h.log_of("leave"))) and m.group(1), 90,
-                       "the leaver to start")
-    leave_id = h.wait_for(lambda: next((p for p, r in h.records(1).items()
-                                        if p.endswith(short) and r.inner_step >= 30), None), 90,
-                          "the leaver to train")
-    under = descendants(leave.pid)  # its DHT process, p2pd, its reaper
-    assert len(under) >= 2
-    os.killpg(leave.pid, signal.SIGTERM)
-    assert leave.wait(timeout=30) == 0
-    assert "gave up publishing the leaving record" not in h.log_of("leave")
-    assert h.records(1)[leave_id].state == "leaving"
-    h.wait_for(lambda: not any(_alive(p) for p in under), 10, "the leaver's processes to be gone")
-    for proc in (driver, stay):
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
