@@ -43,10 +43,9 @@ buys no state) and never gets a donor banned (it counts for the donor there). Th
 is adopted when at least one witness agrees and the donor with the agreeing witnesses
 is at least half of the panel. A refused donor is banned as a poisoner only on an
 honest majority's evidence: at least two witnesses within OUT_OF_STEP_ROUNDS of the
-donor's round (a peer beyond the alignment's reach is no evidence) that disown the
-state even on the widest bounds any voter gives (which no colluder can narrow), more
-than the rest of the panel together. Otherwise a refusal
-bans nobody.
+donor's round that disown the state even on the widest bounds any voter gives (which
+no colluder can narrow; past the alignment's reach, widened by a round's motion a
+round), more than the rest of the panel together. Otherwise a refusal bans nobody.
 
 What this does not stop: colluding identities that make up half of the panel (its
 donor among them) and one of them a witness, whoever else answers or is kept busy; a
@@ -84,10 +83,9 @@ EPS = 1e-5  # floating-point noise, relative to |phi|: replicas at round 0 share
 # ban: its vote compares states too far apart along the course to mean much (a joiner
 # that adopted nothing, a peer left 15-50 rounds behind). Nearer, but beyond the
 # alignment's reach, a dissent is evidence only outside the widest bounds widened by a
-# round's motion per round past that reach: a stage-0 peer whose partner left mid-round
-# held its round 37 s and fell 8-10 rounds behind the other honest peer (the multi-host
-# test of hostile donors), and with a joiner holding its copy, banned that honest peer.
-# (Honest witnesses span rounds too: 28-32 against a liar claiming 27.)
+# round's motion per round past that reach: an honest peer that held its round for a
+# while is that many rounds behind, along the course (ALGORITHM.md 8). The reach alone
+# would not do: honest witnesses span rounds around a liar's claim.
 OUT_OF_STEP_ROUNDS = 2 * max(ALIGNED_ROUNDS)
 
 

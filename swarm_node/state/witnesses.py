@@ -56,8 +56,8 @@ class Witnesses:
         self._allowance: OrderedDict[str, tuple[float, float]] = OrderedDict()  # caller -> (sketches, as of)
         # set while this node trains from a state that is not the stage's (it needed one at
         # start and none was adopted): its sketch would be evidence of nothing, and a far
-        # state among two witnesses sets the other's bounds (a joiner at the initial
-        # weights widened a stage-0 spread from 1.4 to 16.9); it answers as silent instead
+        # state among two witnesses sets the other's bounds (ALGORITHM.md 8); it answers
+        # as silent instead
         self.catching_up = False
 
     async def serve(self, transport, authorize: Callable[[str], bool]) -> None:
