@@ -6,16 +6,14 @@ payload exchange's framing and decodes on a partner (refused without its padding
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 import torch
-from parts import StageParts, record
+from parts import StageParts
+from stage_chain import Chain
 
 from bench.gpu_volunteer.emulation import EmulatedCard, installed, padding_bytes
 from swarm_node.data.spec import DataSpec
 from swarm_node.errors import ProtocolError
-from swarm_node.net import protocols
 from swarm_node.node_config import NodeConfig
 from swarm_node.optim import InnerHyper, default_method
 from swarm_node.spec import RunSpec
@@ -40,36 +38,16 @@ def spec_for(codec: str, ratio: float | None) -> RunSpec:
 
 def through_the_pipeline(spec: RunSpec, workers: list[StageWorker], batches: int = 3) -> dict:
     """Stage 0's pipeline sends ``batches`` micro-batches to stage 1's handler (as over a
-    link); returns what crossed and what each stage counted."""
-    parts = [StageParts(spec, w) for w in workers]
-    downstream = parts[1].pipeline()
-    sizes: list[tuple[int, int]] = []
-
-    class Link:
-        async def request(self, peer, protocol, payload, *, timeout_s, max_response_bytes, **_):
-            assert protocol == protocols.FORWARD
-            answer = await downstream.handle_forward("QmCaller", payload)
-            header, _ = decode_frame(answer)
-            assert header["ok"], header
-            sizes.append((len(payload), len(answer)))
-            return answer
-
-    parts[0].transport = Link()
-    parts[0].membership.peers = {1: {"QmStage1": record(1, spec)}}
-    producer = parts[0].pipeline()
+    link; none lost); returns what crossed and what each stage counted."""
+    chain = Chain(spec, workers)
     g = torch.Generator().manual_seed(0)
-
-    async def run():
-        for _ in range(batches):
-            window = torch.randint(0, DATA_VOCAB, (spec.batch_size, spec.seq_len + 1), generator=g)
-            producer.in_flight += 1  # as produce() counts it before the hop
-            await producer._run_microbatch(window[:, :-1], window[:, 1:])
-
-    asyncio.run(run())
-    stats = producer.stats
-    return {"sizes": sizes, "lost": stats.microbatches_lost, "done": stats.microbatches_done,
-            "faults": parts[1].guard.faults("QmCaller"), "steps": [w.inner_step for w in workers],
-            "training_s": [w.training_s for w in workers]}
+    windows = [torch.randint(0, DATA_VOCAB, (spec.batch_size, spec.seq_len + 1), generator=g)
+               for _ in range(batches)]
+    chain.train([(w[:, :-1], w[:, 1:]) for w in windows])
+    stats = chain.pipelines[0].stats
+    return {"sizes": list(zip(chain.requests, chain.answers)), "lost": stats.microbatches_lost,
+            "done": stats.microbatches_done, "faults": chain.parts[1].guard.faults("QmCaller"),
+            "steps": [w.inner_step for w in workers], "training_s": [w.training_s for w in workers]}
 
 
 @pytest.mark.parametrize(("codec", "ratio"), CODECS)
