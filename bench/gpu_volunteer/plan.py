@@ -15,6 +15,7 @@ has its outer round beside its inner steps on the same links."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from functools import cache
@@ -51,13 +52,24 @@ CODECS: tuple[tuple[str, float | None], ...] = (("fp16", None), ("int8", None), 
 
 @dataclass(frozen=True)
 class Plan:
-    window_s: float  # the measured stretch of training, after the warm-up
-    warmup_microbatches: int = 2  # each stage-0 volunteer's, before the window opens
+    """The measured window of each run: after the warm-up, at least ``window_s``, then
+    until every volunteer has closed ``rounds`` outer rounds in it (with a partner or
+    local-only), at most ``max_window_s``."""
+
+    window_s: float
+    rounds: int
+    max_window_s: float
+    reference_window_s: float = 60.0  # the coded boundary on unshaped links: a window of this, no rounds
+    warmup_microbatches: int = 1  # each stage-0 volunteer's, before the window opens
     sample_s: float = 10.0  # how often the volunteers' /api/status is read in the window
 
+    def reference(self) -> Plan:
+        return dataclasses.replace(self, window_s=self.reference_window_s, rounds=0,
+                                   max_window_s=self.reference_window_s)
 
-QUICK = Plan(window_s=100.0)
-FULL = Plan(window_s=600.0)
+
+QUICK = Plan(window_s=90.0, rounds=1, max_window_s=180.0)
+FULL = Plan(window_s=600.0, rounds=5, max_window_s=1200.0, reference_window_s=300.0)
 
 
 def codec_name(codec: str, ratio: float | None) -> str:

@@ -8,6 +8,7 @@ few seconds of the measured window, with the bytes each host sent into its link.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 import time
@@ -35,6 +36,7 @@ class Sample:
     t: float  # time.monotonic() as the volunteers were read
     stats: list[dict]  # each volunteer's /api/status "stats" (its counters)
     tx_bytes: list[int]  # what each volunteer's host had sent into its link
+    load: float = 0.0  # this machine's 1-minute load average (the volunteers share its cores)
 
 
 @dataclass
@@ -65,7 +67,9 @@ def volunteer_flags(index: int) -> list[str]:
     return flags
 
 
-def run(spec: RunSpec, card: EmulatedCard, plan: Plan, workdir: Path) -> Ran:
+def run(spec: RunSpec, card: EmulatedCard, plan: Plan, workdir: Path,
+        rate_mbit: float | None = RATE_MBIT) -> Ran:
+    """The run on links of ``rate_mbit`` each way (None: unshaped, the bed's ceiling)."""
     spec_path = workdir / "spec.json"
     spec.write_json(spec_path)
     card_path = card.write(workdir / "card.json")
@@ -73,7 +77,7 @@ def run(spec: RunSpec, card: EmulatedCard, plan: Plan, workdir: Path) -> Ran:
         boot = BootstrapOnHost(bed, bed.add_host("boot"), workdir, "--run-spec", str(spec_path))
         line = card_line(boot.join_line(), card_path)
         count = STAGES * VOLUNTEERS_PER_STAGE
-        hosts = [bed.add_host(f"v{i}", rate_mbit=RATE_MBIT, rtt_ms=RTT_MS / 2) for i in range(count)]
+        hosts = [bed.add_host(f"v{i}", rate_mbit=rate_mbit, rtt_ms=RTT_MS / 2) for i in range(count)]
         launched = time.monotonic()
         volunteers = [Volunteer(bed, h, workdir, line, *volunteer_flags(i), full_speed=True)
                       for i, h in enumerate(hosts)]
@@ -89,14 +93,29 @@ def run(spec: RunSpec, card: EmulatedCard, plan: Plan, workdir: Path) -> Ran:
         wait_for(warm, STARTUP_LIMIT_S, "every volunteer to train and stage 0 to warm up", workdir)
         ran.started_s = time.monotonic() - launched
         ran.samples.append(_sample(bed, hosts))
-        end = ran.samples[0].t + plan.window_s
-        while (left := end - time.monotonic()) > 0:
-            time.sleep(min(plan.sample_s, left))  # the sampling period, not synchronisation
+        while not window_closed(plan, ran.samples):
+            time.sleep(plan.sample_s)  # the sampling period, not synchronisation
             _raise_for_exits(volunteers)
             ran.samples.append(_sample(bed, hosts))
         bed.stop_processes(*hosts)
     ran.summaries = [_summary(v) for v in volunteers]
     return ran
+
+
+def rounds_closed(first: Sample, last: Sample, i: int) -> int:
+    """Outer rounds volunteer ``i`` closed between two samples, with a partner or local-only."""
+    kinds = ("rounds_with_partner", "local_only_rounds")
+    return sum(int(last.stats[i][k] - first.stats[i][k]) for k in kinds)
+
+
+def window_closed(plan: Plan, samples: list[Sample]) -> bool:
+    """Whether the measured window is over (Plan says when)."""
+    first, last = samples[0], samples[-1]
+    elapsed = last.t - first.t
+    if elapsed >= plan.max_window_s:
+        return True
+    return elapsed >= plan.window_s and all(rounds_closed(first, last, i) >= plan.rounds
+                                            for i in range(len(last.stats)))
 
 
 def _status(bed: TestBed, host: Host) -> dict | None:
@@ -116,7 +135,7 @@ def _sample(bed: TestBed, hosts: list[Host]) -> Sample:
     missing = [h.name for h, s in zip(hosts, statuses) if s is None]
     if missing:
         raise RuntimeError(f"volunteers {', '.join(missing)} stopped answering /api/status")
-    return Sample(now, [s["stats"] for s in statuses], [bed.tx_bytes(h) for h in hosts])
+    return Sample(now, [s["stats"] for s in statuses], [bed.tx_bytes(h) for h in hosts], os.getloadavg()[0])
 
 
 def _raise_for_exits(volunteers: list[Volunteer]) -> None:

@@ -15,7 +15,7 @@ from bench.gpu_step.benchmark import flops_per_token
 from bench.gpu_volunteer import benchmark as bench
 from bench.gpu_volunteer import plan
 from bench.gpu_volunteer.emulation import EmulatedCard
-from bench.gpu_volunteer.swarm import Ran, Sample, card_line, volunteer_flags
+from bench.gpu_volunteer.swarm import Ran, Sample, card_line, volunteer_flags, window_closed
 from swarm_node.model.stages import build_stage
 from swarm_node.spec import RunSpec
 from swarm_node.wire.outer_codec import outer_codec
@@ -118,21 +118,23 @@ def test_the_card_card_file_round_trips_and_the_volunteers_type_the_join_line_be
     assert volunteer_flags(3)[:2] == ["--stage", "1"] and "--data-shard" not in volunteer_flags(3)
 
 
-def _stats(training_s, tokens, lost=0, rounds=0, wait_s=0.0, to_next=(0, 0, 0), from_previous=(0, 0, 0)):
+def _stats(training_s=0, tokens=0, lost=0, rounds=0, wait_s=0.0, to_next=(0, 0, 0), from_previous=(0, 0, 0),
+           local=0):
     side = lambda v: dict(zip(("sent", "received", "tokens"), v))  # noqa: E731
     return {"training_s": training_s, "tokens": tokens, "microbatches_lost": lost,
-            "rounds_with_partner": rounds, "local_only_rounds": 0, "link_wait_s": wait_s,
+            "rounds_with_partner": rounds, "local_only_rounds": local, "link_wait_s": wait_s,
             "link_wait_share": 0.5, "to_next": side(to_next), "from_previous": side(from_previous)}
 
 
 def test_a_runs_row_is_read_from_the_volunteers_counters_over_the_window():
     stages = [0, 1, 0, 1]
     first = Sample(100.0, [_stats(0, 0), _stats(0, 0), _stats(0, 0), _stats(0, 0)], [0, 0, 0, 0])
-    last = Sample(200.0, [_stats(90, 8192 * 400, rounds=1, wait_s=20, to_next=(4_000_000, 3_000_000, 80_000)),
+    forward = (4_000_000, 3_000_000, 80_000)
+    last = Sample(200.0, [_stats(90, 8192 * 400, rounds=1, wait_s=120, to_next=forward),
                           _stats(95, 0, rounds=1, from_previous=(3_000_000, 4_000_000, 80_000)),
-                          _stats(80, 8192 * 300, lost=1, wait_s=30, to_next=(4_000_000, 3_000_000, 80_000)),
+                          _stats(80, 8192 * 300, lost=1, wait_s=30, to_next=forward),
                           _stats(97, 0, from_previous=(3_000_000, 4_000_000, 80_000))],
-                  [1_000_000, 2_000_000, 1_000_000, 2_000_000])
+                  [1_000_000, 2_000_000, 1_000_000, 2_000_000], load=3.0)
     ran = Ran(stages=stages, samples=[first, last], summaries=[{"microbatches_lost": 2}] * 4, started_s=40.0)
     times = plan.CardTimes((0.2, 0.25), (0.0, 0.0), 32_000, 1.0)
     row = bench.codec_row("bottleneck8", 32.0, 240, times, ran)
@@ -142,14 +144,30 @@ def test_a_runs_row_is_read_from_the_volunteers_counters_over_the_window():
     assert row["utilisation_by_stage"] == {"0": 0.85, "1": 0.96}
     assert row["bytes_per_token_stage0"]["0-1"] == {"sent": 50.0, "received": 37.5, "tokens": 160_000}
     assert row["bytes_per_token_stage1"]["0-1"]["sent"] == 37.5
-    assert row["link_wait_share"] == [0.2, 0.3] and row["microbatches_lost"] == 1
+    assert row["link_wait_share"] == [1.0, 0.3]  # a wait begun before the window: at most all of it
+    assert row["microbatches_lost"] == 1
     assert row["rounds_with_partner"] == [1, 1, 0, 0] and row["microbatches_lost_in_run"] == 8
+    assert row["rounds_closed"] == [1, 1, 0, 0] and row["load_average"] == 1.5 and row["rate_mbit"] == 20.0
     assert row["wire_bytes_per_token"] == pytest.approx(6_000_000 / (8192 * 700), abs=0.1)
     assert row["series"] == [[100.0, 0.85, 0.96, 57344.0]]
     fp16 = dict(row, activation_codec="fp16", activation_ratio=None, name="fp16", stage0_tokens_per_s=2_000.0)
-    summary = bench.summary([fp16, row])
+    reference = bench.codec_row("bottleneck8", 32.0, 240, times, ran, rate_mbit=None)
+    assert reference["name"] == "bottleneck8 at 32x, links unshaped"
+    assert reference["link_allows_tokens_per_s"] is None
+    summary = bench.summary([fp16, row, dict(reference, stage0_tokens_per_s=1.0)])
     assert summary["coded_tokens_per_s_vs_fp16"] == pytest.approx(28.67, abs=0.01)
     assert summary["coded_meets_target_utilisation"] is True and summary["emulated"] is True
-    text = bench.markdown({"summary": summary, "rows": [fp16, row], "mode": "quick", "wall_s": 600.0,
-                           "notes": ["EMULATED card"]})
+    text = bench.markdown({"summary": summary, "rows": [fp16, row, reference], "mode": "quick",
+                           "wall_s": 600.0, "notes": ["EMULATED card"]})
     assert "EMULATED" in text and "| bottleneck8 at 32x | 240 | 57,344 |" in text and "85% / 96%" in text
+    assert "| bottleneck8 at 32x, links unshaped | 240 | 57,344 | unshaped |" in text
+
+
+def test_the_window_lasts_its_time_then_until_every_volunteer_closed_its_rounds_at_most_its_cap():
+    at = lambda t, rounds, local=0: Sample(t, [_stats(rounds=rounds), _stats(local=local)], [0, 0])  # noqa: E731
+    plan_ = plan.Plan(window_s=90.0, rounds=1, max_window_s=180.0)
+    start = at(0.0, 0)
+    assert not window_closed(plan_, [start, at(80.0, 1, local=1)])  # not yet its time
+    assert not window_closed(plan_, [start, at(100.0, 1)])  # the second volunteer has closed none
+    assert window_closed(plan_, [start, at(100.0, 1, local=1)])  # a local-only round counts
+    assert window_closed(plan_, [start, at(180.0, 0)])  # the cap
