@@ -46,7 +46,7 @@ from swarm_node.net import protocols
 from swarm_node.net.transport import ServeLimits, short_id
 from swarm_node.node_config import NodeConfig
 from swarm_node.node_services import NodeServices
-from swarm_node.routing.window import InFlightWindow
+from swarm_node.routing.window import ROUND_WINDOW, InFlightWindow, ServedRate
 from swarm_node.spec import RunSpec
 from swarm_node.train.compute import FairTurns
 from swarm_node.train.hop_work import (
@@ -100,6 +100,7 @@ class Pipeline:
         self.queue = 0  # forward requests being served
         self.in_flight = 0  # our own micro-batches in the pipeline (stage 0)
         self.window = InFlightWindow(config.max_in_flight)
+        self.served = ServedRate()  # a later stage: the pace of its answers
         self.window_size = 0  # stage 0: the window as last sized and the last hop's deadline (/api/status)
         self.hop_deadline_s = 0.0
         self._turns = FairTurns()  # the previous stage's peers share our compute in turn
@@ -183,7 +184,7 @@ class Pipeline:
                    else len(self.next_peers()) * FORWARD_PER_CALLER)
         clock = asyncio.get_running_loop().time
         waited_from = None
-        while self.in_flight >= (size := self.window.size(accepts)):
+        while self.in_flight >= (size := self._window(accepts)):
             self.window_size = size
             waited_from = clock() if waited_from is None else waited_from
             self._slot_freed.clear()
@@ -191,6 +192,22 @@ class Pipeline:
         self.window_size = size
         if waited_from is not None:
             self.stats.link_wait_s += clock() - waited_from
+
+    def _window(self, accepts: int) -> int:
+        """The measured window, held to ROUND_WINDOW while a round's payload moves."""
+        size = self.window.size(accepts)
+        return min(size, ROUND_WINDOW) if self.gate.payload_on_link() else size
+
+    def uplink_bytes_s(self) -> float | None:
+        """What our uplink carries of the pipeline, bytes a second, as measured here: stage
+        0's requests at its delivery rate (routing/window.py), a later stage's answers at
+        the pace it served them; None until measured. The outer exchange's deadline
+        stretches with it (gossip/exchange.py)."""
+        rate, crossed = ((self.window.link_rate(), self.stats.to_next) if self.worker.is_first
+                         else (self.served.rate(), self.stats.from_previous))
+        if rate is None or not crossed.tokens:
+            return None
+        return rate * crossed.sent * self.spec.batch_size * self.spec.seq_len / crossed.tokens
 
     async def _next_stage_known(self) -> None:
         """Stage 0 draws a micro-batch only while some next-stage peer can take it: the
@@ -360,6 +377,7 @@ class Pipeline:
             self.gate.note_due(due)
             answer = await self.wire(encode_answer, {"ok": True, "loss": loss}, grad)
             self.stats.from_previous.note(len(answer), len(request), targets.numel())
+            self.served.note(asyncio.get_running_loop().time())
             return answer
         except OutOfScale as exc:  # refused, not counted against the sender
             self.guard.note(remote, f"refusing a micro-batch of {short_id(remote)}: {exc}")
