@@ -10,7 +10,7 @@ test:
 test-slow:
 	./dev.sh test-slow
 
-bench:          # quick versions of all benchmarks, about 26 minutes on 2 cores
+bench:          # quick versions of all benchmarks, about 38 minutes on 2 cores
 	./dev.sh bench
 
 bench-full:     # the long versions

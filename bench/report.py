@@ -12,7 +12,7 @@ from bench.common.results import RESULTS_DIR, load
 
 DOC = ROOT / "BENCHMARKS.md"
 SECTIONS = ("transport", "sync_cost", "latency_model", "swarm_efficiency", "convergence", "size_trend",
-            "vs_hivemind", "wire_bytes", "home_link",
+            "vs_hivemind", "wire_bytes", "home_link", "gpu_volunteer",
             "scale", "state_check", "gpu_step")
 # Benchmarks that need a CUDA card (bench/run_all.py leaves them out; their results come
 # from a GPU machine: bench/gpu_step/device_check.sh).
@@ -26,7 +26,7 @@ comparison is measured side by side in the same run on the same machine; absolut
 times on shared 2-core machines are noisy, so read the ratios.
 
 ```bash
-make bench          # quick versions of all of them, about 26 minutes on 2 cores
+make bench          # quick versions of all of them, about 38 minutes on 2 cores
 make bench-full     # the long versions
 .venv/bin/python -m bench.<name> [--full]   # one of them
 ```
@@ -46,6 +46,8 @@ TITLES = {
     "vs_hivemind": "this project vs hivemind.Optimizer: time to a target loss, bytes",
     "wire_bytes": "bytes on the wire per round and per token",
     "home_link": "volunteers on shaped home links: blocking vs overlapped vs compressed rounds",
+    "gpu_volunteer": "EMULATED GPU volunteers holding pipeline stages on 20 Mbit/s links: fp16 vs int8 vs "
+                     "bottleneck8",
     "scale": "hundreds of peers a stage on the swarm-scale simulator, and 32 real processes",
     "state_check": "a downloaded state checked against the other replicas: honest vs hostile donors",
     "gpu_step": "a stage's step on one GPU: eager vs fused AdamW, chunked loss, torch.compile; MFU, memory",

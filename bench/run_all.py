@@ -17,9 +17,9 @@ import time
 from bench import report
 
 ORDER = ("transport", "sync_cost", "swarm_efficiency", "latency_model", "home_link", "convergence",
-         "size_trend", "vs_hivemind", "wire_bytes",
+         "size_trend", "vs_hivemind", "wire_bytes", "gpu_volunteer",
          "scale", "state_check")
-QUICK_BUDGET_S = 20 * 60  # 12-15 of them the home-link benchmark's shaped links
+QUICK_BUDGET_S = 40 * 60  # 12-19 of them the home-link benchmark's shaped links, 12 the GPU volunteers'
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,11 +3,10 @@ of one torch thread each, resumable as the size trend's are (bench/convergence/r
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from bench.boundary_codec.plan import CodecJob
-from bench.convergence.runs import EVAL_PATHS_SEED, Resumable, _train
+from bench.convergence.runs import EVAL_PATHS_SEED, ResumedRun, _train
 from bench.convergence.stats import perplexity
 
 
@@ -35,20 +34,10 @@ def run_job(job: CodecJob, resume_dir: Path | None = None) -> dict:
     from swarm_node.wire.boundary import bytes_per_token
 
     config = sim_config(job)
-    cpu_started, wall_started = time.process_time(), time.perf_counter()
-    resumable = Resumable(resume_dir, job) if resume_dir is not None else None
-    state = resumable.load() if resumable is not None else None
-    if state is None:
-        state = {"sim": Simulator(config), "curve": [], "next_step": 1, "cpu_s": 0.0, "wall_s": 0.0}
-    sim = state["sim"]
+    run = ResumedRun(lambda: Simulator(config), job, resume_dir)
+    state, sim = run.state, run.state["sim"]
 
-    def on_step(step: int) -> None:
-        if resumable is not None:
-            resumable.save_now_and_then(state | {
-                "next_step": step + 1, "cpu_s": state["cpu_s"] + time.process_time() - cpu_started,
-                "wall_s": state["wall_s"] + time.perf_counter() - wall_started})
-
-    curve = _train(sim, job.curve_every, job.curve_batches, state["curve"], state["next_step"], on_step)
+    curve = _train(sim, job.curve_every, job.curve_batches, state["curve"], state["next_step"], run.on_step)
     val_loss = sim.evaluate_random_paths(EVAL_PATHS_SEED)
     hidden = sim.model_config.hidden_size
     if sim.boundary is not None:
@@ -64,9 +53,6 @@ def run_job(job: CodecJob, resume_dir: Path | None = None) -> dict:
            "ratio_achieved": 2 * hidden / forward_b, "val_loss": val_loss, "ppl": perplexity(val_loss),
            "loss_curve": curve, "tokens": config.steps * config.tokens_per_step,
            "num_parameters": sum(p.numel() for stage in sim.workers for p in stage[0].stage.parameters()),
-           "weight_std": max(sim.replica_weight_std()),
-           "wall_s": state["wall_s"] + time.perf_counter() - wall_started,
-           "cpu_s": state["cpu_s"] + time.process_time() - cpu_started}
-    if resumable is not None:
-        resumable.done()
+           "weight_std": max(sim.replica_weight_std()), **run.seconds()}
+    run.done()
     return row

@@ -8,6 +8,7 @@ import multiprocessing
 import pickle
 import sys
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -99,6 +100,32 @@ class Resumable:
         self.path.unlink(missing_ok=True)
 
 
+class ResumedRun:
+    """A simulator run begun afresh or taken up from where an earlier process left it
+    (Resumable, with ``resume_dir``), its CPU and wall seconds counted across processes."""
+
+    def __init__(self, make_sim: Callable[[], object], job, resume_dir: Path | None):
+        self._cpu_started, self._wall_started = time.process_time(), time.perf_counter()
+        self._resumable = Resumable(resume_dir, job) if resume_dir is not None else None
+        state = self._resumable.load() if self._resumable is not None else None
+        if state is None:
+            state = {"sim": make_sim(), "curve": [], "next_step": 1, "cpu_s": 0.0, "wall_s": 0.0}
+        self.state = state
+
+    def seconds(self) -> dict:
+        """This run's wall and CPU seconds so far, earlier processes' included."""
+        return {"wall_s": self.state["wall_s"] + time.perf_counter() - self._wall_started,
+                "cpu_s": self.state["cpu_s"] + time.process_time() - self._cpu_started}
+
+    def on_step(self, step: int) -> None:
+        if self._resumable is not None:
+            self._resumable.save_now_and_then(self.state | {"next_step": step + 1, **self.seconds()})
+
+    def done(self) -> None:
+        if self._resumable is not None:
+            self._resumable.done()
+
+
 def run_job(job: Job, resume_dir: Path | None = None) -> dict:
     """One simulator run (in a worker process); returns the flat per-seed row. Its
     ``val_loss`` is over random paths, as a swarm routes (the same draws for every run);
@@ -109,21 +136,11 @@ def run_job(job: Job, resume_dir: Path | None = None) -> dict:
     from swarm_node.train.evaluate import path_val_loss
 
     config = sim_config(job)
-    cpu_started, wall_started = time.process_time(), time.perf_counter()
-    resumable = Resumable(resume_dir, job) if resume_dir is not None else None
-    state = resumable.load() if resumable is not None else None
-    if state is None:
-        state = {"sim": Simulator(config), "curve": [], "next_step": 1, "cpu_s": 0.0, "wall_s": 0.0}
-    sim = state["sim"]
-
-    def on_step(step: int) -> None:
-        if resumable is not None:
-            resumable.save_now_and_then(state | {
-                "next_step": step + 1, "cpu_s": state["cpu_s"] + time.process_time() - cpu_started,
-                "wall_s": state["wall_s"] + time.perf_counter() - wall_started})
+    run = ResumedRun(lambda: Simulator(config), job, resume_dir)
+    state, sim = run.state, run.state["sim"]
 
     curve = _train(sim, job.plan.curve_every, job.plan.curve_batches, state["curve"], state["next_step"],
-                   on_step)
+                   run.on_step)
     val_loss = sim.evaluate_random_paths(EVAL_PATHS_SEED)
     fixed_val_loss = sim.evaluate()
     consensus_loss = path_val_loss(sim.consensus_stages(), sim.data, batch_size=config.eval_batch_size,
@@ -146,11 +163,8 @@ def run_job(job: Job, resume_dir: Path | None = None) -> dict:
            "loss_curve": curve,
            "num_parameters": sum(p.numel() for stage in sim.workers for p in stage[0].stage.parameters()),
            "val_windows": min(config.eval_batches * config.eval_batch_size, sim.data.num_val_windows),
-           "all_val_windows": sim.data.num_val_windows,
-           "wall_s": state["wall_s"] + time.perf_counter() - wall_started,
-           "cpu_s": state["cpu_s"] + time.process_time() - cpu_started}
-    if resumable is not None:
-        resumable.done()
+           "all_val_windows": sim.data.num_val_windows, **run.seconds()}
+    run.done()
     return row
 
 

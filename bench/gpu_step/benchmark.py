@@ -52,9 +52,9 @@ import torch
 from bench.common.results import Result, load, parse_mode
 from bench.gpu_step.report import markdown, plot
 from swarm_node.model.config import model_config
+from swarm_node.model.links import stage_flops_per_token
 from swarm_node.model.loss import LOSS_CHUNK_LOGITS
-from swarm_node.model.memory import estimate_stage_memory, layer_parameters
-from swarm_node.model.stages import split_layers
+from swarm_node.model.memory import estimate_stage_memory
 from swarm_node.optim.inner import fused_by_default
 from swarm_node.spec import RunSpec
 from swarm_node.train.compiled import compile_stage, uncompile_blocks
@@ -119,11 +119,7 @@ def measured_peak_tflops(device: torch.device) -> float:
 def flops_per_token(spec: RunSpec, stage: int, vocab: int) -> int:
     """Model FLOPs per token of one stage's training step (see the module docstring)."""
     config = model_config(spec.model_size, vocab_size=vocab, max_seq_len=spec.seq_len)
-    layers = len(split_layers(config.num_layers, spec.num_stages)[stage])
-    matmul = layers * (layer_parameters(config) - 2 * config.hidden_size)
-    if stage == spec.num_stages - 1:
-        matmul += vocab * config.hidden_size
-    return 6 * matmul + 12 * layers * config.hidden_size * spec.seq_len
+    return stage_flops_per_token(config, num_stages=spec.num_stages, stage_index=stage, seq_len=spec.seq_len)
 
 
 def flash_attention_ok(worker) -> bool | None:

@@ -215,9 +215,11 @@ class NodeStartup:
                 if not await self.state_sync.download():
                     log.warning("no stage-%d peer could give its state; continuing from the checkpoint",
                                 self.stage)
+                    self.witnesses.catching_up = True
         elif cfg.download_state and behind() > 0 and not await self.state_sync.download():
             log.warning("no stage-%d peer could give its state; starting from the run's initial weights",
                         self.stage)
+            self.witnesses.catching_up = True
         return data
 
     async def _new_transport(self) -> None:

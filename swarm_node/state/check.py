@@ -43,10 +43,9 @@ buys no state) and never gets a donor banned (it counts for the donor there). Th
 is adopted when at least one witness agrees and the donor with the agreeing witnesses
 is at least half of the panel. A refused donor is banned as a poisoner only on an
 honest majority's evidence: at least two witnesses within OUT_OF_STEP_ROUNDS of the
-donor's round (a peer far behind, such as a joiner that adopted nothing, is no
-evidence) that disown the state even on the widest bounds any voter gives (which no
-colluder can narrow), more than the rest of the panel together. Otherwise a refusal
-bans nobody.
+donor's round that disown the state even on the widest bounds any voter gives (which
+no colluder can narrow; past the alignment's reach, widened by a round's motion a
+round), more than the rest of the panel together. Otherwise a refusal bans nobody.
 
 What this does not stop: colluding identities that make up half of the panel (its
 donor among them) and one of them a witness, whoever else answers or is kept busy; a
@@ -82,7 +81,11 @@ EPS = 1e-5  # floating-point noise, relative to |phi|: replicas at round 0 share
 
 # A witness more rounds than this from the donor's claimed round is no evidence for a
 # ban: its vote compares states too far apart along the course to mean much (a joiner
-# that adopted nothing, a peer left 15-50 rounds behind).
+# that adopted nothing, a peer left 15-50 rounds behind). Nearer, but beyond the
+# alignment's reach, a dissent is evidence only outside the widest bounds widened by a
+# round's motion per round past that reach: an honest peer that held its round for a
+# while is that many rounds behind, along the course (ALGORITHM.md 8). The reach alone
+# would not do: honest witnesses span rounds around a liar's claim.
 OUT_OF_STEP_ROUNDS = 2 * max(ALIGNED_ROUNDS)
 
 
@@ -151,7 +154,8 @@ def check_state(candidate: StateSketch, witnesses: Mapping[str, Witness], *, inn
         failed.update(outside)
         # a witness far from the donor's round is no evidence to ban on (module docstring)
         if outside and abs(w.sketch.outer_round - candidate.outer_round) <= OUT_OF_STEP_ROUNDS:
-            disown += bool(widest.vote(candidate, w.sketch, inner_steps)[1])
+            past_reach = max(0, abs(w.sketch.outer_round - candidate.outer_round) - max(ALIGNED_ROUNDS))
+            disown += bool(widest.vote(candidate, w.sketch, inner_steps, rounds_past_reach=past_reach)[1])
     agree = len(agreeing)
     disagree = len(voters) - agree
     # the donor's own state is one more vote for it; a silent witness is none
@@ -256,14 +260,17 @@ class _Tolerance:
         phi = _kth_smallest([_tensor_norms(w.sketch.phi) for w in voters], median)
         return cls(spread=spread, motion=motion, phi=phi, progress_rate=progress_rate)
 
-    def _phi_bound(self) -> torch.Tensor:
-        return torch.maximum(torch.maximum(SPREAD_K * self.spread, MOTION_K * self.motion), EPS * self.phi)
+    def _phi_bound(self, rounds_past_reach: int = 0) -> torch.Tensor:
+        bound = torch.maximum(torch.maximum(SPREAD_K * self.spread, MOTION_K * self.motion), EPS * self.phi)
+        return bound + rounds_past_reach * self.motion
 
-    def vote(self, candidate: StateSketch, witness: StateSketch, inner_steps: int) -> tuple[float, list[str]]:
+    def vote(self, candidate: StateSketch, witness: StateSketch, inner_steps: int,
+             rounds_past_reach: int = 0) -> tuple[float, list[str]]:
         """The phi distance over its bound, and the bounds ``candidate`` is outside of as
-        ``witness`` sees it (none: the witness agrees)."""
+        ``witness`` sees it (none: the witness agrees); ``rounds_past_reach``: rounds
+        between them beyond the alignment's, each widening the phi bound by a round's motion."""
         apart = _apart(candidate, witness, ALIGNED_ROUNDS)
-        bound = self._phi_bound()
+        bound = self._phi_bound(rounds_past_reach)
         ratio = _whole(apart) / max(_whole(bound), 1e-30)
         per_tensor = bool((apart <= TENSOR_SLACK * bound).all())
         # a round's motion, or before the witnesses' first outer step (the candidate a round

@@ -205,6 +205,7 @@ class StateSync:
                 await self.compute(self.worker.load_snapshot, inner_step, outer_round, state.tensors,
                                    max(0, inner_step - round_steps))
                 self.stats.downloaded_from, self.stats.downloaded_digest = donor, state.digest
+                self.witnesses.catching_up = False
                 log.info("downloaded state from %s: step %d, round %d, digest %s; %s", short_id(donor),
                          inner_step, outer_round, state.digest, verdict.why)
                 return True

@@ -54,6 +54,11 @@ class Witnesses:
         self.clock = clock or (lambda: asyncio.get_running_loop().time())
         self._sketching = asyncio.Semaphore(SKETCHING_AT_ONCE)
         self._allowance: OrderedDict[str, tuple[float, float]] = OrderedDict()  # caller -> (sketches, as of)
+        # set while this node trains from a state that is not the stage's (it needed one at
+        # start and none was adopted): its sketch would be evidence of nothing, and a far
+        # state among two witnesses sets the other's bounds (ALGORITHM.md 8); it answers
+        # as silent instead
+        self.catching_up = False
 
     async def serve(self, transport, authorize: Callable[[str], bool]) -> None:
         # streams beyond the sketches made at once are answered at once (busy, or over
@@ -73,6 +78,8 @@ class Witnesses:
             return encode_frame({"ok": False, "error": "protocol"})
         if self.worker.slow is None:
             return encode_frame({"ok": False, "error": "no outer state (local method)"})
+        if self.catching_up:
+            return encode_frame({"ok": False, "error": "catching up: no state of the stage adopted yet"})
         if self._sketching.locked():
             return b""  # busy: the caller asks again after a backoff
         if not self._allowed(remote):

@@ -56,6 +56,18 @@ def serving(folder: Path, digest: str) -> DataServer:
     return DataServer(lambda: cache, on_fault=lambda peer, why: None)
 
 
+def not_ready_at_first(server: DataServer):
+    """The host before it serves its dataset: its first answer says so, then it serves."""
+    asked = []
+
+    async def handle(remote, request):
+        asked.append(remote)
+        if len(asked) == 1:
+            return encode_frame({"ok": False, "error": "not serving that dataset"})
+        return await server.handle(remote, request)
+    return handle
+
+
 def liar(honest: DataServer):
     """Holds everything and answers every chunk with altered bytes."""
     async def handle(remote, request):

@@ -8,7 +8,7 @@ import random
 
 import torch
 import vclock
-from parts import record
+from parts import StageParts, record
 from state_peers import SPEC, STEP, Stage, as_sent, joiner, replica
 
 from swarm_node.net import protocols
@@ -22,8 +22,10 @@ def test_a_hostile_donor_asked_first_is_refused_and_an_honest_one_adopted(caplog
              "QmHostile": replica(base, 3, scale=1.5)}
     stage = Stage(peers)
     node = joiner(stage, peers, prefer="QmHostile")
+    node.sync.witnesses.catching_up = True  # as after a refused download at start
     with caplog.at_level(logging.INFO, logger="swarm_node"):
         assert vclock.run(node.sync.download())
+    assert not node.sync.witnesses.catching_up  # a witness again, with the stage's state
     assert next(p for p, proto in stage.asked if proto == protocols.STATE) == "QmHostile"
     assert node.stats.states_refused == 1 and node.guard.is_poisoned("QmHostile")
     assert node.stats.downloaded_from in ("QmHonestA", "QmHonestB") and node.worker.inner_step == STEP
@@ -140,3 +142,34 @@ def test_a_donor_whose_state_does_not_decode_is_counted_a_fault_and_another_adop
     assert vclock.run(node.sync.download())
     assert node.guard.faults("QmBent") == 1 and not node.guard.is_poisoned("QmBent")
     assert node.stats.downloaded_from in ("QmHonestA", "QmHonestB")
+
+
+def test_a_peer_that_adopted_no_state_is_no_witness_until_it_does():
+    """A joiner whose download was refused trains from the initial weights: as one of two
+    witnesses its distance to the other set that one's bounds (a stage-0 spread of 1.4
+    read 16.9 in the multi-host test of hostile donors) and a noisy state got in. It
+    answers sketch requests as silent until it adopts a state."""
+    base = StageWorker(SPEC, 1, 16)
+    with torch.no_grad():  # the stage has trained away from the initial weights
+        for p in base.params:
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.05)
+    peers = {"QmHonest": replica(base, 1), "QmHostile": replica(base, 3),
+             "QmFresh": StageParts(SPEC, StageWorker(SPEC, 1, 16))}
+    noisy = peers["QmHostile"].worker
+    with torch.no_grad():  # noise at 10x the honest spread (issue 33's "noise" donor)
+        for p, phi in zip(noisy.params, noisy.slow.phi):
+            noise = torch.randn(p.shape, generator=torch.Generator().manual_seed(7)) * 1e-2
+            p.add_(noise)
+            phi.add_(noise)
+
+    def joins(catching_up: bool) -> bool:
+        stage = Stage(peers)
+        stage.witnesses["QmFresh"].catching_up = catching_up
+        node = joiner(stage, {p: peers[p] for p in ("QmHonest", "QmHostile")}, prefer="QmHostile",
+                      rng=random.Random(0))
+        node.membership.peers[1]["QmFresh"] = record(1, SPEC, inner_step=0)
+        vclock.run(node.sync.download())
+        return node.stats.downloaded_from == "QmHostile"
+
+    assert joins(catching_up=False)  # what it was: the fresh peer's distance let the noisy state in
+    assert not joins(catching_up=True)

@@ -11,10 +11,10 @@ import dataclasses
 
 import pytest
 import torch
-from parts import StageParts, record
+from parts import StageParts
+from stage_chain import Chain
 
 from swarm_node.data.spec import DataSpec
-from swarm_node.net import protocols
 from swarm_node.optim import InnerHyper, default_method
 from swarm_node.spec import RunSpec
 from swarm_node.train.hop_work import forward_request
@@ -46,59 +46,10 @@ def batches(spec: RunSpec, count: int, seed: int = 0) -> list[tuple[torch.Tensor
     return out
 
 
-class Chain:
-    """Stages 0 .. S-1 of ``spec``, each stage's next hop the following stage's handler;
-    every frame's bytes and every loss an answer carries are kept."""
-
-    def __init__(self, spec: RunSpec, workers: list[StageWorker] | None = None):
-        self.parts = [StageParts(spec, w) for w in workers or [StageWorker(spec, s, VOCAB)
-                                                                for s in range(spec.num_stages)]]
-        self.requests: list[int] = []
-        self.answers: list[int] = []
-        self.losses: list[float] = []
-        self.pipelines = [self.parts[-1].pipeline()]
-        for s in range(len(self.parts) - 2, -1, -1):  # each stage's link is the next one's handler
-            self.parts[s].transport = self._link(self.pipelines[0])
-            self.parts[s].membership.peers = {s + 1: {f"QmStage{s + 1}": record(s + 1, spec)}}
-            self.pipelines.insert(0, self.parts[s].pipeline())
-
-    def _link(self, downstream):
-        chain = self
-
-        class Link:
-            async def request(self, peer, protocol, payload, *, timeout_s, max_response_bytes, **_):
-                assert protocol == protocols.FORWARD
-                answer = await downstream.handle_forward("QmCaller", payload)
-                header, _ = decode_frame(answer)
-                assert header["ok"], header
-                chain.requests.append(len(payload))
-                chain.answers.append(len(answer))
-                if downstream.worker.is_last:
-                    chain.losses.append(header["loss"])
-                return answer
-
-        return Link()
-
-    def train(self, data: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        producer = self.pipelines[0]
-        done = producer.stats.microbatches_done
-
-        async def run():
-            for inputs, targets in data:
-                producer.in_flight += 1  # as produce() counts it before the hop
-                await producer._run_microbatch(inputs, targets)
-
-        asyncio.run(run())
-        assert producer.stats.microbatches_lost == 0 and producer.stats.microbatches_done == done + len(data)
-
-    def weights(self) -> list[list[torch.Tensor]]:
-        return [[p.detach().clone() for p in parts.worker.params] for parts in self.parts]
-
-
 @pytest.mark.parametrize("codec", ["bottleneck8", "subspace4"])
 def test_a_coded_boundary_trains_through_the_nodes_pipeline_within_its_bytes_a_token(codec):
     spec = coded(codec)
-    chain = Chain(spec)
+    chain = Chain(spec, vocab=VOCAB)
     worker = chain.parts[0].worker
     assert worker.boundary is not None and worker.boundary.kind == codec[:-1]
     chain.train(batches(spec, 40))
@@ -112,7 +63,7 @@ def test_a_coded_boundary_trains_through_the_nodes_pipeline_within_its_bytes_a_t
 
 
 def test_the_gradient_that_comes_back_is_the_next_stages_wrt_the_code():
-    chain = Chain(SPEC)
+    chain = Chain(SPEC, vocab=VOCAB)
     inputs, targets = batches(SPEC, 1)[0]
     first, second = chain.parts[0].worker, chain.parts[1].worker
     code = first.forward(inputs)
@@ -132,7 +83,7 @@ def test_a_middle_stage_reads_the_ids_decodes_the_code_and_passes_both_on(codec)
     """fp16 too: a middle stage answers with the loss the last stage found."""
     ratio = RATIO if codec == "bottleneck8" else None
     spec = coded(codec, model_size="mini", num_stages=3, layers_per_stage=(1, 2, 1), activation_ratio=ratio)
-    chain = Chain(spec)
+    chain = Chain(spec, vocab=VOCAB)
     chain.train(batches(spec, 3))
     assert len(chain.losses) == 3 and all(0 < loss < 10 for loss in chain.losses)
     assert [p.worker.inner_step for p in chain.parts] == [3, 3, 3]
@@ -216,7 +167,7 @@ def test_a_bottleneck_pipeline_checkpoints_and_resumes_to_identical_weights():
     the checkpoint, the snapshot a joiner downloads and the outer round's phi, so a
     resumed pair of stages trains on bit for bit."""
     data = batches(SPEC, 12)
-    chain = Chain(SPEC)
+    chain = Chain(SPEC, vocab=VOCAB)
     names = [[n for n, _ in p.worker.stage.named_parameters()] for p in chain.parts]
     assert any("encoder" in n for n in names[0]) and {"decoder", "anchor"} <= {
         part for n in names[1] for part in n.split(".")}
@@ -230,7 +181,7 @@ def test_a_bottleneck_pipeline_checkpoints_and_resumes_to_identical_weights():
     resumed = [StageWorker(SPEC, s, VOCAB) for s in range(SPEC.num_stages)]
     for worker, (tensors, meta) in zip(resumed, saved):
         worker.load_checkpoint_state({k: v.clone() for k, v in tensors.items()}, meta)
-    again = Chain(SPEC, resumed)
+    again = Chain(SPEC, resumed, vocab=VOCAB)
     again.train(data[6:])
     for ours, theirs in zip(chain.weights(), again.weights()):
         assert all(torch.equal(a, b) for a, b in zip(ours, theirs))

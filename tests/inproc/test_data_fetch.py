@@ -17,7 +17,16 @@ import threading
 from pathlib import Path
 
 import pytest
-from data_parts import CHUNK, FakeNet, answering_status, fetcher, liar, prepared_host, serving
+from data_parts import (
+    CHUNK,
+    FakeNet,
+    answering_status,
+    fetcher,
+    liar,
+    not_ready_at_first,
+    prepared_host,
+    serving,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -78,16 +87,8 @@ def test_a_manifest_that_is_not_the_runs_is_refused(tmp_path, host_folder, monke
     fake = ShardCache(other, digest, trust_whole_files=True)
     fake.manifest = manifest  # serves under the right name, with other bytes
     boot = serving(folder, digest)
-    asked = []
-
-    async def boot_not_ready_at_first(remote, request):
-        asked.append(remote)
-        if len(asked) == 1:
-            return encode_frame({"ok": False, "error": "not serving that dataset"})
-        return await boot.handle(remote, request)
-
     net.handlers |= {"QmFake": DataServer(lambda: fake, on_fault=lambda p, w: None).handle,
-                     "QmBoot": boot_not_ready_at_first}
+                     "QmBoot": not_ready_at_first(boot)}
     f = fetcher(tmp_path, digest, net, peers=["QmFake"])
     got = asyncio.run(f.fetch_manifest())
     assert got == manifest and f.stats.refused == {"QmFake"}

@@ -14,7 +14,16 @@ import numpy as np
 import pytest
 import torch
 import vclock
-from data_parts import CHUNK, FakeNet, claims_everything, fetcher, liar, prepared_host, serving
+from data_parts import (
+    CHUNK,
+    FakeNet,
+    claims_everything,
+    fetcher,
+    liar,
+    not_ready_at_first,
+    prepared_host,
+    serving,
+)
 
 from swarm_node.data import fetch as fetch_module
 from swarm_node.data import holders as holders_module
@@ -123,15 +132,7 @@ def test_a_bfloat16_data_answer_is_refused_not_a_crash(tmp_path, host_folder, mo
     folder, manifest, digest = host_folder
     net = FakeNet()
     boot = serving(folder, digest)
-    asked = []
-
-    async def boot_not_ready_at_first(remote, request):
-        asked.append(remote)
-        if len(asked) == 1:
-            return encode_frame({"ok": False, "error": "not serving that dataset"})
-        return await boot.handle(remote, request)
-
-    net.handlers |= {"QmBoot": boot_not_ready_at_first, "QmBf16": _bf16_answer()}
+    net.handlers |= {"QmBoot": not_ready_at_first(boot), "QmBf16": _bf16_answer()}
     faults = []
     f = fetcher(tmp_path, digest, net, peers=["QmBf16"], faults=faults)
     assert asyncio.run(f.fetch_manifest()) == manifest

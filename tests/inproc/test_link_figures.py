@@ -10,13 +10,8 @@ import re
 import time
 
 import torch
-from parts import FakeDHT, FakeP2P
-from test_refusal_counts import SPEC, NodeDHT
+from test_refusal_counts import SPEC, serving_stage_1_node
 
-from swarm_node.data.source import RunData
-from swarm_node.membership.view import Membership
-from swarm_node.node.conductor import Node
-from swarm_node.node_config import NodeConfig
 from swarm_node.obs.endpoints import NodeStatus
 from swarm_node.train.hop_work import forward_request
 from swarm_node.train.worker import StageWorker
@@ -30,18 +25,7 @@ def test_a_node_shows_bytes_per_token_across_its_boundary_and_its_link_wait(tmp_
                               StageWorker(SPEC, 0, 16).forward(inputs), targets, SPEC.activation_codec)
 
     async def scenario():
-        node = Node(SPEC, NodeConfig(lane_port=None))
-        p2p = FakeP2P()
-        node.dht = NodeDHT(p2p)
-        await node._new_transport()
-        node.membership = Membership(spec=SPEC, dht=FakeDHT("QmNode"), guard=node.guard, config=node.config,
-                                     record=node.report.record)
-        node.membership.stage, node.membership.state = 1, "training"
-        node.worker = StageWorker(SPEC, 1, 16)
-        node.data = RunData(SPEC, cache_dir=tmp_path, cache_gb=None, initial_peers=[], peers=list,
-                            on_fault=node.guard.fault, progress=False)
-        node._build_components()
-        await node._serve()
+        node, p2p = await serving_stage_1_node(tmp_path)
         answers = [await node.pipeline.handle_forward("QmFirst", request) for _ in range(2)]
         node.stats.link_wait_s = 30.0  # as stage 0 counts it: a full window, 30 s of the 120 s trained
         node._training_since = time.monotonic() - 120.0

@@ -63,6 +63,23 @@ def test_the_transport_counts_what_its_caps_turn_away_by_reason():
     assert faults == ["QmBig", "QmSilent"]
 
 
+async def serving_stage_1_node(tmp_path) -> tuple[Node, FakeP2P]:
+    """A stage-1 node wired and serving as conductor._serve does, on a fake p2p daemon."""
+    node = Node(SPEC, NodeConfig(lane_port=None))
+    p2p = FakeP2P()
+    node.dht = NodeDHT(p2p)
+    await node._new_transport()
+    node.membership = Membership(spec=SPEC, dht=FakeDHT("QmNode"), guard=node.guard, config=node.config,
+                                 record=node.report.record)
+    node.membership.stage, node.membership.state = 1, "training"
+    node.worker = StageWorker(SPEC, 1, 16)
+    node.data = RunData(SPEC, cache_dir=tmp_path, cache_gb=None, initial_peers=[], peers=list,
+                        on_fault=node.guard.fault, progress=False)
+    node._build_components()
+    await node._serve()
+    return node, p2p
+
+
 class NodeDHT:
     """What a node's start-up asks of its DHT before it serves: its p2p daemon."""
 
@@ -79,18 +96,7 @@ class NodeDHT:
 def test_a_nodes_refusals_show_under_their_reason_in_its_status_json_and_metrics(tmp_path):
     """Bad requests to the node's real handlers, as it serves them (conductor._serve)."""
     async def scenario():
-        node = Node(SPEC, NodeConfig(lane_port=None))
-        p2p = FakeP2P()
-        node.dht = NodeDHT(p2p)
-        await node._new_transport()
-        node.membership = Membership(spec=SPEC, dht=FakeDHT("QmNode"), guard=node.guard, config=node.config,
-                                     record=node.report.record)
-        node.membership.stage, node.membership.state = 1, "training"
-        node.worker = StageWorker(SPEC, 1, 16)
-        node.data = RunData(SPEC, cache_dir=tmp_path, cache_gb=None, initial_peers=[], peers=list,
-                            on_fault=node.guard.fault, progress=False)
-        node._build_components()
-        await node._serve()
+        node, p2p = await serving_stage_1_node(tmp_path)
         before = NodeStatus(node.report).status()
         answers = [await stream_to(p2p, protocols.STATUS, framed(b"not a frame"), caller="QmA"),
                    await stream_to(p2p, protocols.FORWARD, framed(b"\x00" * 3), caller="QmB"),

@@ -270,10 +270,10 @@ def test_the_volunteers_guide_tables_are_what_the_code_computes():
     not by hand: a change to the estimate must be pasted into the guide."""
     from pathlib import Path
 
-    from swarm_node.model.links import activation_table, round_table
+    from swarm_node.model.links import activation_table, round_table, uplink_table
 
     guide = (Path(__file__).resolve().parents[2] / "docs" / "VOLUNTEERS.md").read_text()
-    for table in (memory_table(), round_table(), activation_table()):
+    for table in (memory_table(), round_table(), activation_table(), uplink_table()):
         assert table in guide, table
 
 

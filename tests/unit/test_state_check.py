@@ -261,3 +261,22 @@ def test_a_donor_rounds_ahead_is_compared_along_the_witnesses_course(run):
                 patch.setattr(check, "ALIGNED_ROUNDS", range(-1, 1))
                 refused["now or a round before"] += not check_state(candidate, lone, inner_steps=H).accepted
     assert refused["along the course"] < 0.5 * refused["now or a round before"], refused
+
+
+def test_witnesses_rounds_behind_are_no_grounds_for_a_ban(run):
+    """A stage-0 peer whose partner left mid-round held its round 37 s and fell 8-10
+    rounds behind the other honest peer (the multi-host test of hostile donors); a
+    joiner holding its copy made a second witness, and the two banned the honest peer.
+    Beyond the alignment's reach (4 rounds) a dissent refuses a state, never bans; in
+    step, the same two witnesses still ban a poisoned one."""
+    states, _, _ = run
+    step, seed = 20 * H, 11
+    for behind in (6, 8):
+        lagging = witness(run, 0, 1, step - behind * H, seed)
+        verdict = check_state(states[(0, 0)][step].sketch(seed), {"stalled": lagging, "its copy": lagging},
+                              inner_steps=H)
+        assert not verdict.poisoner, (behind, verdict)
+    in_step = witness(run, 0, 1, step, seed)
+    poisoned = hostile_states(run, 0, step)["scaled by 1.5"]
+    verdict = check_state(poisoned.sketch(seed), {"w1": in_step, "its copy": in_step}, inner_steps=H)
+    assert verdict.poisoner, verdict
