@@ -101,6 +101,7 @@ class Pipeline:
         self.in_flight = 0  # our own micro-batches in the pipeline (stage 0)
         self.window = InFlightWindow(config.max_in_flight)
         self.served = ServedRate()  # a later stage: the pace of its answers
+        self.unheld_window = 0  # stage 0: the window as measured, before a round's payload holds it
         self.window_size = 0  # stage 0: the window as last sized and the last hop's deadline (/api/status)
         self.hop_deadline_s = 0.0
         self._turns = FairTurns()  # the previous stage's peers share our compute in turn
@@ -195,8 +196,14 @@ class Pipeline:
 
     def _window(self, accepts: int) -> int:
         """The measured window, held to ROUND_WINDOW while a round's payload moves."""
-        size = self.window.size(accepts)
+        self.unheld_window = size = self.window.size(accepts)
         return min(size, ROUND_WINDOW) if self.gate.payload_on_link() else size
+
+    def _hop_flights(self) -> int:
+        """What a hop's deadline counts as crossing the link with it: ours in flight, and
+        while a payload moves, the window it holds back (the payload takes their share of
+        our uplink, and the partner stage's payload its share of the answers' way)."""
+        return max(self.in_flight, self.unheld_window) if self.gate.payload_on_link() else self.in_flight
 
     def uplink_bytes_s(self) -> float | None:
         """What our uplink carries of the pipeline, bytes a second, as measured here: stage
@@ -249,7 +256,7 @@ class Pipeline:
                     targets = window_ids(inputs, targets)
                 clock = asyncio.get_running_loop().time
                 mark = self.window.sent(clock())
-                deadline_s = self.window.deadline_s(self.in_flight, self.config.hop_timeout_s,
+                deadline_s = self.window.deadline_s(self._hop_flights(), self.config.hop_timeout_s,
                                                     self.config.max_hop_deadline_s)
                 self.hop_deadline_s = deadline_s
                 try:

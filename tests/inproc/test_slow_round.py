@@ -129,11 +129,17 @@ def test_stage_0_holds_one_micro_batch_in_flight_while_a_payload_moves_and_measu
     moving = [True]
     stage.gate.payload_on_link = lambda: moving[0]
     most_out = []
+    held_deadline = []
 
     async def scenario():
         producing = asyncio.create_task(pipeline.produce(finished=lambda: asyncio.sleep(0)))
         await asyncio.sleep(8 * MICROBATCH_TX_S)
         most_out.append(next_stage.most_out)
+        held_deadline.append((pipeline.hop_deadline_s, pipeline.unheld_window,
+                              pipeline.window.deadline_s(pipeline.unheld_window, stage.config.hop_timeout_s,
+                                                         stage.config.max_hop_deadline_s),
+                              pipeline.window.deadline_s(1, stage.config.hop_timeout_s,
+                                                         stage.config.max_hop_deadline_s)))
         moving[0] = False
         next_stage.most_out = 0
         await asyncio.wait_for(producing, 60 * MICROBATCH_TX_S)
@@ -141,6 +147,10 @@ def test_stage_0_holds_one_micro_batch_in_flight_while_a_payload_moves_and_measu
 
     vclock.run(scenario())
     assert most_out[0] == 1 and most_out[1] > 1, most_out
+    # a hop sent while the window is held still counts the window held back: the payload
+    # crosses the link in their place (at 2 Mbit/s a hop given one micro-batch's time was lost)
+    deadline_s, unheld, expected_s, one_s = held_deadline[0]
+    assert unheld > 1 and deadline_s == pytest.approx(expected_s) and deadline_s > one_s, held_deadline
     assert stage.stats.microbatches_lost == 0
     # its uplink: one request a TX_S at best, as the delivery rate saw it
     request_bytes = stage.stats.to_next.sent / stage.stats.microbatches_done
