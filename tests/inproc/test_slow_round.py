@@ -15,20 +15,17 @@ import torch
 import vclock
 from parts import StageParts, record
 from test_overlapped_exchange import SPEC, Link, trained
-from test_slow_link import PEERS, LinkBoundNextStage
 from test_slow_link import SPEC as PIPELINE_SPEC
 from test_slow_link import TX_S as MICROBATCH_TX_S
+from test_slow_link import link_bound_stage_0
 
-from swarm_node.data.dataset import load_windows
-from swarm_node.data.source import RunData
 from swarm_node.errors import PeerTimeout
 from swarm_node.gossip.exchange import ExchangeTimes, OuterExchange
 from swarm_node.net import protocols
 from swarm_node.node_config import NodeConfig
 from swarm_node.train.hop_work import forward_request
 from swarm_node.train.worker import StageWorker
-from swarm_node.wire.activations import encode_activations
-from swarm_node.wire.frames import decode_frame, encode_frame
+from swarm_node.wire.frames import decode_frame
 
 PAYLOAD_S = 40.0  # each payload on the link, both parts, while the pipeline shares it
 FLOOR_S = 30.0
@@ -115,17 +112,7 @@ def test_the_deadline_stretches_with_our_measured_link_within_the_cap(measured, 
 
 @pytest.mark.timeout(120)
 def test_stage_0_holds_one_micro_batch_in_flight_while_a_payload_moves_and_measures_its_link():
-    data = load_windows(PIPELINE_SPEC.data, PIPELINE_SPEC.seq_len)
-    worker = StageWorker(PIPELINE_SPEC, 0, data.vocab_size)
-    answer = encode_frame({"ok": True, "loss": 2.0},
-                          encode_activations(torch.zeros(4, 16, worker.model_config.hidden_size), "fp16"))
-    next_stage = LinkBoundNextStage(answer)
-    stage = StageParts(PIPELINE_SPEC, worker, config=NodeConfig(max_steps=16), transport=next_stage)
-    stage.membership.peers = {1: {p: record(1, PIPELINE_SPEC) for p in PEERS}}
-    for peer in PEERS:
-        stage.guard.reached(peer)
-    pipeline = stage.pipeline()
-    pipeline.open_data(RunData.in_memory(PIPELINE_SPEC, data), "QmSelf", resumed=None)
+    stage, next_stage, pipeline, _ = link_bound_stage_0(PIPELINE_SPEC, 16)
     moving = [True]
     stage.gate.payload_on_link = lambda: moving[0]
     most_out = []
