@@ -100,6 +100,13 @@ class InFlightWindow:
             needed = min(needed, math.ceil(rate * out_s) + 1)
         return max(min(MIN_WINDOW, cap), min(needed, cap))
 
+    def pace(self) -> str:
+        """The delivery rates a hop's deadline reads, for a lost micro-batch's log line."""
+        if not self.rates:
+            return "link unmeasured"
+        return (f"link {statistics.median(self.rates):.2f} micro-batches/s typical, "
+                f"{max(self.rates):.2f} at best, {len(self.rates)} samples")
+
     def deadline_s(self, in_flight: int, floor_s: float, cap_s: float) -> float:
         """A hop's deadline with ``in_flight`` of ours in the pipeline, this one included."""
         if not self.rates:  # unmeasured: each micro-batch in flight taken to need the floor on the link

@@ -335,7 +335,8 @@ class Pipeline:
         except (PeerError, NotEnoughPeers, TimeoutError) as exc:
             self.stats.microbatches_lost += 1
             self.stats.note_failure(f"micro-batch lost: {exc}")
-            log.info("micro-batch lost: %s", exc)
+            log.info("micro-batch lost: %s (deadline %.0f s; %d of ours in flight, window %d, %s)", exc,
+                     timeout_s, self.in_flight, self.window_size, self.window.pace())
             raise MicrobatchLost(f"downstream: {exc}") from exc
         self._note_loss(loss)
         wait_s = clock() - sent
