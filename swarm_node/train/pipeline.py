@@ -200,10 +200,12 @@ class Pipeline:
         return min(size, ROUND_WINDOW) if self.gate.payload_on_link() else size
 
     def _hop_flights(self) -> int:
-        """What a hop's deadline counts as crossing the link with it: ours in flight, and
-        while a payload moves, the window it holds back (the payload takes their share of
-        our uplink, and the partner stage's payload its share of the answers' way)."""
-        return max(self.in_flight, self.unheld_window) if self.gate.payload_on_link() else self.in_flight
+        """What a hop's deadline counts as crossing the link with it: the window as measured,
+        not only ours in flight now. Paced flows share the link alike, so micro-batches sent
+        after this one slow it down as the window fills (a run's first hop, sent alone with
+        the deadline of one, was lost once the window grew to 3), and while a payload holds
+        the window, the payload takes the place of those held back."""
+        return max(self.in_flight, self.unheld_window)
 
     def uplink_bytes_s(self) -> float | None:
         """What our uplink carries of the pipeline, bytes a second, as measured here: stage

@@ -23,6 +23,7 @@ from swarm_node.errors import PeerTimeout
 from swarm_node.gossip.exchange import ExchangeTimes, OuterExchange
 from swarm_node.net import protocols
 from swarm_node.node_config import NodeConfig
+from swarm_node.routing.window import MIN_WINDOW
 from swarm_node.train.hop_work import forward_request
 from swarm_node.train.worker import StageWorker
 from swarm_node.wire.frames import decode_frame
@@ -165,3 +166,15 @@ def test_a_later_stage_measures_its_uplink_by_the_pace_of_its_answers():
     answers = vclock.run(serve_three())
     assert all(decode_frame(a)[0]["ok"] for a in answers)
     assert server.uplink_bytes_s() == pytest.approx(len(answers[0]) / 10.0, rel=0.05)
+
+
+def test_every_hop_is_given_the_deadline_of_the_window_it_shares_the_link_with():
+    """Paced flows share a link alike: micro-batches sent after a hop slow it as the window
+    fills, so a hop sent with fewer in flight than the window gets the deadline of the
+    window, not of those in flight (on a 2 Mbit/s link one sent with the deadline of one,
+    36 s, was lost when the window grew to 3)."""
+    _, _, pipeline, _ = link_bound_stage_0(PIPELINE_SPEC, 8)
+    pipeline._window(accepts=8)  # sized, as stage 0 does before each micro-batch
+    pipeline.in_flight = 1
+    assert pipeline.unheld_window >= MIN_WINDOW
+    assert pipeline._hop_flights() == pipeline.unheld_window
