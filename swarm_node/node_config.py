@@ -71,6 +71,9 @@ class NodeConfig:
     # the slack is for a shared or slower link; 50M parameters in near4-3 at 20 Mbit/s:
     # 18 s each way, 55 s).
     slowest_link_mbit_s: float = 20.0
+    # An exchange's deadline also stretches with our own uplink as the pipeline measured it
+    # (gossip/exchange.py ExchangeTimes.deadline_s), to at most this.
+    max_exchange_s: float = 300.0
     heartbeat_s: float = 2.0
     record_ttl_s: float = 15.0
     registry_poll_s: float = 1.0
@@ -130,6 +133,8 @@ class NodeConfig:
             raise ValueError("slowest_link_mbit_s must be positive")
         if not (self.state_stall_s > 0 and self.state_min_mbit_s > 0):
             raise ValueError("state_stall_s and state_min_mbit_s must be positive")
+        if self.max_exchange_s < self.exchange_timeout_s:
+            raise ValueError("max_exchange_s must be at least exchange_timeout_s")
         if self.max_hop_deadline_s < self.hop_timeout_s:
             raise ValueError("max_hop_deadline_s must be at least hop_timeout_s")
         if self.checkpoint_every_rounds < 1:

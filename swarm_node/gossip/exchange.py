@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from swarm_node.errors import PeerError, PeerTimeout, ProtocolError, StreamClosed
-from swarm_node.gossip.pairing import HINTED, SEEKING_NOW, Refused, now
+from swarm_node.gossip.exchange_times import ExchangeTimes
+from swarm_node.gossip.pairing import HINTED, SEEKING_NOW, PairState, Refused, now
 from swarm_node.gossip.partner_check import PartnerCheck
 from swarm_node.gossip.payloads import SERVED_AT_ONCE, Payload, PayloadState, PayloadSwap, Tensors
 from swarm_node.gossip.round_pairing import RoundCalls, RoundPairing, round_pairing
@@ -71,16 +72,6 @@ class OuterState(PayloadState, Protocol):
     def force_round(self) -> None: ...
 
 
-@dataclass(frozen=True)
-class ExchangeTimes:
-    round_timeout_s: float  # how long to seek a partner before the local-only step
-    exchange_s: float  # one payload exchange, both ways
-    link_s: float | None = None  # the slowest link's share of exchange_s (without its floor); None: all of it
-    overlapped: bool = True  # inner steps go on while the exchange runs (ALGORITHM.md section 3.1)
-    # our payload goes out while the partner's comes in (False: one after the other)
-    both_at_once: bool = True
-
-
 @dataclass
 class RoundOutcome:
     """One round and its critical path: preparing the payload, finding a partner, the
@@ -106,7 +97,7 @@ class OuterExchange:
                  services: NodeServices, gate: RoundGate, candidates: Callable[[], list[tuple[str, int]]],
                  callers_expected: Callable[[], bool], announce: Callable[[], Awaitable[None]],
                  stopping: asyncio.Event, own_id: str, max_update_ratio: float = 3.0,
-                 gate_holds_steps: bool = True):
+                 gate_holds_steps: bool = True, link_bytes_s: Callable[[], float | None] = lambda: None):
         self.spec_hash = spec_hash
         self.times = times
         self.state = state
@@ -116,6 +107,10 @@ class OuterExchange:
         # whether the gate holds this node's own steps: stage 0, which draws the micro-batches
         # (or a one-stage node); a later stage computes what its upstream sends, gate or not
         self.gate_holds_steps = gate_holds_steps
+        # what our uplink carries of the pipeline, bytes a second, as we measured it (None: not yet)
+        self.link_bytes_s = link_bytes_s
+        # stage 0 holds its micro-batches to one while our payload moves (train/pipeline.py)
+        gate.payload_on_link = self.payload_on_link
         # callable, unbanned peers of our stage: (peer, how likely it accepts now)
         self.candidates = candidates
         self.callers_expected = callers_expected  # peers that cannot be called may call us this round
@@ -126,7 +121,7 @@ class OuterExchange:
             method, round_timeout_s=times.round_timeout_s, exchange_s=times.exchange_s, link_s=times.link_s,
             propose_timeout_s=PROPOSE_TIMEOUT_S, own_id=own_id, served_at_once=SERVED_AT_ONCE)
         self.payloads = PayloadSwap(spec_hash=spec_hash, state=state, services=services, pairing=self.pairing,
-                                    check=self.check, exchange_s=self.pairing.served_s,
+                                    check=self.check, exchange_s=self.pairing.served_s, serve_s=times.most_s,
                                     both_at_once=times.both_at_once,
                                     round_early=self.maybe_round_early, on_delta=self._delta_landed)
         self.own_id = own_id
@@ -145,6 +140,11 @@ class OuterExchange:
     @property
     def seeking(self) -> bool:
         return self.pairing.state.value in ("seeking", "proposing")
+
+    def payload_on_link(self) -> bool:
+        """Whether a payload of this round is moving now, ours or the partner's: from a
+        reservation or our proposal's yes to the pair made."""
+        return self.pairing.state in (PairState.RESERVED, PairState.EXCHANGING)
 
     @property
     def behind(self) -> bool:
@@ -190,6 +190,9 @@ class OuterExchange:
         resuming = (asyncio.create_task(self._resume_steps(opened_at + wait_first_s, outcome))
                     if wait_first_s > 0 else None)
         self.payloads.offer = reply
+        # this round's deadline, from our link as measured now
+        self.pairing.request_timeout_s = self.times.deadline_s(self.link_bytes_s())
+        self.payloads.exchange_s = self.pairing.served_s
         try:
             others = await self._gather(round_no, reply, expect_request=self.gate.requested or callers)
         finally:

@@ -93,13 +93,16 @@ class PayloadSwap:
     def __init__(self, *, spec_hash: str, state: PayloadState, services: NodeServices,
                  pairing: RoundPairing, check: PartnerCheck, exchange_s: float,
                  both_at_once: bool, round_early: Callable[[float], Awaitable[None]],
-                 on_delta: Callable[[bool], None]):
+                 on_delta: Callable[[bool], None], serve_s: float | None = None):
         self.spec_hash = spec_hash
         self.state = state
         self.compute, self.transport, self.guard = services.compute, services.transport, services.guard
         self.pairing = pairing  # its rule says whose payload we take, and how, and who may fetch ours
         self.check = check
         self.exchange_s = exchange_s  # one payload exchange, both ways (a group member's: beside the others)
+        # what a served payload may take: the longest a round's measured link may stretch exchange_s to
+        # (a caller that stalls is cut sooner, net/stalls.py)
+        self.serve_s = exchange_s if serve_s is None else max(exchange_s, serve_s)
         # False: the partner's payload only after ours is in (for comparison)
         self.both_at_once = both_at_once
         self.round_early = round_early  # (wait_s) a group member's payload may pull our round forward
@@ -125,11 +128,11 @@ class PayloadSwap:
         await transport.serve(protocols.OUTER, self.handle_outer,
                               ServeLimits(max_request_bytes=self.limits.max_payload_bytes,
                                           max_concurrent=SERVED_AT_ONCE, max_per_peer=PARTS_A_PEER,
-                                          handler_timeout_s=self.exchange_s, paced_request=True),
+                                          handler_timeout_s=self.serve_s, paced_request=True),
                               authorize=authorize)
         await transport.serve(protocols.OUTER_FETCH, self.handle_fetch,
                               ServeLimits(max_request_bytes=CONTROL_MAX_BYTES, max_concurrent=SERVED_AT_ONCE,
-                                          max_per_peer=PARTS_A_PEER, handler_timeout_s=self.exchange_s,
+                                          max_per_peer=PARTS_A_PEER, handler_timeout_s=self.serve_s,
                                           paced_response=True),
                               authorize=authorize)
 

@@ -178,13 +178,15 @@ class NodeStartup:
         payload_bytes = int(numel * self.worker.codec.bytes_per_parameter())
         times = ExchangeTimes(cfg.round_timeout_s, cfg.exchange_timeout_for(payload_bytes),
                               link_s=cfg.exchange_link_s(payload_bytes), overlapped=not cfg.blocking_rounds,
-                              both_at_once=not cfg.one_payload_at_a_time)
+                              both_at_once=not cfg.one_payload_at_a_time, payload_bytes=payload_bytes,
+                              max_exchange_s=cfg.max_exchange_s)
         self.exchange = OuterExchange(
             spec_hash=self.spec_hash, method=spec.method.name, times=times, state=self.worker, gate=self.gate,
             candidates=membership.partner_candidates,
             callers_expected=membership.callers_expected, announce=membership.round_changed,
             stopping=self.stopping, own_id=self.peer_id, max_update_ratio=cfg.max_update_ratio,
-            services=services, gate_holds_steps=self.worker.is_first)
+            services=services, gate_holds_steps=self.worker.is_first,
+            link_bytes_s=self.pipeline.uplink_bytes_s)
         self.witnesses = Witnesses(worker=self.worker, services=services, spec_hash=self.spec_hash,
                                    partner_spread=self.exchange.check.partner_spread)
         self.state_sync = StateSync(worker=self.worker, spec_hash=self.spec_hash,

@@ -43,6 +43,11 @@ from collections import deque
 from dataclasses import dataclass, field
 
 MIN_WINDOW = 2
+# While a round's payload moves, stage 0 keeps this many in flight: the payload takes the
+# rest of its uplink (paced flows share a link alike, so with a window of W it had 1/(W+1)
+# of it, and a payload of 1.6 MB outlasted its exchange's deadline at 1 Mbit/s); the
+# payload is short next to a round, and the link stays busy with it.
+ROUND_WINDOW = 1
 RECENT = 32  # micro-batches whose times count
 DEADLINE_GAIN = 3.0  # a hop's deadline over the time the link takes for what is in flight
 
@@ -95,9 +100,31 @@ class InFlightWindow:
             needed = min(needed, math.ceil(rate * out_s) + 1)
         return max(min(MIN_WINDOW, cap), min(needed, cap))
 
+    def pace(self) -> str:
+        """The delivery rates a hop's deadline reads, for a lost micro-batch's log line."""
+        if not self.rates:
+            return "link unmeasured"
+        return (f"link {statistics.median(self.rates):.2f} micro-batches/s typical, "
+                f"{max(self.rates):.2f} at best, {len(self.rates)} samples")
+
     def deadline_s(self, in_flight: int, floor_s: float, cap_s: float) -> float:
         """A hop's deadline with ``in_flight`` of ours in the pipeline, this one included."""
         if not self.rates:  # unmeasured: each micro-batch in flight taken to need the floor on the link
             return min(cap_s, DEADLINE_GAIN * floor_s * max(1, in_flight))
         rate = statistics.median(self.rates)  # the typical pace: a burst of completions must not shorten it
         return min(cap_s, max(floor_s, DEADLINE_GAIN * max(1, in_flight) / rate))
+
+
+@dataclass
+class ServedRate:
+    """A later stage's answers a second lately (its uplink carries them back): the pace
+    at which it served the previous stage's micro-batches, the most recent ones."""
+    at: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT))
+
+    def note(self, now: float) -> None:
+        self.at.append(now)
+
+    def rate(self) -> float | None:
+        if len(self.at) < 2 or self.at[-1] <= self.at[0]:
+            return None
+        return (len(self.at) - 1) / (self.at[-1] - self.at[0])

@@ -46,7 +46,7 @@ from swarm_node.net import protocols
 from swarm_node.net.transport import ServeLimits, short_id
 from swarm_node.node_config import NodeConfig
 from swarm_node.node_services import NodeServices
-from swarm_node.routing.window import InFlightWindow
+from swarm_node.routing.window import ROUND_WINDOW, InFlightWindow, ServedRate
 from swarm_node.spec import RunSpec
 from swarm_node.train.compute import FairTurns
 from swarm_node.train.hop_work import (
@@ -100,6 +100,8 @@ class Pipeline:
         self.queue = 0  # forward requests being served
         self.in_flight = 0  # our own micro-batches in the pipeline (stage 0)
         self.window = InFlightWindow(config.max_in_flight)
+        self.served = ServedRate()  # a later stage: the pace of its answers
+        self.unheld_window = 0  # stage 0: the window as measured, before a round's payload holds it
         self.window_size = 0  # stage 0: the window as last sized and the last hop's deadline (/api/status)
         self.hop_deadline_s = 0.0
         self._turns = FairTurns()  # the previous stage's peers share our compute in turn
@@ -183,7 +185,7 @@ class Pipeline:
                    else len(self.next_peers()) * FORWARD_PER_CALLER)
         clock = asyncio.get_running_loop().time
         waited_from = None
-        while self.in_flight >= (size := self.window.size(accepts)):
+        while self.in_flight >= (size := self._window(accepts)):
             self.window_size = size
             waited_from = clock() if waited_from is None else waited_from
             self._slot_freed.clear()
@@ -191,6 +193,30 @@ class Pipeline:
         self.window_size = size
         if waited_from is not None:
             self.stats.link_wait_s += clock() - waited_from
+
+    def _window(self, accepts: int) -> int:
+        """The measured window, held to ROUND_WINDOW while a round's payload moves."""
+        self.unheld_window = size = self.window.size(accepts)
+        return min(size, ROUND_WINDOW) if self.gate.payload_on_link() else size
+
+    def _hop_flights(self) -> int:
+        """What a hop's deadline counts as crossing the link with it: the window as measured,
+        not only ours in flight now. Paced flows share the link alike, so micro-batches sent
+        after this one slow it down as the window fills (a run's first hop, sent alone with
+        the deadline of one, was lost once the window grew to 3), and while a payload holds
+        the window, the payload takes the place of those held back."""
+        return max(self.in_flight, self.unheld_window)
+
+    def uplink_bytes_s(self) -> float | None:
+        """What our uplink carries of the pipeline, bytes a second, as measured here: stage
+        0's requests at its delivery rate (routing/window.py), a later stage's answers at
+        the pace it served them; None until measured. The outer exchange's deadline
+        stretches with it (gossip/exchange.py)."""
+        rate, crossed = ((self.window.link_rate(), self.stats.to_next) if self.worker.is_first
+                         else (self.served.rate(), self.stats.from_previous))
+        if rate is None or not crossed.tokens:
+            return None
+        return rate * crossed.sent * self.spec.batch_size * self.spec.seq_len / crossed.tokens
 
     async def _next_stage_known(self) -> None:
         """Stage 0 draws a micro-batch only while some next-stage peer can take it: the
@@ -232,7 +258,7 @@ class Pipeline:
                     targets = window_ids(inputs, targets)
                 clock = asyncio.get_running_loop().time
                 mark = self.window.sent(clock())
-                deadline_s = self.window.deadline_s(self.in_flight, self.config.hop_timeout_s,
+                deadline_s = self.window.deadline_s(self._hop_flights(), self.config.hop_timeout_s,
                                                     self.config.max_hop_deadline_s)
                 self.hop_deadline_s = deadline_s
                 try:
@@ -311,7 +337,8 @@ class Pipeline:
         except (PeerError, NotEnoughPeers, TimeoutError) as exc:
             self.stats.microbatches_lost += 1
             self.stats.note_failure(f"micro-batch lost: {exc}")
-            log.info("micro-batch lost: %s", exc)
+            log.info("micro-batch lost: %s (deadline %.0f s; %d of ours in flight, window %d, %s)", exc,
+                     timeout_s, self.in_flight, self.window_size, self.window.pace())
             raise MicrobatchLost(f"downstream: {exc}") from exc
         self._note_loss(loss)
         wait_s = clock() - sent
@@ -360,6 +387,7 @@ class Pipeline:
             self.gate.note_due(due)
             answer = await self.wire(encode_answer, {"ok": True, "loss": loss}, grad)
             self.stats.from_previous.note(len(answer), len(request), targets.numel())
+            self.served.note(asyncio.get_running_loop().time())
             return answer
         except OutOfScale as exc:  # refused, not counted against the sender
             self.guard.note(remote, f"refusing a micro-batch of {short_id(remote)}: {exc}")

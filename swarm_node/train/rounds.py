@@ -15,6 +15,7 @@ loss to the network."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from swarm_node.train.worker import StageWorker
 
@@ -29,6 +30,9 @@ class RoundGate:
         self.requested = False  # the current round was started by a waiting partner
         self._shut_at: float | None = None
         self.held_s = 0.0  # total time boundaries held the steps
+        # whether a round's payload is moving now (gossip/exchange.py sets it): stage 0
+        # holds its micro-batches in flight to one meanwhile (train/pipeline.py)
+        self.payload_on_link: Callable[[], bool] = lambda: False
 
     @property
     def in_round(self) -> bool:

@@ -67,19 +67,26 @@ class LinkBoundNextStage:
         return self.answer
 
 
-@pytest.mark.timeout(120)
-def test_a_link_bound_stage_0_loses_nothing_and_keeps_its_link_busy():
-    data = load_windows(SPEC.data, SPEC.seq_len)
-    worker = StageWorker(SPEC, 0, data.vocab_size)
+def link_bound_stage_0(spec, max_steps: int):
+    """Stage 0 whose next stage is PEERS behind a link that moves one micro-batch each TX_S:
+    (its parts, the next stage, its pipeline with the data open, the answer's bytes)."""
+    data = load_windows(spec.data, spec.seq_len)
+    worker = StageWorker(spec, 0, data.vocab_size)
     answer = encode_frame({"ok": True, "loss": 2.0},
                           encode_activations(torch.zeros(4, 16, worker.model_config.hidden_size), "fp16"))
     next_stage = LinkBoundNextStage(answer)
-    stage = StageParts(SPEC, worker, config=NodeConfig(max_steps=MICROBATCHES), transport=next_stage)
-    stage.membership.peers = {1: {p: record(1, SPEC) for p in PEERS}}
+    stage = StageParts(spec, worker, config=NodeConfig(max_steps=max_steps), transport=next_stage)
+    stage.membership.peers = {1: {p: record(1, spec) for p in PEERS}}
     for peer in PEERS:
         stage.guard.reached(peer)
     pipeline = stage.pipeline()
-    pipeline.open_data(RunData.in_memory(SPEC, data), "QmSelf", resumed=None)
+    pipeline.open_data(RunData.in_memory(spec, data), "QmSelf", resumed=None)
+    return stage, next_stage, pipeline, answer
+
+
+@pytest.mark.timeout(120)
+def test_a_link_bound_stage_0_loses_nothing_and_keeps_its_link_busy():
+    stage, next_stage, pipeline, answer = link_bound_stage_0(SPEC, MICROBATCHES)
 
     async def scenario() -> float:
         clock = asyncio.get_running_loop().time
@@ -98,7 +105,7 @@ def test_a_link_bound_stage_0_loses_nothing_and_keeps_its_link_busy():
     # the figures /api/status shows: every request and answer byte, per token; stage 0 waited on its link
     tokens = MICROBATCHES * SPEC.batch_size * SPEC.seq_len
     assert stats.to_next.tokens == tokens and stats.to_next.received == MICROBATCHES * len(answer)
-    assert stats.to_next.sent > MICROBATCHES * 4 * 16 * worker.model_config.hidden_size * 2
+    assert stats.to_next.sent > MICROBATCHES * 4 * 16 * stage.worker.model_config.hidden_size * 2
     assert stats.boundaries(0) == {"0-1": {"sent": round(stats.to_next.sent / tokens, 2),
                                            "received": round(len(answer) / 64, 2), "tokens": tokens}}
     # blocked on a full window all along, but for the drain at the end (the window's last few)
