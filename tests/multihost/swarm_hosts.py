@@ -128,6 +128,20 @@ class Volunteer:
         found = re.search(r"node (\w+): stage (\d+) of", self.text())
         return found.group(1) if found else None
 
+    def status(self, port: int) -> dict | None:
+        """The node's own /api/status (it was started with ``--http-port port``), asked
+        from its host, once it trains (None before)."""
+        def fetch():
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status", timeout=10) as reply:
+                    return json.loads(reply.read())
+            except OSError:
+                return None
+
+        status = self.bed.call(self.host, fetch, timeout_s=30)
+        training = status and status.get("stage") is not None and status["state"] == "training"
+        return status if training else None
+
     def metrics(self) -> list[dict]:
         """The JSON lines the node wrote after each outer round (and at exit)."""
         return [json.loads(line) for path in sorted((self.workdir / "runs").glob("*/metrics-*.jsonl"))

@@ -21,10 +21,8 @@ measured). Slow tier: runs of several minutes on real hosts (tests/netbed)."""
 
 from __future__ import annotations
 
-import json
 import re
 import time
-import urllib.request
 
 import pytest
 from swarm_hosts import REPO, BootstrapOnHost, Volunteer, wait_for
@@ -59,13 +57,13 @@ def test_a_link_bound_pipeline_runs_at_the_links_rate(bed, tmp_path, rate_mbit, 
             assert v.process.poll() is None, f"volunteer {v.host.name} exited:\n{v.text()[-3000:]}"
         peers = boot.peers()
         return (len(peers) == VOLUNTEERS and all(p["verified"] for p in peers)
-                and all(map(_stage, volunteers)) and all(_status(bed, v) for v in volunteers))
+                and all(map(_stage, volunteers)) and all(v.status(NODE_HTTP_PORT) for v in volunteers))
 
     wait_for(joined, 600, "four volunteers to join", tmp_path)
-    before = {v.host.name: (_status(bed, v), bed.tx_bytes(v.host)) for v in volunteers}
+    before = {v.host.name: (v.status(NODE_HTTP_PORT), bed.tx_bytes(v.host)) for v in volunteers}
     started = time.monotonic()
     time.sleep(WINDOW_S)
-    after = {v.host.name: (_status(bed, v), bed.tx_bytes(v.host)) for v in volunteers}
+    after = {v.host.name: (v.status(NODE_HTTP_PORT), bed.tx_bytes(v.host)) for v in volunteers}
     window_s = time.monotonic() - started
     peers = boot.peers()
 
@@ -124,19 +122,6 @@ def _spec(workdir, codec: str, inner_steps: int):
     path = workdir / f"tiny-corpus-{codec}.toml"
     path.write_text(text)
     return path
-
-
-def _status(bed, volunteer: Volunteer) -> dict | None:
-    """The volunteer's own /api/status, once it trains (None before)."""
-    def fetch():
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{NODE_HTTP_PORT}/api/status", timeout=10) as reply:
-                return json.loads(reply.read())
-        except OSError:
-            return None
-
-    status = bed.call(volunteer.host, fetch, timeout_s=30)
-    return status if status and status.get("stage") is not None and status["state"] == "training" else None
 
 
 def _stage(volunteer: Volunteer) -> str | None:
