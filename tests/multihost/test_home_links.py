@@ -109,7 +109,9 @@ def test_a_link_bound_pipeline_runs_at_the_links_rate(bed, tmp_path, rate_mbit, 
     # measured link), but a partner whose boundary comes over 20 s later (round_timeout_s)
     # can still leave one local-only; and stage 0 used 51-58 % of the links. A window of
     # twice the bandwidth-delay product (8 in flight) moved that only to 61 % at 2 Mbit/s
-    # fp16: the window is not what idles the link.
+    # fp16, and the paced bodies' queueing target at 0.4 s instead of 0.1 s to 62 %: neither
+    # the window nor the pacing is what idles the link (one TCP flow, or one each way, takes
+    # 2.0 Mbit/s of these links: measured in this bed).
     open_bars = [bar for bar, held in (
         ("every round with a partner", all(r["rounds"] >= 1 and r["partnered"] == r["rounds"] for r in rows)),
         (f"{LINK_SHARE:.0%} of the links", tokens_s >= LINK_SHARE * capacity_s)) if not held]
