@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from swarm_node.errors import PeerError, PeerTimeout, ProtocolError, StreamClosed
@@ -28,10 +27,11 @@ from swarm_node.gossip.exchange_times import ExchangeTimes
 from swarm_node.gossip.pairing import HINTED, SEEKING_NOW, PairState, Refused, now
 from swarm_node.gossip.partner_check import PartnerCheck
 from swarm_node.gossip.payloads import SERVED_AT_ONCE, Payload, PayloadState, PayloadSwap, Tensors
+from swarm_node.gossip.round_outcome import RoundOutcome, count_round
 from swarm_node.gossip.round_pairing import RoundCalls, RoundPairing, round_pairing
 from swarm_node.gossip.seekers import Seekers
 from swarm_node.net import protocols
-from swarm_node.net.transport import ServeLimits, short_id
+from swarm_node.net.transport import ServeLimits
 from swarm_node.node_services import NodeServices
 from swarm_node.train.rounds import RoundGate, force_round_if_ready
 from swarm_node.train.worker import OpenRound
@@ -70,26 +70,6 @@ class OuterState(PayloadState, Protocol):
     def can_round_early(self) -> bool: ...
 
     def force_round(self) -> None: ...
-
-
-@dataclass
-class RoundOutcome:
-    """One round and its critical path: preparing the payload, finding a partner, the
-    payloads moving, the outer step (times on the loop's clock: time.monotonic on a
-    real loop)."""
-    round_no: int
-    started_at: float = 0.0
-    partners: list[str] = field(default_factory=list)
-    seconds: float = 0.0  # from the boundary to the outer step applied
-    proposals: int = 0  # proposals we sent
-    alone: bool = False  # nobody else was in the stage (as our view had it): local-only by plan
-    prepare_s: float = 0.0  # snapshot, our own Delta's scale, encoding
-    partner_at: float | None = None  # when the partner was agreed (its proposal or ours accepted)
-    exchange_s: float | None = None  # from the partner agreed to its payload in and checked
-    delta_in_s: float | None = None  # from the partner agreed to its Delta in, checked and landed
-    waited_first_s: float = 0.0  # steps held after the boundary for the partner's Delta (waiting first)
-    close_s: float = 0.0  # decoding, checks, the outer step
-    ended_at: float = 0.0
 
 
 class OuterExchange:
@@ -213,7 +193,7 @@ class OuterExchange:
         outcome.ended_at = now()
         outcome.close_s = outcome.ended_at - closing
         outcome.seconds = outcome.ended_at - started
-        self._count(outcome, had_company)
+        self._alone = count_round(self.stats, outcome, had_company, alone_before=self._alone)
         self.last = outcome
         return outcome
 
@@ -273,30 +253,6 @@ class OuterExchange:
         """Backed off (a poisoner's longer ban is kept), logged at most once a minute a peer."""
         self.guard.failed(peer)
         self.guard.note(peer, what)
-
-    def _count(self, outcome: RoundOutcome, had_company: bool) -> None:
-        alone_before, self._alone = self._alone, not had_company
-        self.stats.note_round(outcome.seconds, outcome.prepare_s, outcome.close_s,
-                              to_partner_s=outcome.partner_at - outcome.started_at
-                              if outcome.partners and outcome.partner_at is not None else None,
-                              exchange_s=outcome.exchange_s)
-        self.stats.round_waited_first_s += outcome.waited_first_s
-        if not outcome.partners:
-            self.stats.local_only_rounds += 1
-            if had_company:  # alone in the stage, a local-only round is the plan, not a failure
-                self.stats.note_failure(f"round {outcome.round_no}: no partner, local-only step")
-                log.info("round %d: no partner found in %.1fs, local-only step", outcome.round_no,
-                         outcome.seconds)
-            else:
-                self.stats.rounds_alone += 1
-                if not alone_before:  # once, not every round (a few a second with a small H)
-                    log.info("round %d: no other peer in our stage; local-only steps until one joins",
-                             outcome.round_no)
-        else:
-            self.stats.rounds_with_partner += 1
-            self.stats.partners.extend(outcome.partners)
-            log.info("round %d: averaged with %s in %.2fs", outcome.round_no,
-                     ", ".join(short_id(p) for p in outcome.partners), outcome.seconds)
 
     async def _announce_seeking(self) -> None:
         """Publish our record as soon as the round is open, so that peers choosing a
