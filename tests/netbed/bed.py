@@ -180,11 +180,16 @@ class TestBed(ClosedOnFailure):
     def tx_bytes(self, host: Host) -> int:
         """Bytes the host has sent into its access link: everything (payloads, DHT,
         libp2p and TCP/IP headers), the same count for any program."""
+        return self.link_bytes(host)[0]
+
+    def link_bytes(self, host: Host) -> tuple[int, int]:
+        """Bytes the host has sent into its access link and received from it, so far."""
         edge, edge_dev = host.edge
         shown = subprocess.run(["ip", "-n", edge, "-s", "-j", "link", "show", "dev", edge_dev],
                                capture_output=True,
                                text=True, check=True, timeout=30).stdout
-        return int(json.loads(shown)[0]["stats64"]["tx"]["bytes"])
+        stats = json.loads(shown)[0]["stats64"]
+        return int(stats["tx"]["bytes"]), int(stats["rx"]["bytes"])
 
     def shape(self, host: Host, rate_mbit: float, queue_ms: float = QUEUE_MS) -> None:
         """Upload and download of the host's access link, each ``rate_mbit``."""
