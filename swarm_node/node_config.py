@@ -72,7 +72,7 @@ class NodeConfig:
     # 18 s each way, 55 s).
     slowest_link_mbit_s: float = 20.0
     # An exchange's deadline also stretches with our own uplink as the pipeline measured it
-    # (gossip/exchange.py ExchangeTimes.deadline_s), to at most this.
+    # (gossip/exchange_times.py ExchangeTimes.deadline_s), to at most this.
     max_exchange_s: float = 300.0
     heartbeat_s: float = 2.0
     record_ttl_s: float = 15.0

@@ -211,7 +211,7 @@ class Pipeline:
         """What our uplink carries of the pipeline, bytes a second, as measured here: stage
         0's requests at its delivery rate (routing/window.py), a later stage's answers at
         the pace it served them; None until measured. The outer exchange's deadline
-        stretches with it (gossip/exchange.py)."""
+        stretches with it (gossip/exchange_times.py)."""
         rate, crossed = ((self.window.link_rate(), self.stats.to_next) if self.worker.is_first
                          else (self.served.rate(), self.stats.from_previous))
         if rate is None or not crossed.tokens:

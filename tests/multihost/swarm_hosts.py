@@ -22,6 +22,8 @@ REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent  # swarm-node and swarm-bootstrap are on the PATH as installed
 EXAMPLE_SPEC = REPO / "examples" / "debug-synthetic.toml"
 HTTP_PORT = 8080
+# What net/guard.py logs about a peer it ignores, bans, or refuses at the stream gate.
+GUARD_LINE = re.compile(r"^.*(?:ignoring peer|banning peer|not admitted).*$", re.MULTILINE)
 
 
 def volunteer_env(**extra: str) -> dict[str, str]:
@@ -146,6 +148,13 @@ class Volunteer:
         """The JSON lines the node wrote after each outer round (and at exit)."""
         return [json.loads(line) for path in sorted((self.workdir / "runs").glob("*/metrics-*.jsonl"))
                 for line in path.read_text().splitlines() if line.strip()]
+
+
+def guard_lines(boot: BootstrapOnHost, volunteers: list[Volunteer]) -> dict[str, list[str]]:
+    """Every guard line (GUARD_LINE) in each volunteer's log and the bootstrap's, by host."""
+    lines = {v.host.name: GUARD_LINE.findall(v.text()) for v in volunteers}
+    lines["boot"] = GUARD_LINE.findall(boot.log.read_text(errors="replace"))
+    return lines
 
 
 def two_by_two(bed: TestBed, workdir: Path, run_id: str) -> tuple[BootstrapOnHost, list[Volunteer]]:

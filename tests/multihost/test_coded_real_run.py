@@ -14,8 +14,10 @@ from __future__ import annotations
 import re
 
 import pytest
-from swarm_hosts import BootstrapOnHost, Volunteer, wait_for
+from swarm_hosts import BootstrapOnHost, Volunteer, guard_lines, wait_for
 from test_prepared_run import _prepare_on
+
+from swarm_node.model.config import NAMED_SIZES
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -23,9 +25,8 @@ RATE_MBIT = 20.0
 RTT_MS = 30.0
 RATIO = 32
 ROUNDS = 8  # rounds every volunteer pairs in the window
-TINY_HIDDEN = 256
+TINY_HIDDEN = NAMED_SIZES["tiny"][0]
 NODE_HTTP_PORT = 8081
-GUARD_LINE = re.compile(r"^.*(?:ignoring peer|banning peer|not admitted).*$", re.MULTILINE)
 
 
 def test_a_coded_pipeline_on_home_links_trains_on_real_text(bed, tmp_path):
@@ -70,9 +71,8 @@ def test_a_coded_pipeline_on_home_links_trains_on_real_text(bed, tmp_path):
             assert now["tokens"] > then["tokens"], (then, now)
         else:
             assert now["loss"] < then["loss"], (then, now)
-    guard_lines = {v.host.name: GUARD_LINE.findall(v.text()) for v in volunteers}
-    guard_lines["boot"] = GUARD_LINE.findall(boot.log.read_text(errors="replace"))
-    assert not any(guard_lines.values()), guard_lines
+    guard = guard_lines(boot, volunteers)
+    assert not any(guard.values()), guard
     # What crossed the boundary: the ratio's budget each way, 2 x hidden / ratio bytes a token.
     for name, crossed in boundaries.items():
         assert crossed and list(crossed) == ["0-1"], (name, crossed)
