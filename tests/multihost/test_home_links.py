@@ -21,6 +21,7 @@ measured). Slow tier: runs of several minutes on real hosts (tests/netbed)."""
 
 from __future__ import annotations
 
+import json
 import re
 import time
 
@@ -60,7 +61,7 @@ def test_a_link_bound_pipeline_runs_at_the_links_rate(bed, tmp_path, rate_mbit, 
     wait_for(joined, 600, "four volunteers to join", tmp_path)
     before = {v.host.name: (v.status(NODE_HTTP_PORT), bed.tx_bytes(v.host)) for v in volunteers}
     started = time.monotonic()
-    busy = _link_busy(bed, [v.host for v in volunteers], WINDOW_S, rate_mbit)
+    busy = _link_busy(bed, [v.host for v in volunteers], WINDOW_S, rate_mbit, tmp_path / "link_seconds.json")
     after = {v.host.name: (v.status(NODE_HTTP_PORT), bed.tx_bytes(v.host)) for v in volunteers}
     window_s = time.monotonic() - started
     peers = boot.peers()
@@ -118,24 +119,27 @@ def test_a_link_bound_pipeline_runs_at_the_links_rate(bed, tmp_path, rate_mbit, 
         pytest.xfail(f"open in issue 55: {', '.join(open_bars)} ({tokens_s / capacity_s:.0%} of the links)")
 
 
-def _link_busy(bed, hosts, window_s: float, rate_mbit: float) -> dict[str, dict[str, str]]:
+def _link_busy(bed, hosts, window_s: float, rate_mbit: float, seconds_file) -> dict[str, dict[str, str]]:
     """Samples each host's access link every second for ``window_s``; per host and
     direction, its mean use of the rate and how many seconds it ran under half of it
     (where an idle link turns up: at 2 Mbit/s fp16 a stage-1 uplink carried both callers'
-    gradients for 10-30 s while the other idled, each link busy 60-66 % on average)."""
+    gradients for 10-30 s while the other idled, each link busy 60-66 % on average). Each
+    second's share goes to ``seconds_file`` (JSON: host -> direction -> shares)."""
     rate = rate_mbit * 1e6 / 8
     end = time.monotonic() + window_s
     samples = [(time.monotonic(), {h.name: bed.link_bytes(h) for h in hosts})]
     while (left := end - time.monotonic()) > 0:
         time.sleep(min(1.0, left))
         samples.append((time.monotonic(), {h.name: bed.link_bytes(h) for h in hosts}))
-    out = {}
+    out, series = {}, {}
     for h in hosts:
         for way, k in (("up", 0), ("down", 1)):
             shares = [(b[h.name][k] - a[h.name][k]) / (tb - ta) / rate
                       for (ta, a), (tb, b) in zip(samples, samples[1:]) if tb > ta]
+            series.setdefault(h.name, {})[way] = [round(s, 3) for s in shares]
             out.setdefault(h.name, {})[way] = (f"{sum(shares) / max(1, len(shares)):.0%}, "
                                                f"{sum(s < 0.5 for s in shares)} of {len(shares)} under half")
+    seconds_file.write_text(json.dumps(series))
     return out
 
 
