@@ -43,6 +43,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from swarm_node.errors import ProtocolError, StreamClosed
 
@@ -135,6 +136,13 @@ class _Window:
         self.sent += n
         self._in_flight.append((self.sent, self.clock()))
 
+    def last_written(self, written: Callable[[], None] | None) -> Callable[[], None] | None:
+        """Calls ``written`` once all is written; what is left to call."""
+        if written is not None and self.sent >= self.length:
+            written()
+            return None
+        return written
+
     def on_ack(self, ack: int, read_at_s: float) -> None:
         if not self.acked < ack <= self.sent:
             raise ProtocolError(f"acknowledged {ack} bytes after {self.acked}, of {self.sent} sent")
@@ -194,12 +202,17 @@ ACK_PAUSE_S = 0.001
 
 
 async def send_paced(writer: asyncio.StreamWriter, reader: asyncio.StreamReader, data: bytes,
-                     pacer: Pacer | None, meter: Meter | None = None) -> None:
+                     pacer: Pacer | None, meter: Meter | None = None,
+                     written: Callable[[], None] | None = None) -> None:
     """Write ``data`` as a paced body and read its acknowledgements to the last one.
     ``pacer`` None: write it all at once (loopback), still reading the acknowledgements.
-    ``meter``: counts the bytes acknowledged (a server watches a paced answer stall by it)."""
+    ``meter``: counts the bytes acknowledged (a server watches a paced answer stall by it).
+    ``written``: called on the loop once the last byte is written (its acknowledgement a
+    round trip away: the next body may start)."""
     if isinstance(writer, BlockingPipe):
-        return await writer.run(send_paced_blocking, data, pacer, meter)
+        loop = asyncio.get_running_loop()
+        on_thread = None if written is None else partial(loop.call_soon_threadsafe, written)
+        return await writer.run(send_paced_blocking, data, pacer, meter, on_thread)
     window = _Window(len(data), pacer, meter)
     writer.write(len(data).to_bytes(LENGTH_BYTES, "big"))
     view = memoryview(data)
@@ -209,12 +222,14 @@ async def send_paced(writer: asyncio.StreamWriter, reader: asyncio.StreamReader,
             writer.write(view[window.sent:window.sent + n])
             window.wrote(n)
         await writer.drain()
+        written = window.last_written(written)
         window.on_ack(*await _read_ack(reader))
+    window.last_written(written)  # an empty body
 
 
 def send_paced_blocking(pipe: BlockingPipe, data: bytes | memoryview, pacer: Pacer | None,
-                        meter: Meter | None = None) -> None:
-    """``send_paced`` on the pipe's thread."""
+                        meter: Meter | None = None, written: Callable[[], None] | None = None) -> None:
+    """``send_paced`` on the pipe's thread (``written`` called on it)."""
     window = _Window(len(data), pacer, meter)
     pipe.send_now(len(data).to_bytes(LENGTH_BYTES, "big"))
     view = byte_view(data)
@@ -226,11 +241,13 @@ def send_paced_blocking(pipe: BlockingPipe, data: bytes | memoryview, pacer: Pac
         while n := window.room(piece):
             window.wrote(n)  # stamped as it starts, as the loop's sender stamps its writes
             pipe.send_now(view[window.sent - n:window.sent])
+        written = window.last_written(written)
         _read_into(pipe, memoryview(ack))  # at least one, then every one already here
         window.on_ack(*_parse_ack(ack))
         while not window.done and pipe.buffered() >= len(ack):
             _read_into(pipe, memoryview(ack))
             window.on_ack(*_parse_ack(ack))
+    window.last_written(written)  # an empty body
 
 
 async def read_paced(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, length: int,

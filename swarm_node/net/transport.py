@@ -41,12 +41,15 @@ from swarm_node.net.streams import LENGTH_BYTES, ip_of, pacer_for, read_body, re
 log = logging.getLogger(__name__)
 
 
+BodySent = Callable[[float], None]  # a request's last byte is written: the seconds since its first
+
+
 class Requester(Protocol):
     """The calling side of Transport, as components see it (tests hand in fakes)."""
 
     async def request(self, peer: str, protocol: str, payload: bytes, *, timeout_s: float,
                       max_response_bytes: int, paced_request: bool = False,
-                      paced_response: bool = False) -> bytes: ...
+                      paced_response: bool = False, on_sent: BodySent | None = None) -> bytes: ...
 
 
 # A lane offer is a few bytes: one a second per caller is plenty (it opens lanes for minutes).
@@ -101,11 +104,14 @@ class Transport(StreamServer):
 
     async def request(self, peer_id: str, protocol: str, payload: bytes, *, timeout_s: float,
                       max_response_bytes: int, paced_request: bool = False,
-                      paced_response: bool = False) -> bytes:
+                      paced_response: bool = False, on_sent: BodySent | None = None) -> bytes:
         """Send one frame to ``peer_id``'s ``protocol`` handler and return its answer.
         ``paced_request`` / ``paced_response``: that direction is a paced body
         (net/pacing.py), as the protocol's server has it too. A bulk protocol goes over
-        a direct lane to the peer when there is one (net/lanes.py), else over libp2p."""
+        a direct lane to the peer when there is one (net/lanes.py), else over libp2p.
+        ``on_sent``: called once the request's last byte is written, with the seconds it
+        took from its first (a lane or stream opened first not counted; a paced request's
+        pace is its acknowledgements', so this is its rate less a window)."""
         if self.lanes is not None and protocol in protocols.BULK and self.lanes.direct_to(peer_id):
             started = time.monotonic()
             lane = await self.lanes.take(peer_id, timeout_s)
@@ -113,16 +119,17 @@ class Transport(StreamServer):
                 return await self._request_on_lane(lane, peer_id, protocol, payload,
                                                    timeout_s=timeout_s - (time.monotonic() - started),
                                                    max_response_bytes=max_response_bytes,
-                                                   paced_request=paced_request, paced_response=paced_response)
+                                                   paced_request=paced_request, paced_response=paced_response,
+                                                   on_sent=on_sent)
             timeout_s -= time.monotonic() - started
         response, _ = await self._call(peer_id, protocol, payload, timeout_s=timeout_s,
                                        max_response_bytes=max_response_bytes, paced_request=paced_request,
-                                       paced_response=paced_response)
+                                       paced_response=paced_response, on_sent=on_sent)
         return response
 
     async def _call(self, peer_id: str, protocol: str, payload: bytes, *, timeout_s: float,
-                    max_response_bytes: int, paced_request: bool = False,
-                    paced_response: bool = False) -> tuple[bytes, object]:
+                    max_response_bytes: int, paced_request: bool = False, paced_response: bool = False,
+                    on_sent: BodySent | None = None) -> tuple[bytes, object]:
         """One exchange on a new libp2p stream: (answer, the connection's remote address)."""
         writer = None
         try:
@@ -130,7 +137,7 @@ class Transport(StreamServer):
                 info, reader, writer = await self.p2p.call_binary_stream_handler(PeerID.from_base58(peer_id),
                                                                                  protocol)
                 return await self._exchange(reader, writer, info.addr, peer_id, payload, max_response_bytes,
-                                            paced_request, paced_response), info.addr
+                                            paced_request, paced_response, on_sent), info.addr
         except TimeoutError:
             raise PeerTimeout(f"{protocol} to {short_id(peer_id)} timed out after {timeout_s:.1f}s") from None
         except (P2PDaemonError, P2PHandlerError, ConnectionError, OSError) as exc:
@@ -141,14 +148,15 @@ class Transport(StreamServer):
 
     async def _request_on_lane(self, lane: Lane, peer_id: str, protocol: str, payload: bytes, *,
                                timeout_s: float,
-                               max_response_bytes: int, paced_request: bool, paced_response: bool) -> bytes:
+                               max_response_bytes: int, paced_request: bool, paced_response: bool,
+                               on_sent: BodySent | None = None) -> bytes:
         name = protocol.encode("ascii")
         done = False
         try:
             async with asyncio.timeout(timeout_s):
                 lane.writer.write(bytes([len(name)]) + name)
                 response = await self._exchange(lane.reader, lane.writer, lane.address, peer_id, payload,
-                                                max_response_bytes, paced_request, paced_response)
+                                                max_response_bytes, paced_request, paced_response, on_sent)
                 done = True
                 return response
         except TimeoutError:
@@ -163,11 +171,15 @@ class Transport(StreamServer):
 
     async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, addr: object,
                         peer_id: str, payload: bytes, max_response_bytes: int, paced_request: bool,
-                        paced_response: bool) -> bytes:
+                        paced_response: bool, on_sent: BodySent | None = None) -> bytes:
+        started = time.monotonic()
+        written = None if on_sent is None else lambda: on_sent(time.monotonic() - started)
         if paced_request:
-            await send_paced(writer, reader, payload, pacer_for(addr))
+            await send_paced(writer, reader, payload, pacer_for(addr), written=written)
         else:
             await write_frame(writer, payload, read_next=True)
+            if written is not None:
+                written()
         self.bytes_sent += len(payload) + LENGTH_BYTES
         length = await read_length(reader, max_response_bytes)
         response = await (read_paced(reader, writer, length) if paced_response else read_body(reader, length))

@@ -16,13 +16,18 @@ peer not chosen lately drifts towards the best rate and is probed again within a
 turns. A recovered peer so gets its share back at once; a really slow one is measured
 slow again, at the cost of a probe every few turns. A peer measured on each of its
 turns keeps about the smoothing of an EMA of 0.1 (docs/ARCHITECTURE.md, "Why it is this
-way")."""
+way").
+
+A link-bound hop (our bodies queue for our uplink: train/uplink.py) does not spread: it
+keeps to a peer of its own (routing/sticky.py)."""
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+
+from swarm_node.routing.sticky import BodyRates, StickyChoice
 
 # An answer's say halves every FADE_TURNS turns: a peer measured on each of its turns is a
 # mean of about its last 17 answers (in the variance sense; an EMA of 0.1 averaged about 19).
@@ -43,15 +48,23 @@ class PeerChooser:
     is_banned: Callable[[str], bool] = lambda peer: False
     rng: random.Random = field(default_factory=random.Random)
     in_flight: dict[str, int] = field(default_factory=dict)
+    sticky: StickyChoice = field(default_factory=StickyChoice)  # link-bound hops (routing/sticky.py)
 
     def choose(self, candidates: list[Candidate], exclude: set[str] = frozenset(),
-               per_peer: int | None = None) -> str | None:
+               per_peer: int | None = None,
+               body_rates: BodyRates | None = None) -> str | None:
         """A peer, or None when none is usable; ``per_peer``: skip peers that many of our
-        hops are already out to (what a peer serves one caller at once)."""
+        hops are already out to (what a peer serves one caller at once). With
+        ``body_rates`` (link-bound: train/uplink.py) the hop keeps
+        to the peer that takes our bodies fastest instead of spreading (routing/sticky.py)."""
         usable = [c for c in candidates if c.peer_id not in exclude and not self.is_banned(c.peer_id)
                   and (per_peer is None or self.in_flight.get(c.peer_id, 0) < per_peer)]
         if not usable:
             return None
+        if body_rates is not None:
+            at_cap = frozenset(c.peer_id for c in candidates if per_peer is not None
+                               and self.in_flight.get(c.peer_id, 0) >= per_peer)
+            return self.sticky.choose([c.peer_id for c in usable], body_rates, self.rng, at_cap)
         known = [c.throughput for c in usable if c.throughput > 0]
         probe_rate = max(known) if known else 1.0
         weights = []

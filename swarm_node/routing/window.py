@@ -49,6 +49,7 @@ MIN_WINDOW = 2
 # payload is short next to a round, and the link stays busy with it.
 ROUND_WINDOW = 1
 RECENT = 32  # micro-batches whose times count
+PACE_SAMPLES = 8  # delivered and computed micro-batches before the pace is judged
 DEADLINE_GAIN = 3.0  # a hop's deadline over the time the link takes for what is in flight
 
 
@@ -85,6 +86,14 @@ class InFlightWindow:
     def link_rate(self) -> float | None:
         """Micro-batches a second our hops deliver at best lately; None until measured."""
         return max(self.rates) if self.rates else None
+
+    def paced_share(self) -> float | None:
+        """Micro-batches our hops deliver a second at best lately over those our compute
+        does: under 1, something past our compute (the link, the next stage) sets the
+        pace (train/uplink.py reads it); None until PACE_SAMPLES of each are measured."""
+        if len(self.rates) < PACE_SAMPLES or len(self.compute_s) < PACE_SAMPLES:
+            return None
+        return max(self.rates) * statistics.median(self.compute_s)
 
     def size(self, next_stage_accepts: int) -> int:
         """Micro-batches to keep in flight; ``next_stage_accepts``: how many the next

@@ -183,15 +183,17 @@ class Network:
 
     # -- streams ---------------------------------------------------------------------
     async def request(self, caller: str, peer: str, protocol: str, payload: bytes, timeout_s: float,
-                      count_as: str | None) -> bytes:
+                      count_as: str | None, on_sent: Callable[[float], None] | None = None) -> bytes:
         """One call, as net/transport.py's: the answer, or PeerTimeout at the deadline."""
         me, them = self.endpoints[caller], self.endpoints.get(peer)
         try:
             async with asyncio.timeout(timeout_s):
                 if them is None or not them.alive or not them.reachable or protocol not in them.handlers:
                     await asyncio.sleep(timeout_s + 1.0)  # never answered: the deadline ends it
-                await asyncio.sleep(self.transfer_s(me, them,
-                                                    self.modelled_bytes(protocol, True, len(payload))))
+                sent_s = self.transfer_s(me, them, self.modelled_bytes(protocol, True, len(payload)))
+                await asyncio.sleep(sent_s)
+                if on_sent is not None:
+                    on_sent(sent_s)
                 if not them.alive or not them.authorize[protocol](caller):
                     await asyncio.sleep(timeout_s + 1.0)
                 them.on_reached(caller)
@@ -429,10 +431,10 @@ class SimTransport:
         self.on_answer = on_answer
 
     async def request(self, peer: str, protocol: str, payload: bytes, *, timeout_s: float,
-                      max_response_bytes: int,
-                      paced_request: bool = False, paced_response: bool = False) -> bytes:
+                      max_response_bytes: int, paced_request: bool = False, paced_response: bool = False,
+                      on_sent: Callable[[float], None] | None = None) -> bytes:
         answer = await self.network.request(self.peer_id, peer, protocol, payload, timeout_s,
-                                            self.control(protocol))
+                                            self.control(protocol), on_sent)
         self.on_answer(protocol, answer)
         return answer
 

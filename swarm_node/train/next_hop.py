@@ -27,6 +27,7 @@ from swarm_node.spec import RunSpec
 from swarm_node.train.hop_work import encode_forward
 from swarm_node.train.host_copy import HostCopy, pinned_for
 from swarm_node.train.screen import MagnitudeScreen
+from swarm_node.train.uplink import Turn, UplinkQueue
 from swarm_node.train.worker import StageWorker
 from swarm_node.wire.frames import FrameLimits
 from swarm_node.wire.messages import decode_gradient_answer, rms
@@ -52,6 +53,7 @@ class NextHop:
         self.frame_limits = frame_limits
         self.chooser = PeerChooser(is_banned=self.guard.is_banned)
         self.round_trips = RoundTrips()  # what our hops to each next-stage peer measured
+        self.uplink = UplinkQueue()  # link-bound or not; then our bodies one at a time, and each peer's rate
         # the magnitude screen for the gradients next-stage peers send (train/screen.py): wire thread only
         self._gradient_screen = MagnitudeScreen(config.max_activation_ratio, window=64)
 
@@ -76,8 +78,15 @@ class NextHop:
             # one unverified peer at most per micro-batch: a flood of forged records cannot use up
             # its attempts
             probe = not any(not self.guard.is_verified(p) for p in tried)
-            peer = self.chooser.choose(self._candidates(probe), exclude=tried, per_peer=FORWARD_PER_CALLER)
+            try:
+                async with asyncio.timeout(remaining):  # our turn on the uplink (train/uplink.py)
+                    turn = await self.uplink.turn(len(payload))
+            except TimeoutError:
+                continue  # out of time: the loop's head says so
+            peer = self.chooser.choose(self._candidates(probe), exclude=tried, per_peer=FORWARD_PER_CALLER,
+                                       body_rates=self.uplink if self.uplink.link_bound else None)
             if peer is None:  # none known, all tried, or all as busy with us as they take
+                turn.release()
                 busy = any(n >= FORWARD_PER_CALLER for n in self.chooser.in_flight.values())
                 # the registry loop may show someone by then; a hop of ours ends soon
                 await asyncio.sleep(min(HOP_FREED_POLL_S if busy else 0.5, remaining))
@@ -87,11 +96,15 @@ class NextHop:
             if attempts > 1:
                 self.stats.retries += 1
             self.chooser.started(peer)
+            sent = clock()
+
+            def body_sent(seconds: float, peer: str = peer, turn: Turn = turn) -> None:
+                self.uplink.note(peer, len(payload), seconds)
+                turn.release()
             try:
-                sent = clock()
                 raw = await self.transport.request(peer, protocols.FORWARD, payload, timeout_s=remaining,
                                                    max_response_bytes=len(payload) + (1 << 16),
-                                                   paced_request=True, paced_response=True)
+                                                   paced_request=True, paced_response=True, on_sent=body_sent)
                 grad, loss = await self.wire(self._check_gradient, raw, shape)
                 self.guard.succeeded(peer)
                 self.round_trips.note(peer, shape[0], clock() - sent)
@@ -114,6 +127,7 @@ class NextHop:
                 tried.add(peer)
                 self._peer_failed(next_stage, peer, str(exc))
             finally:
+                turn.release()
                 self.chooser.finished(peer)
 
     def _candidates(self, probe: bool = True) -> list[Candidate]:
@@ -123,6 +137,7 @@ class NextHop:
         (net/guard.py)."""
         records = self.next_peers()
         self.round_trips.keep_only(records)
+        self.uplink.keep_only(records)
         return [self.round_trips.candidate(p, min(records[p].queue, self.config.max_queue))
                 for p in self.guard.probe_set(list(records), self.chooser.rng, probe=probe)]
 

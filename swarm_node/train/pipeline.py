@@ -181,9 +181,12 @@ class Pipeline:
 
     async def _free_slot(self) -> None:
         """Wait for room in the window; the time waited is the link's (and the stages after)."""
-        accepts = (self.config.max_in_flight if self.worker.is_last
-                   else len(self.next_peers()) * FORWARD_PER_CALLER)
         clock = asyncio.get_running_loop().time
+        # link-bound, our hops keep to one peer (routing/sticky.py): one more than it takes
+        # from us would go to another caller's peer and halve both bodies there
+        accepts = (self.config.max_in_flight if self.worker.is_last
+                   else FORWARD_PER_CALLER if self.next_hop.uplink.judge(clock(), self.window.paced_share())
+                   else len(self.next_peers()) * FORWARD_PER_CALLER)
         waited_from = None
         while self.in_flight >= (size := self._window(accepts)):
             self.window_size = size

@@ -86,6 +86,13 @@ def fetched_part(request: bytes) -> str | None:
     return header.get("part")
 
 
+def body_out(pacing: dict, seconds: float = 0.0) -> None:
+    """What a real transport does once a request's last byte is written (NextHop's next
+    body waits for it: train/uplink.py); a fake transport calls it with its ``**pacing``."""
+    if (on_sent := pacing.get("on_sent")) is not None:
+        on_sent(seconds)
+
+
 def record(stage: int, spec: RunSpec, **fields) -> PeerRecord:
     return PeerRecord(stage=stage, spec_hash=spec.spec_hash(), version="0", **{"state": "training", **fields})
 

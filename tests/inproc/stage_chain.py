@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import torch
-from parts import StageParts, record
+from parts import StageParts, body_out, record
 
 from swarm_node.net import protocols
 from swarm_node.spec import RunSpec
@@ -34,8 +34,9 @@ class Chain:
         chain = self
 
         class Link:
-            async def request(self, peer, protocol, payload, *, timeout_s, max_response_bytes, **_):
+            async def request(self, peer, protocol, payload, *, timeout_s, max_response_bytes, **pacing):
                 assert protocol == protocols.FORWARD
+                body_out(pacing)
                 answer = await downstream.handle_forward("QmCaller", payload)
                 header, _ = decode_frame(answer)
                 assert header["ok"], header

@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 import torch
-from parts import StageParts, record
+from parts import StageParts, body_out, record
 
 from swarm_node.data.spec import DataSpec
 from swarm_node.net import protocols
@@ -34,6 +34,7 @@ def one_hop(codec: str, scale: float = 1.0) -> tuple[torch.Tensor, float, int, t
     class Link:
         async def request(self, peer, protocol, payload, *, timeout_s, max_response_bytes, **pacing):
             assert protocol == protocols.FORWARD
+            body_out(pacing)
             answer = await downstream.handle_forward("QmFirst", payload)
             sent.append(len(payload) + len(answer))
             return answer

@@ -7,7 +7,7 @@ import random
 
 import torch
 import vclock
-from parts import StageParts, record
+from parts import StageParts, body_out, record
 
 from swarm_node.errors import NotEnoughPeers, PeerError
 from swarm_node.net import protocols
@@ -35,6 +35,7 @@ class Swarm:
             self.calls["forged"] += 1
             raise PeerError("Connect failed. msg=routing: not found")
         self.calls["honest"] += 1
+        body_out(pacing)
         return encode_frame({"ok": True, "loss": 2.0}, encode_activations(torch.zeros_like(HIDDEN), "fp16"))
 
 

@@ -16,7 +16,7 @@ import random
 import pytest
 import torch
 import vclock
-from parts import StageParts, record
+from parts import StageParts, body_out, record
 
 from swarm_node.spec import RunSpec
 from swarm_node.train.hop_work import outgoing
@@ -48,6 +48,7 @@ class NextStage:
         self.answered_when_slow = 0  # len(answered) when its last slow micro-batch was done
 
     async def request(self, peer, protocol, payload, *, timeout_s, max_response_bytes, **pacing):
+        body_out(pacing)  # at once: the peers' compute sets the pace, not a link
         async with self.busy[peer]:
             slow = peer == SLOW_START and asyncio.get_running_loop().time() < self.slow_for_s
             await asyncio.sleep(self.slow_s if slow else SERVICE_S)

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 import torch
 import vclock
-from parts import StageParts, record
+from parts import StageParts, body_out, record
 
 from swarm_node.data.dataset import load_windows
 from swarm_node.data.source import RunData
@@ -122,6 +122,7 @@ def test_stage_0_keeps_as_many_micro_batches_in_flight_as_its_window_says():
 
     class NextStage:
         async def request(self, peer, protocol, payload, *, timeout_s, max_response_bytes, **pacing):
+            body_out(pacing)  # the answer is held
             held.append(asyncio.get_running_loop().create_future())
             await held[-1]
             return answer
@@ -141,6 +142,9 @@ def test_stage_0_keeps_as_many_micro_batches_in_flight_as_its_window_says():
 
         def deadline_s(self, in_flight, floor_s, cap_s):
             return floor_s
+
+        def paced_share(self):
+            return None  # never link-bound here
 
         def size(self, next_stage_accepts):
             assert next_stage_accepts == 4  # one next-stage peer, which serves a caller 4 at once

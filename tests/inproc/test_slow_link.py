@@ -14,7 +14,7 @@ import asyncio
 import pytest
 import torch
 import vclock
-from parts import StageParts, record
+from parts import StageParts, body_out, record
 
 from swarm_node.data.dataset import load_windows
 from swarm_node.data.source import RunData
@@ -58,6 +58,7 @@ class LinkBoundNextStage:
             async with asyncio.timeout(timeout_s):
                 async with self.uplink:
                     await asyncio.sleep(TX_S)
+                body_out(pacing, TX_S)
                 async with self.answer_links[peer]:
                     await asyncio.sleep(TX_S)
         except TimeoutError:

@@ -4,7 +4,7 @@ the second in a row from the same peer bans it as before (a peer that refuses us
 
 import torch
 import vclock
-from parts import StageParts, record
+from parts import StageParts, body_out, record
 
 from swarm_node.errors import StreamClosed
 from swarm_node.spec import RunSpec
@@ -31,6 +31,7 @@ class ScriptedTransport:
         step = self.script.pop(0)
         if isinstance(step, Exception):
             raise step
+        body_out(pacing)
         return encode_frame({"ok": True, "loss": step}, encode_activations(torch.zeros_like(HIDDEN), "fp16"))
 
 
@@ -66,7 +67,7 @@ def test_one_stream_closed_before_the_answer_is_retried_without_a_ban():
 def test_two_in_a_row_ban_the_peer_and_the_micro_batch_goes_elsewhere():
     stage = Stage0([StreamClosed("stream closed mid-frame"), 2.0], peers=("QmNext", "QmOther"))
     guard = stage.parts.guard
-    stage.pipeline.next_hop.chooser.choose = lambda candidates, exclude=frozenset(), per_peer=None: next(
+    stage.pipeline.next_hop.chooser.choose = lambda candidates, exclude=frozenset(), **link: next(
         (c.peer_id for c in sorted(candidates, key=lambda c: c.peer_id != "QmNext")
          if c.peer_id not in exclude and not guard.is_banned(c.peer_id)), None)
     assert guard.stream_closed("QmNext") is False  # the last call to it ended the same way: forgiven then

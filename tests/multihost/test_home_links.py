@@ -112,6 +112,9 @@ def test_a_link_bound_pipeline_runs_at_the_links_rate(bed, tmp_path, rate_mbit, 
     # the window nor the pacing is what idles the link (one TCP flow, or one each way, takes
     # 2.0 Mbit/s of these links: measured in this bed); the links idle in turns (_link_busy),
     # the chooser learning a stage-1 peer's pace from answers that come back a window later.
+    # Where they idled: both callers on one receiver. A link-bound stage 0 now keeps to a
+    # peer of its own and leaves a crowded one (routing/sticky.py): 70 % and 72 % at 2 Mbit/s
+    # fp16; the 60-110 s before stage 0 is judged link-bound and the rounds take the rest.
     open_bars = [bar for bar, held in (
         ("every round with a partner", all(r["rounds"] >= 1 and r["partnered"] == r["rounds"] for r in rows)),
         (f"{LINK_SHARE:.0%} of the links", tokens_s >= LINK_SHARE * capacity_s)) if not held]

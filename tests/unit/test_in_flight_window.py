@@ -3,7 +3,7 @@ measured compute and wait, the least recent wait, and its bounds."""
 
 import pytest
 
-from swarm_node.routing.window import MIN_WINDOW, RECENT, InFlightWindow
+from swarm_node.routing.window import MIN_WINDOW, PACE_SAMPLES, RECENT, InFlightWindow
 
 
 def test_unmeasured_it_starts_small():
@@ -91,3 +91,20 @@ def test_a_hop_deadline_stretches_with_the_link_not_with_a_stall():
     fast = InFlightWindow(16)
     fast.delivered(fast.sent(0.0), 0.05)
     assert fast.deadline_s(8, floor_s=30.0, cap_s=300.0) == 30.0  # a fast link: a stall is the floor
+
+
+@pytest.mark.parametrize("compute_s, back_every_s, expected", [
+    (0.2, 4.0, 0.05),  # a CPU stage on a 2 Mbit/s link: a twentieth of its compute's pace
+    (0.2, 0.2, 1.0),  # compute-bound: back at the compute's pace
+])
+def test_the_paced_share_is_what_comes_back_over_what_we_compute(compute_s, back_every_s, expected):
+    window = InFlightWindow(16)
+    marks = []
+    for i in range(PACE_SAMPLES):
+        assert window.paced_share() is None  # not yet measured
+        window.note(compute_s=compute_s, wait_s=1.0)
+        if i:  # one out at a time, back ``back_every_s`` after it went
+            window.delivered(marks[-1], i * back_every_s)
+        marks.append(window.sent(i * back_every_s))
+    window.delivered(marks[-1], PACE_SAMPLES * back_every_s)
+    assert window.paced_share() == pytest.approx(expected)

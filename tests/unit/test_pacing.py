@@ -8,6 +8,7 @@ import asyncio
 import math
 import random
 import socket
+import threading
 from collections.abc import Callable
 
 import pytest
@@ -135,14 +136,18 @@ def test_a_paced_body_arrives_whole_and_the_next_frame_follows_its_last_acknowle
         # a sender that waits for an acknowledgement that never comes fails here
         async with asyncio.timeout(30):
             receiving = asyncio.create_task(receiver())
-            await send_paced(a_writer, a_reader, body, Pacer(config) if config else None)
+            await send_paced(a_writer, a_reader, body, Pacer(config) if config else None,
+                             written=lambda: written.append(threading.get_ident()))
+            await asyncio.sleep(0)  # a lane's thread hands it to the loop
             assert await a_reader.readexactly(4) == b"NEXT"
             got = await receiving
         for w in (a_writer, b_writer):
             w.close()
         return got
 
+    written: list[int] = []
     assert bytes(asyncio.run(run())) == body
+    assert written == [threading.get_ident()]  # once, on the loop
 
 
 @pytest.mark.parametrize("sender", ["loop", "lane"])
