@@ -51,7 +51,7 @@ class BodyRates(Protocol):
         """Bytes/s a body to the peer should move at (None: nothing measured yet)."""
 
     def crowded(self, peer_id: str) -> bool:
-        """Our bodies to the peer lately moved at well under our usual rate."""
+        """Our bodies to the peer lately moved at well under the best rate we measured lately."""
 
 
 @dataclass
