@@ -18,7 +18,7 @@ slow again, at the cost of a probe every few turns. A peer measured on each of i
 turns keeps about the smoothing of an EMA of 0.1 (docs/ARCHITECTURE.md, "Why it is this
 way").
 
-A link-bound hop (our bodies queue for our uplink: train/uplink.py) does not spread: it
+A link-bound hop (our uplink sets the pace: train/uplink.py) does not spread: it
 keeps to a peer of its own (routing/sticky.py)."""
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class PeerChooser:
         """A peer, or None when none is usable; ``per_peer``: skip peers that many of our
         hops are already out to (what a peer serves one caller at once). With
         ``body_rates`` (link-bound: train/uplink.py) the hop keeps
-        to the peer that takes our bodies fastest instead of spreading (routing/sticky.py)."""
+        to a peer of its own instead of spreading (routing/sticky.py)."""
         usable = [c for c in candidates if c.peer_id not in exclude and not self.is_banned(c.peer_id)
                   and (per_peer is None or self.in_flight.get(c.peer_id, 0) < per_peer)]
         if not usable:

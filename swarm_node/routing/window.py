@@ -93,7 +93,7 @@ class InFlightWindow:
         pace (train/uplink.py reads it); None until PACE_SAMPLES of each are measured."""
         if len(self.rates) < PACE_SAMPLES or len(self.compute_s) < PACE_SAMPLES:
             return None
-        return max(self.rates) * statistics.median(self.compute_s)
+        return self.link_rate() * statistics.median(self.compute_s)
 
     def size(self, next_stage_accepts: int) -> int:
         """Micro-batches to keep in flight; ``next_stage_accepts``: how many the next

@@ -80,10 +80,9 @@ class UplinkQueue:
     best: deque[float] = field(default_factory=lambda: deque(maxlen=LONG_BODIES))  # any peer's
     sent: int = 0  # bodies measured
     link_bound: bool = False  # as last judged (``judge``)
-    # when our last bodies began, and the busy time (a body of ours on the uplink) since each
-    starts: deque[float] = field(default_factory=lambda: deque(maxlen=BUSY_BODIES))
-    busy_s: float = 0.0  # busy time in all, to the last change of ``on_link``
-    busy_at: deque[float] = field(default_factory=lambda: deque(maxlen=BUSY_BODIES))  # busy_s at each start
+    busy_s: float = 0.0  # time with a body of ours on the uplink, in all, to the last change of ``on_link``
+    # our last bodies: (when each began, busy_s then)
+    began: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=BUSY_BODIES))
     on_link: int = 0  # our bodies on the uplink now
     changed_at: float = 0.0  # when on_link last changed
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -110,8 +109,7 @@ class UplinkQueue:
     def _body_began(self, now: float) -> None:
         self._tick(now)
         self.on_link += 1
-        self.starts.append(now)
-        self.busy_at.append(self.busy_s)
+        self.began.append((now, self.busy_s))
 
     def _body_ended(self, now: float) -> None:
         self._tick(now)
@@ -120,10 +118,11 @@ class UplinkQueue:
     def busy_share(self, now: float) -> float | None:
         """The share of the time since the first of our last BUSY_BODIES bodies began that
         one of ours was on the uplink; None before that many."""
-        if len(self.starts) < BUSY_BODIES or now <= self.starts[0]:
+        if len(self.began) < BUSY_BODIES or now <= self.began[0][0]:
             return None
         self._tick(now)
-        return (self.busy_s - self.busy_at[0]) / (now - self.starts[0])
+        since, busy_then = self.began[0]
+        return (self.busy_s - busy_then) / (now - since)
 
     def judge(self, now: float, pace: float | None) -> bool:
         """Link-bound or not, with ``pace``: our hops' delivery rate over our compute's
@@ -175,7 +174,7 @@ class UplinkQueue:
         measured = self.rate(peer_id)
         if measured is None or len(self.best) < FRESH_BODIES:
             return False
-        return measured < CROWDED_SHARE * max(self.best)
+        return measured < CROWDED_SHARE * self.best_rate()
 
     def best_rate(self) -> float | None:
         return max(self.best, default=None)
